@@ -1,0 +1,1 @@
+//! Tensor file readers and writers.

@@ -1,0 +1,108 @@
+//! The public entry point for `f32` attention: picks a kernel ([`Kernel::Auto`] takes the fastest
+//! path this CPU supports; [`Kernel::Reference`] the readable oracle) and accepts key/value tensors
+//! stored as `f32`, `f16` or `bf16` (always accumulated in `f32`).
+
+use half::{bf16, f16};
+
+use crate::error::Result;
+use crate::problem::AttnParams;
+use crate::reference::{reference, AttnOutput};
+use crate::view::View4;
+
+/// Which kernel computes a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kernel {
+    /// The readable reference kernel in `f32`.
+    Reference,
+    /// The fastest available kernel for this CPU and call.
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for Kernel {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "reference" => Ok(Kernel::Reference),
+            "auto" => Ok(Kernel::Auto),
+            other => Err(format!("unknown kernel '{other}', expected one of: reference, auto")),
+        }
+    }
+}
+
+/// A key or value tensor `[B, Hkv, Lk, D]` in one of the supported storage types.
+#[derive(Debug, Clone, Copy)]
+pub enum KvView<'a> {
+    /// Single precision.
+    F32(View4<'a, f32>),
+    /// IEEE half precision.
+    F16(View4<'a, f16>),
+    /// bfloat16.
+    Bf16(View4<'a, bf16>),
+}
+
+impl<'a> KvView<'a> {
+    /// `[B, Hkv, Lk, D]`.
+    pub fn dims(&self) -> [usize; 4] {
+        match self {
+            KvView::F32(v) => v.dims(),
+            KvView::F16(v) => v.dims(),
+            KvView::Bf16(v) => v.dims(),
+        }
+    }
+
+    /// A contiguous `f32` copy, `[B, Hkv, Lk, D]`.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let [b, h, l, _] = self.dims();
+        let mut out = Vec::with_capacity(b * h * l * self.dims()[3]);
+        for bi in 0..b {
+            for hi in 0..h {
+                for li in 0..l {
+                    match self {
+                        KvView::F32(v) => out.extend_from_slice(v.row(bi, hi, li)),
+                        KvView::F16(v) => out.extend(v.row(bi, hi, li).iter().map(|x| x.to_f32())),
+                        KvView::Bf16(v) => out.extend(v.row(bi, hi, li).iter().map(|x| x.to_f32())),
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl<'a> From<View4<'a, f32>> for KvView<'a> {
+    fn from(v: View4<'a, f32>) -> Self {
+        KvView::F32(v)
+    }
+}
+impl<'a> From<View4<'a, f16>> for KvView<'a> {
+    fn from(v: View4<'a, f16>) -> Self {
+        KvView::F16(v)
+    }
+}
+impl<'a> From<View4<'a, bf16>> for KvView<'a> {
+    fn from(v: View4<'a, bf16>) -> Self {
+        KvView::Bf16(v)
+    }
+}
+
+/// Attention in `f32`. `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`;
+/// returns `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]` and, with `want_weights`, the softmax
+/// weights `[B, Hq, Lq, Lk]` (before dropout).
+pub fn attention(
+    kernel: Kernel,
+    q: &View4<f32>,
+    k: &KvView,
+    v: &KvView,
+    params: &AttnParams<f32>,
+    want_weights: bool,
+) -> Result<AttnOutput<f32>> {
+    match kernel {
+        Kernel::Reference | Kernel::Auto => {
+            let (kd, vd) = (k.to_f32(), v.to_f32());
+            let k32 = View4::contiguous("k", &kd, k.dims())?;
+            let v32 = View4::contiguous("v", &vd, v.dims())?;
+            reference(q, &k32, &v32, params, want_weights)
+        }
+    }
+}

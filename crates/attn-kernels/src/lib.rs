@@ -1,0 +1,22 @@
+//! Scaled dot-product attention kernels on plain slices, with no framework dependency.
+//!
+//! - [`attention`]: the `f32` entry point; [`Kernel`] chooses the kernel.
+//! - [`reference`]: the readable oracle, generic over `f32`/`f64`.
+//! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
+//!   into a [`Problem`] by every kernel.
+
+pub mod dispatch;
+pub mod dropout;
+pub mod error;
+pub mod mask;
+pub mod problem;
+pub mod reference;
+pub mod view;
+
+pub use dispatch::{attention, Kernel, KvView};
+pub use dropout::Dropout;
+pub use error::{AttnError, Result};
+pub use mask::{Align, MaskSpec, Window};
+pub use problem::{AttnParams, Dims, Problem};
+pub use reference::{reference, AttnOutput, Real};
+pub use view::{Broadcast, View4};

@@ -1,0 +1,147 @@
+//! One attention call's parameters, and their validation against the input shapes into a
+//! `Problem`: every dimension, the head grouping, the resolved masks and the scalar options,
+//! checked once so kernels can index without further checks.
+
+use crate::dropout::Dropout;
+use crate::error::{AttnError, Result};
+use crate::mask::{Band, ElementMask, MaskSpec};
+use crate::view::View4;
+
+/// Options of one attention call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AttnParams<'a, T> {
+    /// Multiplier of `q·k`; `None` means `1/√Dk`. Any finite value, negative included.
+    pub scale: Option<f64>,
+    /// Masks, all composable.
+    pub mask: MaskSpec<'a, T>,
+    /// Logit soft-capping `cap·tanh(s/cap)` on the scaled scores, before bias and masking.
+    pub softcap: Option<f64>,
+    /// Dropout on the attention weights.
+    pub dropout: Option<Dropout>,
+}
+
+/// Sizes of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Batch.
+    pub b: usize,
+    /// Query heads.
+    pub hq: usize,
+    /// Key/value heads; `hq % hkv == 0`.
+    pub hkv: usize,
+    /// Query length.
+    pub lq: usize,
+    /// Key length.
+    pub lk: usize,
+    /// Query/key head dimension.
+    pub dk: usize,
+    /// Value head dimension.
+    pub dv: usize,
+}
+
+impl Dims {
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.hq / self.hkv
+    }
+    /// Elements of the output `[B, Hq, Lq, Dv]`.
+    pub fn out_len(&self) -> usize {
+        self.b * self.hq * self.lq * self.dv
+    }
+    /// Elements of the log-sum-exp `[B, Hq, Lq]`.
+    pub fn lse_len(&self) -> usize {
+        self.b * self.hq * self.lq
+    }
+    /// Elements of the weights `[B, Hq, Lq, Lk]`.
+    pub fn weights_len(&self) -> usize {
+        self.b * self.hq * self.lq * self.lk
+    }
+}
+
+/// A validated call: sizes, scale, band, element masks and options.
+#[derive(Debug, Clone, Copy)]
+pub struct Problem<'a, T> {
+    /// Sizes.
+    pub dims: Dims,
+    /// Score multiplier.
+    pub scale: f64,
+    /// Soft-capping value.
+    pub softcap: Option<f64>,
+    /// Causal / window band.
+    pub band: Band,
+    /// Per-batch key lengths (`[B]`), if any.
+    pub key_lengths: Option<&'a [usize]>,
+    /// Boolean mask and bias.
+    pub elem: ElementMask<'a, T>,
+    /// Dropout, `None` when absent or `p == 0` (so `p = 0` is bit-identical to no dropout).
+    pub dropout: Option<Dropout>,
+}
+
+impl<'a, T> Problem<'a, T> {
+    /// Checks the inputs `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]` and the
+    /// options against each other.
+    pub fn new<Q, K, V>(q: &View4<Q>, k: &View4<K>, v: &View4<V>, p: &AttnParams<'a, T>) -> Result<Self> {
+        let [b, hq, lq, dk] = q.dims();
+        let [kb, hkv, lk, kd] = k.dims();
+        let [vb, vh, vl, dv] = v.dims();
+        let expect = |tensor, dim, expected, found| {
+            if expected == found {
+                Ok(())
+            } else {
+                Err(AttnError::DimMismatch { tensor, dim, expected, found })
+            }
+        };
+        expect("k", "batch", b, kb)?;
+        expect("v", "batch", b, vb)?;
+        expect("k", "head_dim", dk, kd)?;
+        expect("v", "heads", hkv, vh)?;
+        expect("v", "length", lk, vl)?;
+        if hq == 0 || hkv == 0 {
+            return Err(AttnError::Heads(format!("q has {hq} heads and k/v have {hkv}; both must be at least 1")));
+        }
+        if hq % hkv != 0 {
+            return Err(AttnError::Heads(format!("q has {hq} heads, not a multiple of the {hkv} key/value heads")));
+        }
+        let dims = Dims { b, hq, hkv, lq, lk, dk, dv };
+        let scale = p.scale.unwrap_or(1.0 / (dk.max(1) as f64).sqrt());
+        if !scale.is_finite() {
+            return Err(AttnError::Param { field: "scale", reason: format!("{scale} is not finite") });
+        }
+        if let Some(c) = p.softcap {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(AttnError::Param { field: "softcap", reason: format!("{c}, expected a finite value > 0") });
+            }
+        }
+        if let Some(d) = &p.dropout {
+            d.validate()?;
+        }
+        if let Some(kl) = p.mask.key_lengths {
+            expect("key_lengths", "batch", b, kl.len())?;
+        }
+        let target = [b, hq, lq, lk];
+        let keep = match &p.mask.keep {
+            Some(m) => Some(crate::view::Resolved { data: m.data(), strides: m.strides_for("mask", target)? }),
+            None => None,
+        };
+        let bias = match &p.mask.bias {
+            Some(m) => Some(crate::view::Resolved { data: m.data(), strides: m.strides_for("bias", target)? }),
+            None => None,
+        };
+        Ok(Self {
+            dims,
+            scale,
+            softcap: p.softcap,
+            band: Band::new(p.mask.causal, p.mask.window, p.mask.align, lq, lk),
+            key_lengths: p.mask.key_lengths,
+            elem: ElementMask { keep, bias },
+            dropout: p.dropout.filter(|d| d.p > 0.0),
+        })
+    }
+
+    /// Allowed key range `lo..hi` of query row `i` in batch `b` from the band and key length.
+    #[inline]
+    pub fn key_range(&self, b: usize, i: usize) -> (usize, usize) {
+        let kl = self.key_lengths.map_or(self.dims.lk, |k| k[b]);
+        self.band.keys(i, kl)
+    }
+}

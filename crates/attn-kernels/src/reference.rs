@@ -1,0 +1,112 @@
+//! The reference kernel: attention computed exactly as the formula reads, one query row at a
+//! time, in the caller's precision (`f64` is the test oracle; `f32` is the "naive32" baseline of
+//! the tolerance rule). No tiling, no tricks; clarity over speed.
+//!
+//! For each query row `i` of head `h` (reading key/value head `h / (Hq/Hkv)`):
+//! 1. `s_j = scale · q_i·k_j`, then `s_j = cap·tanh(s_j/cap)` with soft-capping, then `s_j += bias_ij`;
+//! 2. keys outside the band, beyond the key length, with `keep = false` or bias −∞ are masked and
+//!    their `k_j`, `v_j` are never read;
+//! 3. `m = max_j s_j`, `l = Σ_j exp(s_j − m)`, `lse_i = m + ln l`, `w_ij = exp(s_j − m) / l`;
+//! 4. dropout: `w_ij ← keep(seed,b,h,i,j) · w_ij / (1 − p)`;
+//! 5. `o_i = Σ_j w_ij · v_j`.
+//!
+//! A row with no allowed key (or whose scores are all −∞) gets `o_i = 0`, `lse_i = −∞`, `w_i· = 0`.
+
+use num_traits::{Float, FromPrimitive};
+
+use crate::dropout::draw;
+use crate::error::Result;
+use crate::problem::{AttnParams, Problem};
+use crate::view::View4;
+
+/// Element types the reference runs in.
+pub trait Real: Float + FromPrimitive + Send + Sync + std::fmt::Debug + 'static {}
+impl Real for f32 {}
+impl Real for f64 {}
+
+/// Results of one attention call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttnOutput<T> {
+    /// `[B, Hq, Lq, Dv]`.
+    pub out: Vec<T>,
+    /// Natural log-sum-exp of the scores per row, `[B, Hq, Lq]`; −∞ for a fully masked row.
+    pub lse: Vec<T>,
+    /// Softmax weights before dropout, `[B, Hq, Lq, Lk]`, when asked for.
+    pub weights: Option<Vec<T>>,
+}
+
+/// Reference attention. `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`;
+/// returns `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]` and, with `want_weights`,
+/// `weights: [B, Hq, Lq, Lk]`.
+pub fn reference<T: Real>(
+    q: &View4<T>,
+    k: &View4<T>,
+    v: &View4<T>,
+    params: &AttnParams<T>,
+    want_weights: bool,
+) -> Result<AttnOutput<T>> {
+    let pb = Problem::new(q, k, v, params)?;
+    let d = pb.dims;
+    let mut out = vec![T::zero(); d.out_len()];
+    let mut lse = vec![T::neg_infinity(); d.lse_len()];
+    let mut weights = want_weights.then(|| vec![T::zero(); d.weights_len()]);
+    let scale = T::from_f64(pb.scale).unwrap();
+    let cap = pb.softcap.map(|c| T::from_f64(c).unwrap());
+    let mut scores: Vec<Option<T>> = vec![None; d.lk];
+    for b in 0..d.b {
+        for h in 0..d.hq {
+            let kvh = h / d.group();
+            for i in 0..d.lq {
+                let row = (b * d.hq + h) * d.lq + i;
+                let qi = q.row(b, h, i);
+                // Step 1 and 2: scaled, capped, biased scores of the allowed keys.
+                let (lo, hi) = pb.key_range(b, i);
+                for (j, s) in scores.iter_mut().enumerate() {
+                    *s = None;
+                    if j < lo || j >= hi || pb.elem.keep.is_some_and(|m| !m.at(b, h, i, j)) {
+                        continue;
+                    }
+                    let bias = pb.elem.bias.map(|m| m.at(b, h, i, j));
+                    if bias == Some(T::neg_infinity()) {
+                        continue;
+                    }
+                    let mut sj = scale * dot(qi, k.row(b, kvh, j));
+                    if let Some(c) = cap {
+                        sj = c * (sj / c).tanh();
+                    }
+                    *s = Some(sj + bias.unwrap_or_else(T::zero));
+                }
+                // Step 3: softmax statistics. NaN wins the maximum so it reaches the output.
+                let m = scores.iter().flatten().fold(T::neg_infinity(), |m, &s| if s > m || s.is_nan() { s } else { m });
+                if m == T::neg_infinity() {
+                    continue;
+                }
+                let l = scores.iter().flatten().fold(T::zero(), |l, &s| l + (s - m).exp());
+                lse[row] = m + l.ln();
+                // Steps 3 to 5: weights, dropout, weighted sum of values.
+                let key = pb.dropout.map(|dr| dr.row_key(b, h, i, [d.hq, d.lq]));
+                let oi = &mut out[row * d.dv..(row + 1) * d.dv];
+                for (j, s) in scores.iter().enumerate() {
+                    let Some(s) = *s else { continue };
+                    let w = (s - m).exp() / l;
+                    if let Some(ws) = weights.as_mut() {
+                        ws[row * d.lk + j] = w;
+                    }
+                    let w = match (pb.dropout, key) {
+                        (Some(dr), Some(key)) if draw(key, j) < dr.threshold() => continue,
+                        (Some(dr), _) => w * T::from_f32(dr.scale()).unwrap(),
+                        _ => w,
+                    };
+                    for (o, &x) in oi.iter_mut().zip(v.row(b, kvh, j)) {
+                        *o = *o + w * x;
+                    }
+                }
+            }
+        }
+    }
+    Ok(AttnOutput { out, lse, weights })
+}
+
+fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    a.iter().zip(b).fold(T::zero(), |acc, (&x, &y)| acc + x * y)
+}

@@ -1,0 +1,3 @@
+//! Attention for Transformers on candle.
+
+pub mod heatmap;
