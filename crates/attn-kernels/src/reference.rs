@@ -77,7 +77,8 @@ pub fn reference<T: Real>(
                     *s = Some(sj + bias.unwrap_or_else(T::zero));
                 }
                 // Step 3: softmax statistics. NaN wins the maximum so it reaches the output.
-                let m = scores.iter().flatten().fold(T::neg_infinity(), |m, &s| if s > m || s.is_nan() { s } else { m });
+                let m =
+                    scores.iter().flatten().fold(T::neg_infinity(), |m, &s| if s > m || s.is_nan() { s } else { m });
                 if m == T::neg_infinity() {
                     continue;
                 }
