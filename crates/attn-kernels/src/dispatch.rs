@@ -17,16 +17,73 @@ pub enum Kernel {
     /// The fastest available kernel for this CPU and call.
     #[default]
     Auto,
+    /// The tiled online-softmax kernel with a given instruction set.
+    Flash(Isa),
+}
+
+/// Instruction sets of the flash kernel's micro-kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F.
+    Avx512,
+    /// AVX2 with FMA.
+    Avx2,
+    /// Plain Rust, any CPU.
+    Portable,
+}
+
+impl Isa {
+    /// Whether this CPU can run the instruction set.
+    pub fn is_available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx512 | Isa::Avx2 => false,
+            Isa::Portable => true,
+        }
+    }
+}
+
+impl Kernel {
+    /// Every kernel, available on this CPU or not.
+    pub const ALL: [Kernel; 5] = [
+        Kernel::Reference,
+        Kernel::Auto,
+        Kernel::Flash(Isa::Avx512),
+        Kernel::Flash(Isa::Avx2),
+        Kernel::Flash(Isa::Portable),
+    ];
+
+    /// Whether this CPU can run the kernel.
+    pub fn is_available(self) -> bool {
+        match self {
+            Kernel::Flash(isa) => isa.is_available(),
+            Kernel::Reference | Kernel::Auto => true,
+        }
+    }
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Reference => "reference",
+            Kernel::Auto => "auto",
+            Kernel::Flash(Isa::Avx512) => "flash-avx512",
+            Kernel::Flash(Isa::Avx2) => "flash-avx2",
+            Kernel::Flash(Isa::Portable) => "flash-portable",
+        }
+    }
 }
 
 impl std::str::FromStr for Kernel {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "reference" => Ok(Kernel::Reference),
-            "auto" => Ok(Kernel::Auto),
-            other => Err(format!("unknown kernel '{other}', expected one of: reference, auto")),
-        }
+        Kernel::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Kernel::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown kernel '{s}', expected one of: {}", names.join(", "))
+        })
     }
 }
 
@@ -98,7 +155,7 @@ pub fn attention(
     want_weights: bool,
 ) -> Result<AttnOutput<f32>> {
     match kernel {
-        Kernel::Reference | Kernel::Auto => {
+        Kernel::Reference | Kernel::Auto | Kernel::Flash(_) => {
             let (kd, vd) = (k.to_f32(), v.to_f32());
             let k32 = View4::contiguous("k", &kd, k.dims())?;
             let v32 = View4::contiguous("v", &vd, v.dims())?;

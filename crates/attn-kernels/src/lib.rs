@@ -9,11 +9,12 @@ pub mod dispatch;
 pub mod dropout;
 pub mod error;
 pub mod mask;
+pub mod oracle;
 pub mod problem;
 pub mod reference;
 pub mod view;
 
-pub use dispatch::{attention, Kernel, KvView};
+pub use dispatch::{attention, Isa, Kernel, KvView};
 pub use dropout::Dropout;
 pub use error::{AttnError, Result};
 pub use mask::{Align, MaskSpec, Window};
