@@ -4,8 +4,10 @@
 
 use half::{bf16, f16};
 
-use crate::error::Result;
+use crate::error::{AttnError, Result};
+use crate::flash;
 use crate::problem::AttnParams;
+use crate::problem::Problem;
 use crate::reference::{reference, AttnOutput};
 use crate::view::View4;
 
@@ -26,7 +28,7 @@ pub enum Kernel {
 pub enum Isa {
     /// AVX-512F.
     Avx512,
-    /// AVX2 with FMA.
+    /// AVX2 with FMA and F16C.
     Avx2,
     /// Plain Rust, any CPU.
     Portable,
@@ -39,11 +41,22 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
+            }
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx512 | Isa::Avx2 => false,
             Isa::Portable => true,
         }
+    }
+}
+
+impl Isa {
+    /// The fastest instruction set this CPU supports.
+    pub fn best() -> Isa {
+        [Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Portable)
     }
 }
 
@@ -154,12 +167,29 @@ pub fn attention(
     params: &AttnParams<f32>,
     want_weights: bool,
 ) -> Result<AttnOutput<f32>> {
-    match kernel {
-        Kernel::Reference | Kernel::Auto | Kernel::Flash(_) => {
+    let isa = match kernel {
+        Kernel::Reference => {
             let (kd, vd) = (k.to_f32(), v.to_f32());
             let k32 = View4::contiguous("k", &kd, k.dims())?;
             let v32 = View4::contiguous("v", &vd, v.dims())?;
-            reference(q, &k32, &v32, params, want_weights)
+            return reference(q, &k32, &v32, params, want_weights);
         }
-    }
+        Kernel::Auto => Isa::best(),
+        Kernel::Flash(isa) if isa.is_available() => isa,
+        Kernel::Flash(isa) => {
+            return Err(AttnError::Param { field: "kernel", reason: format!("this CPU lacks {isa:?}") });
+        }
+    };
+    let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
+    Ok(match (k, v) {
+        (KvView::F32(k), KvView::F32(v)) => flash::forward(isa, q, k, v, &pb, want_weights),
+        (KvView::F16(k), KvView::F16(v)) => flash::forward(isa, q, k, v, &pb, want_weights),
+        (KvView::Bf16(k), KvView::Bf16(v)) => flash::forward(isa, q, k, v, &pb, want_weights),
+        _ => {
+            let (kd, vd) = (k.to_f32(), v.to_f32());
+            let k32 = View4::contiguous("k", &kd, k.dims())?;
+            let v32 = View4::contiguous("v", &vd, v.dims())?;
+            flash::forward(isa, q, &k32, &v32, &pb, want_weights)
+        }
+    })
 }

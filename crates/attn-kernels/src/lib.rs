@@ -8,7 +8,9 @@
 pub mod dispatch;
 pub mod dropout;
 pub mod error;
+pub mod flash;
 pub mod mask;
+pub mod merge;
 pub mod oracle;
 pub mod problem;
 pub mod reference;
@@ -18,6 +20,7 @@ pub use dispatch::{attention, Isa, Kernel, KvView};
 pub use dropout::Dropout;
 pub use error::{AttnError, Result};
 pub use mask::{Align, MaskSpec, Window};
+pub use merge::{merge_partials, Partial};
 pub use problem::{AttnParams, Dims, Problem};
 pub use reference::{reference, AttnOutput, Real};
 pub use view::{Broadcast, View4};

@@ -5,7 +5,6 @@
 use crate::dropout::Dropout;
 use crate::error::{AttnError, Result};
 use crate::mask::{Band, ElementMask, MaskSpec};
-use crate::view::View4;
 
 /// Options of one attention call.
 #[derive(Debug, Clone, Copy, Default)]
@@ -78,12 +77,12 @@ pub struct Problem<'a, T> {
 }
 
 impl<'a, T> Problem<'a, T> {
-    /// Checks the inputs `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]` and the
+    /// Checks the input shapes `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]` and the
     /// options against each other.
-    pub fn new<Q, K, V>(q: &View4<Q>, k: &View4<K>, v: &View4<V>, p: &AttnParams<'a, T>) -> Result<Self> {
-        let [b, hq, lq, dk] = q.dims();
-        let [kb, hkv, lk, kd] = k.dims();
-        let [vb, vh, vl, dv] = v.dims();
+    pub fn new(q: [usize; 4], k: [usize; 4], v: [usize; 4], p: &AttnParams<'a, T>) -> Result<Self> {
+        let [b, hq, lq, dk] = q;
+        let [kb, hkv, lk, kd] = k;
+        let [vb, vh, vl, dv] = v;
         let expect = |tensor, dim, expected, found| {
             if expected == found {
                 Ok(())

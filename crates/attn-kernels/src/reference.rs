@@ -45,7 +45,7 @@ pub fn reference<T: Real>(
     params: &AttnParams<T>,
     want_weights: bool,
 ) -> Result<AttnOutput<T>> {
-    let pb = Problem::new(q, k, v, params)?;
+    let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     let d = pb.dims;
     let mut out = vec![T::zero(); d.out_len()];
     let mut lse = vec![T::neg_infinity(); d.lse_len()];

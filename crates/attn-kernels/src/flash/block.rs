@@ -1,0 +1,480 @@
+//! One block of query rows through the whole online softmax: the key tiles in the block's range,
+//! each scored, masked, exponentiated and multiplied into the output, then normalised; and, when
+//! weights are asked for, a second sweep that writes the normalised probabilities.
+//!
+//! A block is `nh` query heads of one key/value head group × `ni` consecutive queries (decode
+//! stacks all heads of a group so each key/value row is read once for all of them). Scores are
+//! kept in base-2 units: `t = s·log2 e`, folded into the packed queries when there is no
+//! soft-capping. Tiles outside every row's band are never visited; tiles crossing a row's band
+//! edge are masked element-wise; element masks (boolean, bias) are applied to every tile.
+
+use std::f32::consts::{LN_2, LOG2_E};
+use std::ops::Range;
+
+use super::micro::{pv, pv_scalar, qk_panel, qk_rows};
+use super::simd::{KvElem, Simd};
+use crate::dropout::draw;
+use crate::problem::Problem;
+use crate::view::View4;
+
+/// Keys per tile in the prefill path (a multiple of every ISA's panel width).
+pub const TILE_KEYS: usize = 128;
+/// Keys per tile in the decode path.
+pub const DECODE_TILE_KEYS: usize = 256;
+
+/// What every block of a call shares.
+pub struct Ctx<'a, E> {
+    /// The validated call.
+    pub pb: &'a Problem<'a, f32>,
+    /// `q: [B, Hq, Lq, Dk]`.
+    pub q: View4<'a, f32>,
+    /// `k: [B, Hkv, Lk, Dk]`.
+    pub k: View4<'a, E>,
+    /// `v: [B, Hkv, Lk, Dv]`.
+    pub v: View4<'a, E>,
+}
+
+/// One unit of work: rows `(h0 + r / ni, i0 + r % ni)` of batch `b` over keys `keys`.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Batch.
+    pub b: usize,
+    /// Key/value head.
+    pub kvh: usize,
+    /// First query head.
+    pub h0: usize,
+    /// Query heads stacked.
+    pub nh: usize,
+    /// First query.
+    pub i0: usize,
+    /// Queries per head.
+    pub ni: usize,
+    /// Key range (the whole `0..Lk` unless split).
+    pub keys: Range<usize>,
+}
+
+impl Job {
+    /// Rows in the block.
+    pub fn rows(&self) -> usize {
+        self.nh * self.ni
+    }
+    fn head_query(&self, r: usize) -> (usize, usize) {
+        (self.h0 + r / self.ni, self.i0 + r % self.ni)
+    }
+}
+
+/// A block's outputs: `o: [rows, Dv]` (zeroed), `lse: [rows]`, `weights: [rows, Lk]` (zeroed).
+pub struct Outs<'o> {
+    /// Output rows.
+    pub o: &'o mut [f32],
+    /// Log-sum-exp per row (natural log).
+    pub lse: &'o mut [f32],
+    /// Weights rows, when asked for.
+    pub weights: Option<&'o mut [f32]>,
+}
+
+/// Rows per `qk_panel` call and per `pv` call for the vector width `W`.
+fn rows_per_call<S: Simd>() -> (usize, usize) {
+    if S::W == 16 {
+        (8, 4)
+    } else {
+        (4, 3)
+    }
+}
+
+macro_rules! with_rows {
+    ($n:expr, $f:ident :: <$($g:ty),*; $($c:literal),*> ($($arg:expr),*)) => {
+        match $n {
+            1 => $f::<$($g,)* 1 $(, $c)*>($($arg),*),
+            2 => $f::<$($g,)* 2 $(, $c)*>($($arg),*),
+            3 => $f::<$($g,)* 3 $(, $c)*>($($arg),*),
+            4 => $f::<$($g,)* 4 $(, $c)*>($($arg),*),
+            5 => $f::<$($g,)* 5 $(, $c)*>($($arg),*),
+            6 => $f::<$($g,)* 6 $(, $c)*>($($arg),*),
+            7 => $f::<$($g,)* 7 $(, $c)*>($($arg),*),
+            8 => $f::<$($g,)* 8 $(, $c)*>($($arg),*),
+            _ => unreachable!("row chunks are 1 to 8"),
+        }
+    };
+}
+
+/// Per-block working memory.
+struct Work {
+    /// Scaled queries `[rows, Dk]`.
+    q: Vec<f32>,
+    /// Scores / probabilities `[rows, lds]`.
+    s: Vec<f32>,
+    lds: usize,
+    /// Running maximum (base 2) per row.
+    m: Vec<f32>,
+    /// Running denominator per row.
+    l: Vec<f32>,
+    /// Allowed key range per row.
+    range: Vec<(usize, usize)>,
+}
+
+/// Runs one block; `panels` holds the packed keys of the block's head in the prefill path.
+///
+/// # Safety
+/// Must run on a CPU supporting `S`'s instruction set; `panels`, when given, is the packing of
+/// this block's `(b, kvh)` by `pack_keys` for `S::W`.
+#[inline(always)]
+pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs) {
+    let pb = cx.pb;
+    let d = pb.dims;
+    let rows = job.rows();
+    let tile = if panels.is_some() { TILE_KEYS } else { DECODE_TILE_KEYS };
+    let lds = tile + 2 * S::W;
+    let qmul = (pb.scale as f32) * if pb.softcap.is_some() { 1.0 } else { LOG2_E };
+    let mut w = Work {
+        q: vec![0.0; rows * d.dk],
+        s: vec![0.0; rows * lds],
+        lds,
+        m: vec![f32::NEG_INFINITY; rows],
+        l: vec![0.0; rows],
+        range: Vec::with_capacity(rows),
+    };
+    for r in 0..rows {
+        let (h, i) = job.head_query(r);
+        for (x, &y) in w.q[r * d.dk..(r + 1) * d.dk].iter_mut().zip(cx.q.row(job.b, h, i)) {
+            *x = y * qmul;
+        }
+        let (lo, hi) = pb.key_range(job.b, i);
+        w.range.push((lo.max(job.keys.start), hi.min(job.keys.end)));
+    }
+    let lo = w.range.iter().filter(|r| r.0 < r.1).map(|r| r.0).min();
+    let hi = w.range.iter().map(|r| r.1).max().unwrap_or(0);
+    outs.lse.fill(f32::NEG_INFINITY);
+    let Some(lo) = lo else { return };
+    let start = if panels.is_some() { lo / (2 * S::W) * (2 * S::W) } else { lo };
+    let (kbase, ldk) = head_ptr(&cx.k, job.b, job.kvh);
+    let (vbase, ldv) = head_ptr(&cx.v, job.b, job.kvh);
+
+    let mut j0 = start;
+    while j0 < hi {
+        let n = tile.min(hi - j0);
+        // SAFETY: forwarded from the caller; tiles stay within `0..Lk`.
+        let masked = unsafe { scores::<S, E>(cx, panels, job, &mut w, kbase, ldk, j0, n) };
+        let bad = if masked { bad_columns(vbase, ldv, d.dv, j0, n, &w, rows) } else { Vec::new() };
+        // SAFETY: as above.
+        unsafe { softmax_update::<S>(cx, job, &mut w, outs.o, j0, n) };
+        // SAFETY: as above; `vbase` rows `j0..j0+n` exist.
+        unsafe { accumulate::<S, E>(&w, rows, vbase.add(j0 * ldv), ldv, n, d.dv, outs.o, &bad) };
+        j0 += n;
+    }
+    for r in 0..rows {
+        let (m, l) = (w.m[r], w.l[r]);
+        if m == f32::NEG_INFINITY {
+            continue;
+        }
+        outs.lse[r] = (m + l.log2()) * LN_2;
+        let inv = 1.0 / l;
+        outs.o[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|x| *x *= inv);
+    }
+    if let Some(wt) = outs.weights {
+        let mut j0 = start;
+        while j0 < hi {
+            let n = tile.min(hi - j0);
+            // SAFETY: as above.
+            unsafe {
+                scores::<S, E>(cx, panels, job, &mut w, kbase, ldk, j0, n);
+                write_weights::<S>(&w, rows, j0, n, d.lk, wt);
+            }
+            j0 += n;
+        }
+    }
+}
+
+/// Base pointer of head `(b, h)` and its row stride.
+fn head_ptr<E>(t: &View4<E>, b: usize, h: usize) -> (*const E, usize) {
+    let s = t.strides();
+    (t.data()[b * s[0] + h * s[1]..].as_ptr(), s[2])
+}
+
+/// Scores of every row against keys `j0..j0+n` in base-2 units, masked (−∞) where not allowed;
+/// columns from `n` up to the vector-padded width are −∞. Returns whether any allowed-range key
+/// of the tile was masked.
+///
+/// # Safety
+/// CPU supports `S`; `kbase` rows `j0..j0+n` exist; `panels` as for [`run`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores<S: Simd, E: KvElem>(
+    cx: &Ctx<E>,
+    panels: Option<&[f32]>,
+    job: &Job,
+    w: &mut Work,
+    kbase: *const E,
+    ldk: usize,
+    j0: usize,
+    n: usize,
+) -> bool {
+    let pb = cx.pb;
+    let dk = pb.dims.dk;
+    let rows = job.rows();
+    let (rq, _) = rows_per_call::<S>();
+    let lds = w.lds;
+    let qp = w.q.as_ptr();
+    let sp = w.s.as_mut_ptr();
+    let width;
+    // SAFETY: `w.q` holds `rows·dk`, `w.s` holds `rows·lds` with `lds >= n` rounded up to 2·W;
+    // panels hold every panel of keys `< Lk`, and `kbase` rows up to `j0 + n`.
+    unsafe {
+        match panels {
+            Some(p) => {
+                let pw = 2 * S::W;
+                let np = n.div_ceil(pw);
+                width = np * pw;
+                for pi in 0..np {
+                    let kp = p.as_ptr().add((j0 / pw + pi) * dk * pw);
+                    let mut r0 = 0;
+                    while r0 < rows {
+                        let nr = rq.min(rows - r0);
+                        with_rows!(nr, qk_panel::<S; >(qp.add(r0 * dk), dk, kp, dk, sp.add(r0 * lds + pi * pw), lds));
+                        r0 += nr;
+                    }
+                }
+            }
+            None => {
+                width = n.div_ceil(S::W) * S::W;
+                let mut r0 = 0;
+                while r0 < rows {
+                    let nr = 4.min(rows - r0);
+                    with_rows!(nr, qk_rows::<S, E; >(qp.add(r0 * dk), dk, kbase.add(j0 * ldk), ldk, n, dk, sp.add(r0 * lds), lds));
+                    r0 += nr;
+                }
+            }
+        }
+    }
+    let mut masked = false;
+    let b = job.b;
+    for r in 0..rows {
+        let (h, i) = job.head_query(r);
+        let row = &mut w.s[r * lds..r * lds + width];
+        row[n..].fill(f32::NEG_INFINITY);
+        let row = &mut row[..n];
+        if let Some(cap) = pb.softcap {
+            let cap = cap as f32;
+            row.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh() * LOG2_E);
+        }
+        if let Some(bias) = pb.elem.bias {
+            let (bv, st) = bias.row(b, h, i);
+            for (c, s) in row.iter_mut().enumerate() {
+                let x = bv[(j0 + c) * st];
+                *s = if x == f32::NEG_INFINITY { f32::NEG_INFINITY } else { *s + x * LOG2_E };
+            }
+            masked = true;
+        }
+        if let Some(keep) = pb.elem.keep {
+            let (kv, st) = keep.row(b, h, i);
+            for (c, s) in row.iter_mut().enumerate() {
+                if !kv[(j0 + c) * st] {
+                    *s = f32::NEG_INFINITY;
+                    masked = true;
+                }
+            }
+        }
+        let (lo, hi) = w.range[r];
+        let (a, z) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
+        if a > 0 || z < n || lo >= hi {
+            masked = true;
+            if lo >= hi {
+                row.fill(f32::NEG_INFINITY);
+            } else {
+                row[..a].fill(f32::NEG_INFINITY);
+                row[z..].fill(f32::NEG_INFINITY);
+            }
+        }
+    }
+    masked
+}
+
+/// Keys of the tile whose value row holds a non-finite number, with the rows for which each is
+/// masked: those products must be skipped, not multiplied by zero.
+fn bad_columns<E: KvElem>(
+    vbase: *const E,
+    ldv: usize,
+    dv: usize,
+    j0: usize,
+    n: usize,
+    w: &Work,
+    rows: usize,
+) -> Vec<(usize, Vec<bool>)> {
+    (0..n)
+        .filter(|&c| {
+            // SAFETY: rows `j0..j0+n` of the value head exist, each `dv` long.
+            let row = unsafe { std::slice::from_raw_parts(vbase.add((j0 + c) * ldv), dv) };
+            row.iter().any(|x| !x.to_f32().is_finite())
+        })
+        .map(|c| (c, (0..rows).map(|r| w.s[r * w.lds + c] == f32::NEG_INFINITY).collect()))
+        .collect()
+}
+
+/// Online-softmax step for one tile: new running maxima, rescaled outputs and denominators, and
+/// the tile's probabilities `exp2(t − m)` in place of the scores (dropout applied after the
+/// denominator is updated).
+///
+/// # Safety
+/// CPU supports `S`.
+#[inline(always)]
+unsafe fn softmax_update<S: Simd>(cx: &Ctx<impl KvElem>, job: &Job, w: &mut Work, o: &mut [f32], j0: usize, n: usize) {
+    let pb = cx.pb;
+    let dv = pb.dims.dv;
+    let width = n.div_ceil(S::W) * S::W;
+    for r in 0..job.rows() {
+        let row = &mut w.s[r * w.lds..r * w.lds + width];
+        // SAFETY: `row` holds `width`, a multiple of `S::W`.
+        let tmax = unsafe { row_max::<S>(row) };
+        let m_new = w.m[r].max(tmax);
+        if m_new == f32::NEG_INFINITY {
+            row.fill(0.0);
+            continue;
+        }
+        let alpha = (w.m[r] - m_new).exp2();
+        // SAFETY: as above.
+        let sum = unsafe { exp2_row::<S>(row, m_new) };
+        w.l[r] = w.l[r] * alpha + sum;
+        w.m[r] = m_new;
+        if alpha != 1.0 {
+            o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= alpha);
+        }
+        if let Some(dr) = pb.dropout {
+            let (h, i) = job.head_query(r);
+            let key = dr.row_key(job.b, h, i, [pb.dims.hq, pb.dims.lq]);
+            let (thr, sc) = (dr.threshold(), dr.scale());
+            for (c, p) in row[..n].iter_mut().enumerate() {
+                *p = if draw(key, j0 + c) < thr { 0.0 } else { *p * sc };
+            }
+        }
+    }
+}
+
+/// Largest element of `row` (length a multiple of `S::W`).
+#[inline(always)]
+unsafe fn row_max<S: Simd>(row: &[f32]) -> f32 {
+    // SAFETY: the loop reads whole vectors inside `row`.
+    unsafe {
+        let mut m = S::splat(f32::NEG_INFINITY);
+        for c in (0..row.len()).step_by(S::W) {
+            m = S::max(S::load(row.as_ptr().add(c)), m);
+        }
+        S::reduce_max(m)
+    }
+}
+
+/// `row[c] = exp2(row[c] − m)` in place; returns the sum.
+#[inline(always)]
+unsafe fn exp2_row<S: Simd>(row: &mut [f32], m: f32) -> f32 {
+    // SAFETY: the loop reads and writes whole vectors inside `row`.
+    unsafe {
+        let neg = S::splat(-m);
+        let mut acc = S::splat(0.0);
+        for c in (0..row.len()).step_by(S::W) {
+            let p = S::exp2(S::add(S::load(row.as_ptr().add(c)), neg));
+            S::store(row.as_mut_ptr().add(c), p);
+            acc = S::add(acc, p);
+        }
+        S::reduce_sum(acc)
+    }
+}
+
+/// `O += P · V` for the tile; value rows listed in `bad` (non-finite) are added one product at a
+/// time, skipping the rows that mask them.
+///
+/// # Safety
+/// CPU supports `S`; `v` valid for `n` rows of `dv` elements with stride `ldv`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn accumulate<S: Simd, E: KvElem>(
+    w: &Work,
+    rows: usize,
+    v: *const E,
+    ldv: usize,
+    n: usize,
+    dv: usize,
+    o: &mut [f32],
+    bad: &[(usize, Vec<bool>)],
+) {
+    let p = w.s.as_ptr();
+    let op = o.as_mut_ptr();
+    let mut c = 0;
+    for run_end in bad.iter().map(|b| b.0).chain(std::iter::once(n)) {
+        if run_end > c {
+            // SAFETY: columns `c..run_end` of P and rows of V exist.
+            unsafe { pv_block::<S, E>(p.add(c), w.lds, v.add(c * ldv), ldv, run_end - c, op, dv, rows) };
+        }
+        c = run_end + 1;
+    }
+    for (c, masked) in bad {
+        // SAFETY: row `c` of V exists with `dv` elements.
+        let vrow = unsafe { std::slice::from_raw_parts(v.add(c * ldv), dv) };
+        for r in (0..rows).filter(|&r| !masked[r]) {
+            let pr = w.s[r * w.lds + c];
+            for (x, y) in o[r * dv..(r + 1) * dv].iter_mut().zip(vrow) {
+                *x += pr * y.to_f32();
+            }
+        }
+    }
+}
+
+/// `O[rows, dv] += P[rows, n] · V[n, dv]` with the vector micro-kernel and scalar column tail.
+///
+/// # Safety
+/// As for [`accumulate`]; `o` valid for `rows` rows of `dv`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_block<S: Simd, E: KvElem>(
+    p: *const f32,
+    ldp: usize,
+    v: *const E,
+    ldv: usize,
+    n: usize,
+    o: *mut f32,
+    dv: usize,
+    rows: usize,
+) {
+    let (_, rp) = rows_per_call::<S>();
+    let mut r0 = 0;
+    // SAFETY: every call stays within `rows` rows and `dv` columns.
+    unsafe {
+        while r0 < rows {
+            let nr = rp.min(rows - r0);
+            let (pr, or) = (p.add(r0 * ldp), o.add(r0 * dv));
+            let mut c0 = 0;
+            while c0 + 4 * S::W <= dv {
+                with_rows!(nr, pv::<S, E; 4>(pr, ldp, v, ldv, n, or, dv, c0));
+                c0 += 4 * S::W;
+            }
+            while c0 + S::W <= dv {
+                with_rows!(nr, pv::<S, E; 1>(pr, ldp, v, ldv, n, or, dv, c0));
+                c0 += S::W;
+            }
+            if c0 < dv {
+                pv_scalar(pr, ldp, v, ldv, n, or, dv, nr, c0..dv);
+            }
+            r0 += nr;
+        }
+    }
+}
+
+/// Writes `exp2(t − m) / l` of the tile into the weights rows `[rows, lk]`.
+///
+/// # Safety
+/// CPU supports `S`.
+#[inline(always)]
+unsafe fn write_weights<S: Simd>(w: &Work, rows: usize, j0: usize, n: usize, lk: usize, wt: &mut [f32]) {
+    let width = n.div_ceil(S::W) * S::W;
+    let mut buf = vec![0.0f32; width];
+    for r in 0..rows {
+        if w.m[r] == f32::NEG_INFINITY {
+            continue;
+        }
+        buf.copy_from_slice(&w.s[r * w.lds..r * w.lds + width]);
+        // SAFETY: `buf` holds `width`, a multiple of `S::W`.
+        unsafe { exp2_row::<S>(&mut buf, w.m[r]) };
+        let inv = 1.0 / w.l[r];
+        for (x, &p) in wt[r * lk + j0..r * lk + j0 + n].iter_mut().zip(&buf) {
+            *x = p * inv;
+        }
+    }
+}
