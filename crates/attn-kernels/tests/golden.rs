@@ -1,0 +1,117 @@
+//! Golden tests: every kernel against attention computed by PyTorch in float64, stored in
+//! `tests/fixtures/*.safetensors` by `scripts/gen_fixtures.py` (shapes at tile edges, GQA, every
+//! mask kind, softcap, negative scale, fully masked rows).
+//!
+//! - The `f64` reference must match PyTorch to `1e-10 · (1 + magnitude)`.
+//! - Each kernel of [`Kernel::ALL`] runs on the inputs cast to `f32` and must pass
+//!   [`oracle::check`] against the fixture, with the `f32` reference on the same inputs as the
+//!   baseline, with and without the weights requested.
+
+/// The helpers in `tests/golden/`.
+mod golden {
+    pub mod compare;
+    pub mod fixture;
+}
+
+use attn_kernels::{attention, oracle, reference, Isa, Kernel, KvView};
+use golden::compare::check_f64;
+use golden::fixture::{fixture_dir, fixture_paths, Fixture};
+
+/// Fewer files than this means the directory was lost or truncated.
+const MIN_FIXTURES: usize = 40;
+
+fn load_all() -> Vec<Fixture> {
+    fixture_paths().iter().map(|p| Fixture::load(p).unwrap_or_else(|e| panic!("{e}"))).collect()
+}
+
+/// Runs `check` on every fixture and fails with every failure listed.
+fn check_all(check: impl Fn(&Fixture) -> Result<(), String>) {
+    let fixtures = load_all();
+    let failures: Vec<String> = fixtures.iter().filter_map(|fx| check(fx).err()).collect();
+    assert!(failures.is_empty(), "{} of {} fixtures failed:\n{}", failures.len(), fixtures.len(), failures.join("\n"));
+}
+
+fn check_reference_f64(fx: &Fixture) -> Result<(), String> {
+    let [q, k, v] = fx.views([&fx.q.data, &fx.k.data, &fx.v.data])?;
+    let params = fx.params(fx.bias.as_ref().map(|b| b.data.as_slice()))?;
+    let got = reference(&q, &k, &v, &params, true).map_err(|e| format!("{}: reference: {e}", fx.file))?;
+    let weights = got.weights.ok_or_else(|| format!("{}: reference returned no weights", fx.file))?;
+    check_f64(&format!("{}: out", fx.file), &got.out, &fx.out.data)?;
+    check_f64(&format!("{}: lse", fx.file), &got.lse, &fx.lse.data)?;
+    check_f64(&format!("{}: weights", fx.file), &weights, &fx.weights.data)
+}
+
+fn to_f32(x: &[f64]) -> Vec<f32> {
+    x.iter().map(|&x| x as f32).collect()
+}
+
+fn check_kernel(kernel: Kernel, fx: &Fixture) -> Result<(), String> {
+    let (q32, k32, v32) = (to_f32(&fx.q.data), to_f32(&fx.k.data), to_f32(&fx.v.data));
+    let bias32 = fx.bias.as_ref().map(|b| to_f32(&b.data));
+    let [q, k, v] = fx.views([&q32, &k32, &v32])?;
+    let params = fx.params(bias32.as_deref())?;
+    let naive = reference(&q, &k, &v, &params, true).map_err(|e| format!("{}: reference f32: {e}", fx.file))?;
+    let naive_weights = naive.weights.as_deref().unwrap_or_default();
+    for want_weights in [true, false] {
+        let tag = format!("{}: {} (weights {})", fx.file, kernel.name(), if want_weights { "on" } else { "off" });
+        let fast = attention(kernel, &q, &KvView::F32(k), &KvView::F32(v), &params, want_weights)
+            .map_err(|e| format!("{tag}: {e}"))?;
+        oracle::check(&format!("{tag}: out"), &fast.out, &fx.out.data, &naive.out, oracle::OUTPUT_FACTOR)?;
+        oracle::check(&format!("{tag}: lse"), &fast.lse, &fx.lse.data, &naive.lse, oracle::OUTPUT_FACTOR)?;
+        match (want_weights, fast.weights) {
+            (true, Some(w)) => {
+                oracle::check(&format!("{tag}: weights"), &w, &fx.weights.data, naive_weights, oracle::OUTPUT_FACTOR)?
+            }
+            (true, None) => return Err(format!("{tag}: weights requested but not returned")),
+            (false, Some(_)) => return Err(format!("{tag}: weights returned but not requested")),
+            (false, None) => {}
+        }
+    }
+    Ok(())
+}
+
+fn run_kernel(kernel: Kernel) {
+    if !kernel.is_available() {
+        println!("skipped: CPU lacks the instruction set of {}", kernel.name());
+        return;
+    }
+    check_all(|fx| check_kernel(kernel, fx));
+}
+
+/// One `#[test]` per kernel, and the list of kernels so covered.
+macro_rules! golden_tests {
+    ($($test:ident => $kernel:expr),* $(,)?) => {
+        const TESTED: &[Kernel] = &[$($kernel),*];
+        $(
+            #[test]
+            fn $test() {
+                run_kernel($kernel);
+            }
+        )*
+    };
+}
+
+golden_tests! {
+    golden_reference => Kernel::Reference,
+    golden_auto => Kernel::Auto,
+    golden_flash_avx512 => Kernel::Flash(Isa::Avx512),
+    golden_flash_avx2 => Kernel::Flash(Isa::Avx2),
+    golden_flash_portable => Kernel::Flash(Isa::Portable),
+}
+
+#[test]
+fn every_kernel_has_a_golden_test() {
+    let missing: Vec<_> = Kernel::ALL.iter().filter(|k| !TESTED.contains(k)).map(|k| k.name()).collect();
+    assert!(missing.is_empty(), "kernels without a golden test: {missing:?}");
+}
+
+#[test]
+fn fixture_directory_is_populated() {
+    let n = fixture_paths().len();
+    assert!(n >= MIN_FIXTURES, "{}: {n} fixtures, expected at least {MIN_FIXTURES}", fixture_dir().display());
+}
+
+#[test]
+fn reference_f64_matches_pytorch() {
+    check_all(check_reference_f64);
+}

@@ -1,0 +1,31 @@
+//! The tight comparison of an `f64` result with a fixture's PyTorch float64 values: the same
+//! non-finite values at the same positions, and a maximum absolute error within
+//! `F64_TOLERANCE · (1 + magnitude)`, magnitude being the largest finite expected value.
+
+/// Relative tolerance of the `f64` reference against PyTorch.
+pub const F64_TOLERANCE: f64 = 1e-10;
+
+/// Checks `got` against `want` (same length); `what` names the fixture file and tensor.
+pub fn check_f64(what: &str, got: &[f64], want: &[f64]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} elements, expected {}", got.len(), want.len()));
+    }
+    let mut worst = (0.0f64, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if !w.is_finite() || !g.is_finite() {
+            if !((w.is_nan() && g.is_nan()) || w == g) {
+                return Err(format!("{what}[{i}]: got {g}, expected {w}"));
+            }
+        } else if (g - w).abs() > worst.0 {
+            worst = ((g - w).abs(), i);
+        }
+    }
+    let magnitude = want.iter().filter(|w| w.is_finite()).fold(0.0f64, |m, w| m.max(w.abs()));
+    let bound = F64_TOLERANCE * (1.0 + magnitude);
+    let (err, at) = worst;
+    if err <= bound {
+        Ok(())
+    } else {
+        Err(format!("{what}: max error {err:e} at [{at}] (got {}, expected {}) exceeds {bound:e}", got[at], want[at]))
+    }
+}

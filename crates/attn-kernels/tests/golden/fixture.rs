@@ -1,0 +1,235 @@
+//! One golden fixture as written by `scripts/gen_fixtures.py`: the inputs, the PyTorch float64
+//! results and the call's options, read from a safetensors file, and the `AttnParams` they imply.
+//! Every problem with a file is an error naming the file and the tensor or metadata field.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use attn_kernels::{Align, AttnParams, Broadcast, MaskSpec, View4, Window};
+use safetensors::{Dtype, SafeTensors};
+
+/// The directory holding the fixtures.
+pub fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures")
+}
+
+/// Every `*.safetensors` file of [`fixture_dir`], sorted by name.
+pub fn fixture_paths() -> Vec<PathBuf> {
+    let dir = fixture_dir();
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut paths: Vec<PathBuf> = entries
+        .map(|e| e.unwrap_or_else(|e| panic!("{}: {e}", dir.display())).path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// A tensor read from a fixture: row-major `data` of the given `shape`.
+#[derive(Debug, Clone)]
+pub struct Tensor<T> {
+    /// Elements, row-major.
+    pub data: Vec<T>,
+    /// Shape as stored.
+    pub shape: Vec<usize>,
+}
+
+impl<T> Tensor<T> {
+    /// The shape as `[B, H, L, D]`; the loader has checked the rank.
+    pub fn dims4(&self) -> [usize; 4] {
+        [self.shape[0], self.shape[1], self.shape[2], self.shape[3]]
+    }
+}
+
+/// The scalar options of a fixture's call, from the safetensors metadata.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// `None` = the default `1/√Dk`.
+    pub scale: Option<f64>,
+    /// Causal masking.
+    pub causal: bool,
+    /// Alignment of the causal diagonal and the window centre.
+    pub align: Align,
+    /// Sliding window, `None` when both sides are unbounded.
+    pub window: Option<Window>,
+    /// Logit soft-capping value.
+    pub softcap: Option<f64>,
+}
+
+/// One fixture: inputs `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`, the optional
+/// `mask`/`bias` (broadcastable to `[B, Hq, Lq, Lk]`) and `key_lengths: [B]`, and the expected
+/// `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]`, `weights: [B, Hq, Lq, Lk]`.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    /// The file name, for messages.
+    pub file: String,
+    /// Queries.
+    pub q: Tensor<f64>,
+    /// Keys.
+    pub k: Tensor<f64>,
+    /// Values.
+    pub v: Tensor<f64>,
+    /// Boolean keep-mask.
+    pub mask: Option<Tensor<bool>>,
+    /// Additive bias.
+    pub bias: Option<Tensor<f64>>,
+    /// Valid keys per batch.
+    pub key_lengths: Option<Vec<usize>>,
+    /// Expected output.
+    pub out: Tensor<f64>,
+    /// Expected log-sum-exp.
+    pub lse: Tensor<f64>,
+    /// Expected softmax weights.
+    pub weights: Tensor<f64>,
+    /// Scalar options.
+    pub options: Options,
+}
+
+impl Fixture {
+    /// Reads and checks the fixture at `path`.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let file = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+        let bytes = std::fs::read(path).map_err(|e| format!("{file}: {e}"))?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| format!("{file}: not a safetensors file: {e}"))?;
+        let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| format!("{file}: {e}"))?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        let r = Reader { file: &file, st: &st };
+        let names = st.names();
+        let has = |n: &str| names.contains(&n);
+        Ok(Self {
+            q: r.f64_rank("q", 4)?,
+            k: r.f64_rank("k", 4)?,
+            v: r.f64_rank("v", 4)?,
+            mask: if has("mask") { Some(r.bool("mask")?) } else { None },
+            bias: if has("bias") { Some(r.f64("bias")?) } else { None },
+            key_lengths: if has("key_lengths") { Some(r.lengths("key_lengths")?) } else { None },
+            out: r.f64_rank("out", 4)?,
+            lse: r.f64_rank("lse", 3)?,
+            weights: r.f64_rank("weights", 4)?,
+            options: options(&file, &meta)?,
+            file,
+        })
+    }
+
+    /// The call's parameters with `bias` (this fixture's bias in the caller's precision, same
+    /// shape) in place of the stored one.
+    pub fn params<'a, T: Copy>(&'a self, bias: Option<&'a [T]>) -> Result<AttnParams<'a, T>, String> {
+        let err = |e: attn_kernels::AttnError| format!("{}: {e}", self.file);
+        let keep = match &self.mask {
+            Some(m) => Some(Broadcast::new("mask", &m.data, &m.shape).map_err(err)?),
+            None => None,
+        };
+        let bias = match (&self.bias, bias) {
+            (Some(b), Some(data)) => Some(Broadcast::new("bias", data, &b.shape).map_err(err)?),
+            (None, None) => None,
+            _ => return Err(format!("{}: bias given for a fixture without one, or missing", self.file)),
+        };
+        let o = self.options;
+        Ok(AttnParams {
+            scale: o.scale,
+            mask: MaskSpec {
+                causal: o.causal,
+                window: o.window,
+                align: o.align,
+                key_lengths: self.key_lengths.as_deref(),
+                keep,
+                bias,
+            },
+            softcap: o.softcap,
+            dropout: None,
+        })
+    }
+
+    /// `q`, `k` and `v` as views over `data` (this fixture's tensors in some precision).
+    pub fn views<'a, T>(&self, data: [&'a [T]; 3]) -> Result<[View4<'a, T>; 3], String> {
+        let err = |e: attn_kernels::AttnError| format!("{}: {e}", self.file);
+        Ok([
+            View4::contiguous("q", data[0], self.q.dims4()).map_err(err)?,
+            View4::contiguous("k", data[1], self.k.dims4()).map_err(err)?,
+            View4::contiguous("v", data[2], self.v.dims4()).map_err(err)?,
+        ])
+    }
+}
+
+struct Reader<'a> {
+    file: &'a str,
+    st: &'a SafeTensors<'a>,
+}
+
+impl Reader<'_> {
+    fn raw(&self, name: &str, dtypes: &[Dtype]) -> Result<(Vec<usize>, &[u8]), String> {
+        let t = self.st.tensor(name).map_err(|e| format!("{}: tensor {name}: {e}", self.file))?;
+        if !dtypes.contains(&t.dtype()) {
+            return Err(format!("{}: tensor {name}: dtype {:?}, expected one of {dtypes:?}", self.file, t.dtype()));
+        }
+        Ok((t.shape().to_vec(), t.data()))
+    }
+
+    fn f64(&self, name: &str) -> Result<Tensor<f64>, String> {
+        let (shape, data) = self.raw(name, &[Dtype::F64])?;
+        let data = data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("chunk of 8"))).collect();
+        Ok(Tensor { data, shape })
+    }
+
+    fn f64_rank(&self, name: &str, rank: usize) -> Result<Tensor<f64>, String> {
+        let t = self.f64(name)?;
+        if t.shape.len() != rank {
+            return Err(format!("{}: tensor {name}: shape {:?}, expected rank {rank}", self.file, t.shape));
+        }
+        Ok(t)
+    }
+
+    fn bool(&self, name: &str) -> Result<Tensor<bool>, String> {
+        let (shape, data) = self.raw(name, &[Dtype::BOOL, Dtype::U8])?;
+        Ok(Tensor { data: data.iter().map(|&b| b != 0).collect(), shape })
+    }
+
+    fn lengths(&self, name: &str) -> Result<Vec<usize>, String> {
+        let (shape, data) = self.raw(name, &[Dtype::I64])?;
+        if shape.len() != 1 {
+            return Err(format!("{}: tensor {name}: shape {shape:?}, expected rank 1", self.file));
+        }
+        data.chunks_exact(8)
+            .map(|c| {
+                let x = i64::from_le_bytes(c.try_into().expect("chunk of 8"));
+                usize::try_from(x).map_err(|_| format!("{}: tensor {name}: negative length {x}", self.file))
+            })
+            .collect()
+    }
+}
+
+fn options(file: &str, meta: &HashMap<String, String>) -> Result<Options, String> {
+    let get = |key: &str| meta.get(key).map(String::as_str).ok_or_else(|| format!("{file}: metadata {key} missing"));
+    let bad =
+        |key: &str, value: &str, expected: &str| format!("{file}: metadata {key} = {value:?}, expected {expected}");
+    let float = |key: &str, none: &str| -> Result<Option<f64>, String> {
+        match get(key)? {
+            v if v == none => Ok(None),
+            v => v.parse().map(Some).map_err(|_| bad(key, v, &format!("{none:?} or a number"))),
+        }
+    };
+    let side = |key: &str| -> Result<Option<usize>, String> {
+        match get(key)? {
+            "none" => Ok(None),
+            v => v.parse().map(Some).map_err(|_| bad(key, v, "\"none\" or a count")),
+        }
+    };
+    let causal = match get("causal")? {
+        "true" => true,
+        "false" => false,
+        v => return Err(bad("causal", v, "\"true\" or \"false\"")),
+    };
+    let align = match get("align")? {
+        "top_left" => Align::TopLeft,
+        "bottom_right" => Align::BottomRight,
+        v => return Err(bad("align", v, "\"top_left\" or \"bottom_right\"")),
+    };
+    let (left, right) = (side("window_left")?, side("window_right")?);
+    Ok(Options {
+        scale: float("scale", "default")?,
+        causal,
+        align,
+        window: (left.is_some() || right.is_some()).then_some(Window { left, right }),
+        softcap: float("softcap", "none")?,
+    })
+}

@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""Golden attention fixtures computed by PyTorch in float64, for `crates/attn-kernels/tests/golden.rs`.
+
+Setup (once, from the repository root; CPU-only torch is enough):
+
+    python3 -m venv .venv && .venv/bin/pip install -r scripts/requirements.txt
+
+Run (rewrites every fixture; the output is deterministic, so an unchanged grid gives identical files):
+
+    .venv/bin/python scripts/gen_fixtures.py
+
+Each case becomes `crates/attn-kernels/tests/fixtures/<name>.safetensors` holding
+- inputs: `q` [B,Hq,Lq,Dk], `k` [B,Hkv,Lk,Dk], `v` [B,Hkv,Lk,Dv] (F64); optionally `mask` (BOOL,
+  rank 1-4, broadcastable to [B,Hq,Lq,Lk], true = may attend), `bias` (F64, same broadcasting, may hold
+  -inf) and `key_lengths` (I64 [B]);
+- expected results: `out` [B,Hq,Lq,Dv], `lse` [B,Hq,Lq] (natural log), `weights` [B,Hq,Lq,Lk] (F64);
+- metadata (all strings): `name`, `scale` ("default" = 1/sqrt(Dk), else a Python float repr),
+  `causal` ("true"/"false"), `align` ("top_left"/"bottom_right"), `window_left` / `window_right`
+  (keys allowed before/after the aligned diagonal, "none" = unbounded), `softcap` ("none" or a float),
+  `torch_version`.
+
+Expected values come from an explicit float64 torch implementation written as the formula reads
+(scores = q@k^T * scale, softcap via tanh, + bias, masked_fill(-inf), softmax, @ v; lse via
+torch.logsumexp). Wherever PyTorch's own kernels apply (every case without softcap), the script
+asserts that they agree with it: `F.scaled_dot_product_attention` for `out` (using `is_causal`,
+`enable_gqa` and `scale` natively, and an `attn_mask` for the boolean mask, the bias and the masks
+SDPA lacks: bottom-right alignment, windows, key lengths), `aten._scaled_dot_product_attention_math`
+for `weights` and `aten._scaled_dot_product_flash_attention_for_cpu` for `lse`.
+No dropout: PyTorch's RNG is not ours.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save
+
+OUT_DIR = Path(__file__).resolve().parent.parent / "crates" / "attn-kernels" / "tests" / "fixtures"
+MAX_TOTAL_BYTES = 3_000_000
+TOL = dict(rtol=1e-11, atol=1e-11)
+F64 = torch.float64
+
+
+@dataclass(frozen=True)
+class Case:
+    """One fixture: sizes, mask options and how to draw the inputs."""
+
+    name: str
+    b: int
+    hq: int
+    hkv: int
+    lq: int
+    lk: int
+    dk: int
+    dv: int
+    scale: float | None = None
+    causal: bool = False
+    bottom_right: bool = False
+    window: tuple[int | None, int | None] | None = None
+    key_lengths: tuple[int, ...] | None = None
+    # Shape of the boolean mask (rank 1-4, right-aligned to [B,Hq,Lq,Lk]); `dead_row` sets one
+    # row of it entirely false.
+    mask: tuple[int, ...] | None = None
+    dead_row: bool = False
+    bias: tuple[int, ...] | None = None
+    # Fraction of bias entries set to -inf (plus one whole -inf row when > 0).
+    bias_neginf: float = 0.0
+    softcap: float | None = None
+    # Standard deviation of q and k (larger makes the softmax peakier / exercises softcap).
+    spread: float = 1.0
+
+
+def cases() -> list[Case]:
+    """The grid: shapes x mask kinds x head grouping (MHA, GQA 4/2, GQA 4/1 or 2/1)."""
+    c = Case
+    return [
+        # Shapes, no mask.
+        c("plain_mha", 2, 3, 3, 7, 9, 8, 8),
+        c("plain_odd_lq_gt_lk_dk_ne_dv", 1, 1, 1, 5, 3, 5, 3),
+        c("plain_l63", 1, 1, 1, 63, 63, 16, 16),
+        c("plain_l64", 1, 1, 1, 64, 64, 32, 32),
+        c("plain_l65_gqa_hkv1", 1, 2, 1, 65, 65, 8, 8),
+        c("plain_l127_l129", 1, 1, 1, 127, 129, 8, 16),
+        c("plain_l129_l127", 1, 1, 1, 129, 127, 8, 8),
+        c("plain_decode_gqa", 3, 4, 2, 1, 77, 8, 8),
+        c("plain_lq_gt_lk_gqa", 2, 4, 2, 33, 17, 8, 12),
+        c("plain_lq_lt_lk_gqa_hkv1", 2, 4, 1, 9, 70, 16, 8),
+        c("plain_dk32_dv8", 1, 2, 2, 31, 33, 32, 8),
+        c("plain_peaked_scale", 1, 1, 1, 65, 65, 8, 8, scale=1.7, spread=2.0),
+        c("empty_lq", 2, 2, 1, 0, 5, 8, 8),
+        c("empty_lk", 2, 2, 2, 3, 0, 8, 4),
+        # Causal, top-left (PyTorch is_causal) and bottom-right.
+        c("causal_tl_square_gqa", 1, 4, 2, 65, 65, 8, 8, causal=True),
+        c("causal_tl_lq_gt_lk", 1, 2, 2, 40, 24, 8, 8, causal=True),
+        c("causal_tl_lq_lt_lk", 1, 2, 2, 24, 40, 8, 8, causal=True),
+        c("causal_tl_l63_l65_gqa_hkv1", 1, 2, 1, 63, 65, 8, 8, causal=True),
+        c("causal_br_square", 1, 2, 2, 64, 64, 16, 16, causal=True, bottom_right=True),
+        c("causal_br_lq_lt_lk", 1, 2, 2, 24, 40, 8, 8, causal=True, bottom_right=True),
+        c("causal_br_lq_gt_lk_dead_rows", 1, 2, 2, 40, 24, 8, 8, causal=True, bottom_right=True),
+        c("causal_br_decode_hkv1", 2, 4, 1, 1, 65, 16, 16, causal=True, bottom_right=True),
+        c("causal_br_l63_l129", 1, 1, 1, 63, 129, 8, 8, causal=True, bottom_right=True),
+        # Sliding windows (left, right); None = unbounded side.
+        c("window_tl_both", 1, 2, 2, 50, 50, 8, 8, window=(3, 2)),
+        c("window_br_both", 1, 2, 1, 20, 45, 8, 8, window=(4, 0), bottom_right=True),
+        c("window_tl_left_only", 1, 2, 2, 30, 30, 8, 8, window=(5, None)),
+        c("window_br_left_only_decode", 2, 4, 2, 1, 50, 8, 8, window=(7, None), bottom_right=True),
+        c("window_tl_right_only", 1, 2, 2, 17, 33, 8, 8, window=(None, 2)),
+        c("window_br_right_only_dead_rows", 1, 2, 2, 30, 20, 8, 8, window=(None, 3), bottom_right=True),
+        c("window_tl_zero_width", 1, 1, 1, 12, 10, 8, 8, window=(0, 0)),
+        c("window_br_causal_sliding", 1, 4, 2, 16, 64, 8, 8, causal=True, window=(8, None), bottom_right=True),
+        # Key lengths (one batch with length 0: every row of it is fully masked).
+        c("keylen_with_zero", 3, 2, 2, 9, 17, 8, 8, key_lengths=(5, 0, 17)),
+        c("keylen_causal_br", 2, 2, 1, 8, 33, 8, 8, causal=True, bottom_right=True, key_lengths=(20, 33)),
+        c("keylen_decode_gqa", 4, 4, 2, 1, 40, 8, 8, key_lengths=(40, 1, 0, 23)),
+        c("keylen_causal_tl_window", 2, 2, 2, 20, 20, 8, 8, causal=True, window=(6, None), key_lengths=(13, 20)),
+        # Boolean masks of ranks 1-4 with broadcast dimensions.
+        c("mask_rank2_dead_row", 2, 2, 2, 11, 13, 8, 8, mask=(11, 13), dead_row=True),
+        c("mask_rank1_keys", 2, 2, 1, 6, 19, 8, 8, mask=(19,)),
+        c("mask_rank3_heads", 2, 4, 2, 10, 15, 8, 8, mask=(4, 1, 15)),
+        c("mask_rank3_rows", 2, 3, 3, 10, 15, 8, 8, mask=(1, 10, 15)),
+        c("mask_rank4_full", 2, 2, 2, 9, 12, 8, 8, mask=(2, 2, 9, 12), dead_row=True),
+        c("mask_rank4_padding", 3, 2, 2, 7, 21, 8, 8, mask=(3, 1, 1, 21)),
+        c("mask_rank4_row_heads", 1, 4, 1, 8, 8, 8, 8, mask=(1, 4, 8, 1)),
+        c("mask_causal_tl_gqa_hkv1", 1, 4, 1, 33, 33, 8, 8, causal=True, mask=(33, 33)),
+        c("mask_l65_window_br", 1, 1, 1, 65, 63, 8, 8, window=(10, 10), bottom_right=True, mask=(1, 65, 63)),
+        # Additive bias, broadcast, with -inf entries.
+        c("bias_rank2", 2, 2, 2, 10, 14, 8, 8, bias=(10, 14)),
+        c("bias_rank1", 1, 2, 1, 10, 14, 8, 8, bias=(14,)),
+        c("bias_rank3_heads", 2, 4, 2, 9, 11, 8, 8, bias=(4, 1, 11)),
+        c("bias_rank4_batch", 2, 2, 2, 12, 16, 8, 8, bias=(2, 1, 12, 16)),
+        c("bias_neginf", 2, 2, 2, 13, 17, 8, 8, bias=(2, 2, 13, 17), bias_neginf=0.3),
+        c("bias_neginf_causal_gqa", 1, 4, 2, 20, 20, 8, 8, causal=True, bias=(20, 20), bias_neginf=0.2),
+        c("bias_mask_keylen", 2, 2, 1, 9, 15, 8, 8, bias=(2, 1, 9, 15), mask=(1, 9, 15), key_lengths=(15, 7)),
+        # Soft-capping (scores drawn wide so tanh saturates).
+        c("softcap_mha", 2, 2, 2, 16, 24, 8, 8, softcap=5.0, spread=3.0),
+        c("softcap_causal_br_gqa", 1, 4, 2, 24, 40, 16, 16, softcap=2.5, spread=3.0, causal=True, bottom_right=True),
+        c("softcap_bias_window", 1, 2, 2, 30, 30, 8, 8, softcap=8.0, spread=3.0, bias=(30, 30), window=(5, 5)),
+        # Negative and explicit scales.
+        c("scale_negative", 2, 2, 2, 15, 15, 8, 8, scale=-0.3),
+        c("scale_negative_causal_gqa_hkv1", 1, 4, 1, 17, 23, 16, 8, scale=-0.45, causal=True),
+        # Everything at once.
+        c("combined_all", 2, 4, 2, 13, 29, 8, 12, scale=-0.7, causal=True, bottom_right=True, window=(6, None),
+          key_lengths=(29, 17), mask=(4, 1, 29), bias=(2, 1, 13, 29), bias_neginf=0.1, softcap=4.0, spread=2.0),
+    ]
+
+
+def draw_inputs(case: Case) -> dict[str, torch.Tensor]:
+    """q, k, v and the optional mask, bias and key lengths, from a generator seeded by the case name."""
+    g = torch.Generator().manual_seed(zlib.crc32(case.name.encode()))
+    t = {
+        "q": torch.randn(case.b, case.hq, case.lq, case.dk, generator=g, dtype=F64) * case.spread,
+        "k": torch.randn(case.b, case.hkv, case.lk, case.dk, generator=g, dtype=F64) * case.spread,
+        "v": torch.randn(case.b, case.hkv, case.lk, case.dv, generator=g, dtype=F64),
+    }
+    if case.mask is not None:
+        mask = torch.rand(case.mask, generator=g, dtype=F64) < 0.7
+        if case.dead_row:
+            mask.view(-1, *case.mask[-2:])[0, min(2, case.mask[-2] - 1)] = False
+        t["mask"] = mask
+    if case.bias is not None:
+        bias = torch.randn(case.bias, generator=g, dtype=F64) * 2.0
+        if case.bias_neginf > 0:
+            bias[torch.rand(case.bias, generator=g, dtype=F64) < case.bias_neginf] = -math.inf
+            bias.view(-1, *case.bias[-2:])[0, min(1, case.bias[-2] - 1)] = -math.inf
+        t["bias"] = bias
+    if case.key_lengths is not None:
+        t["key_lengths"] = torch.tensor(case.key_lengths, dtype=torch.int64)
+    return t
+
+
+def allowed_mask(case: Case, t: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[B,Hq,Lq,Lk] bool: true where the key may be attended (band, key lengths, mask, bias != -inf)."""
+    i = torch.arange(case.lq).view(-1, 1)
+    j = torch.arange(case.lk).view(1, -1)
+    # Bottom-right aligns the last query with key Lk - 1, whatever the batch's key length.
+    diag = i + (case.lk - case.lq if case.bottom_right else 0)
+    allowed = torch.ones(case.b, case.hq, case.lq, case.lk, dtype=torch.bool)
+    if case.causal:
+        allowed &= j <= diag
+    if case.window is not None:
+        left, right = case.window
+        if left is not None:
+            allowed &= j >= diag - left
+        if right is not None:
+            allowed &= j <= diag + right
+    if "key_lengths" in t:
+        allowed &= j.view(1, 1, 1, -1) < t["key_lengths"].view(-1, 1, 1, 1)
+    if "mask" in t:
+        allowed &= t["mask"]
+    if "bias" in t:
+        allowed &= t["bias"] != -math.inf
+    return allowed
+
+
+def scale_of(case: Case) -> float:
+    return case.scale if case.scale is not None else 1.0 / math.sqrt(case.dk)
+
+
+def explicit(case: Case, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The straightforward float64 attention: returns (out, lse, weights, allowed)."""
+    group = case.hq // case.hkv
+    k = t["k"].repeat_interleave(group, dim=1)
+    v = t["v"].repeat_interleave(group, dim=1)
+    scores = t["q"] @ k.transpose(-1, -2) * scale_of(case)
+    if case.softcap is not None:
+        scores = case.softcap * torch.tanh(scores / case.softcap)
+    if "bias" in t:
+        scores = scores + t["bias"]
+    allowed = allowed_mask(case, t)
+    scores = scores.masked_fill(~allowed, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    weights = torch.softmax(scores, dim=-1)
+    out = weights @ v
+    # A fully masked row: softmax over all -inf gives NaN in PyTorch (and SDPA's math path gives 0
+    # weights). Our semantics are output 0, lse -inf, weights 0 - written here explicitly.
+    dead = ~allowed.any(dim=-1)
+    out[dead] = 0.0
+    lse[dead] = -math.inf
+    weights[dead] = 0.0
+    return out, lse, weights, allowed
+
+
+def sdpa_mask(case: Case, t: dict[str, torch.Tensor], allowed: torch.Tensor):
+    """(attn_mask, is_causal) expressing the case through SDPA's own arguments: `is_causal` for a lone
+    top-left causal mask, the broadcast `mask` or `bias` as given when it is the only one, otherwise
+    everything folded into one full-size mask (float when there is a bias, else bool)."""
+    # PyTorch 2.15's CPU flash kernel returns NaN for `is_causal` with a negative scale, so that
+    # combination goes through an explicit mask as well.
+    negative = case.scale is not None and case.scale < 0
+    native_causal = case.causal and not case.bottom_right and not negative
+    folded = case.window is not None or "key_lengths" in t or (case.causal and not native_causal)
+    user = [name for name in ("mask", "bias") if name in t]
+    if not folded and not user:
+        return None, native_causal
+    if not folded and not native_causal and len(user) == 1:
+        given = t[user[0]]
+        return (given.unsqueeze(0) if given.dim() == 1 else given), False  # SDPA wants rank >= 2
+    return full_float_mask(t, allowed) if "bias" in t else allowed, False
+
+
+def full_float_mask(t: dict[str, torch.Tensor], allowed: torch.Tensor) -> torch.Tensor:
+    """[B,Hq,Lq,Lk] additive mask: the bias (or 0) where allowed, -inf elsewhere."""
+    base = t["bias"].expand(allowed.shape) if "bias" in t else torch.zeros(allowed.shape, dtype=F64)
+    return base.masked_fill(~allowed, -math.inf)
+
+
+def cross_check(case: Case, t: dict[str, torch.Tensor], out, lse, weights, allowed) -> None:
+    """Asserts that PyTorch's kernels reproduce the explicit results on every row with a live key
+    (fully masked rows hold our convention, set explicitly in `explicit`, so they are left out)."""
+    if case.softcap is not None or 0 in (case.b, case.lq, case.lk):
+        return
+    attn_mask, is_causal = sdpa_mask(case, t, allowed)
+    live = allowed.any(dim=-1)
+    q, k, v, scale = t["q"], t["k"], t["v"], case.scale
+
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                          enable_gqa=case.hq != case.hkv)
+    assert torch.allclose(sdpa[live], out[live], **TOL), f"{case.name}: SDPA out differs"
+
+    # The aten ops below add their mask: a boolean one goes in as 0 / -inf.
+    additive = attn_mask
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        additive = torch.zeros(attn_mask.shape, dtype=F64).masked_fill(~attn_mask, -math.inf)
+    group = case.hq // case.hkv
+    kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    _, w_math = torch.ops.aten._scaled_dot_product_attention_math(q, kr, vr, additive, 0.0, is_causal,
+                                                                   scale=scale)
+    assert torch.allclose(w_math[live], weights[live], **TOL), f"{case.name}: SDPA math weights differ"
+
+    # The CPU flash op wants one head size: zero columns change neither the scores nor the lse.
+    d = max(case.dk, case.dv)
+    qp, kp, vp = (F.pad(x, (0, d - x.shape[-1])) for x in (q, kr, vr))
+    float_mask = None if attn_mask is None else full_float_mask(t, allowed)
+    _, lse_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        qp, kp, vp, 0.0, is_causal, attn_mask=float_mask, scale=scale_of(case))
+    assert torch.allclose(lse_flash[live], lse[live], **TOL), f"{case.name}: SDPA flash lse differs"
+
+
+def metadata(case: Case) -> dict[str, str]:
+    def opt(x) -> str:
+        return "none" if x is None else repr(x)
+
+    left, right = case.window if case.window is not None else (None, None)
+    return {
+        "name": case.name,
+        "scale": "default" if case.scale is None else repr(float(case.scale)),
+        "causal": "true" if case.causal else "false",
+        "align": "bottom_right" if case.bottom_right else "top_left",
+        "window_left": opt(left),
+        "window_right": opt(right),
+        "softcap": opt(None if case.softcap is None else float(case.softcap)),
+        "torch_version": torch.__version__.split("+")[0],
+    }
+
+
+def save_sorted(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
+    """Writes a safetensors file whose metadata keys are sorted: safetensors keeps them in a hash
+    map, so their order (and the file's bytes) would otherwise change from run to run."""
+    data = save(tensors, metadata=meta)
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(n)
+    assert len(text) == n, f"{path.name}: header length changed"
+    path.write_bytes(data[:8] + text + data[8 + n:])
+
+
+def main() -> None:
+    torch.use_deterministic_algorithms(True)
+    grid = cases()
+    names = [c.name for c in grid]
+    assert len(set(names)) == len(names), "case names must be unique"
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    for stale in OUT_DIR.glob("*.safetensors"):
+        stale.unlink()
+    total = 0
+    for case in grid:
+        t = draw_inputs(case)
+        out, lse, weights, allowed = explicit(case, t)
+        assert not any(x.isnan().any() for x in (out, lse, weights)), f"{case.name}: NaN in expected values"
+        cross_check(case, t, out, lse, weights, allowed)
+        tensors = {name: x.contiguous() for name, x in t.items()}
+        tensors.update(out=out.contiguous(), lse=lse.contiguous(), weights=weights.contiguous())
+        path = OUT_DIR / f"{case.name}.safetensors"
+        save_sorted(tensors, path, metadata(case))
+        size = path.stat().st_size
+        total += size
+        dead = int((~allowed.any(dim=-1)).sum())
+        print(f"{case.name:40s} {size:8d} B  dead rows {dead}")
+    print(f"{len(grid)} fixtures, {total} bytes in {OUT_DIR}")
+    assert total <= MAX_TOTAL_BYTES, f"fixtures take {total} bytes, budget {MAX_TOTAL_BYTES}"
+
+
+if __name__ == "__main__":
+    main()
