@@ -5,7 +5,7 @@
 use half::{bf16, f16};
 
 use crate::error::{AttnError, Result};
-use crate::flash;
+use crate::flash::{self, Tuning};
 use crate::problem::AttnParams;
 use crate::problem::Problem;
 use crate::reference::{reference, AttnOutput};
@@ -167,6 +167,19 @@ pub fn attention(
     params: &AttnParams<f32>,
     want_weights: bool,
 ) -> Result<AttnOutput<f32>> {
+    attention_tuned(kernel, Tuning::default(), q, k, v, params, want_weights)
+}
+
+/// [`attention`] with the flash kernel's plan overridden by `tuning` (ignored by the reference).
+pub fn attention_tuned(
+    kernel: Kernel,
+    tuning: Tuning,
+    q: &View4<f32>,
+    k: &KvView,
+    v: &KvView,
+    params: &AttnParams<f32>,
+    want_weights: bool,
+) -> Result<AttnOutput<f32>> {
     let isa = match kernel {
         Kernel::Reference => {
             let (kd, vd) = (k.to_f32(), v.to_f32());
@@ -182,14 +195,14 @@ pub fn attention(
     };
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     Ok(match (k, v) {
-        (KvView::F32(k), KvView::F32(v)) => flash::forward(isa, q, k, v, &pb, want_weights),
-        (KvView::F16(k), KvView::F16(v)) => flash::forward(isa, q, k, v, &pb, want_weights),
-        (KvView::Bf16(k), KvView::Bf16(v)) => flash::forward(isa, q, k, v, &pb, want_weights),
+        (KvView::F32(k), KvView::F32(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
+        (KvView::F16(k), KvView::F16(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
+        (KvView::Bf16(k), KvView::Bf16(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
         _ => {
             let (kd, vd) = (k.to_f32(), v.to_f32());
             let k32 = View4::contiguous("k", &kd, k.dims())?;
             let v32 = View4::contiguous("v", &vd, v.dims())?;
-            flash::forward(isa, q, &k32, &v32, &pb, want_weights)
+            flash::forward(isa, q, &k32, &v32, &pb, want_weights, tuning)
         }
     })
 }

@@ -16,9 +16,10 @@ pub mod problem;
 pub mod reference;
 pub mod view;
 
-pub use dispatch::{attention, Isa, Kernel, KvView};
+pub use dispatch::{attention, attention_tuned, Isa, Kernel, KvView};
 pub use dropout::Dropout;
 pub use error::{AttnError, Result};
+pub use flash::{Path, Tuning};
 pub use mask::{Align, MaskSpec, Window};
 pub use merge::{merge_partials, Partial};
 pub use problem::{AttnParams, Dims, Problem};

@@ -28,7 +28,7 @@ use crate::merge::merge_row;
 use crate::problem::Problem;
 use crate::reference::AttnOutput;
 use crate::view::View4;
-use block::{Ctx, Job, Outs, TILE_KEYS};
+use block::{Ctx, Job, Outs};
 use simd::KvElem;
 
 /// Query rows per prefill job.
@@ -39,10 +39,30 @@ pub const DECODE_ROWS: usize = 16;
 pub const PACK_BUDGET: usize = 16 << 20;
 /// Fewest keys in a split-KV shard.
 pub const MIN_SHARD_KEYS: usize = 512;
+/// Shard boundaries are multiples of this (a multiple of every ISA's key panel).
+const SHARD_ALIGN: usize = 32;
 /// Jobs per thread below which keys are split.
 const JOBS_PER_THREAD: usize = 4;
 
 type BlockFn<E> = unsafe fn(&Ctx<E>, Option<&[f32]>, &Job, Outs);
+
+/// How the work of a call is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// Packed keys, blocks of one head's queries.
+    Prefill,
+    /// Keys read in place, every query head of a group stacked.
+    Decode,
+}
+
+/// Overrides of the automatic plan, for tests and experiments; `Default` chooses automatically.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tuning {
+    /// Force a path.
+    pub path: Option<Path>,
+    /// Force the number of key shards (split-KV); ignored when weights are asked for.
+    pub shards: Option<usize>,
+}
 
 /// Flash attention with instruction set `isa` (which must be available). `q: [B, Hq, Lq, Dk]`,
 /// `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`, validated into `pb`; returns `out`, `lse` and,
@@ -54,6 +74,7 @@ pub fn forward<E: KvElem>(
     v: &View4<E>,
     pb: &Problem<f32>,
     want_weights: bool,
+    tuning: Tuning,
 ) -> AttnOutput<f32> {
     assert!(isa.is_available(), "flash kernel entered without {isa:?} support");
     let (run, w): (BlockFn<E>, usize) = match isa {
@@ -74,7 +95,10 @@ pub fn forward<E: KvElem>(
         return AttnOutput { out, lse, weights };
     }
     let g = d.group();
-    let decode = g * d.lq <= DECODE_ROWS;
+    let decode = match tuning.path {
+        Some(p) => p == Path::Decode,
+        None => g * d.lq <= DECODE_ROWS,
+    };
     let jobs: Vec<Job> = (0..d.b)
         .flat_map(|b| (0..d.hkv).map(move |kvh| (b, kvh)))
         .flat_map(|(b, kvh)| -> Vec<Job> {
@@ -89,10 +113,10 @@ pub fn forward<E: KvElem>(
         })
         .collect();
     let threads = rayon::current_num_threads();
-    let shards = if want_weights || jobs.is_empty() {
-        1
-    } else {
-        (JOBS_PER_THREAD * threads).div_ceil(jobs.len()).min(d.lk / MIN_SHARD_KEYS).max(1)
+    let shards = match tuning.shards {
+        _ if want_weights || jobs.is_empty() => 1,
+        Some(n) => n.max(1),
+        None => (JOBS_PER_THREAD * threads).div_ceil(jobs.len()).min(d.lk / MIN_SHARD_KEYS).max(1),
     };
     let plen = pack::panel_len(d.lk, d.dk, w);
     let heads_per_chunk = if decode { d.b * d.hkv } else { (PACK_BUDGET / (plen * 4).max(1)).max(1) };
@@ -130,7 +154,7 @@ fn run_split<'p, E: KvElem>(
     lk: usize,
     dv: usize,
 ) {
-    let step = lk.div_ceil(shards).div_ceil(TILE_KEYS) * TILE_KEYS;
+    let step = lk.div_ceil(shards).div_ceil(SHARD_ALIGN) * SHARD_ALIGN;
     let rows: usize = jobs.iter().map(|(j, _)| j.rows()).sum();
     let ranges: Vec<_> = (0..lk).step_by(step).map(|s| s..(s + step).min(lk)).collect();
     let mut po = vec![0.0f32; ranges.len() * rows * dv];
