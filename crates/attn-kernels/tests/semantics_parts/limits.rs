@@ -1,0 +1,117 @@
+//! Empty sizes (which must work) and invalid calls (which must return the right [`AttnError`]).
+
+use attn_kernels::{AttnError, AttnOutput, Dropout, Kernel, KvView, View4};
+
+use crate::common::{dims, Case, Dense};
+
+/// B, Lq, Lk, Dk or Dv of zero: outputs of the right (possibly empty) length; Lk = 0 leaves every
+/// row fully masked (out 0, lse −∞).
+pub fn check_empty(kernel: Kernel) {
+    let masked_lk0 = Case {
+        causal: true,
+        align: attn_kernels::Align::BottomRight,
+        key_lengths: Some(vec![0, 0]),
+        keep: Some(Dense { shape: vec![1, 0], data: vec![] }),
+        bias: Some(Dense { shape: vec![5, 0], data: vec![] }),
+        ..Case::new(dims(2, 2, 1, 5, 0, 8, 8), 4)
+    };
+    let cases = [
+        ("B = 0", Case::new(dims(0, 2, 1, 5, 7, 8, 8), 1)),
+        ("Lq = 0", Case::new(dims(2, 2, 1, 0, 7, 8, 8), 2)),
+        ("Lk = 0", Case::new(dims(2, 4, 2, 5, 0, 8, 8), 3)),
+        ("Lk = 0 with masks", masked_lk0),
+        ("Dv = 0", Case::new(dims(2, 2, 1, 5, 7, 8, 0), 5)),
+        ("Dk = 0", Case::new(dims(2, 2, 1, 5, 7, 0, 8), 6)),
+        ("all zero", Case::new(dims(0, 1, 1, 0, 0, 0, 0), 7)),
+    ];
+    for (what, case) in cases {
+        let label = format!("{} {what} [{}]", kernel.name(), case.describe());
+        let res = case.check(kernel, what);
+        let d = case.dims;
+        assert_eq!(res.out.len(), d.out_len(), "{label}: out length");
+        assert_eq!(res.lse.len(), d.lse_len(), "{label}: lse length");
+        assert_eq!(res.weights.as_ref().map(Vec::len), Some(d.weights_len()), "{label}: weights length");
+        let fully_masked = case.assert_structure(&label, &res);
+        if d.lk == 0 {
+            assert_eq!(fully_masked, d.lse_len(), "{label}: every row is fully masked");
+        }
+    }
+}
+
+/// Runs `kernel` on zero-filled tensors of the given shapes with `case`'s options.
+fn run_shapes(
+    kernel: Kernel,
+    case: &Case,
+    shapes: [[usize; 4]; 3],
+    want_weights: bool,
+) -> attn_kernels::Result<AttnOutput<f32>> {
+    let [q, k, v] = shapes.map(|s| vec![0.5f32; s.iter().product()]);
+    let q = View4::contiguous("q", &q, shapes[0])?;
+    let k = View4::contiguous("k", &k, shapes[1])?;
+    let v = View4::contiguous("v", &v, shapes[2])?;
+    case.run_views(kernel, &q, &KvView::F32(k), &KvView::F32(v), want_weights)
+}
+
+/// Asserts `kernel` refuses `case` on `shapes` (with and without weights) with an error `ok` accepts.
+fn expect_error(kernel: Kernel, what: &str, case: &Case, shapes: [[usize; 4]; 3], ok: impl Fn(&AttnError) -> bool) {
+    for want_weights in [false, true] {
+        match run_shapes(kernel, case, shapes, want_weights) {
+            Err(e) if ok(&e) => {}
+            other => panic!("{} {what}: unexpected result {:?}", kernel.name(), other.map(|o| o.out.len())),
+        }
+    }
+}
+
+fn dim_mismatch(t: &'static str, d: &'static str, e: usize, f: usize) -> impl Fn(&AttnError) -> bool {
+    move |err| *err == AttnError::DimMismatch { tensor: t, dim: d, expected: e, found: f }
+}
+
+fn param(field: &'static str) -> impl Fn(&AttnError) -> bool {
+    move |err| matches!(err, AttnError::Param { field: f, .. } if *f == field)
+}
+
+fn broadcast(tensor: &'static str) -> impl Fn(&AttnError) -> bool {
+    move |err| matches!(err, AttnError::Broadcast { tensor: t, .. } if *t == tensor)
+}
+
+/// Every invalid call gives its `AttnError` variant, naming the tensor or field.
+pub fn check_errors(kernel: Kernel) {
+    let plain = Case::new(dims(2, 2, 1, 5, 7, 8, 8), 0);
+    let good = [[2, 2, 5, 8], [2, 1, 7, 8], [2, 1, 7, 8]];
+    let heads = |err: &AttnError| matches!(err, AttnError::Heads(_));
+    expect_error(kernel, "zero q heads", &plain, [[1, 0, 4, 8], [1, 1, 4, 8], [1, 1, 4, 8]], heads);
+    expect_error(kernel, "zero k/v heads", &plain, [[1, 2, 4, 8], [1, 0, 4, 8], [1, 0, 4, 8]], heads);
+    expect_error(kernel, "Hq % Hkv != 0", &plain, [[1, 6, 4, 8], [1, 4, 4, 8], [1, 4, 4, 8]], heads);
+    let shapes = [[2, 2, 4, 8], [1, 2, 4, 8], [2, 2, 4, 8]];
+    expect_error(kernel, "k batch", &plain, shapes, dim_mismatch("k", "batch", 2, 1));
+    let shapes = [[2, 2, 4, 8], [2, 2, 4, 8], [1, 2, 4, 8]];
+    expect_error(kernel, "v batch", &plain, shapes, dim_mismatch("v", "batch", 2, 1));
+    let shapes = [[1, 2, 4, 8], [1, 2, 4, 7], [1, 2, 4, 8]];
+    expect_error(kernel, "k head dim", &plain, shapes, dim_mismatch("k", "head_dim", 8, 7));
+    let shapes = [[1, 2, 4, 8], [1, 2, 4, 8], [1, 1, 4, 8]];
+    expect_error(kernel, "v heads", &plain, shapes, dim_mismatch("v", "heads", 2, 1));
+    let shapes = [[1, 2, 4, 8], [1, 2, 5, 8], [1, 2, 4, 8]];
+    expect_error(kernel, "v length", &plain, shapes, dim_mismatch("v", "length", 5, 4));
+    for scale in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        expect_error(kernel, "scale", &Case { scale: Some(scale), ..plain.clone() }, good, param("scale"));
+    }
+    for cap in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        expect_error(kernel, "softcap", &Case { softcap: Some(cap), ..plain.clone() }, good, param("softcap"));
+    }
+    for p in [1.0, 1.5, -0.1, f32::NAN] {
+        let case = Case { dropout: Some(Dropout { p, seed: 1 }), ..plain.clone() };
+        expect_error(kernel, "dropout", &case, good, param("dropout"));
+    }
+    for shape in [vec![3, 7], vec![5, 8], vec![3, 2, 5, 7], vec![2, 3, 1, 1]] {
+        let n = shape.iter().product();
+        let keep = Some(Dense { shape: shape.clone(), data: vec![true; n] });
+        expect_error(kernel, "keep-mask broadcast", &Case { keep, ..plain.clone() }, good, broadcast("mask"));
+        let bias = Some(Dense { shape, data: vec![0.0; n] });
+        expect_error(kernel, "bias broadcast", &Case { bias, ..plain.clone() }, good, broadcast("bias"));
+    }
+    for lengths in [vec![7], vec![7, 7, 7]] {
+        let found = lengths.len();
+        let case = Case { key_lengths: Some(lengths), ..plain.clone() };
+        expect_error(kernel, "key_lengths", &case, good, dim_mismatch("key_lengths", "batch", 2, found));
+    }
+}
