@@ -13,7 +13,7 @@ mod golden {
     pub mod fixture;
 }
 
-use attn_kernels::{attention, oracle, reference, Isa, Kernel, KvView};
+use attn_kernels::{attention_tuned, oracle, reference, Isa, Kernel, KvView, Path, Tuning};
 use golden::compare::check_f64;
 use golden::fixture::{fixture_dir, fixture_paths, Fixture};
 
@@ -45,6 +45,15 @@ fn to_f32(x: &[f64]) -> Vec<f32> {
     x.iter().map(|&x| x as f32).collect()
 }
 
+/// Every plan of the flash kernel: automatic, each path forced, and each with the keys split.
+const TUNINGS: [Tuning; 5] = [
+    Tuning { path: None, shards: None },
+    Tuning { path: Some(Path::Prefill), shards: None },
+    Tuning { path: Some(Path::Decode), shards: None },
+    Tuning { path: Some(Path::Prefill), shards: Some(3) },
+    Tuning { path: Some(Path::Decode), shards: Some(3) },
+];
+
 fn check_kernel(kernel: Kernel, fx: &Fixture) -> Result<(), String> {
     let (q32, k32, v32) = (to_f32(&fx.q.data), to_f32(&fx.k.data), to_f32(&fx.v.data));
     let bias32 = fx.bias.as_ref().map(|b| to_f32(&b.data));
@@ -52,9 +61,11 @@ fn check_kernel(kernel: Kernel, fx: &Fixture) -> Result<(), String> {
     let params = fx.params(bias32.as_deref())?;
     let naive = reference(&q, &k, &v, &params, true).map_err(|e| format!("{}: reference f32: {e}", fx.file))?;
     let naive_weights = naive.weights.as_deref().unwrap_or_default();
-    for want_weights in [true, false] {
-        let tag = format!("{}: {} (weights {})", fx.file, kernel.name(), if want_weights { "on" } else { "off" });
-        let fast = attention(kernel, &q, &KvView::F32(k), &KvView::F32(v), &params, want_weights)
+    let plans = if kernel == Kernel::Reference { &TUNINGS[..1] } else { &TUNINGS[..] };
+    for (want_weights, tuning) in [true, false].into_iter().flat_map(|w| plans.iter().map(move |t| (w, *t))) {
+        let tag =
+            format!("{}: {} {tuning:?} (weights {})", fx.file, kernel.name(), if want_weights { "on" } else { "off" });
+        let fast = attention_tuned(kernel, tuning, &q, &KvView::F32(k), &KvView::F32(v), &params, want_weights)
             .map_err(|e| format!("{tag}: {e}"))?;
         oracle::check(&format!("{tag}: out"), &fast.out, &fx.out.data, &naive.out, oracle::OUTPUT_FACTOR)?;
         oracle::check(&format!("{tag}: lse"), &fast.lse, &fx.lse.data, &naive.lse, oracle::OUTPUT_FACTOR)?;

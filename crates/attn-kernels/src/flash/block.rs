@@ -3,12 +3,13 @@
 //! weights are asked for, a second sweep that writes the normalised probabilities.
 //!
 //! A block is `nh` query heads of one key/value head group × `ni` consecutive queries (decode
-//! stacks all heads of a group so each key/value row is read once for all of them). Scores are
-//! kept in base-2 units: `t = s·log2 e`, folded into the packed queries when there is no
-//! soft-capping. Tiles outside every row's band are never visited; tiles crossing a row's band
-//! edge are masked element-wise; element masks (boolean, bias) are applied to every tile.
+//! stacks all heads of a group so each key/value row is read once for all of them). Scores stay in
+//! natural units and are scaled after the dot product, like the formula; the exponential is taken
+//! as `exp2((s − m)·log2 e)` so its argument is rounded relative to `s − m`, not to `s`. Tiles
+//! outside every row's band are never visited; tiles crossing a row's band edge are masked
+//! element-wise; element masks (boolean, bias) are applied to every tile.
 
-use std::f32::consts::{LN_2, LOG2_E};
+use std::f32::consts::LOG2_E;
 use std::ops::Range;
 
 use super::micro::{pv, pv_scalar, qk_panel, qk_rows};
@@ -100,12 +101,12 @@ macro_rules! with_rows {
 
 /// Per-block working memory.
 struct Work {
-    /// Scaled queries `[rows, Dk]`.
+    /// Queries `[rows, Dk]`.
     q: Vec<f32>,
     /// Scores / probabilities `[rows, lds]`.
     s: Vec<f32>,
     lds: usize,
-    /// Running maximum (base 2) per row.
+    /// Running maximum per row.
     m: Vec<f32>,
     /// Running denominator per row.
     l: Vec<f32>,
@@ -125,7 +126,6 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     let rows = job.rows();
     let tile = if panels.is_some() { TILE_KEYS } else { DECODE_TILE_KEYS };
     let lds = tile + 2 * S::W;
-    let qmul = (pb.scale as f32) * if pb.softcap.is_some() { 1.0 } else { LOG2_E };
     let mut w = Work {
         q: vec![0.0; rows * d.dk],
         s: vec![0.0; rows * lds],
@@ -136,9 +136,7 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     };
     for r in 0..rows {
         let (h, i) = job.head_query(r);
-        for (x, &y) in w.q[r * d.dk..(r + 1) * d.dk].iter_mut().zip(cx.q.row(job.b, h, i)) {
-            *x = y * qmul;
-        }
+        w.q[r * d.dk..(r + 1) * d.dk].copy_from_slice(cx.q.row(job.b, h, i));
         let (lo, hi) = pb.key_range(job.b, i);
         w.range.push((lo.max(job.keys.start), hi.min(job.keys.end)));
     }
@@ -167,7 +165,7 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
         if m == f32::NEG_INFINITY {
             continue;
         }
-        outs.lse[r] = (m + l.log2()) * LN_2;
+        outs.lse[r] = m + l.ln();
         let inv = 1.0 / l;
         outs.o[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|x| *x *= inv);
     }
@@ -191,7 +189,7 @@ fn head_ptr<E>(t: &View4<E>, b: usize, h: usize) -> (*const E, usize) {
     (t.data()[b * s[0] + h * s[1]..].as_ptr(), s[2])
 }
 
-/// Scores of every row against keys `j0..j0+n` in base-2 units, masked (−∞) where not allowed;
+/// Scaled (and soft-capped, biased) scores of every row against keys `j0..j0+n`, masked (−∞) where not allowed;
 /// columns from `n` up to the vector-padded width are −∞. Returns whether any allowed-range key
 /// of the tile was masked.
 ///
@@ -248,20 +246,22 @@ unsafe fn scores<S: Simd, E: KvElem>(
     }
     let mut masked = false;
     let b = job.b;
+    let scale = pb.scale as f32;
     for r in 0..rows {
         let (h, i) = job.head_query(r);
         let row = &mut w.s[r * lds..r * lds + width];
         row[n..].fill(f32::NEG_INFINITY);
         let row = &mut row[..n];
+        row.iter_mut().for_each(|s| *s *= scale);
         if let Some(cap) = pb.softcap {
             let cap = cap as f32;
-            row.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh() * LOG2_E);
+            row.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
         }
         if let Some(bias) = pb.elem.bias {
             let (bv, st) = bias.row(b, h, i);
             for (c, s) in row.iter_mut().enumerate() {
                 let x = bv[(j0 + c) * st];
-                *s = if x == f32::NEG_INFINITY { f32::NEG_INFINITY } else { *s + x * LOG2_E };
+                *s = if x == f32::NEG_INFINITY { f32::NEG_INFINITY } else { *s + x };
             }
             masked = true;
         }
@@ -311,7 +311,7 @@ fn bad_columns<E: KvElem>(
 }
 
 /// Online-softmax step for one tile: new running maxima, rescaled outputs and denominators, and
-/// the tile's probabilities `exp2(t − m)` in place of the scores (dropout applied after the
+/// the tile's probabilities `exp(s − m)` in place of the scores (dropout applied after the
 /// denominator is updated).
 ///
 /// # Safety
@@ -325,14 +325,18 @@ unsafe fn softmax_update<S: Simd>(cx: &Ctx<impl KvElem>, job: &Job, w: &mut Work
         let row = &mut w.s[r * w.lds..r * w.lds + width];
         // SAFETY: `row` holds `width`, a multiple of `S::W`.
         let tmax = unsafe { row_max::<S>(row) };
-        let m_new = w.m[r].max(tmax);
+        let mut m_new = w.m[r].max(tmax);
+        // The vector maximum skips NaN; a NaN score must still poison its row, as in the reference.
+        if w.m[r].is_nan() || (m_new == f32::NEG_INFINITY && row[..n].iter().any(|x| x.is_nan())) {
+            m_new = f32::NAN;
+        }
         if m_new == f32::NEG_INFINITY {
             row.fill(0.0);
             continue;
         }
-        let alpha = (w.m[r] - m_new).exp2();
+        let alpha = (w.m[r] - m_new).exp();
         // SAFETY: as above.
-        let sum = unsafe { exp2_row::<S>(row, m_new) };
+        let sum = unsafe { exp_row::<S>(row, m_new) };
         w.l[r] = w.l[r] * alpha + sum;
         w.m[r] = m_new;
         if alpha != 1.0 {
@@ -362,15 +366,16 @@ unsafe fn row_max<S: Simd>(row: &[f32]) -> f32 {
     }
 }
 
-/// `row[c] = exp2(row[c] − m)` in place; returns the sum.
+/// `row[c] = exp(row[c] − m)`, computed as `exp2((row[c] − m)·log2 e)`, in place; returns the sum.
 #[inline(always)]
-unsafe fn exp2_row<S: Simd>(row: &mut [f32], m: f32) -> f32 {
+unsafe fn exp_row<S: Simd>(row: &mut [f32], m: f32) -> f32 {
     // SAFETY: the loop reads and writes whole vectors inside `row`.
     unsafe {
         let neg = S::splat(-m);
+        let log2e = S::splat(LOG2_E);
         let mut acc = S::splat(0.0);
         for c in (0..row.len()).step_by(S::W) {
-            let p = S::exp2(S::add(S::load(row.as_ptr().add(c)), neg));
+            let p = S::exp2(S::mul(S::add(S::load(row.as_ptr().add(c)), neg), log2e));
             S::store(row.as_mut_ptr().add(c), p);
             acc = S::add(acc, p);
         }
@@ -457,7 +462,7 @@ unsafe fn pv_block<S: Simd, E: KvElem>(
     }
 }
 
-/// Writes `exp2(t − m) / l` of the tile into the weights rows `[rows, lk]`.
+/// Writes `exp(s − m) / l` of the tile into the weights rows `[rows, lk]`.
 ///
 /// # Safety
 /// CPU supports `S`.
@@ -471,10 +476,11 @@ unsafe fn write_weights<S: Simd>(w: &Work, rows: usize, j0: usize, n: usize, lk:
         }
         buf.copy_from_slice(&w.s[r * w.lds..r * w.lds + width]);
         // SAFETY: `buf` holds `width`, a multiple of `S::W`.
-        unsafe { exp2_row::<S>(&mut buf, w.m[r]) };
+        unsafe { exp_row::<S>(&mut buf, w.m[r]) };
         let inv = 1.0 / w.l[r];
-        for (x, &p) in wt[r * lk + j0..r * lk + j0 + n].iter_mut().zip(&buf) {
-            *x = p * inv;
+        let scores = &w.s[r * w.lds..];
+        for ((x, &p), &s) in wt[r * lk + j0..r * lk + j0 + n].iter_mut().zip(&buf).zip(scores) {
+            *x = if s == f32::NEG_INFINITY { 0.0 } else { p * inv };
         }
     }
 }

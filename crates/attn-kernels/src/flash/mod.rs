@@ -114,7 +114,7 @@ pub fn forward<E: KvElem>(
         .collect();
     let threads = rayon::current_num_threads();
     let shards = match tuning.shards {
-        _ if want_weights || jobs.is_empty() => 1,
+        _ if want_weights || jobs.is_empty() || d.lk == 0 => 1,
         Some(n) => n.max(1),
         None => (JOBS_PER_THREAD * threads).div_ceil(jobs.len()).min(d.lk / MIN_SHARD_KEYS).max(1),
     };
