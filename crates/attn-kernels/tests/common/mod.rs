@@ -10,9 +10,18 @@
 use attn_kernels::dropout::draw;
 use attn_kernels::oracle::{self, OUTPUT_FACTOR};
 use attn_kernels::{
-    attention, reference, Align, AttnOutput, AttnParams, Broadcast, Dims, Dropout, Isa, Kernel, KvView, MaskSpec,
-    View4, Window,
+    attention, attention_tuned, reference, Align, AttnOutput, AttnParams, Broadcast, Dims, Dropout, Isa, Kernel,
+    KvView, MaskSpec, Path, Tuning, View4, Window,
 };
+
+/// The flash kernel's plans that [`Case::check`] forces besides the automatic one: each path, and
+/// each with the keys split into shards merged through their log-sum-exps.
+pub const FORCED_PLANS: [Tuning; 4] = [
+    Tuning { path: Some(Path::Prefill), shards: None },
+    Tuning { path: Some(Path::Decode), shards: None },
+    Tuning { path: Some(Path::Prefill), shards: Some(3) },
+    Tuning { path: Some(Path::Decode), shards: Some(3) },
+];
 
 /// One `#[test]` per kernel for each `group => check` pair: a module `group` holding the tests
 /// `reference`, `auto`, `flash_avx512`, `flash_avx2` and `flash_portable`, each calling
@@ -342,6 +351,15 @@ impl Case {
         attention(kernel, q, k, v, &self.params(self.bias.as_ref().map(|m| &m.data[..])), want_weights)
     }
 
+    /// `kernel` without weights on contiguous `f32` views of this case with the flash plan forced.
+    pub fn run_tuned(&self, kernel: Kernel, tuning: Tuning) -> attn_kernels::Result<AttnOutput<f32>> {
+        let q = View4::contiguous("q", &self.q, self.q_dims())?;
+        let k = View4::contiguous("k", &self.k, self.k_dims())?;
+        let v = View4::contiguous("v", &self.v, self.v_dims())?;
+        let params = self.params(self.bias.as_ref().map(|m| &m.data[..]));
+        attention_tuned(kernel, tuning, &q, &KvView::F32(k), &KvView::F32(v), &params, false)
+    }
+
     /// `kernel` on contiguous `f32` views of this case.
     pub fn run(&self, kernel: Kernel, want_weights: bool) -> attn_kernels::Result<AttnOutput<f32>> {
         let q = View4::contiguous("q", &self.q, self.q_dims())?;
@@ -384,6 +402,12 @@ impl Case {
         let plain = self.run(kernel, false).unwrap_or_else(|e| panic!("{label}: {e}"));
         assert!(plain.weights.is_none(), "{label}: weights returned though not asked for");
         assert_oracle(&format!("{label} (without weights)"), &plain, &oracle);
+        if kernel != Kernel::Reference {
+            for tuning in FORCED_PLANS {
+                let res = self.run_tuned(kernel, tuning).unwrap_or_else(|e| panic!("{label} {tuning:?}: {e}"));
+                assert_oracle(&format!("{label} {tuning:?}"), &res, &oracle);
+            }
+        }
         let full = self.run(kernel, true).unwrap_or_else(|e| panic!("{label}: {e}"));
         assert_oracle(&label, &full, &oracle);
         full
