@@ -1,1 +1,20 @@
-//! Tensor file readers and writers.
+//! Tensor file readers and writers with validation: every malformed file is refused with an
+//! [`IoError`] naming the file, the tensor and what was expected versus found, never a panic, and
+//! nothing is allocated from a number in a file before it is checked against the file's size.
+//!
+//! - [`HostTensor`]: the in-memory tensor both formats read into.
+//! - safetensors: [`read_safetensors`], [`parse_safetensors`], [`write_safetensors`].
+//! - NumPy `.npy`: [`read_npy`], [`parse_npy`], [`write_npy`].
+
+mod error;
+mod file;
+mod npy;
+mod npy_header;
+mod safetensors;
+mod tensor;
+
+pub use error::{IoError, IoErrorKind};
+pub use npy::{parse_npy, read_npy, write_npy};
+pub use npy_header::{parse_header as parse_npy_header, NpyHeader};
+pub use safetensors::{parse_safetensors, read_safetensors, write_safetensors, MAX_HEADER};
+pub use tensor::{checked_bytes, checked_numel, DType, HostData, HostTensor};

@@ -1,0 +1,356 @@
+//! `attn run` end to end: the built binary runs on files written to a temporary directory, its
+//! `out`, `lse` and `weights` are checked against the `f64` reference with the project's
+//! tolerance rule, and malformed inputs give exit code 1 with one `error:` line and no panic.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use attn_cli::io::{read_safetensors, write_npy, write_safetensors, HostData, HostTensor};
+use attn_kernels::oracle::{check, OUTPUT_FACTOR};
+use attn_kernels::{reference, Align, AttnParams, Broadcast, Dropout, MaskSpec, View4, Window};
+use half::{bf16, f16};
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| {
+            let mut z = (seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+        })
+        .collect()
+}
+
+fn tensor(shape: &[usize], data: HostData) -> HostTensor {
+    HostTensor::new(shape.to_vec(), data).unwrap()
+}
+
+fn f32_tensor(shape: &[usize], seed: u64) -> HostTensor {
+    tensor(shape, HostData::F32(values(shape.iter().product(), seed)))
+}
+
+fn write(path: &Path, tensors: &[(&str, &HostTensor)]) {
+    write_safetensors(path, tensors).unwrap();
+}
+
+fn attn(args: &[&str], files: &[&Path]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_attn"));
+    cmd.arg("run").args(args).args(files);
+    cmd.output().unwrap()
+}
+
+fn f32_of(t: &HostTensor) -> Vec<f32> {
+    t.to_f32_vec().unwrap()
+}
+
+/// Inputs and options of one reference computation, as the CLI received them.
+struct Case<'a> {
+    q: &'a HostTensor,
+    k: &'a HostTensor,
+    v: &'a HostTensor,
+    mask: Option<&'a HostTensor>,
+    bias: Option<&'a HostTensor>,
+    key_lengths: Option<Vec<usize>>,
+    causal: bool,
+    align: Align,
+    window: Option<Window>,
+    scale: Option<f64>,
+    softcap: Option<f64>,
+    dropout: Option<Dropout>,
+}
+
+impl<'a> Case<'a> {
+    fn new(q: &'a HostTensor, k: &'a HostTensor, v: &'a HostTensor) -> Self {
+        Self {
+            q,
+            k,
+            v,
+            mask: None,
+            bias: None,
+            key_lengths: None,
+            causal: false,
+            align: Align::TopLeft,
+            window: None,
+            scale: None,
+            softcap: None,
+            dropout: None,
+        }
+    }
+
+    /// The reference in precision `T` on the stored values.
+    fn reference<T: attn_kernels::Real>(&self, weights: bool) -> attn_kernels::AttnOutput<T> {
+        let conv = |t: &HostTensor| -> Vec<T> { f32_of(t).iter().map(|&x| T::from_f32(x).unwrap()).collect() };
+        let dims = |t: &HostTensor| -> [usize; 4] { t.shape.clone().try_into().unwrap() };
+        let (qd, kd, vd) = (conv(self.q), conv(self.k), conv(self.v));
+        let mask = self.mask.map(|m| m.to_bool_vec().unwrap());
+        let bias = self.bias.map(conv);
+        let params = AttnParams {
+            scale: self.scale,
+            mask: MaskSpec {
+                causal: self.causal,
+                window: self.window,
+                align: self.align,
+                key_lengths: self.key_lengths.as_deref(),
+                keep: mask.as_ref().map(|m| Broadcast::new("mask", m, &self.mask.unwrap().shape).unwrap()),
+                bias: bias.as_ref().map(|b| Broadcast::new("bias", b, &self.bias.unwrap().shape).unwrap()),
+            },
+            softcap: self.softcap,
+            dropout: self.dropout,
+        };
+        reference(
+            &View4::contiguous("q", &qd, dims(self.q)).unwrap(),
+            &View4::contiguous("k", &kd, dims(self.k)).unwrap(),
+            &View4::contiguous("v", &vd, dims(self.v)).unwrap(),
+            &params,
+            weights,
+        )
+        .unwrap()
+    }
+
+    /// Checks the CLI's outputs against the `f64` reference (baseline error: the `f32` one).
+    fn check(&self, result: &BTreeMap<String, HostTensor>, weights: bool) {
+        let r64 = self.reference::<f64>(weights);
+        let r32 = self.reference::<f32>(weights);
+        let [b, hq, lq, _] = self.q.shape[..] else { panic!("q rank") };
+        let (lk, dv) = (self.k.shape[2], self.v.shape[3]);
+        let mut expected =
+            vec![("out", vec![b, hq, lq, dv], r64.out, r32.out), ("lse", vec![b, hq, lq], r64.lse, r32.lse)];
+        if weights {
+            expected.push(("weights", vec![b, hq, lq, lk], r64.weights.unwrap(), r32.weights.unwrap()));
+        }
+        assert_eq!(result.len(), expected.len(), "tensors written: {:?}", result.keys().collect::<Vec<_>>());
+        for (name, shape, want64, want32) in expected {
+            let got = &result[name];
+            assert_eq!(got.shape, shape, "{name} shape");
+            let HostData::F32(got) = &got.data else { panic!("{name} is {}, expected F32", got.dtype_name()) };
+            check(name, got, &want64, &want32, OUTPUT_FACTOR).unwrap();
+        }
+    }
+}
+
+fn run_ok(args: &[&str], files: &[&Path], out: &Path) -> (BTreeMap<String, HostTensor>, String) {
+    let o = attn(args, files);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "attn run failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    (read_safetensors(out).unwrap(), stdout)
+}
+
+fn out_path(dir: &Path) -> PathBuf {
+    dir.join("out.safetensors")
+}
+
+#[test]
+fn output_matches_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let (q, k, v) = (f32_tensor(&[2, 4, 5, 8], 1), f32_tensor(&[2, 2, 7, 8], 2), f32_tensor(&[2, 2, 7, 6], 3));
+    let input = dir.path().join("in.safetensors");
+    write(&input, &[("q", &q), ("k", &k), ("v", &v)]);
+    let out = out_path(dir.path());
+    let (result, stdout) =
+        run_ok(&["--causal", "--align", "bottom-right", "-o", out.to_str().unwrap()], &[&input], &out);
+    let mut case = Case::new(&q, &k, &v);
+    case.causal = true;
+    case.align = Align::BottomRight;
+    case.check(&result, false);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.contains("out.safetensors") && stdout.contains("q [2, 4, 5, 8]"), "{stdout}");
+}
+
+#[test]
+fn weights_and_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let (q, k, v) = (f32_tensor(&[1, 2, 6, 4], 4), f32_tensor(&[1, 2, 6, 4], 5), f32_tensor(&[1, 2, 6, 4], 6));
+    let input = dir.path().join("in.safetensors");
+    write(&input, &[("q", &q), ("k", &k), ("v", &v)]);
+    let out = out_path(dir.path());
+    let args = [
+        "--weights",
+        "--window",
+        "2,-1",
+        "--scale",
+        "-0.7",
+        "--softcap",
+        "1.5",
+        "--kernel",
+        "reference",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (result, _) = run_ok(&args, &[&input], &out);
+    let mut case = Case::new(&q, &k, &v);
+    case.window = Some(Window { left: Some(2), right: None });
+    case.scale = Some(-0.7);
+    case.softcap = Some(1.5);
+    case.check(&result, true);
+}
+
+#[test]
+fn mask_bias_key_lengths_and_half_precision() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, hq, lq, lk, d) = (2, 2, 3, 5, 4);
+    let q = f32_tensor(&[b, hq, lq, d], 7);
+    let k = tensor(&[b, 1, lk, d], HostData::F16(values(b * lk * d, 8).into_iter().map(f16::from_f32).collect()));
+    let v = tensor(&[b, 1, lk, d], HostData::Bf16(values(b * lk * d, 9).into_iter().map(bf16::from_f32).collect()));
+    let mask_bytes = values(b * lq * lk, 10).iter().map(|&x| u8::from(x > -0.5) * 3).collect();
+    let mask = tensor(&[b, 1, lq, lk], HostData::U8(mask_bytes));
+    let bias = tensor(&[lk], HostData::F64(values(lk, 11).into_iter().map(f64::from).collect()));
+    let key_lengths = tensor(&[b], HostData::I64(vec![4, 2]));
+    let input = dir.path().join("in.safetensors");
+    write(&input, &[("q", &q), ("k", &k), ("v", &v), ("mask", &mask), ("bias", &bias), ("key_lengths", &key_lengths)]);
+    let out = out_path(dir.path());
+    let (result, stdout) = run_ok(&["--weights", "-o", out.to_str().unwrap()], &[&input], &out);
+    let mut case = Case::new(&q, &k, &v);
+    case.mask = Some(&mask);
+    case.bias = Some(&bias);
+    case.key_lengths = Some(vec![4, 2]);
+    case.check(&result, true);
+    assert!(stdout.contains("k [2, 1, 5, 4] F16") && stdout.contains("key_lengths [2] I64"), "{stdout}");
+    let HostData::F32(w) = &result["weights"].data else { panic!() };
+    // Batch 1 has two valid keys: weights of keys 2.. are zero.
+    assert!(w[(hq * lq) * lk..].chunks(lk).all(|row| row[2..].iter().all(|&x| x == 0.0)));
+}
+
+#[test]
+fn npy_inputs_with_dropout() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = tensor(&[1, 2, 4, 3], HostData::F64(values(24, 12).into_iter().map(f64::from).collect()));
+    let (k, v) = (f32_tensor(&[1, 1, 4, 3], 13), f32_tensor(&[1, 1, 4, 2], 14));
+    let mask = tensor(&[4, 4], HostData::Bool((0..16).map(|i| i % 5 != 1).collect()));
+    let paths: Vec<PathBuf> = ["q", "k", "v", "mask"].iter().map(|n| dir.path().join(format!("{n}.npy"))).collect();
+    for (p, t) in paths.iter().zip([&q, &k, &v, &mask]) {
+        write_npy(p, t).unwrap();
+    }
+    let out = out_path(dir.path());
+    let s = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let args = [
+        "--q".into(),
+        s(&paths[0]),
+        "--k".into(),
+        s(&paths[1]),
+        "--v".into(),
+        s(&paths[2]),
+        "--mask".into(),
+        s(&paths[3]),
+        "--dropout".into(),
+        "0.3".into(),
+        "--seed".into(),
+        "99".into(),
+        "-o".into(),
+        s(&out),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (result, _) = run_ok(&args, &[], &out);
+    let mut case = Case::new(&q, &k, &v);
+    case.mask = Some(&mask);
+    case.dropout = Some(Dropout { p: 0.3, seed: 99 });
+    case.check(&result, false);
+}
+
+/// Runs a failing command and returns its single stderr line.
+fn run_err(args: &[&str], files: &[&Path]) -> String {
+    let o = attn(args, files);
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "exit status for stderr {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    stderr
+}
+
+/// Writes `tensors` to `in.safetensors` and runs on it, expecting a failure.
+fn fails_on(tensors: &[(&str, &HostTensor)], extra: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.safetensors");
+    write(&input, tensors);
+    let out = out_path(dir.path());
+    let mut args = vec!["-o", out.to_str().unwrap()];
+    args.extend(extra);
+    let e = run_err(&args, &[&input]);
+    assert!(!out.exists(), "output written despite the error");
+    e
+}
+
+#[test]
+fn missing_tensor() {
+    let (q, k) = (f32_tensor(&[1, 1, 2, 2], 1), f32_tensor(&[1, 1, 2, 2], 2));
+    let e = fails_on(&[("q", &q), ("k", &k)], &[]);
+    assert!(e.contains("in.safetensors: tensor 'v': missing; found k, q"), "{e}");
+}
+
+#[test]
+fn unknown_tensor_name() {
+    let q = f32_tensor(&[1, 1, 2, 2], 1);
+    let e = fails_on(&[("q", &q), ("k", &q), ("v", &q), ("keys", &q)], &[]);
+    assert!(e.contains("tensor 'keys': unknown tensor name") && e.contains("key_lengths"), "{e}");
+}
+
+#[test]
+fn wrong_rank() {
+    let (q, kv) = (f32_tensor(&[1, 2, 2], 1), f32_tensor(&[1, 1, 2, 2], 2));
+    let e = fails_on(&[("q", &q), ("k", &kv), ("v", &kv)], &[]);
+    assert!(e.contains("tensor 'q': shape [1, 2, 2], expected rank 4"), "{e}");
+}
+
+#[test]
+fn mismatched_dims() {
+    let (q, k, v) = (f32_tensor(&[2, 1, 2, 4], 1), f32_tensor(&[3, 1, 2, 4], 2), f32_tensor(&[2, 1, 2, 4], 3));
+    let e = fails_on(&[("q", &q), ("k", &k), ("v", &v)], &[]);
+    assert!(e.contains("in.safetensors: k: dimension batch is 3, expected 2"), "{e}");
+}
+
+#[test]
+fn mask_that_does_not_broadcast() {
+    let kv = f32_tensor(&[1, 1, 3, 2], 1);
+    let mask = tensor(&[2, 3], HostData::Bool(vec![true; 6]));
+    let e = fails_on(&[("q", &kv), ("k", &kv), ("v", &kv), ("mask", &mask)], &[]);
+    assert!(e.contains("mask: shape [2, 3] does not broadcast to [1, 1, 3, 3]"), "{e}");
+}
+
+#[test]
+fn wrong_dtype_and_negative_key_length() {
+    let kv = f32_tensor(&[1, 1, 3, 2], 1);
+    let q = tensor(&[1, 1, 3, 2], HostData::I32(vec![0; 6]));
+    let e = fails_on(&[("q", &q), ("k", &kv), ("v", &kv)], &[]);
+    assert!(e.contains("tensor 'q': dtype I32, expected F16, BF16, F32 or F64"), "{e}");
+    let kl = tensor(&[1], HostData::I32(vec![-2]));
+    let e = fails_on(&[("q", &kv), ("k", &kv), ("v", &kv), ("key_lengths", &kl)], &[]);
+    assert!(e.contains("tensor 'key_lengths': element 0 is -2, expected >= 0"), "{e}");
+}
+
+#[test]
+fn bad_option_value() {
+    let kv = f32_tensor(&[1, 1, 3, 2], 1);
+    let e = fails_on(&[("q", &kv), ("k", &kv), ("v", &kv)], &["--dropout", "1.5"]);
+    assert!(e.contains("option --dropout: p = 1.5"), "{e}");
+}
+
+#[test]
+fn corrupt_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("bad.safetensors");
+    let kv = f32_tensor(&[1, 1, 3, 2], 1);
+    write(&input, &[("q", &kv), ("k", &kv), ("v", &kv)]);
+    let bytes = std::fs::read(&input).unwrap();
+    std::fs::write(&input, &bytes[..bytes.len() - 3]).unwrap();
+    let out = out_path(dir.path());
+    let e = run_err(&["-o", out.to_str().unwrap()], &[&input]);
+    assert!(e.contains("bad.safetensors") && e.contains("data offsets"), "{e}");
+}
+
+#[test]
+fn corrupt_npy_names_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = f32_tensor(&[1, 1, 3, 2], 1);
+    let (q, k, v) = (dir.path().join("q.npy"), dir.path().join("k.npy"), dir.path().join("v.npy"));
+    for p in [&q, &k, &v] {
+        write_npy(p, &kv).unwrap();
+    }
+    std::fs::write(&k, b"\x93NUMPY\x01\x00\xff\xff{}").unwrap();
+    let out = out_path(dir.path());
+    let args = ["--q", q.to_str().unwrap(), "--k", k.to_str().unwrap(), "--v", v.to_str().unwrap()];
+    let e = run_err(&[&args[..], &["-o", out.to_str().unwrap()]].concat(), &[]);
+    assert!(e.contains("k.npy: header length 65535 exceeds file size 12"), "{e}");
+}
