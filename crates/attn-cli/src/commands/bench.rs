@@ -1,10 +1,250 @@
-//! `attn bench`.
+//! `attn bench`: times `attn_kernels::attention` on seeded random inputs of one or more shapes in
+//! a rayon pool of a chosen size, and reports the median/min/max time per call, GFLOP/s (see
+//! [`spec::FLOP_RULE`]) and the memory a call allocates beyond its output; `--peak` adds the
+//! machine's FMA peak. Output is a table, or one JSON object per line with `--json`.
+
+mod inputs;
+mod measure;
+mod peak;
+mod spec;
+
+use anyhow::{bail, Context};
+use attn_kernels::{attention, AttnParams, Dims, Kernel, MaskSpec};
+use serde_json::json;
+
+pub use inputs::KvDtype;
+pub use spec::FLOP_RULE;
+
+use measure::{Budget, Measurement};
+use peak::Peak;
 
 /// Arguments of `attn bench`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+#[command(after_help = FLOP_RULE)]
+pub struct Args {
+    /// Problem size B,H,Lq,D: q is [B, H, Lq, D]; repeat the flag for several shapes.
+    #[arg(long = "shape", value_name = "B,H,Lq,D")]
+    pub shapes: Vec<String>,
+    /// Key/value length Lk (default Lq).
+    #[arg(long, value_name = "Lk")]
+    pub kv_len: Option<usize>,
+    /// Key/value heads Hkv (default H; H must be a multiple), for grouped-query attention.
+    #[arg(long, value_name = "Hkv")]
+    pub kv_heads: Option<usize>,
+    /// Value head dimension Dv (default D).
+    #[arg(long, value_name = "Dv")]
+    pub dv: Option<usize>,
+    /// Causal mask, top-left aligned (query i sees keys j <= i).
+    #[arg(long)]
+    pub causal: bool,
+    /// Storage type of keys and values (queries and output are f32).
+    #[arg(long, value_enum, default_value_t = KvDtype::F32)]
+    pub kv_dtype: KvDtype,
+    /// Threads of the rayon pool the call runs in (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Kernel: reference, auto, flash-avx512, flash-avx2 or flash-portable.
+    #[arg(long, default_value = "auto")]
+    pub kernel: Kernel,
+    /// Untimed calls before timing.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Most timed calls per shape.
+    #[arg(long, default_value_t = 100)]
+    pub iters: usize,
+    /// Stop timing a shape once this many seconds were spent and 3 calls made ("inf": always
+    /// make --iters calls).
+    #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+    pub budget: f64,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0x5eed)]
+    pub seed: u64,
+    /// Print one JSON object per shape per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also measure the FMA peak GFLOP/s of one core and of all threads, and report each shape's
+    /// share of the all-thread peak.
+    #[arg(long)]
+    pub peak: bool,
+}
+
+/// The result of one shape.
+struct Row {
+    dims: Dims,
+    flops: u64,
+    m: Measurement,
+}
+
+impl Row {
+    fn gflops(&self) -> f64 {
+        self.flops as f64 / self.m.median() / 1e9
+    }
+}
 
 /// Runs `attn bench`.
-pub fn main(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("attn bench is not implemented yet")
+pub fn main(args: Args) -> anyhow::Result<()> {
+    let cases = args
+        .shapes
+        .iter()
+        .map(|s| spec::case_dims(spec::parse_shape(s)?, args.kv_len, args.kv_heads, args.dv))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if cases.is_empty() && !args.peak {
+        bail!("nothing to do: give at least one --shape B,H,Lq,D (or --peak)");
+    }
+    if !args.kernel.is_available() {
+        bail!("--kernel {}: this CPU lacks its instruction set", args.kernel.name());
+    }
+    if args.iters == 0 {
+        bail!("--iters is 0, expected at least 1");
+    }
+    if args.budget.is_nan() || args.budget < 0.0 {
+        bail!("--budget is {}, expected a number of seconds >= 0", args.budget);
+    }
+    let threads = match args.threads {
+        Some(0) => bail!("--threads is 0, expected at least 1"),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("building the thread pool")?;
+
+    let peak = if args.peak { Some(peak::measure(threads)) } else { None };
+    if let Some(p) = peak {
+        print_peak(&args, p, threads);
+    }
+    if !args.json && !cases.is_empty() {
+        println!("{}", header(peak.flatten().is_some()));
+    }
+    let budget = Budget { warmup: args.warmup, iters: args.iters, seconds: args.budget };
+    for dims in cases {
+        let data = inputs::Inputs::random(dims, args.kv_dtype, args.seed);
+        let (q, k, v) = data.views()?;
+        let params = AttnParams { mask: MaskSpec { causal: args.causal, ..Default::default() }, ..Default::default() };
+        let m = measure::measure(budget, || Ok(pool.install(|| attention(args.kernel, &q, &k, &v, &params, false))?))
+            .with_context(|| format!("--shape {}", spec::shape_text(&dims)))?;
+        let row = Row { dims, flops: spec::flops(&dims, args.causal), m };
+        let peak_all = peak.flatten().map(|p| p.all_gflops);
+        if args.json {
+            println!("{}", json_row(&args, threads, &row, peak_all));
+        } else {
+            println!("{}", table_row(&args, threads, &row, peak_all));
+        }
+    }
+    Ok(())
+}
+
+fn print_peak(args: &Args, peak: Option<Peak>, threads: usize) {
+    if args.json {
+        let v = match peak {
+            Some(p) => json!({"peak_isa": p.isa, "peak_single_gflops": p.single_gflops,
+                              "peak_all_gflops": p.all_gflops, "threads": p.threads}),
+            None => json!({"peak_isa": "unknown", "peak_single_gflops": null,
+                           "peak_all_gflops": null, "threads": threads}),
+        };
+        println!("{v}");
+    } else {
+        match peak {
+            Some(p) => println!(
+                "FMA peak ({}, f32): {:.1} GFLOP/s on 1 thread, {:.1} GFLOP/s on {} thread(s)",
+                p.isa, p.single_gflops, p.all_gflops, p.threads
+            ),
+            None => println!("FMA peak: unknown (no AVX-512F or AVX2+FMA on this CPU)"),
+        }
+    }
+}
+
+fn header(with_peak: bool) -> String {
+    format!(
+        "{:<16} {:>7} {:>4} {:>4} {:>6} {:>4} {:<14} {:>3} {:>11} {:>11} {:>11} {:>9}{} {:>10} {:>5}",
+        "shape B,H,Lq,D",
+        "Lk",
+        "Hkv",
+        "Dv",
+        "causal",
+        "kv",
+        "kernel",
+        "thr",
+        "median ms",
+        "min ms",
+        "max ms",
+        "GFLOP/s",
+        if with_peak { format!(" {:>6}", "%peak") } else { String::new() },
+        "extra",
+        "iters"
+    )
+}
+
+fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> String {
+    let d = row.dims;
+    let gflops = row.gflops();
+    format!(
+        "{:<16} {:>7} {:>4} {:>4} {:>6} {:>4} {:<14} {:>3} {:>11.4} {:>11.4} {:>11.4} {:>9.2}{} {:>10} {:>5}",
+        spec::shape_text(&d),
+        d.lk,
+        d.hkv,
+        d.dv,
+        if args.causal { "yes" } else { "no" },
+        args.kv_dtype.name(),
+        args.kernel.name(),
+        threads,
+        row.m.median() * 1e3,
+        row.m.min() * 1e3,
+        row.m.max() * 1e3,
+        gflops,
+        peak_all.map_or(String::new(), |p| format!(" {:>6.1}", 100.0 * gflops / p)),
+        human_bytes(row.m.extra_bytes),
+        row.m.times.len()
+    )
+}
+
+fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> serde_json::Value {
+    let d = row.dims;
+    let mut v = json!({
+        "shape": spec::shape_text(&d),
+        "kv_len": d.lk,
+        "kv_heads": d.hkv,
+        "dv": d.dv,
+        "kernel": args.kernel.name(),
+        "threads": threads,
+        "kv_dtype": args.kv_dtype.name(),
+        "causal": args.causal,
+        "median_s": row.m.median(),
+        "min_s": row.m.min(),
+        "max_s": row.m.max(),
+        "flops": row.flops,
+        "gflops": row.gflops(),
+        "extra_bytes": row.m.extra_bytes,
+        "iters": row.m.times.len(),
+    });
+    if let Some(p) = peak_all {
+        v["pct_of_peak"] = json!(100.0 * row.gflops() / p);
+    }
+    v
+}
+
+/// `bytes` as B, KiB, MiB or GiB with one decimal.
+fn human_bytes(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB"];
+    let mut x = bytes as f64;
+    let mut unit = 0;
+    while x >= 1024.0 && unit + 1 < units.len() {
+        x /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{x:.1} {}", units[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_bytes;
+
+    #[test]
+    fn bytes_are_readable() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
 }

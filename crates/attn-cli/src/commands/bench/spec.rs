@@ -1,0 +1,106 @@
+//! One benchmark case's sizes, parsed from `--shape B,H,Lq,D` plus the shared `--kv-len`,
+//! `--kv-heads` and `--dv` options, and its floating-point operation count.
+
+use anyhow::{bail, Context};
+use attn_kernels::mask::Band;
+use attn_kernels::{Align, Dims};
+
+/// How FLOPs are counted, shown in `attn bench --help`.
+pub const FLOP_RULE: &str = "FLOP count: for every (batch, query head), 2·Dk + 2·Dv per unmasked (query i, key j) \
+pair (the q·k dot product and the weighted sum of v, one multiply and one add each); softmax, scaling and \
+masking are not counted. Causal masks are counted exactly (top-left: query i sees min(i+1, Lk) keys), so \
+full attention is 4·B·H·Lq·Lk·D when Dk = Dv = D and causal is about half of it.";
+
+/// Parses `B,H,Lq,D` into `[B, H, Lq, D]`; every size must be at least 1.
+pub fn parse_shape(text: &str) -> anyhow::Result<[usize; 4]> {
+    let fields: Vec<&str> = text.split(',').map(str::trim).collect();
+    if fields.len() != 4 {
+        bail!("--shape '{text}': expected 4 comma-separated sizes B,H,Lq,D, found {} field(s)", fields.len());
+    }
+    let mut shape = [0usize; 4];
+    for ((slot, field), name) in shape.iter_mut().zip(&fields).zip(["B", "H", "Lq", "D"]) {
+        *slot = field
+            .parse()
+            .ok()
+            .filter(|&n: &usize| n >= 1)
+            .with_context(|| format!("--shape '{text}': {name} is '{field}', expected an integer >= 1"))?;
+    }
+    Ok(shape)
+}
+
+/// The sizes of a case: `q: [B, H, Lq, D]`, `k: [B, Hkv, Lk, D]`, `v: [B, Hkv, Lk, Dv]`, with
+/// `Lk` (default `Lq`), `Hkv` (default `H`) and `Dv` (default `D`) from the options.
+pub fn case_dims(
+    shape: [usize; 4],
+    kv_len: Option<usize>,
+    kv_heads: Option<usize>,
+    dv: Option<usize>,
+) -> anyhow::Result<Dims> {
+    let [b, hq, lq, dk] = shape;
+    let at_least_one = |flag: &str, v: Option<usize>, default: usize| match v {
+        Some(0) => bail!("{flag} is 0, expected an integer >= 1"),
+        Some(n) => Ok(n),
+        None => Ok(default),
+    };
+    let lk = at_least_one("--kv-len", kv_len, lq)?;
+    let hkv = at_least_one("--kv-heads", kv_heads, hq)?;
+    let dv = at_least_one("--dv", dv, dk)?;
+    if hq % hkv != 0 {
+        bail!("--kv-heads {hkv}: the {hq} query heads of --shape must be a multiple of it");
+    }
+    Ok(Dims { b, hq, hkv, lq, lk, dk, dv })
+}
+
+/// FLOPs of one call by [`FLOP_RULE`]: `2·(Dk + Dv)` per unmasked `(i, j)` pair per batch and
+/// query head, the pairs taken from the kernels' own causal band (top-left alignment).
+pub fn flops(dims: &Dims, causal: bool) -> u64 {
+    let band = Band::new(causal, None, Align::TopLeft, dims.lq, dims.lk);
+    let pairs: u64 = (0..dims.lq)
+        .map(|i| {
+            let (lo, hi) = band.keys(i, dims.lk);
+            (hi - lo) as u64
+        })
+        .sum();
+    pairs * 2 * (dims.dk + dims.dv) as u64 * (dims.b * dims.hq) as u64
+}
+
+/// `B,H,Lq,D` as given to `--shape`.
+pub fn shape_text(dims: &Dims) -> String {
+    format!("{},{},{},{}", dims.b, dims.hq, dims.lq, dims.dk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_shape_and_rejects_bad_ones() {
+        assert_eq!(parse_shape("2, 8,128,64").unwrap(), [2, 8, 128, 64]);
+        for bad in ["1,2,3", "1,2,3,4,5", "1,2,x,4", "1,0,3,4", "", "1,2,-3,4"] {
+            let e = parse_shape(bad).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("--shape '{bad}'")), "{e}");
+        }
+    }
+
+    #[test]
+    fn full_attention_is_four_bhld() {
+        let d = case_dims([2, 3, 5, 8], None, None, None).unwrap();
+        assert_eq!(flops(&d, false), 4 * 2 * 3 * 5 * 5 * 8);
+    }
+
+    #[test]
+    fn causal_counts_the_lower_triangle_top_left() {
+        // Lq = 4, Lk = 6: rows see 1, 2, 3, 4 keys; Lq = 6, Lk = 3: rows see 1, 2, 3, 3, 3, 3.
+        let d = case_dims([1, 1, 4, 2], Some(6), None, Some(3)).unwrap();
+        assert_eq!(flops(&d, true), 10 * 2 * (2 + 3));
+        let d = case_dims([1, 2, 6, 4], Some(3), Some(1), None).unwrap();
+        assert_eq!(flops(&d, true), 15 * 16 * 2);
+    }
+
+    #[test]
+    fn kv_options_are_checked() {
+        assert!(case_dims([1, 6, 4, 4], None, Some(4), None).unwrap_err().to_string().contains("multiple"));
+        assert!(case_dims([1, 6, 4, 4], Some(0), None, None).is_err());
+        assert_eq!(case_dims([1, 6, 4, 4], None, Some(3), Some(2)).unwrap().group(), 2);
+    }
+}

@@ -1,0 +1,115 @@
+//! `attn bench` end to end: the JSON lines it prints (fields, FLOP count, GFLOP/s consistency)
+//! and its one-line errors for bad shapes and options.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn attn_bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attn")).arg("bench").args(args).output().expect("attn runs")
+}
+
+fn json_lines(out: &Output) -> Vec<Value> {
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout.clone())
+        .expect("utf-8 output")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("line {l:?} is not JSON: {e}")))
+        .collect()
+}
+
+/// FLOPs by the documented rule, counted pair by pair: query `i` may see key `j` iff `j <= i`
+/// (causal, top-left) and each allowed pair costs `2·Dk + 2·Dv`.
+fn expected_flops(b: u64, h: u64, lq: u64, lk: u64, dk: u64, dv: u64, causal: bool) -> u64 {
+    let mut pairs = 0;
+    for i in 0..lq {
+        for j in 0..lk {
+            if !causal || j <= i {
+                pairs += 1;
+            }
+        }
+    }
+    b * h * pairs * (2 * dk + 2 * dv)
+}
+
+#[test]
+fn causal_json_row_counts_flops_exactly() {
+    let out = attn_bench(&[
+        "--shape",
+        "2,4,9,8",
+        "--kv-len",
+        "6",
+        "--kv-heads",
+        "2",
+        "--dv",
+        "4",
+        "--causal",
+        "--kv-dtype",
+        "bf16",
+        "--threads",
+        "2",
+        "--kernel",
+        "reference",
+        "--warmup",
+        "0",
+        "--iters",
+        "3",
+        "--json",
+    ]);
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    let flops = expected_flops(2, 4, 9, 6, 8, 4, true);
+    assert_eq!(r["flops"].as_u64(), Some(flops));
+    assert_eq!(r["shape"], "2,4,9,8");
+    assert_eq!((r["kv_len"].as_u64(), r["kv_heads"].as_u64(), r["dv"].as_u64()), (Some(6), Some(2), Some(4)));
+    assert_eq!((r["kernel"].as_str(), r["kv_dtype"].as_str()), (Some("reference"), Some("bf16")));
+    assert_eq!((r["causal"].as_bool(), r["threads"].as_u64(), r["iters"].as_u64()), (Some(true), Some(2), Some(3)));
+    let (median, min, max) =
+        (r["median_s"].as_f64().unwrap(), r["min_s"].as_f64().unwrap(), r["max_s"].as_f64().unwrap());
+    assert!(0.0 < min && min <= median && median <= max, "{r}");
+    let gflops = r["gflops"].as_f64().unwrap();
+    assert!(gflops > 0.0);
+    let implied = flops as f64 / median / 1e9;
+    assert!((gflops - implied).abs() <= 1e-9 * implied, "gflops {gflops} vs flops/median {implied}");
+    assert!(r["extra_bytes"].is_u64(), "{r}");
+}
+
+#[test]
+fn one_json_line_per_shape_and_full_attention_is_4bhld() {
+    let out = attn_bench(&["--shape", "1,2,5,4", "--shape", "3,1,7,2", "--iters", "2", "--warmup", "0", "--json"]);
+    let rows = json_lines(&out);
+    let shapes: Vec<_> = rows.iter().map(|r| r["shape"].as_str().unwrap().to_string()).collect();
+    assert_eq!(shapes, ["1,2,5,4", "3,1,7,2"]);
+    assert_eq!(rows[0]["flops"].as_u64(), Some(4 * 2 * 5 * 5 * 4));
+    assert_eq!(rows[1]["flops"].as_u64(), Some(expected_flops(3, 1, 7, 7, 2, 2, false)));
+    assert!(rows.iter().all(|r| r["gflops"].as_f64().unwrap() > 0.0 && r["iters"].as_u64() == Some(2)));
+}
+
+#[test]
+fn table_output_has_a_header_and_a_row_per_shape() {
+    let out = attn_bench(&["--shape", "1,1,3,2", "--shape", "1,1,4,2", "--iters", "1", "--warmup", "0"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[0].contains("GFLOP/s") && lines[1].starts_with("1,1,3,2") && lines[2].starts_with("1,1,4,2"));
+}
+
+fn assert_one_line_error(args: &[&str], needle: &str) {
+    let out = attn_bench(args);
+    assert_eq!(out.status.code(), Some(1), "args {args:?}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: ") && err.contains(needle), "{err}");
+}
+
+#[test]
+fn bad_shapes_and_options_fail_with_one_line() {
+    assert_one_line_error(&["--shape", "1,2,x,4"], "'1,2,x,4'");
+    assert_one_line_error(&["--shape", "1,2,3"], "expected 4");
+    assert_one_line_error(&["--shape", "1,2,0,4"], "Lq");
+    assert_one_line_error(&["--shape", "1,6,4,4", "--kv-heads", "4"], "--kv-heads 4");
+    assert_one_line_error(&["--shape", "1,1,4,4", "--threads", "0"], "--threads");
+    assert_one_line_error(&[], "--shape");
+}

@@ -1,0 +1,97 @@
+//! Criterion benchmarks of `attn_kernels::attention`: one group per shape, one benchmark per
+//! kernel (the reference kernel only on the smallest shape, where it finishes in reasonable time).
+//! Throughput is given as `Elements(flops)`: criterion's "elements/s" are FLOP/s, counted as
+//! `2·Dk + 2·Dv` per unmasked (query, key) pair per batch and query head (`attn bench --help`).
+//!
+//! Run with `cargo bench -p attn-kernels --bench attention`; add `-- --test` for one quick pass.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use attn_kernels::{attention, AttnParams, Kernel, KvView, MaskSpec, View4};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+
+/// One benchmark shape: `q: [b, hq, lq, d]`, `k, v: [b, hkv, lk, d]`.
+struct Case {
+    name: &'static str,
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    lq: usize,
+    lk: usize,
+    d: usize,
+    causal: bool,
+    with_reference: bool,
+}
+
+const CASES: [Case; 3] = [
+    Case { name: "1x8x512x64_full", b: 1, hq: 8, hkv: 8, lq: 512, lk: 512, d: 64, causal: false, with_reference: true },
+    Case {
+        name: "1x8x512x64_causal",
+        b: 1,
+        hq: 8,
+        hkv: 8,
+        lq: 512,
+        lk: 512,
+        d: 64,
+        causal: true,
+        with_reference: false,
+    },
+    Case {
+        name: "decode_hq32_hkv8_lk4096_d128",
+        b: 1,
+        hq: 32,
+        hkv: 8,
+        lq: 1,
+        lk: 4096,
+        d: 128,
+        causal: false,
+        with_reference: false,
+    },
+];
+
+impl Case {
+    /// FLOPs of one call: `4·d` per allowed (i, j) pair, causal pairs counted top-left.
+    fn flops(&self) -> u64 {
+        let pairs: usize = (0..self.lq).map(|i| if self.causal { (i + 1).min(self.lk) } else { self.lk }).sum();
+        (pairs * 4 * self.d * self.b * self.hq) as u64
+    }
+}
+
+/// Deterministic values in `[-1, 1)` from a small linear congruential generator.
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn bench_attention(c: &mut Criterion) {
+    for case in &CASES {
+        let q = data(case.b * case.hq * case.lq * case.d, 1);
+        let k = data(case.b * case.hkv * case.lk * case.d, 2);
+        let v = data(case.b * case.hkv * case.lk * case.d, 3);
+        let qv = View4::contiguous("q", &q, [case.b, case.hq, case.lq, case.d]).expect("q shape");
+        let kv = KvView::F32(View4::contiguous("k", &k, [case.b, case.hkv, case.lk, case.d]).expect("k shape"));
+        let vv = KvView::F32(View4::contiguous("v", &v, [case.b, case.hkv, case.lk, case.d]).expect("v shape"));
+        let params = AttnParams { mask: MaskSpec { causal: case.causal, ..Default::default() }, ..Default::default() };
+
+        let mut group = c.benchmark_group(case.name);
+        group.throughput(Throughput::Elements(case.flops()));
+        group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+        let kernels =
+            Kernel::ALL.into_iter().filter(|k| k.is_available() && (case.with_reference || *k != Kernel::Reference));
+        for kernel in kernels {
+            group.bench_function(BenchmarkId::from_parameter(kernel.name()), |bench| {
+                bench.iter(|| attention(kernel, black_box(&qv), &kv, &vv, &params, false).expect("attention"))
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench_attention);
+criterion_main!(benches);
