@@ -1,0 +1,86 @@
+//! Bridges candle tensors and the kernels' slice views: device and dtype checks, zero-copy strided
+//! views into a tensor's CPU storage, and flat kernel results back into tensors.
+//!
+//! Queries are always read as `f32`; keys and values are read in place when stored as `f32`,
+//! `f16` or `bf16` (the kernels accumulate in `f32`), and converted to `f32` when `f64`. A tensor
+//! whose last dimension is strided is made contiguous; other strides are used as they are.
+
+use attn_kernels::{KvView, View4};
+use candle_core::{DType, Layout, Storage, Tensor, WithDType};
+
+use crate::error::{AttnLibError, Result};
+
+/// Refuses a tensor that is not on the CPU or not of a float dtype.
+pub(crate) fn check_input(name: &'static str, t: &Tensor) -> Result<()> {
+    if !t.device().is_cpu() {
+        return Err(AttnLibError::Device { tensor: name, found: format!("{:?}", t.device().location()) });
+    }
+    match t.dtype() {
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => Ok(()),
+        found => Err(AttnLibError::DType { tensor: name, found, expected: "a float dtype (f16, bf16, f32, f64)" }),
+    }
+}
+
+/// `t` as `f32` with a contiguous last dimension.
+pub(crate) fn as_query(t: &Tensor) -> Result<Tensor> {
+    let t = if t.dtype() == DType::F32 { t.clone() } else { t.to_dtype(DType::F32)? };
+    last_dim_contiguous(t)
+}
+
+/// `t` as `f32`, `f16` or `bf16` with a contiguous last dimension.
+pub(crate) fn as_key_value(t: &Tensor) -> Result<Tensor> {
+    let t = if t.dtype() == DType::F64 { t.to_dtype(DType::F32)? } else { t.clone() };
+    last_dim_contiguous(t)
+}
+
+fn last_dim_contiguous(t: Tensor) -> Result<Tensor> {
+    let last_ok = t.dims().last().map_or(true, |&d| d <= 1) || t.stride().last() == Some(&1);
+    Ok(if last_ok { t } else { t.contiguous()? })
+}
+
+/// A `[B, H, L, D]` view of a rank-4 CPU tensor of element type `T` whose last dimension is
+/// contiguous.
+pub(crate) fn view4<'a, T: WithDType>(
+    name: &'static str,
+    storage: &'a Storage,
+    layout: &Layout,
+) -> Result<View4<'a, T>> {
+    let Storage::Cpu(cpu) = storage else {
+        return Err(AttnLibError::Device { tensor: name, found: "not the CPU".into() });
+    };
+    let data = cpu.as_slice::<T>()?;
+    let data = data.get(layout.start_offset()..).unwrap_or(&[]);
+    let dims: [usize; 4] = layout.dims().try_into().map_err(|_| AttnLibError::Shape {
+        tensor: name,
+        found: layout.dims().to_vec(),
+        expected: "rank 4".into(),
+    })?;
+    let s = layout.stride();
+    Ok(View4::strided(name, data, dims, [s[0], s[1], s[2]])?)
+}
+
+/// A key/value view of a tensor prepared by [`as_key_value`].
+pub(crate) fn kv_view<'a>(name: &'static str, storage: &'a Storage, layout: &Layout) -> Result<KvView<'a>> {
+    match storage.dtype() {
+        DType::F32 => Ok(KvView::F32(view4(name, storage, layout)?)),
+        DType::F16 => Ok(KvView::F16(view4(name, storage, layout)?)),
+        DType::BF16 => Ok(KvView::Bf16(view4(name, storage, layout)?)),
+        found => Err(AttnLibError::DType { tensor: name, found, expected: "f32, f16 or bf16" }),
+    }
+}
+
+/// The bias as row-major `f32` values in its own shape; refuses non-float dtypes.
+pub(crate) fn bias_values(bias: &Tensor) -> Result<Vec<f32>> {
+    match bias.dtype() {
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => {
+            Ok(bias.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+        }
+        found => Err(AttnLibError::DType { tensor: "bias", found, expected: "a float dtype (f16, bf16, f32, f64)" }),
+    }
+}
+
+/// A CPU tensor of `shape` from kernel output, cast to `dtype`.
+pub(crate) fn to_tensor(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    let t = Tensor::from_vec(data, shape, &candle_core::Device::Cpu)?;
+    Ok(if dtype == DType::F32 { t } else { t.to_dtype(dtype)? })
+}

@@ -1,0 +1,106 @@
+//! Options of one [`sdpa`](crate::sdpa) call: a plain struct with public fields, a `Default` that
+//! matches PyTorch's `scaled_dot_product_attention` defaults, and chainable builder methods.
+
+use attn_kernels::{Align, Kernel};
+use candle_core::Tensor;
+
+use crate::mask::Mask;
+
+/// Options of one attention call. Every masking option composes: a key is attended to only if
+/// all of them allow it. `SdpaOptions::default()` is plain softmax attention with scale `1/√Dk`.
+#[derive(Debug, Clone, Default)]
+pub struct SdpaOptions {
+    /// Multiplier of `q·k`; `None` means `1/√Dk`. Any finite value.
+    pub scale: Option<f64>,
+    /// Causal masking: query `i` sees keys `j <= i` (top-left) or `j <= i + Lk - Lq` (bottom-right).
+    pub causal: bool,
+    /// Alignment of the causal diagonal and the window centre when `Lq != Lk`.
+    pub align: Align,
+    /// Sliding window `(left, right)` around the aligned diagonal; `None` on a side is unbounded.
+    pub window: Option<(Option<usize>, Option<usize>)>,
+    /// Boolean mask, rank 1 to 4, broadcast to `[B, Hq, Lq, Lk]` (for 3-D inputs a rank-3 mask
+    /// is read as `[B, Lq, Lk]`).
+    pub mask: Option<Mask>,
+    /// Additive float bias, rank 1 to 4, broadcast like `mask`, added to the (soft-capped) scaled
+    /// scores; `-inf` masks its key.
+    pub bias: Option<Tensor>,
+    /// Valid key count per batch, `[B]`; keys at positions `>= key_lengths[b]` are masked.
+    pub key_lengths: Option<Vec<usize>>,
+    /// Logit soft-capping `cap·tanh(s/cap)` on the scaled scores, `cap > 0`.
+    pub softcap: Option<f64>,
+    /// Dropout `(p, seed)` on the weights, `0 <= p < 1`; the keep decision is a pure function of
+    /// `(seed, b, h, i, j)`.
+    pub dropout: Option<(f32, u64)>,
+    /// Which kernel computes the call.
+    pub kernel: Kernel,
+    /// Whether [`sdpa_full`](crate::sdpa_full) returns the weights `[B, Hq, Lq, Lk]`.
+    pub return_weights: bool,
+}
+
+impl SdpaOptions {
+    /// Sets the multiplier of `q·k` (default `1/√Dk`).
+    pub fn scale(mut self, scale: f64) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// Turns causal masking on or off.
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+
+    /// Sets the alignment of the causal diagonal and the window centre.
+    pub fn align(mut self, align: Align) -> Self {
+        self.align = align;
+        self
+    }
+
+    /// Sets a sliding window of `left` keys before and `right` keys after the diagonal.
+    pub fn window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
+        self.window = Some((left, right));
+        self
+    }
+
+    /// Sets the boolean mask (rank 1 to 4, broadcast to `[B, Hq, Lq, Lk]`).
+    pub fn mask(mut self, mask: Mask) -> Self {
+        self.mask = Some(mask);
+        self
+    }
+
+    /// Sets the additive bias (float, rank 1 to 4, broadcast to `[B, Hq, Lq, Lk]`).
+    pub fn bias(mut self, bias: Tensor) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+
+    /// Sets the valid key count per batch, `[B]`.
+    pub fn key_lengths(mut self, key_lengths: Vec<usize>) -> Self {
+        self.key_lengths = Some(key_lengths);
+        self
+    }
+
+    /// Sets logit soft-capping.
+    pub fn softcap(mut self, cap: f64) -> Self {
+        self.softcap = Some(cap);
+        self
+    }
+
+    /// Sets dropout with probability `p` and generator seed `seed`.
+    pub fn dropout(mut self, p: f32, seed: u64) -> Self {
+        self.dropout = Some((p, seed));
+        self
+    }
+
+    /// Chooses the kernel.
+    pub fn kernel(mut self, kernel: Kernel) -> Self {
+        self.kernel = kernel;
+        self
+    }
+
+    /// Asks [`sdpa_full`](crate::sdpa_full) for the weights.
+    pub fn return_weights(mut self, yes: bool) -> Self {
+        self.return_weights = yes;
+        self
+    }
+}

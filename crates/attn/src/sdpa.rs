@@ -1,0 +1,139 @@
+//! Scaled dot-product attention on candle tensors, `softmax(q·kᵀ·scale + bias, masked)·v`.
+//!
+//! Inputs are either 4-D, `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]` with
+//! `Hq` a multiple of `Hkv` (grouped-query attention: query head `h` reads key/value head
+//! `h / (Hq/Hkv)`), or 3-D single-head, `[B, L, D]`, in which case every output drops the head
+//! dimension too.
+//!
+//! Dtypes: `f32` in gives `f32` out. `f16`, `bf16` and `f64` are accepted and computed in `f32`;
+//! `out` and `weights` are cast back to `q`'s dtype, `lse` is always `f32`. Keys and values stored
+//! as `f16`/`bf16` are read in place without a converted copy. Other dtypes are refused.
+//! Strided tensors (transposed, narrowed, broadcast) are read in place when their last dimension
+//! is contiguous, and copied to a contiguous layout otherwise.
+//!
+//! Device: `q`, `k` and `v` must live on the CPU (other devices are refused with an error naming
+//! the tensor; copy with `.to_device(&Device::Cpu)`). Masks and biases are read from any device.
+//! Results are CPU tensors. There is no autograd: results are plain tensors without gradients.
+
+use attn_kernels::{attention, AttnParams, Broadcast, Dropout, MaskSpec, Window};
+use candle_core::Tensor;
+
+use crate::convert::{as_key_value, as_query, bias_values, check_input, kv_view, to_tensor, view4};
+use crate::error::{AttnLibError, Result};
+use crate::options::SdpaOptions;
+
+/// Everything one attention call computes.
+#[derive(Debug, Clone)]
+pub struct SdpaOutput {
+    /// `[B, Hq, Lq, Dv]` (3-D inputs: `[B, Lq, Dv]`), in `q`'s dtype.
+    pub out: Tensor,
+    /// Natural log-sum-exp of each row's scores, `[B, Hq, Lq]` (3-D inputs: `[B, Lq]`), `f32`;
+    /// `-inf` for a fully masked row.
+    pub lse: Tensor,
+    /// Softmax weights before dropout, `[B, Hq, Lq, Lk]` (3-D inputs: `[B, Lq, Lk]`), in `q`'s
+    /// dtype, when [`SdpaOptions::return_weights`] is set.
+    pub weights: Option<Tensor>,
+}
+
+/// Scaled dot-product attention. `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`,
+/// `v: [B, Hkv, Lk, Dv]` → `[B, Hq, Lq, Dv]`; or 3-D `[B, L, D]` inputs → `[B, Lq, Dv]`.
+pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) -> Result<Tensor> {
+    Ok(sdpa_full(q, k, v, &opts.clone().return_weights(false))?.out)
+}
+
+/// Scaled dot-product attention with its statistics: the output `[B, Hq, Lq, Dv]`, the
+/// log-sum-exp `[B, Hq, Lq]` and, when asked, the weights `[B, Hq, Lq, Lk]` (3-D inputs `[B, L, D]`
+/// drop the head dimension of each). Shapes as in [`sdpa`].
+pub fn sdpa_full(q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) -> Result<SdpaOutput> {
+    let single_head = single_head(q, k, v)?;
+    for (name, t) in [("q", q), ("k", k), ("v", v)] {
+        check_input(name, t)?;
+    }
+    let lift = |t: &Tensor| if single_head { t.unsqueeze(1) } else { Ok(t.clone()) };
+    let (q4, k4, v4) = (as_query(&lift(q)?)?, as_key_value(&lift(k)?)?, as_key_value(&lift(v)?)?);
+
+    let keep = opts.mask.as_ref().map(|m| Ok::<_, AttnLibError>((m.keep_values()?, m.shape().to_vec()))).transpose()?;
+    let bias = opts.bias.as_ref().map(|b| Ok::<_, AttnLibError>((bias_values(b)?, b.dims().to_vec()))).transpose()?;
+    let elementwise = |name, shape: &[usize]| broadcast_shape(name, shape, single_head);
+    let keep_view = match &keep {
+        Some((data, shape)) => Some(Broadcast::new("mask", data, &elementwise("mask", shape)?)?),
+        None => None,
+    };
+    let bias_view = match &bias {
+        Some((data, shape)) => Some(Broadcast::new("bias", data, &elementwise("bias", shape)?)?),
+        None => None,
+    };
+    let params = AttnParams {
+        scale: opts.scale,
+        mask: MaskSpec {
+            causal: opts.causal,
+            window: opts.window.map(|(left, right)| Window { left, right }),
+            align: opts.align,
+            key_lengths: opts.key_lengths.as_deref(),
+            keep: keep_view,
+            bias: bias_view,
+        },
+        softcap: opts.softcap,
+        dropout: opts.dropout.map(|(p, seed)| Dropout { p, seed }),
+    };
+
+    let result = {
+        let (qs, ql) = q4.storage_and_layout();
+        let (ks, kl) = k4.storage_and_layout();
+        let (vs, vl) = v4.storage_and_layout();
+        let qv = view4::<f32>("q", &qs, ql)?;
+        let (kv, vv) = (kv_view("k", &ks, kl)?, kv_view("v", &vs, vl)?);
+        attention(opts.kernel, &qv, &kv, &vv, &params, opts.return_weights)?
+    };
+
+    let [b, hq, lq, _] = dims4(&q4);
+    let (lk, dv) = (k4.dims()[2], v4.dims()[3]);
+    let drop_head = |shape: Vec<usize>| if single_head { [&shape[..1], &shape[2..]].concat() } else { shape };
+    let dtype = q.dtype();
+    Ok(SdpaOutput {
+        out: to_tensor(result.out, &drop_head(vec![b, hq, lq, dv]), dtype)?,
+        lse: to_tensor(result.lse, &drop_head(vec![b, hq, lq]), candle_core::DType::F32)?,
+        weights: result.weights.map(|w| to_tensor(w, &drop_head(vec![b, hq, lq, lk]), dtype)).transpose()?,
+    })
+}
+
+/// Whether the inputs are 3-D single-head; refuses ranks other than all 3 or all 4.
+fn single_head(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<bool> {
+    let rank = q.rank();
+    if rank != 3 && rank != 4 {
+        return Err(AttnLibError::Shape {
+            tensor: "q",
+            found: q.dims().to_vec(),
+            expected: "rank 4 [B, Hq, Lq, Dk] or rank 3 [B, Lq, Dk]".into(),
+        });
+    }
+    for (name, t, what) in [("k", k, "Lk, Dk"), ("v", v, "Lk, Dv")] {
+        if t.rank() != rank {
+            let expected = if rank == 4 { format!("rank 4 [B, Hkv, {what}]") } else { format!("rank 3 [B, {what}]") };
+            return Err(AttnLibError::Shape {
+                tensor: name,
+                found: t.dims().to_vec(),
+                expected: format!("{expected}, like q"),
+            });
+        }
+    }
+    Ok(rank == 3)
+}
+
+/// The shape a mask or bias broadcasts with against `[B, Hq, Lq, Lk]`: for 3-D inputs a rank-3
+/// `[B, Lq, Lk]` gains the head dimension.
+fn broadcast_shape(name: &'static str, shape: &[usize], single_head: bool) -> Result<Vec<usize>> {
+    if shape.is_empty() || shape.len() > 4 {
+        return Err(AttnLibError::Shape {
+            tensor: name,
+            found: shape.to_vec(),
+            expected: "rank 1 to 4, broadcastable to [B, Hq, Lq, Lk]".into(),
+        });
+    }
+    Ok(if single_head && shape.len() == 3 { vec![shape[0], 1, shape[1], shape[2]] } else { shape.to_vec() })
+}
+
+fn dims4(t: &Tensor) -> [usize; 4] {
+    let d = t.dims();
+    [d[0], d[1], d[2], d[3]]
+}
