@@ -77,7 +77,7 @@ pub struct Outs<'o> {
 /// Rows per `qk_panel` call and per `pv` call for the vector width `W`.
 fn rows_per_call<S: Simd>() -> (usize, usize) {
     if S::W == 16 {
-        (8, 4)
+        (12, 6)
     } else {
         (4, 3)
     }
@@ -94,13 +94,18 @@ macro_rules! with_rows {
             6 => $f::<$($g,)* 6 $(, $c)*>($($arg),*),
             7 => $f::<$($g,)* 7 $(, $c)*>($($arg),*),
             8 => $f::<$($g,)* 8 $(, $c)*>($($arg),*),
-            _ => unreachable!("row chunks are 1 to 8"),
+            9 => $f::<$($g,)* 9 $(, $c)*>($($arg),*),
+            10 => $f::<$($g,)* 10 $(, $c)*>($($arg),*),
+            11 => $f::<$($g,)* 11 $(, $c)*>($($arg),*),
+            12 => $f::<$($g,)* 12 $(, $c)*>($($arg),*),
+            _ => unreachable!("row chunks are 1 to 12"),
         }
     };
 }
 
-/// Per-block working memory.
-struct Work {
+/// Per-block working memory, reused from job to job by each worker.
+#[derive(Default)]
+pub struct Work {
     /// Queries `[rows, Dk]`.
     q: Vec<f32>,
     /// Scores / probabilities `[rows, lds]`.
@@ -114,26 +119,34 @@ struct Work {
     range: Vec<(usize, usize)>,
 }
 
+impl Work {
+    fn reset(&mut self, rows: usize, dk: usize, lds: usize) {
+        let fill = |v: &mut Vec<f32>, n, x| {
+            v.clear();
+            v.resize(n, x);
+        };
+        fill(&mut self.q, rows * dk, 0.0);
+        fill(&mut self.s, rows * lds, 0.0);
+        fill(&mut self.m, rows, f32::NEG_INFINITY);
+        fill(&mut self.l, rows, 0.0);
+        self.range.clear();
+        self.lds = lds;
+    }
+}
+
 /// Runs one block; `panels` holds the packed keys of the block's head in the prefill path.
 ///
 /// # Safety
 /// Must run on a CPU supporting `S`'s instruction set; `panels`, when given, is the packing of
 /// this block's `(b, kvh)` by `pack_keys` for `S::W`.
 #[inline(always)]
-pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs) {
+pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work) {
     let pb = cx.pb;
     let d = pb.dims;
     let rows = job.rows();
     let tile = if panels.is_some() { TILE_KEYS } else { DECODE_TILE_KEYS };
     let lds = tile + 2 * S::W;
-    let mut w = Work {
-        q: vec![0.0; rows * d.dk],
-        s: vec![0.0; rows * lds],
-        lds,
-        m: vec![f32::NEG_INFINITY; rows],
-        l: vec![0.0; rows],
-        range: Vec::with_capacity(rows),
-    };
+    w.reset(rows, d.dk, lds);
     for r in 0..rows {
         let (h, i) = job.head_query(r);
         w.q[r * d.dk..(r + 1) * d.dk].copy_from_slice(cx.q.row(job.b, h, i));
@@ -152,10 +165,10 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     while j0 < hi {
         let n = tile.min(hi - j0);
         // SAFETY: forwarded from the caller; tiles stay within `0..Lk`.
-        let masked = unsafe { scores::<S, E>(cx, panels, job, &mut w, kbase, ldk, j0, n) };
+        let masked = unsafe { scores::<S, E>(cx, panels, job, w, kbase, ldk, j0, n) };
         let bad = if masked { bad_columns(vbase, ldv, d.dv, j0, n, &w, rows) } else { Vec::new() };
         // SAFETY: as above.
-        unsafe { softmax_update::<S>(cx, job, &mut w, outs.o, j0, n) };
+        unsafe { softmax_update::<S>(cx, job, w, outs.o, j0, n) };
         // SAFETY: as above; `vbase` rows `j0..j0+n` exist.
         unsafe { accumulate::<S, E>(&w, rows, vbase.add(j0 * ldv), ldv, n, d.dv, outs.o, &bad) };
         j0 += n;
@@ -175,7 +188,7 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
             let n = tile.min(hi - j0);
             // SAFETY: as above.
             unsafe {
-                scores::<S, E>(cx, panels, job, &mut w, kbase, ldk, j0, n);
+                scores::<S, E>(cx, panels, job, w, kbase, ldk, j0, n);
                 write_weights::<S>(&w, rows, j0, n, d.lk, wt);
             }
             j0 += n;
@@ -213,6 +226,7 @@ unsafe fn scores<S: Simd, E: KvElem>(
     let (rq, _) = rows_per_call::<S>();
     let lds = w.lds;
     let qp = w.q.as_ptr();
+    let scale = pb.scale as f32;
     let sp = w.s.as_mut_ptr();
     let width;
     // SAFETY: `w.q` holds `rows·dk`, `w.s` holds `rows·lds` with `lds >= n` rounded up to 2·W;
@@ -228,7 +242,7 @@ unsafe fn scores<S: Simd, E: KvElem>(
                     let mut r0 = 0;
                     while r0 < rows {
                         let nr = rq.min(rows - r0);
-                        with_rows!(nr, qk_panel::<S; >(qp.add(r0 * dk), dk, kp, dk, sp.add(r0 * lds + pi * pw), lds));
+                        with_rows!(nr, qk_panel::<S; >(qp.add(r0 * dk), dk, kp, dk, scale, sp.add(r0 * lds + pi * pw), lds));
                         r0 += nr;
                     }
                 }
@@ -238,7 +252,10 @@ unsafe fn scores<S: Simd, E: KvElem>(
                 let mut r0 = 0;
                 while r0 < rows {
                     let nr = 4.min(rows - r0);
-                    with_rows!(nr, qk_rows::<S, E; >(qp.add(r0 * dk), dk, kbase.add(j0 * ldk), ldk, n, dk, sp.add(r0 * lds), lds));
+                    with_rows!(
+                        nr,
+                        qk_rows::<S, E; >(qp.add(r0 * dk), dk, kbase.add(j0 * ldk), ldk, n, dk, scale, sp.add(r0 * lds), lds)
+                    );
                     r0 += nr;
                 }
             }
@@ -246,13 +263,11 @@ unsafe fn scores<S: Simd, E: KvElem>(
     }
     let mut masked = false;
     let b = job.b;
-    let scale = pb.scale as f32;
     for r in 0..rows {
         let (h, i) = job.head_query(r);
         let row = &mut w.s[r * lds..r * lds + width];
         row[n..].fill(f32::NEG_INFINITY);
         let row = &mut row[..n];
-        row.iter_mut().for_each(|s| *s *= scale);
         if let Some(cap) = pb.softcap {
             let cap = cap as f32;
             row.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());

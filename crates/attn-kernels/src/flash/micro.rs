@@ -11,8 +11,8 @@
 
 use super::simd::{KvElem, Simd};
 
-/// Scores of `R` rows of `q` (row stride `ldq`, length `d`) against the packed panel `kp`
-/// (`[d][2·W]`), written to `s` (row stride `lds`, `2·W` columns).
+/// Scores `scale · q·k` of `R` rows of `q` (row stride `ldq`, length `d`) against the packed
+/// panel `kp` (`[d][2·W]`), written to `s` (row stride `lds`, `2·W` columns).
 ///
 /// # Safety
 /// `q` valid for `R` rows of `d` floats, `kp` for `d·2·W` floats, `s` for `R` rows of `2·W`.
@@ -22,6 +22,7 @@ pub unsafe fn qk_panel<S: Simd, const R: usize>(
     ldq: usize,
     kp: *const f32,
     d: usize,
+    scale: f32,
     s: *mut f32,
     lds: usize,
 ) {
@@ -37,15 +38,16 @@ pub unsafe fn qk_panel<S: Simd, const R: usize>(
                 a[1] = S::fma(x, b1, a[1]);
             }
         }
+        let sc = S::splat(scale);
         for (r, a) in acc.iter().enumerate() {
-            S::store(s.add(r * lds), a[0]);
-            S::store(s.add(r * lds + S::W), a[1]);
+            S::store(s.add(r * lds), S::mul(a[0], sc));
+            S::store(s.add(r * lds + S::W), S::mul(a[1], sc));
         }
     }
 }
 
-/// Scores of `R` rows of `q` (row stride `ldq`) against `n` keys at `k` (row stride `ldk`
-/// elements), all of length `d`, written to `s[r·lds + j]`.
+/// Scores `scale · q·k` of `R` rows of `q` (row stride `ldq`) against `n` keys at `k` (row
+/// stride `ldk` elements), all of length `d`, written to `s[r·lds + j]`.
 ///
 /// # Safety
 /// `q` valid for `R` rows of `d` floats, `k` for `n` rows of `d` elements, `s` for `R` rows of `n`.
@@ -57,6 +59,7 @@ pub unsafe fn qk_rows<S: Simd, E: KvElem, const R: usize>(
     ldk: usize,
     n: usize,
     d: usize,
+    scale: f32,
     s: *mut f32,
     lds: usize,
 ) {
@@ -85,7 +88,7 @@ pub unsafe fn qk_rows<S: Simd, E: KvElem, const R: usize>(
             for (r, a) in acc.iter().enumerate() {
                 for (jj, &v) in a.iter().enumerate().take(nj) {
                     let tail: f32 = (dv..d).map(|c| *q.add(r * ldq + c) * (*k.add((j + jj) * ldk + c)).to_f32()).sum();
-                    *s.add(r * lds + j + jj) = S::reduce_sum(v) + tail;
+                    *s.add(r * lds + j + jj) = (S::reduce_sum(v) + tail) * scale;
                 }
             }
             j += J;

@@ -28,11 +28,11 @@ use crate::merge::merge_row;
 use crate::problem::Problem;
 use crate::reference::AttnOutput;
 use crate::view::View4;
-use block::{Ctx, Job, Outs};
+use block::{Ctx, Job, Outs, Work};
 use simd::KvElem;
 
 /// Query rows per prefill job.
-pub const BLOCK_ROWS: usize = 32;
+pub const BLOCK_ROWS: usize = 36;
 /// At most this many stacked query rows per key/value head use the decode path.
 pub const DECODE_ROWS: usize = 16;
 /// Bytes of packed keys held at once.
@@ -44,7 +44,7 @@ const SHARD_ALIGN: usize = 32;
 /// Jobs per thread below which keys are split.
 const JOBS_PER_THREAD: usize = 4;
 
-type BlockFn<E> = unsafe fn(&Ctx<E>, Option<&[f32]>, &Job, Outs);
+type BlockFn<E> = unsafe fn(&Ctx<E>, Option<&[f32]>, &Job, Outs, &mut Work);
 
 /// How the work of a call is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,9 +133,9 @@ pub fn forward<E: KvElem>(
         let panels_of = |job: &Job| (!decode).then(|| &panels[(job.b * d.hkv + job.kvh - first) * plen..][..plen]);
         let chunk_outs: Vec<(Job, Outs)> = chunk.iter().map(|j| (j.clone(), outs.take(j.rows(), d.dv, d.lk))).collect();
         if shards == 1 {
-            chunk_outs.into_par_iter().for_each(|(job, o)| {
+            chunk_outs.into_par_iter().for_each_init(Work::default, |w, (job, o)| {
                 // SAFETY: `isa` is available (asserted above); panels belong to the job's head.
-                unsafe { run(&cx, panels_of(&job), &job, o) }
+                unsafe { run(&cx, panels_of(&job), &job, o, w) }
             });
         } else {
             run_split(&cx, run, &panels_of, chunk_outs, shards, d.lk, d.dv);
@@ -166,9 +166,9 @@ fn run_split<'p, E: KvElem>(
             tasks.push((Job { keys: r.clone(), ..j.clone() }, rest.take(j.rows(), dv, 0)));
         }
     }
-    tasks.into_par_iter().for_each(|(job, o)| {
+    tasks.into_par_iter().for_each_init(Work::default, |w, (job, o)| {
         // SAFETY: as in `forward`.
-        unsafe { run(cx, panels_of(&job), &job, o) }
+        unsafe { run(cx, panels_of(&job), &job, o, w) }
     });
     let mut offsets = Vec::with_capacity(jobs.len());
     jobs.iter().fold(0, |acc, (j, _)| {
@@ -211,31 +211,31 @@ impl<'o> Rest<'o> {
 
 /// The per-ISA entry points: each compiles the whole block (inlined) for its instruction set.
 mod entry {
-    use super::block::{run, Ctx, Job, Outs};
+    use super::block::{run, Ctx, Job, Outs, Work};
     use super::simd::{KvElem, Portable};
 
     /// # Safety
     /// The CPU supports AVX-512F.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn avx512<E: KvElem>(cx: &Ctx<E>, p: Option<&[f32]>, job: &Job, o: Outs) {
+    pub unsafe fn avx512<E: KvElem>(cx: &Ctx<E>, p: Option<&[f32]>, job: &Job, o: Outs, w: &mut Work) {
         // SAFETY: forwarded from the caller.
-        unsafe { run::<super::simd::Avx512, E>(cx, p, job, o) }
+        unsafe { run::<super::simd::Avx512, E>(cx, p, job, o, w) }
     }
 
     /// # Safety
     /// The CPU supports AVX2, FMA and F16C.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn avx2<E: KvElem>(cx: &Ctx<E>, p: Option<&[f32]>, job: &Job, o: Outs) {
+    pub unsafe fn avx2<E: KvElem>(cx: &Ctx<E>, p: Option<&[f32]>, job: &Job, o: Outs, w: &mut Work) {
         // SAFETY: forwarded from the caller.
-        unsafe { run::<super::simd::Avx2, E>(cx, p, job, o) }
+        unsafe { run::<super::simd::Avx2, E>(cx, p, job, o, w) }
     }
 
     /// # Safety
     /// None beyond `run`'s pointer contracts, which `forward` upholds.
-    pub unsafe fn portable<E: KvElem>(cx: &Ctx<E>, p: Option<&[f32]>, job: &Job, o: Outs) {
+    pub unsafe fn portable<E: KvElem>(cx: &Ctx<E>, p: Option<&[f32]>, job: &Job, o: Outs, w: &mut Work) {
         // SAFETY: forwarded from the caller.
-        unsafe { run::<Portable, E>(cx, p, job, o) }
+        unsafe { run::<Portable, E>(cx, p, job, o, w) }
     }
 }

@@ -46,25 +46,37 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// `2^x` to about 1 ulp; `x` is clamped to `[-127, 127]` (so `-∞` gives 0) and NaN stays NaN.
     #[inline(always)]
     unsafe fn exp2(x: Self::V) -> Self::V {
-        let x = Self::min(Self::splat(127.0), Self::max(Self::splat(-127.0), x));
-        let n = Self::round(x);
-        let f = Self::add(x, Self::mul(n, Self::splat(-1.0)));
-        // Taylor series of 2^f = e^(f·ln2) on |f| <= 1/2, degree 7 (truncation below 0.1 ulp).
-        const C: [f32; 8] = [
-            1.0,
-            std::f32::consts::LN_2,
-            0.240_226_5,
-            0.055_504_11,
-            0.009_618_129,
-            0.001_333_355_8,
-            0.000_154_035_3,
-            0.000_015_252_734,
-        ];
-        let mut p = Self::splat(C[7]);
-        for &c in C[..7].iter().rev() {
-            p = Self::fma(p, f, Self::splat(c));
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let x = Self::min(Self::splat(127.0), Self::max(Self::splat(-127.0), x));
+            let n = Self::round(x);
+            let f = Self::add(x, Self::mul(n, Self::splat(-1.0)));
+            Self::mul(exp2_poly::<Self>(f), Self::pow2i(n))
         }
-        Self::mul(p, Self::pow2i(n))
+    }
+}
+
+/// `2^f` for `|f| <= 1/2`: the Taylor series of `e^(f·ln 2)` to degree 7 (truncation below
+/// 0.1 ulp).
+#[inline(always)]
+unsafe fn exp2_poly<S: Simd>(f: S::V) -> S::V {
+    const C: [f32; 8] = [
+        1.0,
+        std::f32::consts::LN_2,
+        0.240_226_5,
+        0.055_504_11,
+        0.009_618_129,
+        0.001_333_355_8,
+        0.000_154_035_3,
+        0.000_015_252_734,
+    ];
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let mut p = S::splat(C[7]);
+        for &c in C[..7].iter().rev() {
+            p = S::fma(p, f, S::splat(c));
+        }
+        p
     }
 }
 
@@ -257,6 +269,17 @@ mod x86 {
         #[inline(always)]
         unsafe fn reduce_max(v: __m512) -> f32 {
             unsafe { _mm512_reduce_max_ps(v) }
+        }
+        /// `2^x` as `p(f)·2^n` with `scalef`, which also does the range handling: `x` is clamped
+        /// below at −160 so `−∞` gives exactly 0, and large `x` overflows to `+∞`.
+        #[inline(always)]
+        unsafe fn exp2(x: __m512) -> __m512 {
+            unsafe {
+                let x = _mm512_max_ps(_mm512_set1_ps(-160.0), x);
+                let n = Self::round(x);
+                let p = super::exp2_poly::<Self>(_mm512_sub_ps(x, n));
+                _mm512_scalef_ps(p, n)
+            }
         }
         #[inline(always)]
         unsafe fn reduce_sum(v: __m512) -> f32 {
