@@ -18,8 +18,9 @@ use crate::dropout::draw;
 use crate::problem::Problem;
 use crate::view::View4;
 
-/// Keys per tile in the prefill path (a multiple of every ISA's panel width).
-pub const TILE_KEYS: usize = 128;
+/// Floats of packed keys per prefill tile (`keys × Dk`), sized so a tile stays in L1 with the
+/// values and scores it meets; keys per tile are a multiple of every ISA's panel width (32).
+pub const TILE_FLOATS: usize = 8192;
 /// Keys per tile in the decode path.
 pub const DECODE_TILE_KEYS: usize = 256;
 
@@ -144,7 +145,7 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     let pb = cx.pb;
     let d = pb.dims;
     let rows = job.rows();
-    let tile = if panels.is_some() { TILE_KEYS } else { DECODE_TILE_KEYS };
+    let tile = if panels.is_some() { (TILE_FLOATS / d.dk.max(1)).clamp(32, 256) / 32 * 32 } else { DECODE_TILE_KEYS };
     let lds = tile + 2 * S::W;
     w.reset(rows, d.dk, lds);
     for r in 0..rows {
@@ -349,7 +350,7 @@ unsafe fn softmax_update<S: Simd>(cx: &Ctx<impl KvElem>, job: &Job, w: &mut Work
             row.fill(0.0);
             continue;
         }
-        let alpha = (w.m[r] - m_new).exp();
+        let alpha = if w.m[r] == m_new { 1.0 } else { (w.m[r] - m_new).exp() };
         // SAFETY: as above.
         let sum = unsafe { exp_row::<S>(row, m_new) };
         w.l[r] = w.l[r] * alpha + sum;

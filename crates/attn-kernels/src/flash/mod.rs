@@ -4,7 +4,8 @@
 //!
 //! How a call is cut into work:
 //! - **prefill** (a group's query rows, `Hq/Hkv · Lq`, exceed [`DECODE_ROWS`]): one job per
-//!   `(b, h, block of BLOCK_ROWS queries)`; keys are packed into panels once per key/value head
+//!   `(b, h, block of queries)` ([`BLOCK_ROWS`], or [`BLOCK_ROWS_STREAMING`] when a head's keys
+//!   and values outgrow L2); keys are packed into panels once per key/value head
 //!   ([`pack`]), in chunks of heads bounded by [`PACK_BUDGET`] bytes;
 //! - **decode** (few query rows): one job per `(b, kvh)` stacking every query head of the group,
 //!   so each key/value row is read once for all of them, straight from the caller's layout in
@@ -20,6 +21,7 @@ mod block;
 mod micro;
 mod pack;
 pub mod simd;
+mod workspace;
 
 use rayon::prelude::*;
 
@@ -31,8 +33,13 @@ use crate::view::View4;
 use block::{Ctx, Job, Outs, Work};
 use simd::KvElem;
 
-/// Query rows per prefill job.
-pub const BLOCK_ROWS: usize = 36;
+/// Query rows per prefill job when a head's keys and values fit in half of a 2 MiB L2 cache.
+pub const BLOCK_ROWS: usize = 24;
+/// Query rows per prefill job otherwise, so each pass over the keys and values from L3 serves
+/// more rows.
+pub const BLOCK_ROWS_STREAMING: usize = 96;
+/// Bytes of one head's keys and values above which blocks grow to [`BLOCK_ROWS_STREAMING`].
+const L2_HALF: usize = 1 << 20;
 /// At most this many stacked query rows per key/value head use the decode path.
 pub const DECODE_ROWS: usize = 16;
 /// Bytes of packed keys held at once.
@@ -99,6 +106,7 @@ pub fn forward<E: KvElem>(
         Some(p) => p == Path::Decode,
         None => g * d.lq <= DECODE_ROWS,
     };
+    let block_rows = if d.lk * (d.dk + d.dv) * 4 > L2_HALF { BLOCK_ROWS_STREAMING } else { BLOCK_ROWS };
     let jobs: Vec<Job> = (0..d.b)
         .flat_map(|b| (0..d.hkv).map(move |kvh| (b, kvh)))
         .flat_map(|(b, kvh)| -> Vec<Job> {
@@ -106,8 +114,8 @@ pub fn forward<E: KvElem>(
                 vec![Job { b, kvh, h0: kvh * g, nh: g, i0: 0, ni: d.lq, keys: 0..d.lk }]
             } else {
                 (kvh * g..(kvh + 1) * g)
-                    .flat_map(|h| (0..d.lq).step_by(BLOCK_ROWS).map(move |i0| (h, i0)))
-                    .map(|(h, i0)| Job { b, kvh, h0: h, nh: 1, i0, ni: BLOCK_ROWS.min(d.lq - i0), keys: 0..d.lk })
+                    .flat_map(|h| (0..d.lq).step_by(block_rows).map(move |i0| (h, i0)))
+                    .map(|(h, i0)| Job { b, kvh, h0: h, nh: 1, i0, ni: block_rows.min(d.lq - i0), keys: 0..d.lk })
                     .collect()
             }
         })
@@ -125,7 +133,7 @@ pub fn forward<E: KvElem>(
         jobs.chunk_by(|a, b| (a.b * d.hkv + a.kvh) / heads_per_chunk == (b.b * d.hkv + b.kvh) / heads_per_chunk)
     {
         let first = chunk[0].b * d.hkv + chunk[0].kvh;
-        let mut panels = vec![0.0f32; if decode { 0 } else { plen * heads_per_chunk.min(d.b * d.hkv - first) }];
+        let mut panels = workspace::take(if decode { 0 } else { plen * heads_per_chunk.min(d.b * d.hkv - first) });
         panels.par_chunks_mut(plen.max(1)).enumerate().for_each(|(x, p)| {
             let hh = first + x;
             pack::pack_keys(k, hh / d.hkv, hh % d.hkv, w, p);
@@ -140,6 +148,7 @@ pub fn forward<E: KvElem>(
         } else {
             run_split(&cx, run, &panels_of, chunk_outs, shards, d.lk, d.dv);
         }
+        workspace::give(panels);
     }
     AttnOutput { out, lse, weights }
 }

@@ -1,0 +1,26 @@
+//! A process-wide cache of packing buffers, so that repeated calls (every layer of every step of
+//! a model) reuse memory the operating system has already mapped instead of faulting in fresh
+//! pages for each call. At most [`KEPT`] buffers are kept, each at most `PACK_BUDGET` bytes.
+
+use std::sync::Mutex;
+
+/// Buffers kept between calls.
+const KEPT: usize = 2;
+
+static FREE: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
+
+/// A buffer of `len` floats (contents unspecified but initialised).
+pub fn take(len: usize) -> Vec<f32> {
+    let mut v = FREE.lock().map(|mut f| f.pop()).ok().flatten().unwrap_or_default();
+    v.resize(len, 0.0);
+    v
+}
+
+/// Returns a buffer to the cache (dropped if the cache is full).
+pub fn give(v: Vec<f32>) {
+    if let Ok(mut f) = FREE.lock() {
+        if f.len() < KEPT {
+            f.push(v);
+        }
+    }
+}
