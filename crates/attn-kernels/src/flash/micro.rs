@@ -86,9 +86,10 @@ pub unsafe fn qk_rows<S: Simd, E: KvElem, const R: usize>(
                 c += S::W;
             }
             for (r, a) in acc.iter().enumerate() {
-                for (jj, &v) in a.iter().enumerate().take(nj) {
+                let sums = S::reduce_sum4(*a);
+                for (jj, &v) in sums.iter().enumerate().take(nj) {
                     let tail: f32 = (dv..d).map(|c| *q.add(r * ldq + c) * (*k.add((j + jj) * ldk + c)).to_f32()).sum();
-                    *s.add(r * lds + j + jj) = (S::reduce_sum(v) + tail) * scale;
+                    *s.add(r * lds + j + jj) = (v + tail) * scale;
                 }
             }
             j += J;

@@ -43,6 +43,13 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// Sum of the lanes.
     unsafe fn reduce_sum(v: Self::V) -> f32;
 
+    /// Sums of the lanes of four vectors.
+    #[inline(always)]
+    unsafe fn reduce_sum4(v: [Self::V; 4]) -> [f32; 4] {
+        // SAFETY: forwarded from the caller.
+        unsafe { [Self::reduce_sum(v[0]), Self::reduce_sum(v[1]), Self::reduce_sum(v[2]), Self::reduce_sum(v[3])] }
+    }
+
     /// `2^x` to about 1 ulp; `x` is clamped to `[-127, 127]` (so `-∞` gives 0) and NaN stays NaN.
     #[inline(always)]
     unsafe fn exp2(x: Self::V) -> Self::V {
@@ -269,6 +276,20 @@ mod x86 {
         #[inline(always)]
         unsafe fn reduce_max(v: __m512) -> f32 {
             unsafe { _mm512_reduce_max_ps(v) }
+        }
+        /// Transposing reduction: pairs interleaved, then quadruples, then the four 128-bit lanes.
+        #[inline(always)]
+        unsafe fn reduce_sum4(v: [__m512; 4]) -> [f32; 4] {
+            unsafe {
+                let ab = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+                let cd = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+                let abcd = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(ab, cd), _mm512_shuffle_ps::<0xEE>(ab, cd));
+                let h = _mm256_add_ps(_mm512_castps512_ps256(abcd), _mm512_extractf32x8_ps::<1>(abcd));
+                let q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                let mut out = [0.0f32; 4];
+                _mm_storeu_ps(out.as_mut_ptr(), q);
+                out
+            }
         }
         /// `2^x` as `p(f)·2^n` with `scalef`, which also does the range handling: `x` is clamped
         /// below at −160 so `−∞` gives exactly 0, and large `x` overflows to `+∞`.
