@@ -126,8 +126,12 @@ impl Work {
             v.clear();
             v.resize(n, x);
         };
-        fill(&mut self.q, rows * dk, 0.0);
-        fill(&mut self.s, rows * lds, 0.0);
+        // Queries and scores are written before they are read: only grow them.
+        for (v, n) in [(&mut self.q, rows * dk), (&mut self.s, rows * lds)] {
+            if v.len() < n {
+                v.resize(n, 0.0);
+            }
+        }
         fill(&mut self.m, rows, f32::NEG_INFINITY);
         fill(&mut self.l, rows, 0.0);
         self.range.clear();
@@ -307,6 +311,7 @@ unsafe fn scores<S: Simd, E: KvElem>(
 
 /// Keys of the tile whose value row holds a non-finite number, with the rows for which each is
 /// masked: those products must be skipped, not multiplied by zero.
+#[inline(always)]
 fn bad_columns<E: KvElem>(
     vbase: *const E,
     ldv: usize,
@@ -320,10 +325,25 @@ fn bad_columns<E: KvElem>(
         .filter(|&c| {
             // SAFETY: rows `j0..j0+n` of the value head exist, each `dv` long.
             let row = unsafe { std::slice::from_raw_parts(vbase.add((j0 + c) * ldv), dv) };
-            row.iter().any(|x| !x.to_f32().is_finite())
+            !all_finite(row)
         })
         .map(|c| (c, (0..rows).map(|r| w.s[r * w.lds + c] == f32::NEG_INFINITY).collect()))
         .collect()
+}
+
+/// Whether every element is finite: `x·0` is 0 for finite `x` and NaN otherwise, summed in
+/// independent lanes so the loop vectorises.
+#[inline(always)]
+fn all_finite<E: KvElem>(row: &[E]) -> bool {
+    let mut acc = [0.0f32; 16];
+    let chunks = row.chunks_exact(16);
+    let tail = chunks.remainder().iter().fold(0.0, |a, x| a + x.to_f32() * 0.0);
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x.to_f32() * 0.0;
+        }
+    }
+    (acc.iter().sum::<f32>() + tail) == 0.0
 }
 
 /// Online-softmax step for one tile: new running maxima, rescaled outputs and denominators, and
