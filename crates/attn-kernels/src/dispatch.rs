@@ -181,12 +181,7 @@ pub fn attention_tuned(
     want_weights: bool,
 ) -> Result<AttnOutput<f32>> {
     let isa = match kernel {
-        Kernel::Reference => {
-            let (kd, vd) = (k.to_f32(), v.to_f32());
-            let k32 = View4::contiguous("k", &kd, k.dims())?;
-            let v32 = View4::contiguous("v", &vd, v.dims())?;
-            return reference(q, &k32, &v32, params, want_weights);
-        }
+        Kernel::Reference => return widened(k, v, |k, v| reference(q, k, v, params, want_weights)),
         Kernel::Auto => Isa::best(),
         Kernel::Flash(isa) if isa.is_available() => isa,
         Kernel::Flash(isa) => {
@@ -198,11 +193,12 @@ pub fn attention_tuned(
         (KvView::F32(k), KvView::F32(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
         (KvView::F16(k), KvView::F16(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
         (KvView::Bf16(k), KvView::Bf16(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
-        _ => {
-            let (kd, vd) = (k.to_f32(), v.to_f32());
-            let k32 = View4::contiguous("k", &kd, k.dims())?;
-            let v32 = View4::contiguous("v", &vd, v.dims())?;
-            flash::forward(isa, q, &k32, &v32, &pb, want_weights, tuning)
-        }
+        _ => return widened(k, v, |k, v| Ok(flash::forward(isa, q, k, v, &pb, want_weights, tuning))),
     })
+}
+
+/// Runs `f` on contiguous `f32` copies of `k` and `v`.
+fn widened<R>(k: &KvView, v: &KvView, f: impl FnOnce(&View4<f32>, &View4<f32>) -> Result<R>) -> Result<R> {
+    let (kd, vd) = (k.to_f32(), v.to_f32());
+    f(&View4::contiguous("k", &kd, k.dims())?, &View4::contiguous("v", &vd, v.dims())?)
 }

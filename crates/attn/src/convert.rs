@@ -34,7 +34,7 @@ pub(crate) fn as_key_value(t: &Tensor) -> Result<Tensor> {
 }
 
 fn last_dim_contiguous(t: Tensor) -> Result<Tensor> {
-    let last_ok = t.dims().last().map_or(true, |&d| d <= 1) || t.stride().last() == Some(&1);
+    let last_ok = t.dims().last().is_none_or(|&d| d <= 1) || t.stride().last() == Some(&1);
     Ok(if last_ok { t } else { t.contiguous()? })
 }
 

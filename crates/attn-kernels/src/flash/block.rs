@@ -171,11 +171,11 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
         let n = tile.min(hi - j0);
         // SAFETY: forwarded from the caller; tiles stay within `0..Lk`.
         let masked = unsafe { scores::<S, E>(cx, panels, job, w, kbase, ldk, j0, n) };
-        let bad = if masked { bad_columns(vbase, ldv, d.dv, j0, n, &w, rows) } else { Vec::new() };
+        let bad = if masked { bad_columns(vbase, ldv, d.dv, j0, n, w, rows) } else { Vec::new() };
         // SAFETY: as above.
         unsafe { softmax_update::<S>(cx, job, w, outs.o, j0, n) };
         // SAFETY: as above; `vbase` rows `j0..j0+n` exist.
-        unsafe { accumulate::<S, E>(&w, rows, vbase.add(j0 * ldv), ldv, n, d.dv, outs.o, &bad) };
+        unsafe { accumulate::<S, E>(w, rows, vbase.add(j0 * ldv), ldv, n, d.dv, outs.o, &bad) };
         j0 += n;
     }
     for r in 0..rows {
@@ -194,7 +194,7 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
             // SAFETY: as above.
             unsafe {
                 scores::<S, E>(cx, panels, job, w, kbase, ldk, j0, n);
-                write_weights::<S>(&w, rows, j0, n, d.lk, wt);
+                write_weights::<S>(w, rows, j0, n, d.lk, wt);
             }
             j0 += n;
         }

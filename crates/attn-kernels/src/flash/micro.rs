@@ -9,6 +9,9 @@
 //! All take raw pointers with leading dimensions; callers guarantee every pointer is valid for
 //! the rows and columns named.
 
+// Micro-kernels take each operand as a pointer and a leading dimension, as BLAS kernels do.
+#![allow(clippy::too_many_arguments)]
+
 use super::simd::{KvElem, Simd};
 
 /// Scores `scale · q·k` of `R` rows of `q` (row stride `ldq`, length `d`) against the packed

@@ -9,6 +9,11 @@
 use half::{bf16, f16};
 
 /// A vector of `W` f32 lanes.
+///
+/// # Safety
+/// Every method may only be called on a CPU with the implementation's instruction set, and
+/// pointer arguments must be valid for `W` elements.
+#[allow(clippy::missing_safety_doc)] // The trait-level section above covers every method.
 pub trait Simd: Copy + Send + Sync + 'static {
     /// Lanes per vector.
     const W: usize;
@@ -88,6 +93,10 @@ unsafe fn exp2_poly<S: Simd>(f: S::V) -> S::V {
 }
 
 /// Storage types of keys and values, widened to f32 on load.
+///
+/// # Safety
+/// `load` follows [`Simd`]'s contract: the CPU supports `S`, `p` is valid for `S::W` elements.
+#[allow(clippy::missing_safety_doc)] // The trait-level section above covers `load`.
 pub trait KvElem: Copy + Send + Sync + 'static {
     /// Loads `S::W` elements as f32.
     unsafe fn load<S: Simd>(p: *const Self) -> S::V;
