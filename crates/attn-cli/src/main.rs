@@ -1,7 +1,9 @@
 //! The `attn` command: parses the command line and hands each subcommand to its module under
-//! `commands/`. Every error is printed as one line on stderr with a non-zero exit, never a panic.
+//! `commands/`. Every error, usage errors included, is printed as one line on stderr with exit
+//! code 1, never a panic; `--help` and `--version` print clap's text and exit 0.
 
-use clap::{Parser, Subcommand};
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, Subcommand};
 
 use attn_cli::commands;
 
@@ -16,7 +18,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run attention on tensors stored in a safetensors file (or .npy files).
-    Run(commands::run::Args),
+    Run(Box<commands::run::Args>),
     /// Walk through worked examples on built-in data and draw a heatmap.
     Demo(commands::demo::Args),
     /// Draw attention weights as a heatmap (PNG, or SVG by file name).
@@ -26,9 +28,20 @@ enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => match e.kind() {
+            ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+            _ => {
+                eprintln!("error: {} (see '{}')", usage_message(&e), help_command());
+                std::process::exit(1);
+            }
+        },
+    };
     let result = match cli.command {
-        Command::Run(a) => commands::run::main(a),
+        Command::Run(a) => commands::run::main(*a),
         Command::Demo(a) => commands::demo::main(a),
         Command::Heatmap(a) => commands::heatmap::main(a),
         Command::Bench(a) => commands::bench::main(a),
@@ -36,5 +49,31 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// The first paragraph of clap's message as one line, without clap's `error: ` prefix: the first
+/// line can end in a colon with a list (such as the missing arguments) on the next lines, which
+/// are appended comma-separated.
+fn usage_message(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let mut lines = text.lines().map(str::trim).take_while(|l| !l.is_empty());
+    let first = lines.next().unwrap_or_default();
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    let list: Vec<&str> = lines.collect();
+    if list.is_empty() {
+        first.to_string()
+    } else {
+        format!("{first} {}", list.join(", "))
+    }
+}
+
+/// `attn <subcommand> --help` for the first subcommand named on the command line, else `attn --help`.
+fn help_command() -> String {
+    let cli = Cli::command();
+    let named = std::env::args().skip(1).find(|a| cli.find_subcommand(a).is_some());
+    match named {
+        Some(sub) => format!("attn {sub} --help"),
+        None => "attn --help".to_string(),
     }
 }

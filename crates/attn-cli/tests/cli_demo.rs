@@ -49,6 +49,7 @@ fn demo_prints_the_worked_example_and_writes_a_heatmap() {
     let output = Command::new(env!("CARGO_BIN_EXE_attn")).arg("demo").arg("--out-dir").arg(&out_dir).output().unwrap();
     let stdout = String::from_utf8(output.stdout).unwrap();
     let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(output.status.success(), "stderr: {stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
 
     let x = m(&[&[1., 0., 1., 0.], &[0., 2., 0., 2.], &[1., 1., 1., 1.]]);
@@ -79,12 +80,7 @@ fn demo_prints_the_worked_example_and_writes_a_heatmap() {
         assert!(stdout.contains(shape), "shape {shape} missing in:\n{stdout}");
     }
 
-    // Step 3: until the heatmap module is implemented, the demo fails with its error.
-    if stderr.contains("not implemented yet") {
-        assert!(!output.status.success());
-        return;
-    }
-    assert!(output.status.success(), "stderr: {stderr}");
+    // Step 3: the heatmap PNG.
     let png = out_dir.join("attn-demo-heatmap.png");
     let bytes = std::fs::read(&png).unwrap();
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{} is not a PNG", png.display());

@@ -1,10 +1,124 @@
-//! `attn heatmap`.
+//! `attn heatmap`: reads attention weights from a safetensors file (such as the output of
+//! `attn run --weights`), picks one batch entry and one head (or every head, one panel each), labels
+//! the axes with tokens when given, and draws a PNG (or SVG when the output ends in `.svg`). Every
+//! refusal is one line naming the file, the tensor and what was expected versus found.
+
+mod select;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use attn::heatmap::{draw_head_grid, draw_heatmap, HeatmapStyle};
+
+use crate::io::{read_safetensors, IoError, IoErrorKind};
+use select::{pick, Heads};
 
 /// Arguments of `attn heatmap`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Safetensors file holding the weights: `[Lq, Lk]`, `[H, Lq, Lk]` or `[B, H, Lq, Lk]`, any
+    /// float type (e.g. the output of `attn run --weights`).
+    pub input: PathBuf,
+    /// Output picture: PNG, or SVG when the name ends in `.svg`.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Name of the tensor to draw.
+    #[arg(long, default_value = "weights")]
+    pub tensor: String,
+    /// Batch entry to draw (rank 4 tensors).
+    #[arg(long, default_value_t = 0)]
+    pub batch: usize,
+    /// Head to draw (rank 3 and 4 tensors); default 0.
+    #[arg(long, conflicts_with = "all_heads")]
+    pub head: Option<usize>,
+    /// Draw every head, one panel each, on a shared colour scale.
+    #[arg(long)]
+    pub all_heads: bool,
+    /// Whitespace-separated tokens labelling both axes (needs Lq == Lk).
+    #[arg(long, conflicts_with_all = ["query_tokens", "key_tokens"])]
+    pub tokens: Option<String>,
+    /// Whitespace-separated tokens labelling the query rows, `[Lq]`.
+    #[arg(long)]
+    pub query_tokens: Option<String>,
+    /// Whitespace-separated tokens labelling the key columns, `[Lk]`.
+    #[arg(long)]
+    pub key_tokens: Option<String>,
+    /// Title above the picture (default: the tensor name, batch entry and head).
+    #[arg(long)]
+    pub title: Option<String>,
+}
 
 /// Runs `attn heatmap`.
-pub fn main(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("attn heatmap is not implemented yet")
+pub fn main(args: Args) -> Result<()> {
+    let file = args.input.display().to_string();
+    let name = args.tensor.as_str();
+    let mut tensors = read_safetensors(&args.input)?;
+    let Some(tensor) = tensors.remove(name) else {
+        return Err(missing(&file, name, tensors.keys()).into());
+    };
+    let heads = if args.all_heads { Heads::All } else { Heads::One(args.head.unwrap_or(0)) };
+    let picked = pick(&file, name, &tensor, args.batch, heads)?;
+    let (query_labels, key_labels) =
+        labels(&args, picked.lq, picked.lk).map_err(|kind| IoError::tensor(&file, name, kind))?;
+    let place = if picked.place.is_empty() { String::new() } else { format!(", {}", picked.place) };
+    let style = HeatmapStyle {
+        title: Some(args.title.clone().unwrap_or_else(|| format!("{name}{place}"))),
+        query_labels,
+        key_labels,
+    };
+    if args.all_heads {
+        draw_head_grid(&args.output, &picked.data, picked.heads, picked.lq, picked.lk, &style)?;
+    } else {
+        draw_heatmap(&args.output, &picked.data, picked.lq, picked.lk, &style)?;
+    }
+    println!("heatmap of {file} tensor '{name}' {:?}{place} written to {}", tensor.shape, args.output.display());
+    Ok(())
+}
+
+/// The error for tensor `name` absent from `file`, listing the tensors `present`.
+fn missing<'a>(file: &str, name: &str, present: impl Iterator<Item = &'a String>) -> IoError {
+    let present: Vec<&str> = present.map(String::as_str).collect();
+    let mut found = if present.is_empty() { "no tensors".to_string() } else { present.join(", ") };
+    if !present.is_empty() {
+        found.push_str("; pick one with --tensor");
+    }
+    if name == "weights" {
+        found.push_str(" (`attn run` writes 'weights' only with --weights)");
+    }
+    IoError::tensor(file, name, IoErrorKind::Missing { found })
+}
+
+/// The labels of one axis, when tokens were given for it.
+type AxisLabels = Option<Vec<String>>;
+
+/// Query and key labels from `--tokens` or `--query-tokens`/`--key-tokens`, checked against the
+/// matrix size `[lq, lk]`.
+fn labels(args: &Args, lq: usize, lk: usize) -> Result<(AxisLabels, AxisLabels), IoErrorKind> {
+    let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let counted = |flag: &str, tokens: &Option<String>, dim: &str, n: usize| {
+        tokens
+            .as_deref()
+            .map(|s| {
+                let tokens = split(s);
+                if tokens.len() == n {
+                    Ok(tokens)
+                } else {
+                    Err(IoErrorKind::Value(format!("{flag} has {} tokens, expected {dim} = {n}", tokens.len())))
+                }
+            })
+            .transpose()
+    };
+    match &args.tokens {
+        Some(_) if lq != lk => Err(IoErrorKind::Value(format!(
+            "--tokens labels both axes but Lq = {lq} differs from Lk = {lk}; use --query-tokens and --key-tokens"
+        ))),
+        Some(_) => {
+            let both = counted("--tokens", &args.tokens, "Lq = Lk", lq)?;
+            Ok((both.clone(), both))
+        }
+        None => Ok((
+            counted("--query-tokens", &args.query_tokens, "Lq", lq)?,
+            counted("--key-tokens", &args.key_tokens, "Lk", lk)?,
+        )),
+    }
 }
