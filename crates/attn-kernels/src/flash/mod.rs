@@ -20,7 +20,7 @@
 mod block;
 mod micro;
 mod pack;
-pub mod simd;
+mod simd;
 mod workspace;
 
 use rayon::prelude::*;
@@ -74,7 +74,7 @@ pub struct Tuning {
 /// Flash attention with instruction set `isa` (which must be available). `q: [B, Hq, Lq, Dk]`,
 /// `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`, validated into `pb`; returns `out`, `lse` and,
 /// with `want_weights`, the weights `[B, Hq, Lq, Lk]`.
-pub fn forward<E: KvElem>(
+pub(crate) fn forward<E: KvElem>(
     isa: Isa,
     q: &View4<f32>,
     k: &View4<E>,
