@@ -170,9 +170,11 @@ impl Simd for Portable {
         // SAFETY: the caller guarantees `p` is valid for 8 floats.
         unsafe { std::ptr::write_unaligned(p as *mut [f32; 8], v) }
     }
+    /// Multiply then add, rounded twice: `f32::mul_add` is a library call on CPUs without FMA,
+    /// which is exactly where this implementation runs.
     #[inline(always)]
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
-        std::array::from_fn(|i| a[i].mul_add(b[i], c[i]))
+        std::array::from_fn(|i| a[i] * b[i] + c[i])
     }
     #[inline(always)]
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
