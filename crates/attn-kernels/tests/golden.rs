@@ -5,7 +5,8 @@
 //! - The `f64` reference must match PyTorch to `1e-10 · (1 + magnitude)`.
 //! - Each kernel of [`Kernel::ALL`] runs on the inputs cast to `f32` and must pass
 //!   [`oracle::check`] against the fixture, with the `f32` reference on the same inputs as the
-//!   baseline, with and without the weights requested.
+//!   baseline, with and without the weights requested, under every flash plan; and again with
+//!   K/V stored as f16 and as bf16 (the oracle then runs on the rounded values).
 
 /// The helpers in `tests/golden/`.
 mod golden {
@@ -13,9 +14,10 @@ mod golden {
     pub mod fixture;
 }
 
-use attn_kernels::{attention_tuned, oracle, reference, Isa, Kernel, KvView, Path, Tuning};
+use attn_kernels::{attention_tuned, oracle, reference, Isa, Kernel, KvView, Path, Tuning, View4};
 use golden::compare::check_f64;
 use golden::fixture::{fixture_dir, fixture_paths, Fixture};
+use half::{bf16, f16};
 
 /// Fewer files than this means the directory was lost or truncated.
 const MIN_FIXTURES: usize = 40;
@@ -81,12 +83,58 @@ fn check_kernel(kernel: Kernel, fx: &Fixture) -> Result<(), String> {
     Ok(())
 }
 
+/// Keys and values stored in half precision: the fixture's K/V rounded to `H`, the oracle the
+/// `f64` reference on those rounded values, the baseline the `f32` reference on them, and the
+/// kernel reading the `H` storage directly, under every plan.
+fn check_kernel_half<H: Copy>(
+    kernel: Kernel,
+    fx: &Fixture,
+    round: fn(f64) -> H,
+    widen: fn(H) -> f32,
+    view: for<'a> fn(View4<'a, H>) -> KvView<'a>,
+) -> Result<(), String> {
+    let rounded = |x: &[f64]| x.iter().map(|&x| round(x)).collect::<Vec<H>>();
+    let (kh, vh) = (rounded(&fx.k.data), rounded(&fx.v.data));
+    let widened = |x: &[H]| x.iter().map(|&x| widen(x)).collect::<Vec<f32>>();
+    let (q32, k32, v32) = (to_f32(&fx.q.data), widened(&kh), widened(&vh));
+    let wide = |x: &[f32]| x.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    let (q64, k64, v64) = (wide(&q32), wide(&k32), wide(&v32));
+    let bias32 = fx.bias.as_ref().map(|b| to_f32(&b.data));
+    let bias64 = bias32.as_deref().map(wide);
+    let [q, k, v] = fx.views([&q32, &k32, &v32])?;
+    let [qw, kw, vw] = fx.views([&q64, &k64, &v64])?;
+    let params = fx.params(bias32.as_deref())?;
+    let fail = |e: attn_kernels::AttnError| format!("{}: {e}", fx.file);
+    let oracle = reference(&qw, &kw, &vw, &fx.params(bias64.as_deref())?, false).map_err(fail)?;
+    let naive = reference(&q, &k, &v, &params, false).map_err(fail)?;
+    let kv = View4::contiguous("k", &kh, k.dims()).map_err(fail)?;
+    let vv = View4::contiguous("v", &vh, v.dims()).map_err(fail)?;
+    for tuning in TUNINGS {
+        let tag = format!("{}: {} {tuning:?} (half K/V)", fx.file, kernel.name());
+        let fast = attention_tuned(kernel, tuning, &q, &view(kv), &view(vv), &params, false)
+            .map_err(|e| format!("{tag}: {e}"))?;
+        oracle::check(&format!("{tag}: out"), &fast.out, &oracle.out, &naive.out, oracle::OUTPUT_FACTOR)?;
+        oracle::check(&format!("{tag}: lse"), &fast.lse, &oracle.lse, &naive.lse, oracle::OUTPUT_FACTOR)?;
+    }
+    Ok(())
+}
+
+fn check_kernel_f16(kernel: Kernel, fx: &Fixture) -> Result<(), String> {
+    check_kernel_half(kernel, fx, f16::from_f64, f16::to_f32, |v| KvView::F16(v))
+}
+
+fn check_kernel_bf16(kernel: Kernel, fx: &Fixture) -> Result<(), String> {
+    check_kernel_half(kernel, fx, bf16::from_f64, bf16::to_f32, |v| KvView::Bf16(v))
+}
+
 fn run_kernel(kernel: Kernel) {
     if !kernel.is_available() {
         println!("skipped: CPU lacks the instruction set of {}", kernel.name());
         return;
     }
     check_all(|fx| check_kernel(kernel, fx));
+    check_all(|fx| check_kernel_f16(kernel, fx));
+    check_all(|fx| check_kernel_bf16(kernel, fx));
 }
 
 /// One `#[test]` per kernel, and the list of kernels so covered.
