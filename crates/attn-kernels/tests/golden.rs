@@ -119,10 +119,13 @@ fn check_kernel_half<H: Copy>(
     Ok(())
 }
 
+// The closures give the constructors the higher-ranked type `check_kernel_half` needs.
+#[allow(clippy::redundant_closure)]
 fn check_kernel_f16(kernel: Kernel, fx: &Fixture) -> Result<(), String> {
     check_kernel_half(kernel, fx, f16::from_f64, f16::to_f32, |v| KvView::F16(v))
 }
 
+#[allow(clippy::redundant_closure)]
 fn check_kernel_bf16(kernel: Kernel, fx: &Fixture) -> Result<(), String> {
     check_kernel_half(kernel, fx, bf16::from_f64, bf16::to_f32, |v| KvView::Bf16(v))
 }
