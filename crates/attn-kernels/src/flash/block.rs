@@ -166,9 +166,9 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     let (kbase, ldk) = head_ptr(&cx.k, job.b, job.kvh);
     let (vbase, ldv) = head_ptr(&cx.v, job.b, job.kvh);
 
-    let mut j0 = start;
-    while j0 < hi {
-        let n = tile.min(hi - j0);
+    // Key tiles `j0..j0+n` covering `start..hi`.
+    let tiles = || (start..hi).step_by(tile).map(|j0| (j0, tile.min(hi - j0)));
+    for (j0, n) in tiles() {
         // SAFETY: forwarded from the caller; tiles stay within `0..Lk`.
         let masked = unsafe { scores::<S, E>(cx, panels, job, w, kbase, ldk, j0, n) };
         let bad = if masked { bad_columns(vbase, ldv, d.dv, j0, n, w, rows) } else { Vec::new() };
@@ -176,7 +176,6 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
         unsafe { softmax_update::<S>(cx, job, w, outs.o, j0, n) };
         // SAFETY: as above; `vbase` rows `j0..j0+n` exist.
         unsafe { accumulate::<S, E>(w, rows, vbase.add(j0 * ldv), ldv, n, d.dv, outs.o, &bad) };
-        j0 += n;
     }
     for r in 0..rows {
         let (m, l) = (w.m[r], w.l[r]);
@@ -188,15 +187,12 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
         outs.o[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|x| *x *= inv);
     }
     if let Some(wt) = outs.weights {
-        let mut j0 = start;
-        while j0 < hi {
-            let n = tile.min(hi - j0);
+        for (j0, n) in tiles() {
             // SAFETY: as above.
             unsafe {
                 scores::<S, E>(cx, panels, job, w, kbase, ldk, j0, n);
                 write_weights::<S>(w, rows, j0, n, d.lk, wt);
             }
-            j0 += n;
         }
     }
 }
