@@ -83,12 +83,22 @@ pub fn reset_peak() -> usize {
     now
 }
 
+/// Serialises the unit tests that move the high-water mark: the counters are process-wide and the
+/// test harness runs tests on parallel threads, so one test's [`reset_peak`] would otherwise erase
+/// another's peak.
+#[cfg(test)]
+pub(crate) fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn peak_remembers_a_freed_allocation() {
+        let _meter = exclusive();
         let base = reset_peak();
         let mut block = vec![1u8; 1 << 20];
         block.reserve_exact(3 << 20);
