@@ -23,6 +23,10 @@ use crate::view::View4;
 pub const TILE_FLOATS: usize = 8192;
 /// Keys per tile in the decode path.
 pub const DECODE_TILE_KEYS: usize = 256;
+/// Row stride of the score block: the most keys a tile holds (256) rounded up by two vectors of
+/// the widest ISA. A constant, so the micro-kernels address each row at a fixed offset rather than
+/// spending integer instructions (on the vector ports) on `r · stride`.
+const LDS: usize = 256 + 32;
 
 /// What every block of a call shares.
 pub struct Ctx<'a, E> {
@@ -107,11 +111,11 @@ macro_rules! with_rows {
 /// Per-block working memory, reused from job to job by each worker.
 #[derive(Default)]
 pub struct Work {
-    /// Queries `[rows, Dk]`.
+    /// Queries: `[rows, Dk]` in the decode path; in the prefill path each chunk of `R` rows
+    /// that one `qk_panel` call takes is stored transposed, `[Dk, R]`.
     q: Vec<f32>,
-    /// Scores / probabilities `[rows, lds]`.
+    /// Scores / probabilities `[rows, LDS]`.
     s: Vec<f32>,
-    lds: usize,
     /// Running maximum per row.
     m: Vec<f32>,
     /// Running denominator per row.
@@ -121,13 +125,13 @@ pub struct Work {
 }
 
 impl Work {
-    fn reset(&mut self, rows: usize, dk: usize, lds: usize) {
+    fn reset(&mut self, rows: usize, dk: usize) {
         let fill = |v: &mut Vec<f32>, n, x| {
             v.clear();
             v.resize(n, x);
         };
         // Queries and scores are written before they are read: only grow them.
-        for (v, n) in [(&mut self.q, rows * dk), (&mut self.s, rows * lds)] {
+        for (v, n) in [(&mut self.q, rows * dk), (&mut self.s, rows * LDS)] {
             if v.len() < n {
                 v.resize(n, 0.0);
             }
@@ -135,7 +139,6 @@ impl Work {
         fill(&mut self.m, rows, f32::NEG_INFINITY);
         fill(&mut self.l, rows, 0.0);
         self.range.clear();
-        self.lds = lds;
     }
 }
 
@@ -150,11 +153,19 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     let d = pb.dims;
     let rows = job.rows();
     let tile = if panels.is_some() { (TILE_FLOATS / d.dk.max(1)).clamp(32, 256) / 32 * 32 } else { DECODE_TILE_KEYS };
-    let lds = tile + 2 * S::W;
-    w.reset(rows, d.dk, lds);
+    w.reset(rows, d.dk);
+    let (rq, _) = rows_per_call::<S>();
     for r in 0..rows {
         let (h, i) = job.head_query(r);
-        w.q[r * d.dk..(r + 1) * d.dk].copy_from_slice(cx.q.row(job.b, h, i));
+        let q = cx.q.row(job.b, h, i);
+        if panels.is_some() {
+            let (r0, nr) = (r / rq * rq, rq.min(rows - r / rq * rq));
+            for (k, &x) in q.iter().enumerate() {
+                w.q[r0 * d.dk + k * nr + r - r0] = x;
+            }
+        } else {
+            w.q[r * d.dk..(r + 1) * d.dk].copy_from_slice(q);
+        }
         let (lo, hi) = pb.key_range(job.b, i);
         w.range.push((lo.max(job.keys.start), hi.min(job.keys.end)));
     }
@@ -225,12 +236,11 @@ unsafe fn scores<S: Simd, E: KvElem>(
     let dk = pb.dims.dk;
     let rows = job.rows();
     let (rq, _) = rows_per_call::<S>();
-    let lds = w.lds;
     let qp = w.q.as_ptr();
     let scale = pb.scale as f32;
     let sp = w.s.as_mut_ptr();
     let width;
-    // SAFETY: `w.q` holds `rows·dk`, `w.s` holds `rows·lds` with `lds >= n` rounded up to 2·W;
+    // SAFETY: `w.q` holds `rows·dk`, `w.s` holds `rows·LDS` with `LDS >= n` rounded up to 2·W;
     // panels hold every panel of keys `< Lk`, and `kbase` rows up to `j0 + n`.
     unsafe {
         match panels {
@@ -243,7 +253,7 @@ unsafe fn scores<S: Simd, E: KvElem>(
                     let mut r0 = 0;
                     while r0 < rows {
                         let nr = rq.min(rows - r0);
-                        with_rows!(nr, qk_panel::<S; >(qp.add(r0 * dk), dk, kp, dk, scale, sp.add(r0 * lds + pi * pw), lds));
+                        with_rows!(nr, qk_panel::<S; >(qp.add(r0 * dk), kp, dk, scale, sp.add(r0 * LDS + pi * pw), LDS));
                         r0 += nr;
                     }
                 }
@@ -255,7 +265,7 @@ unsafe fn scores<S: Simd, E: KvElem>(
                     let nr = 4.min(rows - r0);
                     with_rows!(
                         nr,
-                        qk_rows::<S, E; >(qp.add(r0 * dk), dk, kbase.add(j0 * ldk), ldk, n, dk, scale, sp.add(r0 * lds), lds)
+                        qk_rows::<S, E; >(qp.add(r0 * dk), dk, kbase.add(j0 * ldk), ldk, n, dk, scale, sp.add(r0 * LDS), LDS)
                     );
                     r0 += nr;
                 }
@@ -266,7 +276,7 @@ unsafe fn scores<S: Simd, E: KvElem>(
     let b = job.b;
     for r in 0..rows {
         let (h, i) = job.head_query(r);
-        let row = &mut w.s[r * lds..r * lds + width];
+        let row = &mut w.s[r * LDS..r * LDS + width];
         row[n..].fill(f32::NEG_INFINITY);
         let row = &mut row[..n];
         if let Some(cap) = pb.softcap {
@@ -323,7 +333,7 @@ fn bad_columns<E: KvElem>(
             let row = unsafe { std::slice::from_raw_parts(vbase.add((j0 + c) * ldv), dv) };
             !all_finite(row)
         })
-        .map(|c| (c, (0..rows).map(|r| w.s[r * w.lds + c] == f32::NEG_INFINITY).collect()))
+        .map(|c| (c, (0..rows).map(|r| w.s[r * LDS + c] == f32::NEG_INFINITY).collect()))
         .collect()
 }
 
@@ -354,7 +364,7 @@ unsafe fn softmax_update<S: Simd>(cx: &Ctx<impl KvElem>, job: &Job, w: &mut Work
     let dv = pb.dims.dv;
     let width = n.div_ceil(S::W) * S::W;
     for r in 0..job.rows() {
-        let row = &mut w.s[r * w.lds..r * w.lds + width];
+        let row = &mut w.s[r * LDS..r * LDS + width];
         // SAFETY: `row` holds `width`, a multiple of `S::W`.
         let tmax = unsafe { row_max::<S>(row) };
         let mut m_new = w.m[r].max(tmax);
@@ -438,7 +448,7 @@ unsafe fn accumulate<S: Simd, E: KvElem>(
     for run_end in bad.iter().map(|b| b.0).chain(std::iter::once(n)) {
         if run_end > c {
             // SAFETY: columns `c..run_end` of P and rows of V exist.
-            unsafe { pv_block::<S, E>(p.add(c), w.lds, v.add(c * ldv), ldv, run_end - c, op, dv, rows) };
+            unsafe { pv_block::<S, E>(p.add(c), LDS, v.add(c * ldv), ldv, run_end - c, op, dv, rows) };
         }
         c = run_end + 1;
     }
@@ -446,7 +456,7 @@ unsafe fn accumulate<S: Simd, E: KvElem>(
         // SAFETY: row `c` of V exists with `dv` elements.
         let vrow = unsafe { std::slice::from_raw_parts(v.add(c * ldv), dv) };
         for r in (0..rows).filter(|&r| !masked[r]) {
-            let pr = w.s[r * w.lds + c];
+            let pr = w.s[r * LDS + c];
             for (x, y) in o[r * dv..(r + 1) * dv].iter_mut().zip(vrow) {
                 *x += pr * y.to_f32();
             }
@@ -506,11 +516,11 @@ unsafe fn write_weights<S: Simd>(w: &Work, rows: usize, j0: usize, n: usize, lk:
         if w.m[r] == f32::NEG_INFINITY {
             continue;
         }
-        buf.copy_from_slice(&w.s[r * w.lds..r * w.lds + width]);
+        buf.copy_from_slice(&w.s[r * LDS..r * LDS + width]);
         // SAFETY: `buf` holds `width`, a multiple of `S::W`.
         unsafe { exp_row::<S>(&mut buf, w.m[r]) };
         let inv = 1.0 / w.l[r];
-        let scores = &w.s[r * w.lds..];
+        let scores = &w.s[r * LDS..];
         for ((x, &p), &s) in wt[r * lk + j0..r * lk + j0 + n].iter_mut().zip(&buf).zip(scores) {
             *x = if s == f32::NEG_INFINITY { 0.0 } else { p * inv };
         }

@@ -14,15 +14,15 @@
 
 use super::simd::{KvElem, Simd};
 
-/// Scores `scale · q·k` of `R` rows of `q` (row stride `ldq`, length `d`) against the packed
-/// panel `kp` (`[d][2·W]`), written to `s` (row stride `lds`, `2·W` columns).
+/// Scores `scale · q·k` of `R` query rows, stored transposed (`q[k·R + r]`, `[d][R]`, so each
+/// broadcast is at a fixed offset), against the packed panel `kp` (`[d][2·W]`), written to `s`
+/// (row stride `lds`, `2·W` columns).
 ///
 /// # Safety
-/// `q` valid for `R` rows of `d` floats, `kp` for `d·2·W` floats, `s` for `R` rows of `2·W`.
+/// `q` valid for `d·R` floats, `kp` for `d·2·W` floats, `s` for `R` rows of `2·W`.
 #[inline(always)]
 pub unsafe fn qk_panel<S: Simd, const R: usize>(
     q: *const f32,
-    ldq: usize,
     kp: *const f32,
     d: usize,
     scale: f32,
@@ -36,7 +36,7 @@ pub unsafe fn qk_panel<S: Simd, const R: usize>(
             let b0 = S::load(kp.add(k * 2 * S::W));
             let b1 = S::load(kp.add(k * 2 * S::W + S::W));
             for (r, a) in acc.iter_mut().enumerate() {
-                let x = S::splat(*q.add(r * ldq + k));
+                let x = S::splat(*q.add(k * R + r));
                 a[0] = S::fma(x, b0, a[0]);
                 a[1] = S::fma(x, b1, a[1]);
             }
