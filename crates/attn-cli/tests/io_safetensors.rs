@@ -83,6 +83,13 @@ fn header_not_an_object() {
 }
 
 #[test]
+fn name_given_twice() {
+    let a = entry("q", "F32", "[1]", 0, 4);
+    let e = error(&file_bytes(&format!("{{{a}, {a}}}"), &[0; 4]));
+    assert!(e.contains("tensor 'q'") && e.contains("name given twice"), "{e}");
+}
+
+#[test]
 fn entry_not_an_object() {
     let e = error(&file_bytes(r#"{"k": 3}"#, &[]));
     assert!(e.contains("tensor 'k'") && e.contains("a number, expected an object"), "{e}");

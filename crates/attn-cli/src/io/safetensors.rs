@@ -5,10 +5,12 @@
 //! is checked against the file; writing uses the `safetensors` crate.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::path::Path;
 
 use safetensors::{Dtype, View};
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
 use super::error::{IoError, IoErrorKind};
@@ -53,6 +55,7 @@ pub fn parse_safetensors(file: &str, bytes: &[u8]) -> Result<BTreeMap<String, Ho
     let Value::Object(map) = json else {
         return Err(fail(IoErrorKind::Header(format!("{}, expected a JSON object", json_kind(&json)))));
     };
+    check_distinct_names(file, text)?;
     let mut entries = Vec::with_capacity(map.len());
     for (name, value) in &map {
         if name == "__metadata__" {
@@ -84,6 +87,42 @@ pub fn write_safetensors(path: &Path, tensors: &[(&str, &HostTensor)]) -> Result
     }
     safetensors::serialize_to_file(&views, None, path)
         .map_err(|e| IoError::file(file, IoErrorKind::Write(e.to_string())))
+}
+
+/// The top-level names of a header object, in file order. A parsed JSON object keeps only the
+/// last of two equal names, so a name given twice is looked for here.
+struct TopNames(Vec<String>);
+
+impl<'de> Deserialize<'de> for TopNames {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Names;
+        impl<'de> Visitor<'de> for Names {
+            type Value = TopNames;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopNames, A::Error> {
+                let mut names = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    map.next_value::<IgnoredAny>()?;
+                    names.push(name);
+                }
+                Ok(TopNames(names))
+            }
+        }
+        d.deserialize_map(Names)
+    }
+}
+
+/// Rejects a header (already known to be a valid JSON object) that gives a name twice.
+fn check_distinct_names(file: &str, header: &str) -> Result<(), IoError> {
+    let TopNames(names) =
+        serde_json::from_str(header).map_err(|e| IoError::file(file, IoErrorKind::Header(e.to_string())))?;
+    let mut seen = BTreeSet::new();
+    match names.iter().find(|n| !seen.insert(n.as_str())) {
+        Some(name) => Err(IoError::tensor(file, name, IoErrorKind::Header("name given twice in the header".into()))),
+        None => Ok(()),
+    }
 }
 
 /// One header entry, checked against the data section on its own.
