@@ -112,4 +112,14 @@ fn bad_shapes_and_options_fail_with_one_line() {
     assert_one_line_error(&["--shape", "1,6,4,4", "--kv-heads", "4"], "--kv-heads 4");
     assert_one_line_error(&["--shape", "1,1,4,4", "--threads", "0"], "--threads");
     assert_one_line_error(&[], "--shape");
+    assert_one_line_error(&["--shape", "1,1,4,4", "--softcap", "0"], "softcap");
+}
+
+#[test]
+fn softcap_is_run_and_reported() {
+    let out = attn_bench(&["--shape", "1,2,5,4", "--softcap", "30", "--iters", "1", "--warmup", "0", "--json"]);
+    let rows = json_lines(&out);
+    assert_eq!(rows[0]["softcap"].as_f64(), Some(30.0));
+    let out = attn_bench(&["--shape", "1,2,5,4", "--iters", "1", "--warmup", "0", "--json"]);
+    assert!(json_lines(&out)[0]["softcap"].is_null());
 }

@@ -37,6 +37,9 @@ pub struct Args {
     /// Causal mask, top-left aligned (query i sees keys j <= i).
     #[arg(long)]
     pub causal: bool,
+    /// Logit soft-capping C: scores become C·tanh(s/C) (Gemma 2 uses 50).
+    #[arg(long, value_name = "C")]
+    pub softcap: Option<f64>,
     /// Storage type of keys and values (queries and output are f32).
     #[arg(long, value_enum, default_value_t = KvDtype::F32)]
     pub kv_dtype: KvDtype,
@@ -118,7 +121,11 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     for dims in cases {
         let data = inputs::Inputs::random(dims, args.kv_dtype, args.seed);
         let (q, k, v) = data.views()?;
-        let params = AttnParams { mask: MaskSpec { causal: args.causal, ..Default::default() }, ..Default::default() };
+        let params = AttnParams {
+            mask: MaskSpec { causal: args.causal, ..Default::default() },
+            softcap: args.softcap,
+            ..Default::default()
+        };
         let m = measure::measure(budget, || Ok(pool.install(|| attention(args.kernel, &q, &k, &v, &params, false))?))
             .with_context(|| format!("--shape {}", spec::shape_text(&dims)))?;
         let row = Row { dims, flops: spec::flops(&dims, args.causal), m };
@@ -154,12 +161,13 @@ fn print_peak(args: &Args, peak: Option<Peak>, threads: usize) {
 
 fn header(with_peak: bool) -> String {
     format!(
-        "{:<16} {:>7} {:>4} {:>4} {:>6} {:>4} {:<14} {:>3} {:>11} {:>11} {:>11} {:>9}{} {:>10} {:>5}",
+        "{:<16} {:>7} {:>4} {:>4} {:>6} {:>7} {:>4} {:<14} {:>3} {:>11} {:>11} {:>11} {:>9}{} {:>10} {:>5}",
         "shape B,H,Lq,D",
         "Lk",
         "Hkv",
         "Dv",
         "causal",
+        "softcap",
         "kv",
         "kernel",
         "thr",
@@ -177,12 +185,13 @@ fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> S
     let d = row.dims;
     let gflops = row.gflops();
     format!(
-        "{:<16} {:>7} {:>4} {:>4} {:>6} {:>4} {:<14} {:>3} {:>11.4} {:>11.4} {:>11.4} {:>9.2}{} {:>10} {:>5}",
+        "{:<16} {:>7} {:>4} {:>4} {:>6} {:>7} {:>4} {:<14} {:>3} {:>11.4} {:>11.4} {:>11.4} {:>9.2}{} {:>10} {:>5}",
         spec::shape_text(&d),
         d.lk,
         d.hkv,
         d.dv,
         if args.causal { "yes" } else { "no" },
+        args.softcap.map_or("-".to_string(), |c| c.to_string()),
         args.kv_dtype.name(),
         args.kernel.name(),
         threads,
@@ -207,6 +216,7 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         "threads": threads,
         "kv_dtype": args.kv_dtype.name(),
         "causal": args.causal,
+        "softcap": args.softcap,
         "median_s": row.m.median(),
         "min_s": row.m.min(),
         "max_s": row.m.max(),

@@ -13,7 +13,7 @@ use std::f32::consts::LOG2_E;
 use std::ops::Range;
 
 use super::micro::{pv, pv_scalar, qk_panel, qk_rows};
-use super::simd::{KvElem, Simd};
+use super::simd::{tanh, KvElem, Simd};
 use crate::dropout::draw;
 use crate::problem::Problem;
 use crate::view::View4;
@@ -277,12 +277,12 @@ unsafe fn scores<S: Simd, E: KvElem>(
     for r in 0..rows {
         let (h, i) = job.head_query(r);
         let row = &mut w.s[r * LDS..r * LDS + width];
+        if let Some(cap) = pb.softcap {
+            // SAFETY: `row` holds `width`, a multiple of `S::W`.
+            unsafe { softcap_row::<S>(row, cap as f32) };
+        }
         row[n..].fill(f32::NEG_INFINITY);
         let row = &mut row[..n];
-        if let Some(cap) = pb.softcap {
-            let cap = cap as f32;
-            row.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
-        }
         if let Some(bias) = pb.elem.bias {
             let (bv, st) = bias.row(b, h, i);
             for (c, s) in row.iter_mut().enumerate() {
@@ -313,6 +313,19 @@ unsafe fn scores<S: Simd, E: KvElem>(
         }
     }
     masked
+}
+
+/// `row[c] = cap · tanh(row[c] / cap)` in place (length a multiple of `S::W`).
+#[inline(always)]
+unsafe fn softcap_row<S: Simd>(row: &mut [f32], cap: f32) {
+    // SAFETY: the loop reads and writes whole vectors inside `row`.
+    unsafe {
+        let c = S::splat(cap);
+        for i in (0..row.len()).step_by(S::W) {
+            let p = row.as_mut_ptr().add(i);
+            S::store(p, S::mul(c, tanh::<S>(S::div(S::load(p), c))));
+        }
+    }
 }
 
 /// Keys of the tile whose value row holds a non-finite number, with the rows for which each is

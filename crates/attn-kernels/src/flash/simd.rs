@@ -1,5 +1,6 @@
 //! The vector operations the flash kernel is written in, as one trait with three implementations:
-//! AVX-512F (16 lanes), AVX2+FMA+F16C (8 lanes) and a portable one (8 lanes of plain Rust).
+//! AVX-512F (16 lanes), AVX2+FMA+F16C (8 lanes) and a portable one (8 lanes of plain Rust); and the
+//! vector functions built on them, written once: `Simd::exp2` and [`tanh`] (for soft-capping).
 //!
 //! Every method is `#[inline(always)]` and `unsafe`: the x86 implementations may only run on a CPU
 //! with their features, which `Isa::is_available` checks before a kernel instantiated with them is
@@ -35,6 +36,10 @@ pub trait Simd: Copy + Send + Sync + 'static {
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     /// `a + b`.
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b`.
+    unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
+    /// Lane-wise `if a < b { x } else { y }` (a NaN comparison takes `y`).
+    unsafe fn select_lt(a: Self::V, b: Self::V, x: Self::V, y: Self::V) -> Self::V;
     /// Lane-wise maximum; NaN in `b` is returned as is.
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
     /// Lane-wise minimum; NaN in `b` is returned as is.
@@ -67,6 +72,31 @@ pub trait Simd: Copy + Send + Sync + 'static {
         }
     }
 }
+
+/// `tanh(x)` to about 2.5 ulp, NaN staying NaN: `x + x·u·P(u)` with `u = x²` below
+/// `|x| = TANH_SMALL`, where `P` is a degree-4 least-squares fit (made for this crate, relative
+/// error under 1 ulp there); `(e − 1)/(e + 1)` with `e = exp(2x)` above, where no cancellation
+/// occurs; `x` clamped to `[−9, 9]`, beyond which `tanh` rounds to `±1` in f32.
+#[inline(always)]
+pub unsafe fn tanh<S: Simd>(x: S::V) -> S::V {
+    const P: [f32; 5] = [-0.333_333_16, 0.133_325_65, -0.053_850_29, 0.021_064_108, -0.006_264_324];
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let x = S::min(S::splat(9.0), S::max(S::splat(-9.0), x));
+        let u = S::mul(x, x);
+        let mut p = S::splat(P[4]);
+        for &c in P[..4].iter().rev() {
+            p = S::fma(p, u, S::splat(c));
+        }
+        let small = S::fma(S::mul(x, u), p, x);
+        let e = S::exp2(S::mul(x, S::splat(2.0 * std::f32::consts::LOG2_E)));
+        let large = S::div(S::add(e, S::splat(-1.0)), S::add(e, S::splat(1.0)));
+        S::select_lt(u, S::splat(TANH_SMALL * TANH_SMALL), small, large)
+    }
+}
+
+/// Where [`tanh`] switches from the polynomial to the exponential form.
+const TANH_SMALL: f32 = 0.55;
 
 /// `2^f` for `|f| <= 1/2`: the Taylor series of `e^(f·ln 2)` to degree 7 (truncation below
 /// 0.1 ulp).
@@ -185,6 +215,14 @@ impl Simd for Portable {
         std::array::from_fn(|i| a[i] + b[i])
     }
     #[inline(always)]
+    unsafe fn div(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] / b[i])
+    }
+    #[inline(always)]
+    unsafe fn select_lt(a: Self::V, b: Self::V, x: Self::V, y: Self::V) -> Self::V {
+        std::array::from_fn(|i| if a[i] < b[i] { x[i] } else { y[i] })
+    }
+    #[inline(always)]
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V {
         std::array::from_fn(|i| if a[i] > b[i] { a[i] } else { b[i] })
     }
@@ -264,6 +302,14 @@ mod x86 {
         #[inline(always)]
         unsafe fn add(a: __m512, b: __m512) -> __m512 {
             unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn div(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_div_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn select_lt(a: __m512, b: __m512, x: __m512, y: __m512) -> __m512 {
+            unsafe { _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b), y, x) }
         }
         #[inline(always)]
         unsafe fn max(a: __m512, b: __m512) -> __m512 {
@@ -365,6 +411,14 @@ mod x86 {
             unsafe { _mm256_add_ps(a, b) }
         }
         #[inline(always)]
+        unsafe fn div(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_div_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn select_lt(a: __m256, b: __m256, x: __m256, y: __m256) -> __m256 {
+            unsafe { _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_LT_OQ>(a, b)) }
+        }
+        #[inline(always)]
         unsafe fn max(a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_max_ps(a, b) }
         }
@@ -401,5 +455,81 @@ mod x86 {
                 _mm_cvtss_f32(s)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::Isa;
+
+    /// Largest error of [`tanh`] in units of the f32 spacing at the true value, over a dense
+    /// sweep of `[-12, 12]` and a geometric sweep of tiny magnitudes of both signs.
+    #[inline(always)]
+    unsafe fn tanh_max_ulp<S: Simd>() -> f64 {
+        let dense = (0..=240_000).map(|i| -12.0 + i as f64 * 1e-4);
+        let tiny =
+            (0..=600).flat_map(|i| [10f64.powf(-30.0 + i as f64 * 0.05), -(10f64.powf(-30.0 + i as f64 * 0.05))]);
+        let xs: Vec<f32> = dense.chain(tiny).map(|x| x as f32).collect();
+        let mut worst = 0.0f64;
+        let mut out = [0.0f32; 16];
+        for chunk in xs.chunks_exact(S::W) {
+            // SAFETY: `chunk` and `out` hold at least `S::W` floats; the caller runs on `S`'s CPU.
+            unsafe { S::store(out.as_mut_ptr(), tanh::<S>(S::load(chunk.as_ptr()))) };
+            for (&x, &y) in chunk.iter().zip(&out) {
+                let exact = (x as f64).tanh();
+                let spacing = f64::from((exact.abs() as f32).next_up()) - f64::from(exact.abs() as f32);
+                worst = worst.max((y as f64 - exact).abs() / spacing);
+            }
+        }
+        worst
+    }
+
+    fn check(isa: Isa, worst: Option<f64>) {
+        match worst {
+            Some(w) => assert!(w <= 3.0, "{isa:?} tanh is off by {w:.2} ulp"),
+            None => eprintln!("skipped: this CPU lacks {isa:?}"),
+        }
+    }
+
+    #[test]
+    fn tanh_within_3_ulp_portable() {
+        // SAFETY: the portable implementation runs anywhere.
+        check(Isa::Portable, Some(unsafe { tanh_max_ulp::<Portable>() }));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn tanh_within_3_ulp_avx2() {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn run() -> f64 {
+            // SAFETY: compiled with the features `Avx2` needs; called only where they exist.
+            unsafe { tanh_max_ulp::<Avx2>() }
+        }
+        // SAFETY: `run` is called only where the CPU has the features.
+        check(Isa::Avx2, Isa::Avx2.is_available().then(|| unsafe { run() }));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn tanh_within_3_ulp_avx512() {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn run() -> f64 {
+            // SAFETY: compiled with the features `Avx512` needs; called only where they exist.
+            unsafe { tanh_max_ulp::<Avx512>() }
+        }
+        // SAFETY: `run` is called only where the CPU has the features.
+        check(Isa::Avx512, Isa::Avx512.is_available().then(|| unsafe { run() }));
+    }
+
+    #[test]
+    fn tanh_keeps_nan_and_saturates() {
+        let xs = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0];
+        let mut v = [0.0f32; 8];
+        v[..5].copy_from_slice(&xs);
+        // SAFETY: the portable implementation runs anywhere; `v` holds 8 floats.
+        let y = unsafe { tanh::<Portable>(Portable::load(v.as_ptr())) };
+        assert!(y[0].is_nan());
+        assert_eq!(&y[1..5], &[1.0, -1.0, 0.0, 0.0]);
     }
 }
