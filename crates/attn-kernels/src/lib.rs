@@ -1,7 +1,7 @@
 //! Scaled dot-product attention kernels on plain slices, with no framework dependency.
 //!
 //! - [`attention`]: the `f32` entry point; [`Kernel`] chooses the kernel.
-//! - [`reference`]: the readable oracle, generic over `f32`/`f64`.
+//! - [`reference`](mod@reference): the readable oracle, generic over `f32`/`f64`.
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
 //!   into a [`Problem`] by every kernel.
 

@@ -1,7 +1,7 @@
 //! Attention for Transformers on candle: scaled dot-product attention with PyTorch semantics on
 //! CPU tensors, typed masks with explicit polarity, and heatmaps of attention weights.
 //!
-//! - [`sdpa`] / [`sdpa_full`]: attention on `[B, H, L, D]` (or single-head `[B, L, D]`) tensors,
+//! - [`sdpa`](fn@sdpa) / [`sdpa_full`]: attention on `[B, H, L, D]` (or single-head `[B, L, D]`) tensors,
 //!   configured by [`SdpaOptions`]; [`sdpa_full`] also returns the log-sum-exp and the weights.
 //! - [`Mask`], [`padding_mask`], [`key_lengths_from_tokens`]: building masks.
 //! - [`heatmap`]: drawing weights as pictures.

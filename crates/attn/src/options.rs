@@ -1,4 +1,4 @@
-//! Options of one [`sdpa`](crate::sdpa) call: a plain struct with public fields, a `Default` that
+//! Options of one [`sdpa`](fn@crate::sdpa) call: a plain struct with public fields, a `Default` that
 //! matches PyTorch's `scaled_dot_product_attention` defaults, and chainable builder methods.
 
 use attn_kernels::{Align, Kernel};

@@ -6,14 +6,14 @@
 //! - **prefill** (a group's query rows, `Hq/Hkv · Lq`, exceed [`DECODE_ROWS`]): one job per
 //!   `(b, h, block of queries)` ([`BLOCK_ROWS`], or [`BLOCK_ROWS_STREAMING`] when a head's keys
 //!   and values outgrow L2); keys are packed into panels once per key/value head
-//!   ([`pack`]), in chunks of heads bounded by [`PACK_BUDGET`] bytes;
+//!   (`pack`), in chunks of heads bounded by [`PACK_BUDGET`] bytes;
 //! - **decode** (few query rows): one job per `(b, kvh)` stacking every query head of the group,
 //!   so each key/value row is read once for all of them, straight from the caller's layout in
 //!   f32, f16 or bf16;
 //! - **split-KV**: when jobs are too few to keep every thread busy, each job's keys are cut into
 //!   shards computed independently and merged through their log-sum-exps ([`crate::merge`]).
 //!
-//! The micro-kernels ([`micro`]) are written once over [`simd::Simd`] and instantiated for
+//! The micro-kernels (`micro`) are written once over `simd::Simd` and instantiated for
 //! AVX-512F, AVX2+FMA+F16C and portable Rust; the entry points below carry the matching
 //! `#[target_feature]` and are only called after [`Isa::is_available`].
 
