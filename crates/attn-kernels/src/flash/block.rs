@@ -285,20 +285,12 @@ unsafe fn scores<S: Simd, E: KvElem>(
         let row = &mut row[..n];
         if let Some(bias) = pb.elem.bias {
             let (bv, st) = bias.row(b, h, i);
-            for (c, s) in row.iter_mut().enumerate() {
-                let x = bv[(j0 + c) * st];
-                *s = if x == f32::NEG_INFINITY { f32::NEG_INFINITY } else { *s + x };
-            }
-            masked = true;
+            // SAFETY: CPU supports `S` (forwarded from the caller).
+            masked |= unsafe { add_bias::<S>(row, bv, st, j0) };
         }
         if let Some(keep) = pb.elem.keep {
             let (kv, st) = keep.row(b, h, i);
-            for (c, s) in row.iter_mut().enumerate() {
-                if !kv[(j0 + c) * st] {
-                    *s = f32::NEG_INFINITY;
-                    masked = true;
-                }
-            }
+            masked |= apply_keep(row, kv, st, j0);
         }
         let (lo, hi) = w.range[r];
         let (a, z) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
@@ -313,6 +305,62 @@ unsafe fn scores<S: Simd, E: KvElem>(
         }
     }
     masked
+}
+
+/// Adds the bias row `bv` (keys `j0..`; stride `st` along keys, 1, or 0 when broadcast, as every
+/// [`crate::Broadcast`] row has) to the scores `row`; a bias of −∞ masks its key whatever the
+/// score (NaN and +∞ included). Returns whether any key of the tile was masked so.
+///
+/// # Safety
+/// CPU supports `S`.
+#[inline(always)]
+unsafe fn add_bias<S: Simd>(row: &mut [f32], bv: &[f32], st: usize, j0: usize) -> bool {
+    debug_assert!(st <= 1, "broadcast rows are contiguous along keys");
+    let add = |s: &mut f32, x: f32| *s = if x == f32::NEG_INFINITY { f32::NEG_INFINITY } else { *s + x };
+    if st == 0 {
+        row.iter_mut().for_each(|s| add(s, bv[0]));
+        return bv[0] == f32::NEG_INFINITY;
+    }
+    let bv = &bv[j0..][..row.len()];
+    let whole = row.len() / S::W * S::W;
+    // SAFETY: the loop reads and writes whole vectors inside `row` and `bv` (both `row.len()` long).
+    let lowest = unsafe {
+        let (ninf, below) = (S::splat(f32::NEG_INFINITY), S::splat(f32::MIN));
+        let mut lowest = S::splat(0.0);
+        for c in (0..whole).step_by(S::W) {
+            let (sp, x) = (row.as_mut_ptr().add(c), S::load(bv.as_ptr().add(c)));
+            S::store(sp, S::select_lt(x, below, ninf, S::add(S::load(sp), x)));
+            lowest = S::min(x, lowest);
+        }
+        -S::reduce_max(S::mul(lowest, S::splat(-1.0)))
+    };
+    row[whole..].iter_mut().zip(&bv[whole..]).for_each(|(s, &x)| add(s, x));
+    lowest == f32::NEG_INFINITY || bv[whole..].contains(&f32::NEG_INFINITY)
+}
+
+/// Sets the scores of keys the keep row `kv` (keys `j0..`; stride `st` as for [`add_bias`])
+/// forbids to −∞; returns whether any was. A tile whose keys are all kept costs one byte search.
+#[inline(always)]
+fn apply_keep(row: &mut [f32], kv: &[bool], st: usize, j0: usize) -> bool {
+    debug_assert!(st <= 1, "broadcast rows are contiguous along keys");
+    if st == 0 {
+        if !kv[0] {
+            row.fill(f32::NEG_INFINITY);
+        }
+        return !kv[0];
+    }
+    let kv = &kv[j0..][..row.len()];
+    // SAFETY: `bool` is one byte holding 0 or 1, so a `[bool]` is a valid `[u8]` of the same length.
+    let bytes = unsafe { std::slice::from_raw_parts(kv.as_ptr().cast::<u8>(), kv.len()) };
+    if !bytes.contains(&0) {
+        return false;
+    }
+    for (s, &k) in row.iter_mut().zip(kv) {
+        if !k {
+            *s = f32::NEG_INFINITY;
+        }
+    }
+    true
 }
 
 /// `row[c] = cap · tanh(row[c] / cap)` in place (length a multiple of `S::W`).
