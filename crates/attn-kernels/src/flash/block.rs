@@ -7,7 +7,8 @@
 //! natural units and are scaled after the dot product, like the formula; the exponential is taken
 //! as `exp2((s − m)·log2 e)` so its argument is rounded relative to `s − m`, not to `s`. Tiles
 //! outside every row's band are never visited; tiles crossing a row's band edge are masked
-//! element-wise; element masks (boolean, bias) are applied to every tile.
+//! element-wise; element masks are applied to every tile: the soft-cap and a stride-1 bias with
+//! vectors, a keep row with one byte search when it allows the whole tile.
 
 use std::f32::consts::LOG2_E;
 use std::ops::Range;
