@@ -183,7 +183,7 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     for (j0, n) in tiles() {
         // SAFETY: forwarded from the caller; tiles stay within `0..Lk`.
         let masked = unsafe { scores::<S, E>(cx, panels, job, w, kbase, ldk, j0, n) };
-        let bad = if masked { bad_columns(vbase, ldv, d.dv, j0, n, w, rows) } else { Vec::new() };
+        let bad = masked.map_or_else(Vec::new, |clean| bad_columns(vbase, ldv, d.dv, j0, n, clean, w, rows));
         // SAFETY: as above.
         unsafe { softmax_update::<S>(cx, job, w, outs.o, j0, n) };
         // SAFETY: as above; `vbase` rows `j0..j0+n` exist.
@@ -215,9 +215,10 @@ fn head_ptr<E>(t: &View4<E>, b: usize, h: usize) -> (*const E, usize) {
     (t.data()[b * s[0] + h * s[1]..].as_ptr(), s[2])
 }
 
-/// Scaled (and soft-capped, biased) scores of every row against keys `j0..j0+n`, masked (−∞) where not allowed;
-/// columns from `n` up to the vector-padded width are −∞. Returns whether any allowed-range key
-/// of the tile was masked.
+/// Scaled (and soft-capped, biased) scores of every row against keys `j0..j0+n`, masked (−∞) where
+/// not allowed; columns from `n` up to the vector-padded width are −∞. Returns `None` when no key
+/// of the tile was masked for any row, else the columns that no row masks (empty when an element
+/// mask masked something; between the rows' band edges otherwise).
 ///
 /// # Safety
 /// CPU supports `S`; `kbase` rows `j0..j0+n` exist; `panels` as for [`run`].
@@ -232,7 +233,7 @@ unsafe fn scores<S: Simd, E: KvElem>(
     ldk: usize,
     j0: usize,
     n: usize,
-) -> bool {
+) -> Option<Range<usize>> {
     let pb = cx.pb;
     let dk = pb.dims.dk;
     let rows = job.rows();
@@ -274,6 +275,7 @@ unsafe fn scores<S: Simd, E: KvElem>(
         }
     }
     let mut masked = false;
+    let mut clean = 0..n;
     let b = job.b;
     for r in 0..rows {
         let (h, i) = job.head_query(r);
@@ -287,11 +289,15 @@ unsafe fn scores<S: Simd, E: KvElem>(
         if let Some(bias) = pb.elem.bias {
             let (bv, st) = bias.row(b, h, i);
             // SAFETY: CPU supports `S` (forwarded from the caller).
-            masked |= unsafe { add_bias::<S>(row, bv, st, j0) };
+            if unsafe { add_bias::<S>(row, bv, st, j0) } {
+                (masked, clean) = (true, 0..0);
+            }
         }
         if let Some(keep) = pb.elem.keep {
             let (kv, st) = keep.row(b, h, i);
-            masked |= apply_keep(row, kv, st, j0);
+            if apply_keep(row, kv, st, j0) {
+                (masked, clean) = (true, 0..0);
+            }
         }
         let (lo, hi) = w.range[r];
         let (a, z) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
@@ -299,13 +305,15 @@ unsafe fn scores<S: Simd, E: KvElem>(
             masked = true;
             if lo >= hi {
                 row.fill(f32::NEG_INFINITY);
+                clean = 0..0;
             } else {
                 row[..a].fill(f32::NEG_INFINITY);
                 row[z..].fill(f32::NEG_INFINITY);
+                clean = clean.start.max(a)..clean.end.min(z);
             }
         }
     }
-    masked
+    masked.then(|| clean.start..clean.end.max(clean.start))
 }
 
 /// Adds the bias row `bv` (keys `j0..`; stride `st` along keys, 1, or 0 when broadcast, as every
@@ -377,19 +385,23 @@ unsafe fn softcap_row<S: Simd>(row: &mut [f32], cap: f32) {
     }
 }
 
-/// Keys of the tile whose value row holds a non-finite number, with the rows for which each is
-/// masked: those products must be skipped, not multiplied by zero.
+/// Keys of the tile outside `clean` (the columns no row masks) whose value row holds a non-finite
+/// number, with the rows for which each is masked: those products must be skipped, not multiplied
+/// by zero.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn bad_columns<E: KvElem>(
     vbase: *const E,
     ldv: usize,
     dv: usize,
     j0: usize,
     n: usize,
+    clean: Range<usize>,
     w: &Work,
     rows: usize,
 ) -> Vec<(usize, Vec<bool>)> {
-    (0..n)
+    (0..clean.start)
+        .chain(clean.end..n)
         .filter(|&c| {
             // SAFETY: rows `j0..j0+n` of the value head exist, each `dv` long.
             let row = unsafe { std::slice::from_raw_parts(vbase.add((j0 + c) * ldv), dv) };
