@@ -24,10 +24,13 @@ use crate::view::View4;
 pub const TILE_FLOATS: usize = 8192;
 /// Keys per tile in the decode path.
 pub const DECODE_TILE_KEYS: usize = 256;
-/// Row stride of the score block: the most keys a tile holds (256) rounded up by two vectors of
-/// the widest ISA. A constant, so the micro-kernels address each row at a fixed offset rather than
+/// The most keys a tile holds, in either path.
+const MAX_TILE_KEYS: usize = 256;
+const _: () = assert!(DECODE_TILE_KEYS <= MAX_TILE_KEYS);
+/// Row stride of the score block: the most keys a tile holds rounded up by two vectors of the
+/// widest ISA. A constant, so the micro-kernels address each row at a fixed offset rather than
 /// spending integer instructions (on the vector ports) on `r · stride`.
-const LDS: usize = 256 + 32;
+const LDS: usize = MAX_TILE_KEYS + 32;
 
 /// What every block of a call shares.
 pub struct Ctx<'a, E> {
@@ -153,7 +156,11 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     let pb = cx.pb;
     let d = pb.dims;
     let rows = job.rows();
-    let tile = if panels.is_some() { (TILE_FLOATS / d.dk.max(1)).clamp(32, 256) / 32 * 32 } else { DECODE_TILE_KEYS };
+    let tile = if panels.is_some() {
+        (TILE_FLOATS / d.dk.max(1)).clamp(32, MAX_TILE_KEYS) / 32 * 32
+    } else {
+        DECODE_TILE_KEYS
+    };
     w.reset(rows, d.dk);
     let (rq, _) = rows_per_call::<S>();
     for r in 0..rows {
