@@ -1,5 +1,6 @@
-//! Criterion benchmarks of `attn_kernels::attention`: one group per shape, one benchmark per
-//! kernel (the reference kernel only on the smallest shape, where it finishes in reasonable time).
+//! Criterion benchmarks of `attn_kernels::attention`: one group per case (full, causal, a full
+//! additive bias, soft-capping, grouped-query decoding), one benchmark per kernel (the reference
+//! kernel only on the first case, where it finishes in reasonable time).
 //! Throughput is given as `Elements(flops)`: criterion's "elements/s" are FLOP/s, counted as
 //! `2·Dk + 2·Dv` per unmasked (query, key) pair per batch and query head (`attn bench --help`).
 //!
@@ -8,7 +9,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use attn_kernels::{attention, AttnParams, Kernel, KvView, MaskSpec, View4};
+use attn_kernels::{attention, AttnParams, Broadcast, Kernel, KvView, MaskSpec, View4};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 /// One benchmark shape: `q: [b, hq, lq, d]`, `k, v: [b, hkv, lk, d]`.
@@ -21,11 +22,33 @@ struct Case {
     lk: usize,
     d: usize,
     causal: bool,
+    extra: Extra,
     with_reference: bool,
 }
 
-const CASES: [Case; 3] = [
-    Case { name: "1x8x512x64_full", b: 1, hq: 8, hkv: 8, lq: 512, lk: 512, d: 64, causal: false, with_reference: true },
+/// Score transformations beyond the causal mask.
+#[derive(Clone, Copy, PartialEq)]
+enum Extra {
+    None,
+    /// An additive bias `[Lq, Lk]` (the form Hugging Face models pass), 0 except −∞ on the last 8 keys.
+    Bias,
+    /// Logit soft-capping at 50 (Gemma 2).
+    Softcap,
+}
+
+const CASES: [Case; 5] = [
+    Case {
+        name: "1x8x512x64_full",
+        b: 1,
+        hq: 8,
+        hkv: 8,
+        lq: 512,
+        lk: 512,
+        d: 64,
+        causal: false,
+        extra: Extra::None,
+        with_reference: true,
+    },
     Case {
         name: "1x8x512x64_causal",
         b: 1,
@@ -35,6 +58,31 @@ const CASES: [Case; 3] = [
         lk: 512,
         d: 64,
         causal: true,
+        extra: Extra::None,
+        with_reference: false,
+    },
+    Case {
+        name: "1x8x512x64_bias_lq_lk",
+        b: 1,
+        hq: 8,
+        hkv: 8,
+        lq: 512,
+        lk: 512,
+        d: 64,
+        causal: false,
+        extra: Extra::Bias,
+        with_reference: false,
+    },
+    Case {
+        name: "1x8x512x64_softcap50",
+        b: 1,
+        hq: 8,
+        hkv: 8,
+        lq: 512,
+        lk: 512,
+        d: 64,
+        causal: false,
+        extra: Extra::Softcap,
         with_reference: false,
     },
     Case {
@@ -46,6 +94,7 @@ const CASES: [Case; 3] = [
         lk: 4096,
         d: 128,
         causal: false,
+        extra: Extra::None,
         with_reference: false,
     },
 ];
@@ -77,7 +126,15 @@ fn bench_attention(c: &mut Criterion) {
         let qv = View4::contiguous("q", &q, [case.b, case.hq, case.lq, case.d]).expect("q shape");
         let kv = KvView::F32(View4::contiguous("k", &k, [case.b, case.hkv, case.lk, case.d]).expect("k shape"));
         let vv = KvView::F32(View4::contiguous("v", &v, [case.b, case.hkv, case.lk, case.d]).expect("v shape"));
-        let params = AttnParams { mask: MaskSpec { causal: case.causal, ..Default::default() }, ..Default::default() };
+        let bias: Vec<f32> =
+            (0..case.lq * case.lk).map(|x| if x % case.lk >= case.lk - 8 { f32::NEG_INFINITY } else { 0.0 }).collect();
+        let bias = (case.extra == Extra::Bias)
+            .then(|| Broadcast::new("bias", &bias, &[case.lq, case.lk]).expect("bias shape"));
+        let params = AttnParams {
+            mask: MaskSpec { causal: case.causal, bias, ..Default::default() },
+            softcap: (case.extra == Extra::Softcap).then_some(50.0),
+            ..Default::default()
+        };
 
         let mut group = c.benchmark_group(case.name);
         group.throughput(Throughput::Elements(case.flops()));
