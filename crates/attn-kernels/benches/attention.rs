@@ -36,55 +36,16 @@ enum Extra {
     Softcap,
 }
 
+/// A `1×8×512×64` case.
+const fn small(name: &'static str, causal: bool, extra: Extra, with_reference: bool) -> Case {
+    Case { name, b: 1, hq: 8, hkv: 8, lq: 512, lk: 512, d: 64, causal, extra, with_reference }
+}
+
 const CASES: [Case; 5] = [
-    Case {
-        name: "1x8x512x64_full",
-        b: 1,
-        hq: 8,
-        hkv: 8,
-        lq: 512,
-        lk: 512,
-        d: 64,
-        causal: false,
-        extra: Extra::None,
-        with_reference: true,
-    },
-    Case {
-        name: "1x8x512x64_causal",
-        b: 1,
-        hq: 8,
-        hkv: 8,
-        lq: 512,
-        lk: 512,
-        d: 64,
-        causal: true,
-        extra: Extra::None,
-        with_reference: false,
-    },
-    Case {
-        name: "1x8x512x64_bias_lq_lk",
-        b: 1,
-        hq: 8,
-        hkv: 8,
-        lq: 512,
-        lk: 512,
-        d: 64,
-        causal: false,
-        extra: Extra::Bias,
-        with_reference: false,
-    },
-    Case {
-        name: "1x8x512x64_softcap50",
-        b: 1,
-        hq: 8,
-        hkv: 8,
-        lq: 512,
-        lk: 512,
-        d: 64,
-        causal: false,
-        extra: Extra::Softcap,
-        with_reference: false,
-    },
+    small("1x8x512x64_full", false, Extra::None, true),
+    small("1x8x512x64_causal", true, Extra::None, false),
+    small("1x8x512x64_bias_lq_lk", false, Extra::Bias, false),
+    small("1x8x512x64_softcap50", false, Extra::Softcap, false),
     Case {
         name: "decode_hq32_hkv8_lk4096_d128",
         b: 1,
