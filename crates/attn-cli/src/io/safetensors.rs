@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::Path;
 
 use safetensors::{Dtype, View};
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 
 use super::error::{IoError, IoErrorKind};
@@ -50,14 +50,18 @@ pub fn parse_safetensors(file: &str, bytes: &[u8]) -> Result<BTreeMap<String, Ho
     }
     let (header, data) = bytes[PREFIX..].split_at(len as usize);
     let text = std::str::from_utf8(header).map_err(|e| fail(IoErrorKind::Header(format!("not UTF-8: {e}"))))?;
-    let json: Value =
-        serde_json::from_str(text).map_err(|e| fail(IoErrorKind::Header(format!("not valid JSON: {e}"))))?;
-    let Value::Object(map) = json else {
+    let Ok(Entries(pairs)) = serde_json::from_str(text) else {
+        // Not a JSON object: parsed again only to say what it is instead.
+        let json: Value =
+            serde_json::from_str(text).map_err(|e| fail(IoErrorKind::Header(format!("not valid JSON: {e}"))))?;
         return Err(fail(IoErrorKind::Header(format!("{}, expected a JSON object", json_kind(&json)))));
     };
-    check_distinct_names(file, text)?;
-    let mut entries = Vec::with_capacity(map.len());
-    for (name, value) in &map {
+    let mut seen = BTreeSet::new();
+    if let Some((name, _)) = pairs.iter().find(|(n, _)| !seen.insert(n.as_str())) {
+        return Err(IoError::tensor(file, name, IoErrorKind::Header("name given twice in the header".into())));
+    }
+    let mut entries = Vec::with_capacity(pairs.len());
+    for (name, value) in &pairs {
         if name == "__metadata__" {
             check_metadata(value).map_err(fail)?;
         } else {
@@ -89,39 +93,27 @@ pub fn write_safetensors(path: &Path, tensors: &[(&str, &HostTensor)]) -> Result
         .map_err(|e| IoError::file(file, IoErrorKind::Write(e.to_string())))
 }
 
-/// The top-level names of a header object, in file order. A parsed JSON object keeps only the
-/// last of two equal names, so a name given twice is looked for here.
-struct TopNames(Vec<String>);
+/// The top-level entries of a header object, in file order. A parsed JSON map keeps only the last
+/// of two equal names, so the pairs are kept as they come and a name given twice is found.
+struct Entries(Vec<(String, Value)>);
 
-impl<'de> Deserialize<'de> for TopNames {
+impl<'de> Deserialize<'de> for Entries {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Names;
-        impl<'de> Visitor<'de> for Names {
-            type Value = TopNames;
+        struct Pairs;
+        impl<'de> Visitor<'de> for Pairs {
+            type Value = Entries;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopNames, A::Error> {
-                let mut names = Vec::new();
-                while let Some(name) = map.next_key::<String>()? {
-                    map.next_value::<IgnoredAny>()?;
-                    names.push(name);
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+                let mut pairs = Vec::new();
+                while let Some(pair) = map.next_entry::<String, Value>()? {
+                    pairs.push(pair);
                 }
-                Ok(TopNames(names))
+                Ok(Entries(pairs))
             }
         }
-        d.deserialize_map(Names)
-    }
-}
-
-/// Rejects a header (already known to be a valid JSON object) that gives a name twice.
-fn check_distinct_names(file: &str, header: &str) -> Result<(), IoError> {
-    let TopNames(names) =
-        serde_json::from_str(header).map_err(|e| IoError::file(file, IoErrorKind::Header(e.to_string())))?;
-    let mut seen = BTreeSet::new();
-    match names.iter().find(|n| !seen.insert(n.as_str())) {
-        Some(name) => Err(IoError::tensor(file, name, IoErrorKind::Header("name given twice in the header".into()))),
-        None => Ok(()),
+        d.deserialize_map(Pairs)
     }
 }
 

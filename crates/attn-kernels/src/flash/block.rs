@@ -167,7 +167,8 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
         let (h, i) = job.head_query(r);
         let q = cx.q.row(job.b, h, i);
         if panels.is_some() {
-            let (r0, nr) = (r / rq * rq, rq.min(rows - r / rq * rq));
+            let r0 = r / rq * rq;
+            let nr = rq.min(rows - r0);
             for (k, &x) in q.iter().enumerate() {
                 w.q[r0 * d.dk + k * nr + r - r0] = x;
             }
