@@ -6,9 +6,10 @@ use half::{bf16, f16};
 
 use crate::error::{AttnError, Result};
 use crate::flash::{self, Tuning};
+use crate::grad::{AttnGrads, Saved};
 use crate::problem::AttnParams;
 use crate::problem::Problem;
-use crate::reference::{reference, AttnOutput};
+use crate::reference::{reference, reference_backward, AttnOutput};
 use crate::view::View4;
 
 /// Which kernel computes a call.
@@ -201,4 +202,27 @@ pub fn attention_tuned(
 fn widened<R>(k: &KvView, v: &KvView, f: impl FnOnce(&View4<f32>, &View4<f32>) -> Result<R>) -> Result<R> {
     let (kd, vd) = (k.to_f32(), v.to_f32());
     f(&View4::contiguous("k", &kd, k.dims())?, &View4::contiguous("v", &vd, v.dims())?)
+}
+
+/// Gradients of [`attention`] in `f32`: `q`, `k`, `v` and `params` as given to the forward, `saved`
+/// its output, log-sum-exp and the output's gradient; returns `dq: [B, Hq, Lq, Dk]`,
+/// `dk: [B, Hkv, Lk, Dk]`, `dv: [B, Hkv, Lk, Dv]` and, with `want_dbias` and a bias, the bias's
+/// gradient in its own shape. Dropout replays the forward's decisions from its seed.
+pub fn attention_backward(
+    kernel: Kernel,
+    q: &View4<f32>,
+    k: &KvView,
+    v: &KvView,
+    saved: &Saved<f32>,
+    params: &AttnParams<f32>,
+    want_dbias: bool,
+) -> Result<AttnGrads<f32>> {
+    match kernel {
+        Kernel::Reference => widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias)),
+        Kernel::Auto => widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias)),
+        Kernel::Flash(isa) if isa.is_available() => {
+            widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias))
+        }
+        Kernel::Flash(isa) => Err(AttnError::Param { field: "kernel", reason: format!("this CPU lacks {isa:?}") }),
+    }
 }

@@ -6,6 +6,7 @@
 //! `fmix32(lo(key) + j·φ32) ^ hi(key)`, cheap enough to compute inside vectorised kernels.
 
 use crate::error::{AttnError, Result};
+use crate::rng::splitmix64;
 
 /// Dropout probability and seed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,6 +36,13 @@ impl Dropout {
         1.0 / (1.0 - self.p)
     }
 
+    /// Whether weight `j` of the row keyed `row_key` ([`Dropout::row_key`]) is kept: the one
+    /// keep decision of the reference, the flash forward and every backward.
+    #[inline]
+    pub fn keeps(&self, row_key: u64, j: usize) -> bool {
+        draw(row_key, j) >= self.threshold()
+    }
+
     /// The key of row `(b, h, i)` with `h` the query head; `dims = [Hq, Lq]`.
     #[inline]
     pub fn row_key(&self, b: usize, h: usize, i: usize, dims: [usize; 2]) -> u64 {
@@ -49,14 +57,6 @@ impl Dropout {
 #[inline]
 pub fn draw(row_key: u64, j: usize) -> u32 {
     fmix32((row_key as u32).wrapping_add((j as u32).wrapping_mul(0x9E37_79B9))) ^ ((row_key >> 32) as u32)
-}
-
-#[inline]
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// MurmurHash3's 32-bit finaliser.

@@ -10,17 +10,22 @@
 //! 4. dropout: `w_ij ← keep(seed,b,h,i,j) · w_ij / (1 − p)`;
 //! 5. `o_i = Σ_j w_ij · v_j`.
 //!
+//! The backward ([`backward`]) follows the derivation beside it.
+//!
 //! A row with no allowed key (or whose scores are all −∞) gets `o_i = 0`, `lse_i = −∞`, `w_i· = 0`.
 
 use num_traits::{Float, FromPrimitive};
 
-use crate::dropout::draw;
 use crate::error::Result;
 use crate::problem::{AttnParams, Problem};
 use crate::view::View4;
 
+pub mod backward;
+
+pub use backward::reference_backward;
+
 /// Element types the reference runs in.
-pub trait Real: Float + FromPrimitive + Send + Sync + std::fmt::Debug + 'static {}
+pub trait Real: Float + FromPrimitive + Default + Send + Sync + std::fmt::Debug + 'static {}
 impl Real for f32 {}
 impl Real for f64 {}
 
@@ -50,51 +55,36 @@ pub fn reference<T: Real>(
     let mut out = vec![T::zero(); d.out_len()];
     let mut lse = vec![T::neg_infinity(); d.lse_len()];
     let mut weights = want_weights.then(|| vec![T::zero(); d.weights_len()]);
-    let scale = T::from_f64(pb.scale).unwrap();
-    let cap = pb.softcap.map(|c| T::from_f64(c).unwrap());
-    let mut scores: Vec<Option<T>> = vec![None; d.lk];
+    let mut scores: Vec<Option<Score<T>>> = vec![None; d.lk];
     for b in 0..d.b {
         for h in 0..d.hq {
             let kvh = h / d.group();
             for i in 0..d.lq {
                 let row = (b * d.hq + h) * d.lq + i;
-                let qi = q.row(b, h, i);
-                // Step 1 and 2: scaled, capped, biased scores of the allowed keys.
-                let (lo, hi) = pb.key_range(b, i);
-                for (j, s) in scores.iter_mut().enumerate() {
-                    *s = None;
-                    if j < lo || j >= hi || pb.elem.keep.is_some_and(|m| !m.at(b, h, i, j)) {
-                        continue;
-                    }
-                    let bias = pb.elem.bias.map(|m| m.at(b, h, i, j));
-                    if bias == Some(T::neg_infinity()) {
-                        continue;
-                    }
-                    let mut sj = scale * dot(qi, k.row(b, kvh, j));
-                    if let Some(c) = cap {
-                        sj = c * (sj / c).tanh();
-                    }
-                    *s = Some(sj + bias.unwrap_or_else(T::zero));
-                }
+                // Steps 1 and 2.
+                row_scores(&pb, q, k, [b, h, i], &mut scores);
                 // Step 3: softmax statistics. NaN wins the maximum so it reaches the output.
                 let m =
-                    scores.iter().flatten().fold(T::neg_infinity(), |m, &s| if s > m || s.is_nan() { s } else { m });
+                    scores
+                        .iter()
+                        .flatten()
+                        .fold(T::neg_infinity(), |m, sc| if sc.s > m || sc.s.is_nan() { sc.s } else { m });
                 if m == T::neg_infinity() {
                     continue;
                 }
-                let l = scores.iter().flatten().fold(T::zero(), |l, &s| l + (s - m).exp());
+                let l = scores.iter().flatten().fold(T::zero(), |l, sc| l + (sc.s - m).exp());
                 lse[row] = m + l.ln();
                 // Steps 3 to 5: weights, dropout, weighted sum of values.
                 let key = pb.dropout.map(|dr| dr.row_key(b, h, i, [d.hq, d.lq]));
                 let oi = &mut out[row * d.dv..(row + 1) * d.dv];
                 for (j, s) in scores.iter().enumerate() {
-                    let Some(s) = *s else { continue };
-                    let w = (s - m).exp() / l;
+                    let Some(sc) = s else { continue };
+                    let w = (sc.s - m).exp() / l;
                     if let Some(ws) = weights.as_mut() {
                         ws[row * d.lk + j] = w;
                     }
                     let w = match (pb.dropout, key) {
-                        (Some(dr), Some(key)) if draw(key, j) < dr.threshold() => continue,
+                        (Some(dr), Some(key)) if !dr.keeps(key, j) => continue,
                         (Some(dr), _) => w * T::from_f32(dr.scale()).unwrap(),
                         _ => w,
                     };
@@ -108,6 +98,49 @@ pub fn reference<T: Real>(
     Ok(AttnOutput { out, lse, weights })
 }
 
-fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+/// A score of an allowed key: `s` after scaling, soft-capping and bias, and `ds/dx`, the
+/// derivative of the soft-cap at the scaled dot product `x` (`1 − tanh²(x/cap)`; 1 without one).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Score<T> {
+    pub s: T,
+    pub dcap: T,
+}
+
+/// Steps 1 and 2 for query row `(b, h, i)`: `scores[j]` is the score of key `j`, `None` where the
+/// key is masked (its `k_j` is then never read).
+pub(crate) fn row_scores<T: Real>(
+    pb: &Problem<T>,
+    q: &View4<T>,
+    k: &View4<T>,
+    [b, h, i]: [usize; 3],
+    scores: &mut [Option<Score<T>>],
+) {
+    let scale = T::from_f64(pb.scale).unwrap();
+    let cap = pb.softcap.map(|c| T::from_f64(c).unwrap());
+    let qi = q.row(b, h, i);
+    let kvh = h / pb.dims.group();
+    let (lo, hi) = pb.key_range(b, i);
+    for (j, s) in scores.iter_mut().enumerate() {
+        *s = None;
+        if j < lo || j >= hi || pb.elem.keep.is_some_and(|m| !m.at(b, h, i, j)) {
+            continue;
+        }
+        let bias = pb.elem.bias.map(|m| m.at(b, h, i, j));
+        if bias == Some(T::neg_infinity()) {
+            continue;
+        }
+        let x = scale * dot(qi, k.row(b, kvh, j));
+        let (capped, dcap) = match cap {
+            Some(c) => {
+                let t = (x / c).tanh();
+                (c * t, T::one() - t * t)
+            }
+            None => (x, T::one()),
+        };
+        *s = Some(Score { s: capped + bias.unwrap_or_else(T::zero), dcap });
+    }
+}
+
+pub(crate) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     a.iter().zip(b).fold(T::zero(), |acc, (&x, &y)| acc + x * y)
 }

@@ -9,17 +9,6 @@ use crate::error::Result;
 /// of `(shape, lo, hi, seed)`.
 pub fn uniform(shape: &[usize], lo: f32, hi: f32, seed: u64) -> Result<Tensor> {
     let n: usize = shape.iter().product();
-    let mut state = seed;
-    let data: Vec<f32> = (0..n)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            let unit = (z >> 40) as f32 / (1u64 << 24) as f32;
-            lo + (hi - lo) * unit
-        })
-        .collect();
+    let data = attn_kernels::rng::SplitMix64::new(seed).uniform(n, lo, hi);
     Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
 }

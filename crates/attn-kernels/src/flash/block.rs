@@ -15,7 +15,6 @@ use std::ops::Range;
 
 use super::micro::{pv, pv_scalar, qk_panel, qk_rows};
 use super::simd::{tanh, KvElem, Simd};
-use crate::dropout::draw;
 use crate::problem::Problem;
 use crate::view::View4;
 
@@ -469,9 +468,9 @@ unsafe fn softmax_update<S: Simd>(cx: &Ctx<impl KvElem>, job: &Job, w: &mut Work
         if let Some(dr) = pb.dropout {
             let (h, i) = job.head_query(r);
             let key = dr.row_key(job.b, h, i, [pb.dims.hq, pb.dims.lq]);
-            let (thr, sc) = (dr.threshold(), dr.scale());
+            let sc = dr.scale();
             for (c, p) in row[..n].iter_mut().enumerate() {
-                *p = if draw(key, j0 + c) < thr { 0.0 } else { *p * sc };
+                *p = if dr.keeps(key, j0 + c) { *p * sc } else { 0.0 };
             }
         }
     }

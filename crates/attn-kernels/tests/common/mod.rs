@@ -7,8 +7,8 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
-use attn_kernels::dropout::draw;
 use attn_kernels::oracle::{self, OUTPUT_FACTOR};
+use attn_kernels::rng::SplitMix64;
 use attn_kernels::{
     attention, attention_tuned, reference, Align, AttnOutput, AttnParams, Broadcast, Dims, Dropout, Isa, Kernel,
     KvView, MaskSpec, Path, Tuning, View4, Window,
@@ -69,28 +69,25 @@ pub fn for_kernel(kernel: Kernel, check: fn(Kernel)) {
     check(kernel);
 }
 
-/// A small seeded generator (SplitMix64): every test input is reproducible from its seed.
+/// A small seeded generator (the crate's SplitMix64): every test input is reproducible from its
+/// seed.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     /// A generator for `seed`.
     pub fn new(seed: u64) -> Self {
-        Self(seed ^ 0x5DEE_CE66_D1CE_4E5B)
+        Self(SplitMix64::new(seed ^ 0x5DEE_CE66_D1CE_4E5B))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `[0, 1)`.
     pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.unit_f64()
     }
 
     /// Uniform in `[lo, hi)`.
@@ -477,7 +474,7 @@ impl Case {
     pub fn kept(&self, b: usize, h: usize, i: usize, j: usize) -> bool {
         let d = self.dims;
         let dr = self.dropout.expect("a case with dropout");
-        draw(dr.row_key(b, h, i, [d.hq, d.lq]), j) >= dr.threshold()
+        dr.keeps(dr.row_key(b, h, i, [d.hq, d.lq]), j)
     }
 
     /// The K row `[Dk]` and V row `[Dv]` of key `j` in KV head `g` of batch `b`.

@@ -1,7 +1,6 @@
 //! Dropout: determinism per seed, the keep pattern read back from the kernel's output against the
 //! library's counter-based draw, the kept fraction, and the preserved mean of the output.
 
-use attn_kernels::dropout::draw;
 use attn_kernels::oracle::{check, OUTPUT_FACTOR};
 use attn_kernels::{Align, Dropout, Kernel};
 
@@ -81,8 +80,7 @@ pub fn check_dropout_pattern(kernel: Kernel) {
         let dr = Dropout { p, seed: 900 + n as u64 };
         let draws = (0..4)
             .flat_map(|b| (0..8).flat_map(move |h| (0..64).flat_map(move |i| (0..256).map(move |j| (b, h, i, j)))));
-        let kept =
-            draws.clone().filter(|&(b, h, i, j)| draw(dr.row_key(b, h, i, [8, 64]), j) >= dr.threshold()).count();
+        let kept = draws.clone().filter(|&(b, h, i, j)| dr.keeps(dr.row_key(b, h, i, [8, 64]), j)).count();
         assert_binomial(&format!("p={p}, draw over 4·8·64·256"), kept, draws.count(), 1.0 - p as f64);
     }
 }

@@ -1,6 +1,7 @@
 //! Seeded random inputs for one benchmark case: `f32` queries and keys/values stored as `f32`,
 //! `f16` or `bf16`, with views ready for `attn_kernels::attention`.
 
+use attn_kernels::rng::SplitMix64;
 use attn_kernels::{Dims, KvView, View4};
 use half::{bf16, f16};
 
@@ -63,10 +64,10 @@ pub struct Inputs {
 impl Inputs {
     /// Draws the tensors of `dims` from `seed`, keys and values stored as `kv_dtype`.
     pub fn random(dims: Dims, kv_dtype: KvDtype, seed: u64) -> Self {
-        let mut rng = SplitMix64(seed);
-        let q = rng.uniform(dims.b * dims.hq * dims.lq * dims.dk);
-        let k = KvData::new(rng.uniform(dims.b * dims.hkv * dims.lk * dims.dk), kv_dtype);
-        let v = KvData::new(rng.uniform(dims.b * dims.hkv * dims.lk * dims.dv), kv_dtype);
+        let mut rng = SplitMix64::new(seed);
+        let q = rng.uniform(dims.b * dims.hq * dims.lq * dims.dk, -1.0, 1.0);
+        let k = KvData::new(rng.uniform(dims.b * dims.hkv * dims.lk * dims.dk, -1.0, 1.0), kv_dtype);
+        let v = KvData::new(rng.uniform(dims.b * dims.hkv * dims.lk * dims.dv, -1.0, 1.0), kv_dtype);
         Self { dims, q, k, v }
     }
 
@@ -78,24 +79,6 @@ impl Inputs {
             self.k.view("k", [d.b, d.hkv, d.lk, d.dk])?,
             self.v.view("v", [d.b, d.hkv, d.lk, d.dv])?,
         ))
-    }
-}
-
-/// The SplitMix64 generator: small, seedable, good enough for benchmark data.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// `n` values uniform in `[-1, 1)`.
-    fn uniform(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).collect()
     }
 }
 

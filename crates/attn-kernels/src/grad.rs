@@ -1,0 +1,65 @@
+//! What every backward kernel shares: the gradients' container and the validation of the saved
+//! forward results and the incoming gradient against the call's sizes.
+
+use crate::error::{AttnError, Result};
+use crate::problem::Dims;
+use crate::view::View4;
+
+/// Gradients of one attention call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttnGrads<T> {
+    /// `dq: [B, Hq, Lq, Dk]`.
+    pub dq: Vec<T>,
+    /// `dk: [B, Hkv, Lk, Dk]`, summed over the query heads of each key/value head.
+    pub dk: Vec<T>,
+    /// `dv: [B, Hkv, Lk, Dv]`, summed over the query heads of each key/value head.
+    pub dv: Vec<T>,
+    /// The bias's gradient in the bias's own (broadcast) shape, when asked for and a bias is given.
+    pub dbias: Option<Vec<T>>,
+}
+
+impl<T: Clone + Default> AttnGrads<T> {
+    /// Zeroed gradients for `d`, with a zeroed `dbias` of `bias_len` elements when given.
+    pub fn zeros(d: &Dims, bias_len: Option<usize>) -> Self {
+        Self {
+            dq: vec![T::default(); d.b * d.hq * d.lq * d.dk],
+            dk: vec![T::default(); d.b * d.hkv * d.lk * d.dk],
+            dv: vec![T::default(); d.b * d.hkv * d.lk * d.dv],
+            dbias: bias_len.map(|n| vec![T::default(); n]),
+        }
+    }
+}
+
+/// What a backward needs from its forward, and the gradient arriving at the output.
+#[derive(Debug, Clone, Copy)]
+pub struct Saved<'a, T> {
+    /// The forward's output `[B, Hq, Lq, Dv]` (fast kernels take `Σ_j A_ij·dA_ij` as `dO_i·O_i`;
+    /// the reference computes it from its definition and only checks the shape).
+    pub out: View4<'a, T>,
+    /// The forward's log-sum-exp `[B, Hq, Lq]`.
+    pub lse: &'a [T],
+    /// The gradient of the output, `dO: [B, Hq, Lq, Dv]`.
+    pub dout: View4<'a, T>,
+}
+
+impl<T> Saved<'_, T> {
+    /// Checks every part against the call's sizes `d`.
+    pub fn check(&self, d: &Dims) -> Result<()> {
+        if self.lse.len() != d.lse_len() {
+            return Err(AttnError::Layout {
+                tensor: "lse",
+                reason: format!("{} elements, expected [B, Hq, Lq] = {}", self.lse.len(), d.lse_len()),
+            });
+        }
+        let want = [d.b, d.hq, d.lq, d.dv];
+        for (name, v) in [("grad_out", &self.dout), ("out", &self.out)] {
+            if v.dims() != want {
+                return Err(AttnError::Layout {
+                    tensor: name,
+                    reason: format!("shape {:?}, expected [B, Hq, Lq, Dv] = {:?}", v.dims(), want),
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,108 @@
+//! The reference backward: the gradients of attention computed as the derivation reads, one query
+//! row at a time, in the caller's precision (`f64` is the oracle of every fast backward).
+//!
+//! For query row `i` of head `h` (reading key/value head `h / (Hq/Hkv)`), with the scores `s_j`
+//! and masks of the forward (masked keys are skipped: their `k_j`, `v_j` are never read and they
+//! get no gradient from this row), `lse_i` the forward's log-sum-exp and `z_j = keep_j / (1 − p)`
+//! the dropout factor replayed from `(seed, b, h, i, j)` (1 without dropout):
+//! 1. `A_ij = exp(s_j − lse_i)` (the softmax), `Ā_ij = z_j · A_ij` (what multiplied `v_j`);
+//! 2. `dV_j += Ā_ij · dO_i`;
+//! 3. `dĀ_ij = dO_i · v_j`, `dA_ij = z_j · dĀ_ij`;
+//! 4. `dS_ij = A_ij · (dA_ij − Σ_j A_ij · dA_ij)` — the gradient of the score, and of the bias;
+//! 5. through the soft-cap: `dX_ij = dS_ij · (1 − tanh²(x_ij / cap))`, `x_ij = scale · q_i·k_j`;
+//! 6. `dQ_i += scale · Σ_j dX_ij · k_j`, `dK_j += scale · dX_ij · q_i`.
+//!
+//! `dbias` is `dS` summed over the dimensions along which the bias was broadcast. A row whose
+//! `lse` is −∞ (fully masked) contributes nothing.
+
+use super::{dot, row_scores, Real, Score};
+use crate::error::Result;
+use crate::grad::{AttnGrads, Saved};
+use crate::problem::{AttnParams, Problem};
+use crate::view::View4;
+
+/// Reference gradients. `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]` and
+/// `params` as given to the forward, `saved` the forward's log-sum-exp and the output's
+/// gradient `dO: [B, Hq, Lq, Dv]`. With `want_dbias` and a bias in `params`,
+/// also the bias's gradient in its own shape.
+pub fn reference_backward<T: Real>(
+    q: &View4<T>,
+    k: &View4<T>,
+    v: &View4<T>,
+    saved: &Saved<T>,
+    params: &AttnParams<T>,
+    want_dbias: bool,
+) -> Result<AttnGrads<T>> {
+    let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
+    let d = pb.dims;
+    saved.check(&d)?;
+    let (lse, dout) = (saved.lse, &saved.dout);
+    let bias_len = params.mask.bias.filter(|_| want_dbias).map(|b| b.data().len());
+    let mut g = AttnGrads::zeros(&d, bias_len);
+    let mut scores: Vec<Option<Score<T>>> = vec![None; d.lk];
+    // `A_ij`, `dA_ij` and `z_j` of the allowed keys of one row.
+    let mut a = vec![T::zero(); d.lk];
+    let mut da = vec![T::zero(); d.lk];
+    for b in 0..d.b {
+        for h in 0..d.hq {
+            let kvh = h / d.group();
+            for i in 0..d.lq {
+                let row = (b * d.hq + h) * d.lq + i;
+                let l = lse[row];
+                if l == T::neg_infinity() {
+                    continue;
+                }
+                row_scores(&pb, q, k, [b, h, i], &mut scores);
+                let key = pb.dropout.map(|dr| dr.row_key(b, h, i, [d.hq, d.lq]));
+                let doi = dout.row(b, h, i);
+                // Steps 1 to 3.
+                for (j, sc) in scores.iter().enumerate() {
+                    let Some(sc) = sc else { continue };
+                    let z = match (pb.dropout, key) {
+                        (Some(dr), Some(key)) if dr.keeps(key, j) => T::from_f32(dr.scale()).unwrap(),
+                        (Some(_), _) => T::zero(),
+                        _ => T::one(),
+                    };
+                    a[j] = (sc.s - l).exp();
+                    da[j] = T::zero();
+                    // A dropped weight neither reads `v_j` nor sends it a gradient.
+                    if z != T::zero() {
+                        let dvj = &mut g.dv[((b * d.hkv + kvh) * d.lk + j) * d.dv..][..d.dv];
+                        axpy(z * a[j], doi, dvj);
+                        da[j] = z * dot(doi, v.row(b, kvh, j));
+                    }
+                }
+                // Step 4.
+                let rowsum = scores
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, sc)| sc.is_some())
+                    .fold(T::zero(), |acc, (j, _)| acc + a[j] * da[j]);
+                let scale = T::from_f64(pb.scale).unwrap();
+                for (j, sc) in scores.iter().enumerate() {
+                    let Some(sc) = sc else { continue };
+                    let ds = a[j] * (da[j] - rowsum);
+                    if let (Some(gb), Some(bias)) = (g.dbias.as_mut(), pb.elem.bias) {
+                        let st = bias.strides;
+                        let at = b * st[0] + h * st[1] + i * st[2] + j * st[3];
+                        gb[at] = gb[at] + ds;
+                    }
+                    // Steps 5 and 6.
+                    let dx = ds * sc.dcap * scale;
+                    let dqi = &mut g.dq[row * d.dk..][..d.dk];
+                    axpy(dx, k.row(b, kvh, j), dqi);
+                    let dkj = &mut g.dk[((b * d.hkv + kvh) * d.lk + j) * d.dk..][..d.dk];
+                    axpy(dx, q.row(b, h, i), dkj);
+                }
+            }
+        }
+    }
+    Ok(g)
+}
+
+/// `y += alpha · x`.
+fn axpy<T: Real>(alpha: T, x: &[T], y: &mut [T]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = *y + alpha * x;
+    }
+}
