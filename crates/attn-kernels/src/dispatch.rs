@@ -217,12 +217,20 @@ pub fn attention_backward(
     params: &AttnParams<f32>,
     want_dbias: bool,
 ) -> Result<AttnGrads<f32>> {
-    match kernel {
-        Kernel::Reference => widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias)),
-        Kernel::Auto => widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias)),
-        Kernel::Flash(isa) if isa.is_available() => {
-            widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias))
+    let isa = match kernel {
+        Kernel::Reference => return widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias)),
+        Kernel::Auto => Isa::best(),
+        Kernel::Flash(isa) if isa.is_available() => isa,
+        Kernel::Flash(isa) => {
+            return Err(AttnError::Param { field: "kernel", reason: format!("this CPU lacks {isa:?}") });
         }
-        Kernel::Flash(isa) => Err(AttnError::Param { field: "kernel", reason: format!("this CPU lacks {isa:?}") }),
-    }
+    };
+    let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
+    saved.check(&pb.dims)?;
+    Ok(match (k, v) {
+        (KvView::F32(k), KvView::F32(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias),
+        (KvView::F16(k), KvView::F16(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias),
+        (KvView::Bf16(k), KvView::Bf16(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias),
+        _ => return widened(k, v, |k, v| Ok(flash::backward(isa, q, k, v, saved, &pb, want_dbias))),
+    })
 }

@@ -83,7 +83,7 @@ pub struct Outs<'o> {
 }
 
 /// Rows per `qk_panel` call and per `pv` call for the vector width `W`.
-fn rows_per_call<S: Simd>() -> (usize, usize) {
+pub(super) fn rows_per_call<S: Simd>() -> (usize, usize) {
     if S::W == 16 {
         (12, 6)
     } else {
@@ -110,6 +110,7 @@ macro_rules! with_rows {
         }
     };
 }
+pub(super) use with_rows;
 
 /// Per-block working memory, reused from job to job by each worker.
 #[derive(Default)]
@@ -217,7 +218,7 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
 }
 
 /// Base pointer of head `(b, h)` and its row stride.
-fn head_ptr<E>(t: &View4<E>, b: usize, h: usize) -> (*const E, usize) {
+pub(super) fn head_ptr<E>(t: &View4<E>, b: usize, h: usize) -> (*const E, usize) {
     let s = t.strides();
     (t.data()[b * s[0] + h * s[1]..].as_ptr(), s[2])
 }
@@ -330,7 +331,7 @@ unsafe fn scores<S: Simd, E: KvElem>(
 /// # Safety
 /// CPU supports `S`.
 #[inline(always)]
-unsafe fn add_bias<S: Simd>(row: &mut [f32], bv: &[f32], st: usize, j0: usize) -> bool {
+pub(super) unsafe fn add_bias<S: Simd>(row: &mut [f32], bv: &[f32], st: usize, j0: usize) -> bool {
     debug_assert!(st <= 1, "broadcast rows are contiguous along keys");
     let add = |s: &mut f32, x: f32| *s = if x == f32::NEG_INFINITY { f32::NEG_INFINITY } else { *s + x };
     if st == 0 {
@@ -357,7 +358,7 @@ unsafe fn add_bias<S: Simd>(row: &mut [f32], bv: &[f32], st: usize, j0: usize) -
 /// Sets the scores of keys the keep row `kv` (keys `j0..`; stride `st` as for [`add_bias`])
 /// forbids to −∞; returns whether any was. A tile whose keys are all kept costs one byte search.
 #[inline(always)]
-fn apply_keep(row: &mut [f32], kv: &[bool], st: usize, j0: usize) -> bool {
+pub(super) fn apply_keep(row: &mut [f32], kv: &[bool], st: usize, j0: usize) -> bool {
     debug_assert!(st <= 1, "broadcast rows are contiguous along keys");
     if st == 0 {
         if !kv[0] {
@@ -381,7 +382,7 @@ fn apply_keep(row: &mut [f32], kv: &[bool], st: usize, j0: usize) -> bool {
 
 /// `row[c] = cap · tanh(row[c] / cap)` in place (length a multiple of `S::W`).
 #[inline(always)]
-unsafe fn softcap_row<S: Simd>(row: &mut [f32], cap: f32) {
+pub(super) unsafe fn softcap_row<S: Simd>(row: &mut [f32], cap: f32) {
     // SAFETY: the loop reads and writes whole vectors inside `row`.
     unsafe {
         let c = S::splat(cap);
@@ -421,7 +422,7 @@ fn bad_columns<E: KvElem>(
 /// Whether every element is finite: `x·0` is 0 for finite `x` and NaN otherwise, summed in
 /// independent lanes so the loop vectorises.
 #[inline(always)]
-fn all_finite<E: KvElem>(row: &[E]) -> bool {
+pub(super) fn all_finite<E: KvElem>(row: &[E]) -> bool {
     let mut acc = [0.0f32; 16];
     let chunks = row.chunks_exact(16);
     let tail = chunks.remainder().iter().fold(0.0, |a, x| a + x.to_f32() * 0.0);
@@ -491,7 +492,7 @@ unsafe fn row_max<S: Simd>(row: &[f32]) -> f32 {
 
 /// `row[c] = exp(row[c] − m)`, computed as `exp2((row[c] − m)·log2 e)`, in place; returns the sum.
 #[inline(always)]
-unsafe fn exp_row<S: Simd>(row: &mut [f32], m: f32) -> f32 {
+pub(super) unsafe fn exp_row<S: Simd>(row: &mut [f32], m: f32) -> f32 {
     // SAFETY: the loop reads and writes whole vectors inside `row`.
     unsafe {
         let neg = S::splat(-m);
@@ -551,7 +552,7 @@ unsafe fn accumulate<S: Simd, E: KvElem>(
 /// As for [`accumulate`]; `o` valid for `rows` rows of `dv`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pv_block<S: Simd, E: KvElem>(
+pub(super) unsafe fn pv_block<S: Simd, E: KvElem>(
     p: *const f32,
     ldp: usize,
     v: *const E,

@@ -17,6 +17,7 @@
 //! AVX-512F, AVX2+FMA+F16C and portable Rust; the entry points below carry the matching
 //! `#[target_feature]` and are only called after [`Isa::is_available`].
 
+mod backward;
 mod block;
 mod micro;
 mod pack;
@@ -30,6 +31,7 @@ use crate::merge::merge_row;
 use crate::problem::Problem;
 use crate::reference::AttnOutput;
 use crate::view::View4;
+pub(crate) use backward::backward;
 use block::{Ctx, Job, Outs, Work};
 use simd::KvElem;
 
@@ -136,7 +138,7 @@ pub(crate) fn forward<E: KvElem>(
         let mut panels = workspace::take(if decode { 0 } else { plen * heads_per_chunk.min(d.b * d.hkv - first) });
         panels.par_chunks_mut(plen.max(1)).enumerate().for_each(|(x, p)| {
             let hh = first + x;
-            pack::pack_keys(k, hh / d.hkv, hh % d.hkv, w, p);
+            pack::pack_keys(k, hh / d.hkv, hh % d.hkv, 0..d.lk, w, p);
         });
         let panels_of = |job: &Job| (!decode).then(|| &panels[(job.b * d.hkv + job.kvh - first) * plen..][..plen]);
         let chunk_outs: Vec<(Job, Outs)> = chunk.iter().map(|j| (j.clone(), outs.take(j.rows(), d.dv, d.lk))).collect();

@@ -1,0 +1,213 @@
+//! The fused backward kernel (FlashAttention-2's scheme on the CPU): the probabilities are
+//! recomputed tile by tile from the forward's log-sum-exp, `Δ_i = dO_i·O_i` is taken once per
+//! row, and no `Lq × Lk` buffer ever exists. Extra memory: `Δ` (`[B, Hq, Lq]`), O(tile) per
+//! thread, and, when the keys are split (below), one `dq` partial per shard.
+//!
+//! How the work is cut, and why it is race-free:
+//! - a **job** owns one key/value head `(b, kvh)` and a set of key blocks ([`KEY_BLOCK`] keys
+//!   each). For each of its blocks it sweeps every query row of every query head of the group
+//!   that can see the block (band edges found by binary search, so tiles outside a causal or
+//!   window band are never visited), accumulating that block's `dK`, `dV` in thread-local
+//!   registers-and-L1 buffers, then writes them once: no two jobs own the same key, so `dk`/`dv`
+//!   need no synchronisation, and grouped-query heads are summed inside the job;
+//! - `dQ` rows receive a contribution from every key block. With one job per key/value head
+//!   (enough heads to keep every thread busy) the job writes `dq` directly. With few heads
+//!   (`B·Hkv = 1` included) the key blocks are dealt round-robin to `S` shards (round-robin keeps
+//!   causal shards balanced), each shard accumulates into its own `dq` partial, and the partials
+//!   are summed afterwards — all cores stay busy even for one head;
+//! - `dbias` (only when asked for) may be shared by many jobs through broadcasting, so each tile
+//!   adds its `dS` under one lock (an `O(tile)` addition after `O(tile · D)` of arithmetic).
+
+mod tile;
+
+use std::marker::PhantomData;
+use std::sync::Mutex;
+
+use rayon::prelude::*;
+
+use super::simd::KvElem;
+use crate::grad::{AttnGrads, Saved};
+use crate::problem::Problem;
+use crate::view::View4;
+use crate::Isa;
+use tile::BwdWork;
+
+/// Keys per block: a multiple of every ISA's key panel (`2·W` ≤ 32).
+pub const KEY_BLOCK: usize = 64;
+/// Query rows per tile: a multiple of every ISA's rows per micro-kernel call.
+pub const TILE_ROWS: usize = 48;
+/// Jobs per thread wanted before the keys are split into shards.
+const JOBS_PER_THREAD: usize = 4;
+/// Most bytes of `dq` partials when the keys are split.
+const DQ_PARTIAL_BUDGET: usize = 64 << 20;
+
+/// A buffer that several jobs write at disjoint places.
+pub(super) struct Disjoint<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _life: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: `Disjoint` only hands out slices through `part`, whose contract makes concurrent
+// accesses disjoint; the underlying buffer outlives it ('a).
+unsafe impl Send for Disjoint<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Disjoint<'_> {}
+
+impl<'a> Disjoint<'a> {
+    fn new(buf: &'a mut [f32]) -> Self {
+        Self { ptr: buf.as_mut_ptr(), len: buf.len(), _life: PhantomData }
+    }
+
+    /// Elements `at..at + len`.
+    ///
+    /// # Safety
+    /// No other live slice from this buffer overlaps the range while the result is used.
+    #[allow(clippy::mut_from_ref)]
+    pub(super) unsafe fn part(&self, at: usize, len: usize) -> &mut [f32] {
+        assert!(at + len <= self.len, "disjoint part {at}+{len} beyond {}", self.len);
+        // SAFETY: in bounds (asserted); exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
+    }
+}
+
+/// What every job of a call shares.
+pub(super) struct BwdCtx<'a, E> {
+    pub pb: &'a Problem<'a, f32>,
+    pub q: View4<'a, f32>,
+    pub k: View4<'a, E>,
+    pub v: View4<'a, E>,
+    pub dout: View4<'a, f32>,
+    pub lse: &'a [f32],
+    /// `Δ_i = dO_i·O_i`, `[B, Hq, Lq]`.
+    pub delta: &'a [f32],
+    /// `dq` (one shard) or its partials `[S][B·Hkv][Hq/Hkv · Lq · Dk]`.
+    pub dq: Disjoint<'a>,
+    pub dk: Disjoint<'a>,
+    pub dv: Disjoint<'a>,
+    pub dbias: Option<Mutex<&'a mut [f32]>>,
+    /// Key shards per key/value head.
+    pub shards: usize,
+}
+
+/// One job: key/value head `(b, kvh)`, key blocks `shard, shard + S, shard + 2S, …`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BwdJob {
+    pub b: usize,
+    pub kvh: usize,
+    pub shard: usize,
+}
+
+type JobFn<E> = unsafe fn(&BwdCtx<E>, &BwdJob, &mut BwdWork);
+
+/// Gradients with instruction set `isa` (which must be available) of the call validated into
+/// `pb`; `saved` was checked against `pb.dims`.
+pub(crate) fn backward<E: KvElem>(
+    isa: Isa,
+    q: &View4<f32>,
+    k: &View4<E>,
+    v: &View4<E>,
+    saved: &Saved<f32>,
+    pb: &Problem<f32>,
+    want_dbias: bool,
+) -> AttnGrads<f32> {
+    assert!(isa.is_available(), "flash backward entered without {isa:?} support");
+    let run: JobFn<E> = match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => entry::avx512::<E>,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => entry::avx2::<E>,
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx512 | Isa::Avx2 => unreachable!("x86 instruction sets are never available here"),
+        Isa::Portable => entry::portable::<E>,
+    };
+    let d = pb.dims;
+    let bias_len = pb.elem.bias.filter(|_| want_dbias).map(|b| b.data.len());
+    let mut g = AttnGrads::zeros(&d, bias_len);
+    if d.b == 0 || d.lq == 0 || d.lk == 0 {
+        return g;
+    }
+    let mut delta = vec![0.0f32; d.lse_len()];
+    delta.par_chunks_mut(d.lq).enumerate().for_each(|(bh, rows)| {
+        let (b, h) = (bh / d.hq, bh % d.hq);
+        for (i, x) in rows.iter_mut().enumerate() {
+            *x = saved.dout.row(b, h, i).iter().zip(saved.out.row(b, h, i)).map(|(a, o)| a * o).sum();
+        }
+    });
+    let units = d.b * d.hkv;
+    let head_dq = d.group() * d.lq * d.dk;
+    let threads = rayon::current_num_threads();
+    let shards = if units >= JOBS_PER_THREAD * threads {
+        1
+    } else {
+        (JOBS_PER_THREAD * threads)
+            .div_ceil(units)
+            .min(d.lk.div_ceil(KEY_BLOCK))
+            .min(DQ_PARTIAL_BUDGET / (units * head_dq * 4).max(1))
+            .max(1)
+    };
+    let mut partials = vec![0.0f32; if shards > 1 { shards * units * head_dq } else { 0 }];
+    let dq_target: &mut [f32] = if shards > 1 { &mut partials } else { &mut g.dq };
+    let cx = BwdCtx {
+        pb,
+        q: *q,
+        k: *k,
+        v: *v,
+        dout: saved.dout,
+        lse: saved.lse,
+        delta: &delta,
+        dq: Disjoint::new(dq_target),
+        dk: Disjoint::new(&mut g.dk),
+        dv: Disjoint::new(&mut g.dv),
+        dbias: g.dbias.as_deref_mut().map(Mutex::new),
+        shards,
+    };
+    let jobs: Vec<BwdJob> =
+        (0..shards).flat_map(|shard| (0..units).map(move |u| BwdJob { b: u / d.hkv, kvh: u % d.hkv, shard })).collect();
+    jobs.into_par_iter().for_each_init(BwdWork::default, |w, job| {
+        // SAFETY: `isa` is available (asserted above).
+        unsafe { run(&cx, &job, w) }
+    });
+    drop(cx);
+    if shards > 1 {
+        g.dq.par_chunks_mut(head_dq).enumerate().for_each(|(u, out)| {
+            for s in 0..shards {
+                let part = &partials[(s * units + u) * head_dq..][..head_dq];
+                out.iter_mut().zip(part).for_each(|(o, p)| *o += p);
+            }
+        });
+    }
+    g
+}
+
+/// The per-ISA entry points: each compiles a whole job (inlined) for its instruction set.
+mod entry {
+    use super::tile::{run_job, BwdWork};
+    use super::{BwdCtx, BwdJob};
+    use crate::flash::simd::{KvElem, Portable};
+
+    /// # Safety
+    /// The CPU supports AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn avx512<E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork) {
+        // SAFETY: forwarded from the caller.
+        unsafe { run_job::<crate::flash::simd::Avx512, E>(cx, job, w) }
+    }
+
+    /// # Safety
+    /// The CPU supports AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn avx2<E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork) {
+        // SAFETY: forwarded from the caller.
+        unsafe { run_job::<crate::flash::simd::Avx2, E>(cx, job, w) }
+    }
+
+    /// # Safety
+    /// None beyond `run_job`'s, which `backward` upholds.
+    pub unsafe fn portable<E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork) {
+        // SAFETY: forwarded from the caller.
+        unsafe { run_job::<Portable, E>(cx, job, w) }
+    }
+}

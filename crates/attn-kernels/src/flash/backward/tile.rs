@@ -1,0 +1,332 @@
+//! One backward job: for each of its key blocks, every tile of [`TILE_ROWS`] query rows that can
+//! see the block goes through
+//! 1. `S = scale·Q·Kᵀ` (soft-capped, biased, masked to −∞ like the forward) and
+//!    `dP̄ = dO·Vᵀ`, both with the forward's `qk_panel` micro-kernel on packed key/value panels;
+//! 2. `P = exp(S − lse)`, dropout replayed (`P̄ = z·P`, `dP = z·dP̄`),
+//!    `dS = P∘(dP − Δ)` (0 wherever `S` is masked, whatever `dP̄` holds), added into `dbias`,
+//!    and `dX = scale·dS·(1 − tanh²)` through the soft-cap;
+//! 3. `dV += P̄ᵀ·dO`, `dK += dXᵀ·Q` into the block's accumulators and `dQ += dX·K`, with the
+//!    forward's `pv` micro-kernel; key rows holding a non-finite number are added one product
+//!    at a time, skipping the rows that mask them.
+
+use super::{BwdCtx, BwdJob, KEY_BLOCK, TILE_ROWS};
+use crate::flash::block::{
+    add_bias, all_finite, apply_keep, exp_row, head_ptr, pv_block, rows_per_call, softcap_row, with_rows,
+};
+use crate::flash::micro::qk_panel;
+use crate::flash::pack::{pack_keys, panel_len};
+use crate::flash::simd::{KvElem, Simd};
+
+/// Row stride of the `[TILE_ROWS, KEY_BLOCK]` tiles.
+const LDB: usize = KEY_BLOCK;
+/// Row stride of the transposed `[KEY_BLOCK, TILE_ROWS]` tiles.
+const LDT: usize = TILE_ROWS;
+
+/// A worker's buffers, reused from job to job.
+#[derive(Default)]
+pub struct BwdWork {
+    /// Packed keys and values of the block, `[D][2·W]` panels.
+    kp: Vec<f32>,
+    vp: Vec<f32>,
+    /// The tile's queries and output gradients, transposed per micro-kernel row chunk.
+    qt: Vec<f32>,
+    dot: Vec<f32>,
+    /// Scores `S`, probabilities `P` (and `P̄` under dropout), `dP` then `dS` then `dX`,
+    /// soft-cap derivatives: `[TILE_ROWS, LDB]`.
+    s: Vec<f32>,
+    p: Vec<f32>,
+    pd: Vec<f32>,
+    dp: Vec<f32>,
+    dcap: Vec<f32>,
+    /// `P̄ᵀ` and `dXᵀ`, `[KEY_BLOCK, LDT]`.
+    pt: Vec<f32>,
+    dxt: Vec<f32>,
+    /// The block's `dK` `[KEY_BLOCK, Dk]` and `dV` `[KEY_BLOCK, Dv]`.
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    /// Block columns whose key row holds a non-finite number.
+    bad_keys: Vec<usize>,
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+/// Runs one job (see the module header of `backward`).
+///
+/// # Safety
+/// Must run on a CPU supporting `S`'s instruction set; no other job of the call has the same
+/// `(b, kvh, shard)`.
+#[inline(always)]
+pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork) {
+    let d = cx.pb.dims;
+    let g = d.group();
+    let pw = 2 * S::W;
+    for v in [&mut w.s, &mut w.p, &mut w.pd, &mut w.dp, &mut w.dcap] {
+        grow(v, TILE_ROWS * LDB);
+    }
+    for v in [&mut w.pt, &mut w.dxt] {
+        grow(v, KEY_BLOCK * LDT);
+    }
+    grow(&mut w.qt, TILE_ROWS * d.dk);
+    grow(&mut w.dot, TILE_ROWS * d.dv);
+    let unit = job.b * d.hkv + job.kvh;
+    let head_dq = g * d.lq * d.dk;
+    // SAFETY: this job is the only one with its `(shard, unit)`, which names its `dq` region.
+    let dq = unsafe { cx.dq.part((job.shard * d.b * d.hkv + unit) * head_dq, head_dq) };
+    for j0 in (job.shard * KEY_BLOCK..d.lk).step_by(cx.shards * KEY_BLOCK) {
+        let n = KEY_BLOCK.min(d.lk - j0);
+        w.kp.resize(panel_len(n, d.dk, S::W), 0.0);
+        w.vp.resize(panel_len(n, d.dv, S::W), 0.0);
+        pack_keys(&cx.k, job.b, job.kvh, j0..j0 + n, S::W, &mut w.kp);
+        pack_keys(&cx.v, job.b, job.kvh, j0..j0 + n, S::W, &mut w.vp);
+        w.bad_keys.clear();
+        w.bad_keys.extend((0..n).filter(|&c| !all_finite(cx.k.row(job.b, job.kvh, j0 + c))));
+        w.dk.clear();
+        w.dk.resize(n * d.dk, 0.0);
+        w.dv.clear();
+        w.dv.resize(n * d.dv, 0.0);
+        let (ia, ib) = rows_seeing(cx, job.b, j0, n);
+        for h in job.kvh * g..(job.kvh + 1) * g {
+            for i0 in (ia..ib).step_by(TILE_ROWS) {
+                let nr = TILE_ROWS.min(ib - i0);
+                let dq_rows = &mut dq[((h - job.kvh * g) * d.lq + i0) * d.dk..][..nr * d.dk];
+                // SAFETY: forwarded from the caller; rows `i0..i0+nr` and keys `j0..j0+n` exist.
+                unsafe { tile::<S, E>(cx, job, w, h, i0, nr, j0, n, pw, dq_rows) };
+            }
+        }
+        let at = (unit * d.lk + j0) * d.dk;
+        // SAFETY: keys `j0..j0+n` of head `unit` belong to this job alone (one shard per block).
+        unsafe { cx.dk.part(at, n * d.dk) }.copy_from_slice(&w.dk);
+        let at = (unit * d.lk + j0) * d.dv;
+        // SAFETY: as above.
+        unsafe { cx.dv.part(at, n * d.dv) }.copy_from_slice(&w.dv);
+    }
+}
+
+/// Query rows `ia..ib` of batch `b` whose band reaches keys `j0..j0+n` (the band's bounds only
+/// grow with the row, so both ends are found by binary search).
+fn rows_seeing<E>(cx: &BwdCtx<E>, b: usize, j0: usize, n: usize) -> (usize, usize) {
+    let lq = cx.pb.dims.lq;
+    let first = |pred: &dyn Fn(usize) -> bool| {
+        let (mut lo, mut hi) = (0, lq);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if pred(mid) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
+    };
+    let ia = first(&|i| cx.pb.key_range(b, i).1 > j0);
+    let ib = first(&|i| cx.pb.key_range(b, i).0 >= j0 + n);
+    (ia, ib.max(ia))
+}
+
+/// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk of `rq` rows:
+/// chunk `r0` is stored `[d][nr]` at `out[r0·d..]`, as `qk_panel` reads it.
+fn transpose_chunks<'a>(rows: usize, d: usize, rq: usize, src: impl Fn(usize) -> &'a [f32], out: &mut [f32]) {
+    for r in 0..rows {
+        let r0 = r / rq * rq;
+        let nr = rq.min(rows - r0);
+        for (k, &x) in src(r).iter().enumerate() {
+            out[r0 * d + k * nr + r - r0] = x;
+        }
+    }
+}
+
+/// `out[r][·] = scale · a_r · panels` for `rows` rows (transposed chunks `at`, length `d`) against
+/// the `np` packed panels.
+///
+/// # Safety
+/// CPU supports `S`; `at` holds `rows·d`, `panels` `np` panels of `d·2·W`, `out` `rows·LDB`.
+#[inline(always)]
+unsafe fn panel_product<S: Simd>(
+    at: &[f32],
+    panels: &[f32],
+    d: usize,
+    rows: usize,
+    np: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let (rq, _) = rows_per_call::<S>();
+    let pw = 2 * S::W;
+    let (ap, op) = (at.as_ptr(), out.as_mut_ptr());
+    for pi in 0..np {
+        let kp = panels[pi * d * pw..].as_ptr();
+        let mut r0 = 0;
+        while r0 < rows {
+            let nr = rq.min(rows - r0);
+            // SAFETY: chunk `r0` holds `nr·d` floats; the panel `d·pw`; the output row block
+            // `nr` rows of `LDB >= np·pw` columns.
+            unsafe { with_rows!(nr, qk_panel::<S; >(ap.add(r0 * d), kp, d, scale, op.add(r0 * LDB + pi * pw), LDB)) };
+            r0 += nr;
+        }
+    }
+}
+
+/// One tile: rows `i0..i0+nr` of query head `h` against keys `j0..j0+n` of the job's block.
+///
+/// # Safety
+/// CPU supports `S`; the rows and keys exist; `w`'s buffers are sized by [`run_job`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<S: Simd, E: KvElem>(
+    cx: &BwdCtx<E>,
+    job: &BwdJob,
+    w: &mut BwdWork,
+    h: usize,
+    i0: usize,
+    nr: usize,
+    j0: usize,
+    n: usize,
+    pw: usize,
+    dq: &mut [f32],
+) {
+    let pb = cx.pb;
+    let d = pb.dims;
+    let b = job.b;
+    let (rq, _) = rows_per_call::<S>();
+    let np = n.div_ceil(pw);
+    transpose_chunks(nr, d.dk, rq, |r| cx.q.row(b, h, i0 + r), &mut w.qt);
+    transpose_chunks(nr, d.dv, rq, |r| cx.dout.row(b, h, i0 + r), &mut w.dot);
+    // SAFETY: buffers sized by `run_job`; CPU supports `S`.
+    unsafe {
+        panel_product::<S>(&w.qt, &w.kp, d.dk, nr, np, pb.scale as f32, &mut w.s);
+        panel_product::<S>(&w.dot, &w.vp, d.dv, nr, np, 1.0, &mut w.dp);
+    }
+    let row0 = (b * d.hq + h) * d.lq + i0;
+    for r in 0..nr {
+        let i = i0 + r;
+        let s = &mut w.s[r * LDB..(r + 1) * LDB];
+        if let Some(cap) = pb.softcap {
+            let cap = cap as f32;
+            // SAFETY: `s` holds `LDB`, a multiple of `S::W`.
+            unsafe { softcap_row::<S>(s, cap) };
+            for (dc, &x) in w.dcap[r * LDB..(r + 1) * LDB].iter_mut().zip(s.iter()) {
+                let t = x / cap;
+                *dc = 1.0 - t * t;
+            }
+        }
+        s[n..].fill(f32::NEG_INFINITY);
+        if let Some(bias) = pb.elem.bias {
+            let (bv, st) = bias.row(b, h, i);
+            // SAFETY: CPU supports `S`.
+            unsafe { add_bias::<S>(&mut s[..n], bv, st, j0) };
+        }
+        if let Some(keep) = pb.elem.keep {
+            let (kv, st) = keep.row(b, h, i);
+            apply_keep(&mut s[..n], kv, st, j0);
+        }
+        let (lo, hi) = pb.key_range(b, i);
+        let (a, z) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
+        let lse = cx.lse[row0 + r];
+        let p = &mut w.p[r * LDB..(r + 1) * LDB];
+        if lo >= hi || lse == f32::NEG_INFINITY {
+            s.fill(f32::NEG_INFINITY);
+            p.fill(0.0);
+        } else {
+            s[..a].fill(f32::NEG_INFINITY);
+            s[z..n].fill(f32::NEG_INFINITY);
+            p.copy_from_slice(s);
+            // SAFETY: `p` holds `LDB`, a multiple of `S::W`.
+            unsafe { exp_row::<S>(p, lse) };
+        }
+        let dp = &mut w.dp[r * LDB..(r + 1) * LDB];
+        if let Some(dr) = pb.dropout {
+            let key = dr.row_key(b, h, i, [d.hq, d.lq]);
+            let sc = dr.scale();
+            let pd = &mut w.pd[r * LDB..(r + 1) * LDB];
+            for c in 0..n {
+                let z = if dr.keeps(key, j0 + c) { sc } else { 0.0 };
+                pd[c] = p[c] * z;
+                dp[c] *= z;
+            }
+        }
+        // SAFETY: rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.
+        unsafe { grad_scores::<S>(s, p, dp, cx.delta[row0 + r]) };
+    }
+    if let (Some(dbias), Some(bias)) = (&cx.dbias, pb.elem.bias) {
+        let st = bias.strides;
+        let mut gb = dbias.lock().unwrap_or_else(|e| e.into_inner());
+        for r in 0..nr {
+            let base = b * st[0] + h * st[1] + (i0 + r) * st[2];
+            for (c, &ds) in w.dp[r * LDB..r * LDB + n].iter().enumerate() {
+                gb[base + (j0 + c) * st[3]] += ds;
+            }
+        }
+    }
+    // dX = scale · dS · (1 − tanh²), zero where masked (the soft-cap derivative of a masked
+    // non-finite key may be NaN).
+    let scale = pb.scale as f32;
+    for r in 0..nr {
+        for c in 0..n {
+            let x = r * LDB + c;
+            let dx = w.dp[x] * scale * if pb.softcap.is_some() { w.dcap[x] } else { 1.0 };
+            w.dp[x] = if w.s[x] == f32::NEG_INFINITY { 0.0 } else { dx };
+        }
+    }
+    let pd = if pb.dropout.is_some() { &w.pd } else { &w.p };
+    for r in 0..nr {
+        for c in 0..n {
+            w.pt[c * LDT + r] = pd[r * LDB + c];
+            w.dxt[c * LDT + r] = w.dp[r * LDB + c];
+        }
+    }
+    let (qb, ldq) = head_ptr(&cx.q, b, h);
+    let (ob, ldo) = head_ptr(&cx.dout, b, h);
+    let (kb, ldk) = head_ptr(&cx.k, b, job.kvh);
+    // SAFETY: `pt`/`dxt` hold `n` rows of `nr` at stride `LDT`; Q and dO rows `i0..i0+nr` and K
+    // rows `j0..j0+n` exist; the accumulators hold `n` rows, `dq` `nr` rows.
+    unsafe {
+        let (qb, ob, kb) = (qb.add(i0 * ldq), ob.add(i0 * ldo), kb.add(j0 * ldk));
+        pv_block::<S, f32>(w.pt.as_ptr(), LDT, ob, ldo, nr, w.dv.as_mut_ptr(), d.dv, n);
+        pv_block::<S, f32>(w.dxt.as_ptr(), LDT, qb, ldq, nr, w.dk.as_mut_ptr(), d.dk, n);
+        let mut c = 0;
+        for run_end in w.bad_keys.iter().copied().chain(std::iter::once(n)) {
+            if run_end > c {
+                pv_block::<S, E>(
+                    w.dp.as_ptr().add(c),
+                    LDB,
+                    kb.add(c * ldk),
+                    ldk,
+                    run_end - c,
+                    dq.as_mut_ptr(),
+                    d.dk,
+                    nr,
+                );
+            }
+            c = run_end + 1;
+        }
+    }
+    for &c in &w.bad_keys {
+        let krow = cx.k.row(b, job.kvh, j0 + c);
+        for r in (0..nr).filter(|&r| w.s[r * LDB + c] != f32::NEG_INFINITY) {
+            let dx = w.dp[r * LDB + c];
+            for (x, y) in dq[r * d.dk..(r + 1) * d.dk].iter_mut().zip(krow) {
+                *x += dx * y.to_f32();
+            }
+        }
+    }
+}
+
+/// `dp[c] = P·(dP − Δ)` in place, 0 where the score is masked (−∞) whatever `dP` holds.
+///
+/// # Safety
+/// CPU supports `S`; the three rows have equal lengths, a multiple of `S::W`.
+#[inline(always)]
+unsafe fn grad_scores<S: Simd>(s: &[f32], p: &[f32], dp: &mut [f32], delta: f32) {
+    // SAFETY: whole vectors inside the rows.
+    unsafe {
+        let (nd, zero, below) = (S::splat(-delta), S::splat(0.0), S::splat(f32::MIN));
+        for c in (0..s.len()).step_by(S::W) {
+            let ds = S::mul(S::load(p.as_ptr().add(c)), S::add(S::load(dp.as_ptr().add(c)), nd));
+            S::store(dp.as_mut_ptr().add(c), S::select_lt(S::load(s.as_ptr().add(c)), below, zero, ds));
+        }
+    }
+}

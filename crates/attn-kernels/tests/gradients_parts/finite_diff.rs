@@ -1,0 +1,54 @@
+//! Finite-difference checks of the `f64` reference backward: for the loss `L = Σ O ∘ dO` with a
+//! fixed `dO`, central differences of `L` in single elements of q, k, v and the bias must match
+//! the analytic gradients. Masks and dropout are constants of `L`, so every option is covered.
+
+use attn_kernels::{reference, View4};
+
+use super::harness::{grads64, out_dims, random_dout};
+use crate::common::Case;
+
+/// `L = Σ O ∘ dO` of the `f64` reference with `q`, `k`, `v`, `bias` replaced by the given data.
+fn loss(case: &Case, q: &[f64], k: &[f64], v: &[f64], bias: Option<&[f64]>, dout: &[f64]) -> f64 {
+    let params = case.params(bias);
+    let q = View4::contiguous("q", q, case.q_dims()).unwrap();
+    let k = View4::contiguous("k", k, case.k_dims()).unwrap();
+    let v = View4::contiguous("v", v, case.v_dims()).unwrap();
+    let out = reference(&q, &k, &v, &params, false).unwrap().out;
+    out.iter().zip(dout).map(|(o, g)| o * g).sum()
+}
+
+/// Compares the analytic gradients of `case` with central differences at every element of each
+/// input (cases are small) and panics naming the first disagreement.
+pub fn assert_finite_differences(case: &Case, what: &str) {
+    let dout32 = random_dout(case, 11);
+    let analytic = grads64(case, &dout32);
+    let wide = |x: &[f32]| x.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    let dout = wide(&dout32);
+    let base = [wide(&case.q), wide(&case.k), wide(&case.v), case.bias.as_ref().map_or(Vec::new(), |b| wide(&b.data))];
+    let names = ["q", "k", "v", "bias"];
+    let none = Vec::new();
+    let grads = [&analytic.dq, &analytic.dk, &analytic.dv, analytic.dbias.as_ref().unwrap_or(&none)];
+    for (t, name) in names.iter().enumerate() {
+        for e in 0..base[t].len() {
+            if !base[t][e].is_finite() {
+                continue;
+            }
+            let eps = 1e-6 * base[t][e].abs().max(1.0);
+            let shifted = |delta: f64| {
+                let mut x = base.clone();
+                x[t][e] += delta;
+                let bias = case.bias.as_ref().map(|_| &x[3][..]);
+                loss(case, &x[0], &x[1], &x[2], bias, &dout)
+            };
+            let numeric = (shifted(eps) - shifted(-eps)) / (2.0 * eps);
+            let got = grads[t][e];
+            let tol = 1e-6 * (1.0 + numeric.abs());
+            assert!(
+                (got - numeric).abs() <= tol,
+                "{what} [{}]: d{name}[{e}] analytic {got} vs finite difference {numeric}",
+                case.describe()
+            );
+        }
+    }
+    assert_eq!(analytic.dq.len(), out_dims(case)[..3].iter().product::<usize>() * case.dims.dk);
+}

@@ -1,0 +1,134 @@
+//! Running a test [`Case`] backward: the `f64` reference gradients (the oracle), the `f32`
+//! reference gradients (the baseline error of the rule) and a kernel's, each from its own
+//! precision's forward, and the gradient oracle check of all four gradients.
+
+use attn_kernels::oracle::{self, GRADIENT_FACTOR};
+use attn_kernels::{
+    attention, attention_backward, reference, reference_backward, AttnGrads, Kernel, KvView, Saved, View4,
+};
+
+use crate::common::{Case, Dense, Rng};
+
+/// A random output gradient `dO: [B, Hq, Lq, Dv]` for `case`.
+pub fn random_dout(case: &Case, seed: u64) -> Vec<f32> {
+    let d = case.dims;
+    Rng::new(seed ^ 0xD0).values(d.b * d.hq * d.lq * d.dv, 1.0)
+}
+
+fn wide(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&x| x as f64).collect()
+}
+
+/// `reference::<f64>` forward then backward on the inputs widened exactly.
+pub fn grads64(case: &Case, dout: &[f32]) -> AttnGrads<f64> {
+    let (q, k, v, o) = (wide(&case.q), wide(&case.k), wide(&case.v), wide(dout));
+    let bias = case.bias.as_ref().map(|m| wide(&m.data));
+    let params = case.params(bias.as_deref());
+    let q = View4::contiguous("q", &q, case.q_dims()).unwrap();
+    let k = View4::contiguous("k", &k, case.k_dims()).unwrap();
+    let v = View4::contiguous("v", &v, case.v_dims()).unwrap();
+    let dout = View4::contiguous("grad_out", &o, out_dims(case)).unwrap();
+    let fwd = reference(&q, &k, &v, &params, false).unwrap();
+    let out = View4::contiguous("out", &fwd.out, out_dims(case)).unwrap();
+    reference_backward(&q, &k, &v, &Saved { out, lse: &fwd.lse, dout }, &params, true).unwrap()
+}
+
+/// `[B, Hq, Lq, Dv]`.
+pub fn out_dims(case: &Case) -> [usize; 4] {
+    let d = case.dims;
+    [d.b, d.hq, d.lq, d.dv]
+}
+
+/// `kernel`'s forward then backward on `f32` K/V (the reference kernel is naive32).
+pub fn grads(case: &Case, kernel: Kernel, dout: &[f32]) -> attn_kernels::Result<AttnGrads<f32>> {
+    let k = View4::contiguous("k", &case.k, case.k_dims())?;
+    let v = View4::contiguous("v", &case.v, case.v_dims())?;
+    grads_kv(case, kernel, &KvView::F32(k), &KvView::F32(v), dout)
+}
+
+/// `kernel`'s forward then backward with K/V in any storage type.
+pub fn grads_kv(
+    case: &Case,
+    kernel: Kernel,
+    k: &KvView,
+    v: &KvView,
+    dout: &[f32],
+) -> attn_kernels::Result<AttnGrads<f32>> {
+    let params = case.params(case.bias.as_ref().map(|m| &m.data[..]));
+    let q = View4::contiguous("q", &case.q, case.q_dims())?;
+    let fwd = attention(kernel, &q, k, v, &params, false)?;
+    let out = View4::contiguous("out", &fwd.out, out_dims(case))?;
+    let dout = View4::contiguous("grad_out", dout, out_dims(case))?;
+    attention_backward(kernel, &q, k, v, &Saved { out, lse: &fwd.lse, dout }, &params, true)
+}
+
+/// Checks `fast` against the oracle `g64` with `g32` as the baseline, every gradient. `dbias_terms`,
+/// when given, is per `dbias` element the sum of the magnitudes of the `dS` it reduces (see
+/// [`dbias_terms`]).
+pub fn assert_grads(
+    label: &str,
+    fast: &AttnGrads<f32>,
+    g64: &AttnGrads<f64>,
+    g32: &AttnGrads<f32>,
+    dbias_terms: Option<&[f64]>,
+) {
+    let run = |what: &str, f: &[f32], r: &[f64], n: &[f32]| {
+        if let Err(e) = oracle::check(what, f, r, n, GRADIENT_FACTOR) {
+            panic!("{label}: {e}");
+        }
+    };
+    run("dq", &fast.dq, &g64.dq, &g32.dq);
+    run("dk", &fast.dk, &g64.dk, &g32.dk);
+    run("dv", &fast.dv, &g64.dv, &g32.dv);
+    match (&fast.dbias, &g64.dbias, &g32.dbias) {
+        (Some(f), Some(r), Some(n)) => match dbias_terms {
+            None => run("dbias", f, r, n),
+            Some(terms) => {
+                let err = |x: &[f32]| x.iter().zip(r).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
+                let magnitude = terms.iter().fold(0.0f64, |m, &t| m.max(t));
+                let bound = GRADIENT_FACTOR * err(n) + oracle::FLOOR_ULPS * f32::EPSILON as f64 * magnitude;
+                assert!(err(f) <= bound, "{label}: dbias error {} exceeds {bound} (terms up to {magnitude})", err(f));
+            }
+        },
+        (None, None, None) => {}
+        _ => panic!("{label}: dbias present in some results only"),
+    }
+}
+
+/// Runs `kernel` forward and backward on `case` and checks the gradients under the oracle rule;
+/// returns them.
+pub fn check_grads(kernel: Kernel, case: &Case, what: &str) -> AttnGrads<f32> {
+    let label = format!("{} {what} [{}]", kernel.name(), case.describe());
+    let dout = random_dout(case, 7);
+    let g64 = grads64(case, &dout);
+    let g32 = grads(case, Kernel::Reference, &dout).unwrap_or_else(|e| panic!("{label} naive32: {e}"));
+    let fast = grads(case, kernel, &dout).unwrap_or_else(|e| panic!("{label}: {e}"));
+    let terms = dbias_terms(case, &dout);
+    assert_grads(&label, &fast, &g64, &g32, terms.as_deref());
+    fast
+}
+
+/// For a bias broadcast along the keys, the sum over each `dbias` element's terms of `|dS|`, else
+/// `None`. Such a `dbias` sums `dS_ij` over the keys of a row, which cancel exactly (softmax does
+/// not change when a row is shifted), so the reference value is ~0 and the rule's floor must be
+/// taken at the magnitude of the terms: any kernel that takes `Σ_j A∘dA` as `dO·O` (FlashAttention's
+/// way, in every fast kernel) leaves the rounding of `O` in each row's sum.
+pub fn dbias_terms(case: &Case, dout: &[f32]) -> Option<Vec<f64>> {
+    let bias = case.bias.as_ref()?;
+    let [b, hq, lq, lk] = case.target();
+    if *bias.shape.last().unwrap() != 1 || lk == 1 {
+        return None;
+    }
+    let full: Vec<f32> =
+        (0..b * hq * lq * lk).map(|x| bias.at([x / (hq * lq * lk), x / (lq * lk) % hq, x / lk % lq, x % lk])).collect();
+    let expanded = Case { bias: Some(Dense { shape: vec![b, hq, lq, lk], data: full }), ..case.clone() };
+    let ds = grads64(&expanded, dout).dbias.unwrap();
+    let rank = bias.shape.len();
+    let mut terms = vec![0.0; bias.data.len()];
+    for (x, g) in ds.iter().enumerate() {
+        let idx = [x / (hq * lq * lk), x / (lq * lk) % hq, x / lk % lq, x % lk];
+        let at = bias.shape.iter().enumerate().fold(0, |o, (a, &n)| o * n + if n == 1 { 0 } else { idx[4 - rank + a] });
+        terms[at] += g.abs();
+    }
+    Some(terms)
+}

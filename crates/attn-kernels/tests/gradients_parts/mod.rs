@@ -1,0 +1,2 @@
+pub mod finite_diff;
+pub mod harness;
