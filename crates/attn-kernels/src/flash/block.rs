@@ -530,7 +530,7 @@ unsafe fn accumulate<S: Simd, E: KvElem>(
     for run_end in bad.iter().map(|b| b.0).chain(std::iter::once(n)) {
         if run_end > c {
             // SAFETY: columns `c..run_end` of P and rows of V exist.
-            unsafe { pv_block::<S, E>(p.add(c), LDS, v.add(c * ldv), ldv, run_end - c, op, dv, rows) };
+            unsafe { pv_block::<S, E>(p.add(c), LDS, 1, v.add(c * ldv), ldv, run_end - c, op, dv, rows) };
         }
         c = run_end + 1;
     }
@@ -546,7 +546,8 @@ unsafe fn accumulate<S: Simd, E: KvElem>(
     }
 }
 
-/// `O[rows, dv] += P[rows, n] · V[n, dv]` with the vector micro-kernel and scalar column tail.
+/// `O[rows, dv] += P[rows, n] · V[n, dv]` (`P[r][j]` at `p[r·ldp + j·ldj]`) with the vector
+/// micro-kernel and scalar column tail.
 ///
 /// # Safety
 /// As for [`accumulate`]; `o` valid for `rows` rows of `dv`.
@@ -555,6 +556,7 @@ unsafe fn accumulate<S: Simd, E: KvElem>(
 pub(super) unsafe fn pv_block<S: Simd, E: KvElem>(
     p: *const f32,
     ldp: usize,
+    ldj: usize,
     v: *const E,
     ldv: usize,
     n: usize,
@@ -571,15 +573,15 @@ pub(super) unsafe fn pv_block<S: Simd, E: KvElem>(
             let (pr, or) = (p.add(r0 * ldp), o.add(r0 * dv));
             let mut c0 = 0;
             while c0 + 4 * S::W <= dv {
-                with_rows!(nr, pv::<S, E; 4>(pr, ldp, v, ldv, n, or, dv, c0));
+                with_rows!(nr, pv::<S, E; 4>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
                 c0 += 4 * S::W;
             }
             while c0 + S::W <= dv {
-                with_rows!(nr, pv::<S, E; 1>(pr, ldp, v, ldv, n, or, dv, c0));
+                with_rows!(nr, pv::<S, E; 1>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
                 c0 += S::W;
             }
             if c0 < dv {
-                pv_scalar(pr, ldp, v, ldv, n, or, dv, nr, c0..dv);
+                pv_scalar(pr, ldp, ldj, v, ldv, n, or, dv, nr, c0..dv);
             }
             r0 += nr;
         }

@@ -100,16 +100,18 @@ pub unsafe fn qk_rows<S: Simd, E: KvElem, const R: usize>(
     }
 }
 
-/// `o[r][c0 + ·] += Σ_{j<n} p[r·ldp + j] · v[j·ldv + c0 + ·]` for `R` rows over `NV·W` columns
-/// starting at `c0`.
+/// `o[r][c0 + ·] += Σ_{j<n} p[r·ldp + j·ldj] · v[j·ldv + c0 + ·]` for `R` rows over `NV·W`
+/// columns starting at `c0`. `ldj = 1` reads `P` row-major; `ldp = 1` reads it transposed (the
+/// backward's `Pᵀ·dO` and `dSᵀ·Q` without a transposed copy).
 ///
 /// # Safety
-/// `p` valid for `R` rows of `n`, `v` for `n` rows reaching column `c0 + NV·W`, `o` likewise
+/// `p` valid for `R` rows of `n` at those strides, `v` for `n` rows reaching column `c0 + NV·W`, `o` likewise
 /// for `R` rows.
 #[inline(always)]
 pub unsafe fn pv<S: Simd, E: KvElem, const R: usize, const NV: usize>(
     p: *const f32,
     ldp: usize,
+    ldj: usize,
     v: *const E,
     ldv: usize,
     n: usize,
@@ -131,7 +133,7 @@ pub unsafe fn pv<S: Simd, E: KvElem, const R: usize, const NV: usize>(
                 *x = E::load::<S>(v.add(j * ldv + c0 + c * S::W));
             }
             for (r, a) in acc.iter_mut().enumerate() {
-                let pr = S::splat(*p.add(r * ldp + j));
+                let pr = S::splat(*p.add(r * ldp + j * ldj));
                 for c in 0..NV {
                     a[c] = S::fma(pr, vv[c], a[c]);
                 }
@@ -145,7 +147,7 @@ pub unsafe fn pv<S: Simd, E: KvElem, const R: usize, const NV: usize>(
     }
 }
 
-/// Scalar `o[r][c] += Σ_{j<n} p[r][j] · v[j][c]` for `rows` rows over columns `c0..c1`: the tail
+/// Scalar `o[r][c] += Σ_{j<n} p[r·ldp + j·ldj] · v[j][c]` for `rows` rows over columns `c0..c1`: the tail
 /// of `Dv` that is not a multiple of the vector width.
 ///
 /// # Safety
@@ -154,6 +156,7 @@ pub unsafe fn pv<S: Simd, E: KvElem, const R: usize, const NV: usize>(
 pub unsafe fn pv_scalar<E: KvElem>(
     p: *const f32,
     ldp: usize,
+    ldj: usize,
     v: *const E,
     ldv: usize,
     n: usize,
@@ -168,7 +171,7 @@ pub unsafe fn pv_scalar<E: KvElem>(
             for c in cols.clone() {
                 let mut acc = *o.add(r * ldo + c);
                 for j in 0..n {
-                    acc += *p.add(r * ldp + j) * (*v.add(j * ldv + c)).to_f32();
+                    acc += *p.add(r * ldp + j * ldj) * (*v.add(j * ldv + c)).to_f32();
                 }
                 *o.add(r * ldo + c) = acc;
             }

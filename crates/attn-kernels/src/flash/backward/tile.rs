@@ -19,8 +19,6 @@ use crate::flash::simd::{KvElem, Simd};
 
 /// Row stride of the `[TILE_ROWS, KEY_BLOCK]` tiles.
 const LDB: usize = KEY_BLOCK;
-/// Row stride of the transposed `[KEY_BLOCK, TILE_ROWS]` tiles.
-const LDT: usize = TILE_ROWS;
 
 /// A worker's buffers, reused from job to job.
 #[derive(Default)]
@@ -38,9 +36,6 @@ pub struct BwdWork {
     pd: Vec<f32>,
     dp: Vec<f32>,
     dcap: Vec<f32>,
-    /// `P̄ᵀ` and `dXᵀ`, `[KEY_BLOCK, LDT]`.
-    pt: Vec<f32>,
-    dxt: Vec<f32>,
     /// The block's `dK` `[KEY_BLOCK, Dk]` and `dV` `[KEY_BLOCK, Dv]`.
     dk: Vec<f32>,
     dv: Vec<f32>,
@@ -66,9 +61,6 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     let pw = 2 * S::W;
     for v in [&mut w.s, &mut w.p, &mut w.pd, &mut w.dp, &mut w.dcap] {
         grow(v, TILE_ROWS * LDB);
-    }
-    for v in [&mut w.pt, &mut w.dxt] {
-        grow(v, KEY_BLOCK * LDT);
     }
     grow(&mut w.qt, TILE_ROWS * d.dk);
     grow(&mut w.dot, TILE_ROWS * d.dv);
@@ -272,27 +264,22 @@ unsafe fn tile<S: Simd, E: KvElem>(
         }
     }
     let pd = if pb.dropout.is_some() { &w.pd } else { &w.p };
-    for r in 0..nr {
-        for c in 0..n {
-            w.pt[c * LDT + r] = pd[r * LDB + c];
-            w.dxt[c * LDT + r] = w.dp[r * LDB + c];
-        }
-    }
     let (qb, ldq) = head_ptr(&cx.q, b, h);
     let (ob, ldo) = head_ptr(&cx.dout, b, h);
     let (kb, ldk) = head_ptr(&cx.k, b, job.kvh);
-    // SAFETY: `pt`/`dxt` hold `n` rows of `nr` at stride `LDT`; Q and dO rows `i0..i0+nr` and K
+    // SAFETY: `P̄` and `dX` hold `nr` rows of `n` at stride `LDB`, read transposed for `dV`, `dK`; Q and dO rows `i0..i0+nr` and K
     // rows `j0..j0+n` exist; the accumulators hold `n` rows, `dq` `nr` rows.
     unsafe {
         let (qb, ob, kb) = (qb.add(i0 * ldq), ob.add(i0 * ldo), kb.add(j0 * ldk));
-        pv_block::<S, f32>(w.pt.as_ptr(), LDT, ob, ldo, nr, w.dv.as_mut_ptr(), d.dv, n);
-        pv_block::<S, f32>(w.dxt.as_ptr(), LDT, qb, ldq, nr, w.dk.as_mut_ptr(), d.dk, n);
+        pv_block::<S, f32>(pd.as_ptr(), 1, LDB, ob, ldo, nr, w.dv.as_mut_ptr(), d.dv, n);
+        pv_block::<S, f32>(w.dp.as_ptr(), 1, LDB, qb, ldq, nr, w.dk.as_mut_ptr(), d.dk, n);
         let mut c = 0;
         for run_end in w.bad_keys.iter().copied().chain(std::iter::once(n)) {
             if run_end > c {
                 pv_block::<S, E>(
                     w.dp.as_ptr().add(c),
                     LDB,
+                    1,
                     kb.add(c * ldk),
                     ldk,
                     run_end - c,
