@@ -79,6 +79,17 @@ impl Kernel {
         }
     }
 
+    /// The flash instruction set this kernel runs on this CPU (`None` for the reference): the one
+    /// place where a kernel's availability is checked before a call.
+    pub fn flash_isa(self) -> Result<Option<Isa>> {
+        match self {
+            Kernel::Reference => Ok(None),
+            Kernel::Auto => Ok(Some(Isa::best())),
+            Kernel::Flash(isa) if isa.is_available() => Ok(Some(isa)),
+            Kernel::Flash(isa) => Err(AttnError::Param { field: "kernel", reason: format!("this CPU lacks {isa:?}") }),
+        }
+    }
+
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -181,13 +192,8 @@ pub fn attention_tuned(
     params: &AttnParams<f32>,
     want_weights: bool,
 ) -> Result<AttnOutput<f32>> {
-    let isa = match kernel {
-        Kernel::Reference => return widened(k, v, |k, v| reference(q, k, v, params, want_weights)),
-        Kernel::Auto => Isa::best(),
-        Kernel::Flash(isa) if isa.is_available() => isa,
-        Kernel::Flash(isa) => {
-            return Err(AttnError::Param { field: "kernel", reason: format!("this CPU lacks {isa:?}") });
-        }
+    let Some(isa) = kernel.flash_isa()? else {
+        return widened(k, v, |k, v| reference(q, k, v, params, want_weights));
     };
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     Ok(match (k, v) {
@@ -217,13 +223,8 @@ pub fn attention_backward(
     params: &AttnParams<f32>,
     want_dbias: bool,
 ) -> Result<AttnGrads<f32>> {
-    let isa = match kernel {
-        Kernel::Reference => return widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias)),
-        Kernel::Auto => Isa::best(),
-        Kernel::Flash(isa) if isa.is_available() => isa,
-        Kernel::Flash(isa) => {
-            return Err(AttnError::Param { field: "kernel", reason: format!("this CPU lacks {isa:?}") });
-        }
+    let Some(isa) = kernel.flash_isa()? else {
+        return widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias));
     };
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     saved.check(&pb.dims)?;
