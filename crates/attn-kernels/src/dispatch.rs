@@ -5,7 +5,7 @@
 use half::{bf16, f16};
 
 use crate::error::{AttnError, Result};
-use crate::flash::{self, Tuning};
+use crate::flash::{self, BackwardTuning, Tuning};
 use crate::grad::{AttnGrads, Saved};
 use crate::problem::AttnParams;
 use crate::problem::Problem;
@@ -223,15 +223,31 @@ pub fn attention_backward(
     params: &AttnParams<f32>,
     want_dbias: bool,
 ) -> Result<AttnGrads<f32>> {
+    attention_backward_tuned(kernel, BackwardTuning::default(), q, k, v, saved, params, want_dbias)
+}
+
+/// [`attention_backward`] with the flash backward's plan overridden by `tuning` (ignored by the
+/// reference).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_tuned(
+    kernel: Kernel,
+    tuning: BackwardTuning,
+    q: &View4<f32>,
+    k: &KvView,
+    v: &KvView,
+    saved: &Saved<f32>,
+    params: &AttnParams<f32>,
+    want_dbias: bool,
+) -> Result<AttnGrads<f32>> {
     let Some(isa) = kernel.flash_isa()? else {
         return widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias));
     };
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     saved.check(&pb.dims)?;
     Ok(match (k, v) {
-        (KvView::F32(k), KvView::F32(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias),
-        (KvView::F16(k), KvView::F16(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias),
-        (KvView::Bf16(k), KvView::Bf16(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias),
-        _ => return widened(k, v, |k, v| Ok(flash::backward(isa, q, k, v, saved, &pb, want_dbias))),
+        (KvView::F32(k), KvView::F32(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning),
+        (KvView::F16(k), KvView::F16(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning),
+        (KvView::Bf16(k), KvView::Bf16(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning),
+        _ => return widened(k, v, |k, v| Ok(flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning))),
     })
 }

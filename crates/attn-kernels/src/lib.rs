@@ -18,10 +18,10 @@ pub mod reference;
 pub mod rng;
 pub mod view;
 
-pub use dispatch::{attention, attention_backward, attention_tuned, Isa, Kernel, KvView};
+pub use dispatch::{attention, attention_backward, attention_backward_tuned, attention_tuned, Isa, Kernel, KvView};
 pub use dropout::Dropout;
 pub use error::{AttnError, Result};
-pub use flash::{Path, Tuning};
+pub use flash::{BackwardTuning, Path, Tuning};
 pub use grad::{AttnGrads, Saved};
 pub use mask::{Align, MaskSpec, Window};
 pub use merge::{merge_partials, Partial};

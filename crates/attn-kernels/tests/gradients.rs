@@ -8,7 +8,7 @@
 mod common;
 mod gradients_parts;
 
-use attn_kernels::{Align, Dropout, Kernel, KvView, Saved, View4, Window};
+use attn_kernels::{Align, BackwardTuning, Dropout, Kernel, KvView, Saved, View4, Window};
 use common::{broadcast_shape, dims, kernel_tests, random_bias, random_keep, Case, Rng, SHAPE_CODES};
 use gradients_parts::finite_diff::assert_finite_differences;
 use gradients_parts::harness::{assert_grads, check_grads, grads, grads64, grads_kv, out_dims, random_dout};
@@ -172,7 +172,7 @@ fn check_gqa_and_half_kv(kernel: Kernel) {
                 KvView::Bf16(View4::contiguous("v", &vb, case.v_dims()).unwrap()),
             )
         };
-        let fast = grads_kv(&case, kernel, &k, &v, &dout).unwrap();
+        let fast = grads_kv(&case, kernel, BackwardTuning::default(), &k, &v, &dout).unwrap();
         let g64 = grads64(&widened, &dout);
         let g32 = grads(&widened, Kernel::Reference, &dout).unwrap();
         assert_grads(&format!("{} {half} K/V", kernel.name()), &fast, &g64, &g32, None);

@@ -32,6 +32,7 @@ use crate::problem::Problem;
 use crate::reference::AttnOutput;
 use crate::view::View4;
 pub(crate) use backward::backward;
+pub use backward::BackwardTuning;
 use block::{Ctx, Job, Outs, Work};
 use simd::KvElem;
 

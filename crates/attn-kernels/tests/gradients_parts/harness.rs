@@ -4,7 +4,8 @@
 
 use attn_kernels::oracle::{self, GRADIENT_FACTOR};
 use attn_kernels::{
-    attention, attention_backward, reference, reference_backward, AttnGrads, Kernel, KvView, Saved, View4,
+    attention, attention_backward_tuned, reference, reference_backward, AttnGrads, BackwardTuning, Kernel, KvView,
+    Saved, View4,
 };
 
 use crate::common::{Case, Dense, Rng};
@@ -39,17 +40,36 @@ pub fn out_dims(case: &Case) -> [usize; 4] {
     [d.b, d.hq, d.lq, d.dv]
 }
 
+/// The flash backward's plans that [`check_grads`] forces besides the automatic one: keys in
+/// one shard or split (with `dq` partials), queries transposed per head or per tile.
+pub const FORCED_BACKWARD_PLANS: [BackwardTuning; 3] = [
+    BackwardTuning { shards: Some(1), whole_heads: Some(true) },
+    BackwardTuning { shards: Some(3), whole_heads: Some(false) },
+    BackwardTuning { shards: Some(2), whole_heads: Some(true) },
+];
+
 /// `kernel`'s forward then backward on `f32` K/V (the reference kernel is naive32).
 pub fn grads(case: &Case, kernel: Kernel, dout: &[f32]) -> attn_kernels::Result<AttnGrads<f32>> {
+    grads_tuned(case, kernel, BackwardTuning::default(), dout)
+}
+
+/// [`grads`] with the backward's plan forced.
+pub fn grads_tuned(
+    case: &Case,
+    kernel: Kernel,
+    tuning: BackwardTuning,
+    dout: &[f32],
+) -> attn_kernels::Result<AttnGrads<f32>> {
     let k = View4::contiguous("k", &case.k, case.k_dims())?;
     let v = View4::contiguous("v", &case.v, case.v_dims())?;
-    grads_kv(case, kernel, &KvView::F32(k), &KvView::F32(v), dout)
+    grads_kv(case, kernel, tuning, &KvView::F32(k), &KvView::F32(v), dout)
 }
 
 /// `kernel`'s forward then backward with K/V in any storage type.
 pub fn grads_kv(
     case: &Case,
     kernel: Kernel,
+    tuning: BackwardTuning,
     k: &KvView,
     v: &KvView,
     dout: &[f32],
@@ -59,7 +79,7 @@ pub fn grads_kv(
     let fwd = attention(kernel, &q, k, v, &params, false)?;
     let out = View4::contiguous("out", &fwd.out, out_dims(case))?;
     let dout = View4::contiguous("grad_out", dout, out_dims(case))?;
-    attention_backward(kernel, &q, k, v, &Saved { out, lse: &fwd.lse, dout }, &params, true)
+    attention_backward_tuned(kernel, tuning, &q, k, v, &Saved { out, lse: &fwd.lse, dout }, &params, true)
 }
 
 /// Checks `fast` against the oracle `g64` with `g32` as the baseline, every gradient. `dbias_terms`,
@@ -102,8 +122,14 @@ pub fn check_grads(kernel: Kernel, case: &Case, what: &str) -> AttnGrads<f32> {
     let dout = random_dout(case, 7);
     let g64 = grads64(case, &dout);
     let g32 = grads(case, Kernel::Reference, &dout).unwrap_or_else(|e| panic!("{label} naive32: {e}"));
-    let fast = grads(case, kernel, &dout).unwrap_or_else(|e| panic!("{label}: {e}"));
     let terms = dbias_terms(case, &dout);
+    if kernel != Kernel::Reference {
+        for tuning in FORCED_BACKWARD_PLANS {
+            let forced = grads_tuned(case, kernel, tuning, &dout).unwrap_or_else(|e| panic!("{label} {tuning:?}: {e}"));
+            assert_grads(&format!("{label} {tuning:?}"), &forced, &g64, &g32, terms.as_deref());
+        }
+    }
+    let fast = grads(case, kernel, &dout).unwrap_or_else(|e| panic!("{label}: {e}"));
     assert_grads(&label, &fast, &g64, &g32, terms.as_deref());
     fast
 }

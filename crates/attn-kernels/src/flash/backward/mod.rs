@@ -88,6 +88,8 @@ pub(super) struct BwdCtx<'a, E> {
     pub dbias: Option<Mutex<&'a mut [f32]>>,
     /// Key shards per key/value head.
     pub shards: usize,
+    /// Forced transposition plan ([`BackwardTuning::whole_heads`]).
+    pub whole_heads: Option<bool>,
 }
 
 /// One job: key/value head `(b, kvh)`, key blocks `shard, shard + S, shard + 2S, …`.
@@ -100,6 +102,17 @@ pub(super) struct BwdJob {
 
 type JobFn<E> = unsafe fn(&BwdCtx<E>, &BwdJob, &mut BwdWork);
 
+/// Overrides of the backward's automatic plan, for tests and experiments; `Default` chooses
+/// automatically.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackwardTuning {
+    /// Force the number of key shards per key/value head (each with its own `dq` partial).
+    pub shards: Option<usize>,
+    /// Force transposing each job's queries and output gradients once for all its key blocks
+    /// (`true`) or tile by tile (`false`).
+    pub whole_heads: Option<bool>,
+}
+
 /// Gradients with instruction set `isa` (which must be available) of the call validated into
 /// `pb`; `saved` was checked against `pb.dims`.
 pub(crate) fn backward<E: KvElem>(
@@ -110,6 +123,7 @@ pub(crate) fn backward<E: KvElem>(
     saved: &Saved<f32>,
     pb: &Problem<f32>,
     want_dbias: bool,
+    tuning: BackwardTuning,
 ) -> AttnGrads<f32> {
     assert!(isa.is_available(), "flash backward entered without {isa:?} support");
     let run: JobFn<E> = match isa {
@@ -137,7 +151,9 @@ pub(crate) fn backward<E: KvElem>(
     let units = d.b * d.hkv;
     let head_dq = d.group() * d.lq * d.dk;
     let threads = rayon::current_num_threads();
-    let shards = if units >= JOBS_PER_THREAD * threads {
+    let shards = if let Some(n) = tuning.shards {
+        n.clamp(1, d.lk.div_ceil(KEY_BLOCK))
+    } else if units >= JOBS_PER_THREAD * threads {
         1
     } else {
         (JOBS_PER_THREAD * threads)
@@ -148,27 +164,30 @@ pub(crate) fn backward<E: KvElem>(
     };
     let mut partials = vec![0.0f32; if shards > 1 { shards * units * head_dq } else { 0 }];
     let dq_target: &mut [f32] = if shards > 1 { &mut partials } else { &mut g.dq };
-    let cx = BwdCtx {
-        pb,
-        q: *q,
-        k: *k,
-        v: *v,
-        dout: saved.dout,
-        lse: saved.lse,
-        delta: &delta,
-        dq: Disjoint::new(dq_target),
-        dk: Disjoint::new(&mut g.dk),
-        dv: Disjoint::new(&mut g.dv),
-        dbias: g.dbias.as_deref_mut().map(Mutex::new),
-        shards,
-    };
-    let jobs: Vec<BwdJob> =
-        (0..shards).flat_map(|shard| (0..units).map(move |u| BwdJob { b: u / d.hkv, kvh: u % d.hkv, shard })).collect();
-    jobs.into_par_iter().for_each_init(BwdWork::default, |w, job| {
-        // SAFETY: `isa` is available (asserted above).
-        unsafe { run(&cx, &job, w) }
-    });
-    drop(cx);
+    {
+        let cx = BwdCtx {
+            pb,
+            q: *q,
+            k: *k,
+            v: *v,
+            dout: saved.dout,
+            lse: saved.lse,
+            delta: &delta,
+            dq: Disjoint::new(dq_target),
+            dk: Disjoint::new(&mut g.dk),
+            dv: Disjoint::new(&mut g.dv),
+            dbias: g.dbias.as_deref_mut().map(Mutex::new),
+            shards,
+            whole_heads: tuning.whole_heads,
+        };
+        let jobs: Vec<BwdJob> = (0..shards)
+            .flat_map(|shard| (0..units).map(move |u| BwdJob { b: u / d.hkv, kvh: u % d.hkv, shard }))
+            .collect();
+        jobs.into_par_iter().for_each_init(BwdWork::default, |w, job| {
+            // SAFETY: `isa` is available (asserted above).
+            unsafe { run(&cx, &job, w) }
+        });
+    }
     if shards > 1 {
         g.dq.par_chunks_mut(head_dq).enumerate().for_each(|(u, out)| {
             for s in 0..shards {

@@ -17,6 +17,9 @@ use crate::flash::micro::qk_panel;
 use crate::flash::pack::{pack_keys, panel_len};
 use crate::flash::simd::{KvElem, Simd};
 
+/// Most bytes of a job's queries and output gradients transposed once for all its key blocks;
+/// larger heads are transposed tile by tile.
+const TRANSPOSED_BUDGET: usize = 8 << 20;
 /// Row stride of the `[TILE_ROWS, KEY_BLOCK]` tiles.
 const LDB: usize = KEY_BLOCK;
 
@@ -26,7 +29,8 @@ pub struct BwdWork {
     /// Packed keys and values of the block, `[D][2·W]` panels.
     kp: Vec<f32>,
     vp: Vec<f32>,
-    /// The tile's queries and output gradients, transposed per micro-kernel row chunk.
+    /// Queries and output gradients transposed per micro-kernel row chunk: of the job's heads
+    /// when they fit [`TRANSPOSED_BUDGET`], else of the tile.
     qt: Vec<f32>,
     dot: Vec<f32>,
     /// Scores `S`, probabilities `P` (and `P̄` under dropout), `dP` then `dS` then `dX`,
@@ -62,8 +66,18 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     for v in [&mut w.s, &mut w.p, &mut w.pd, &mut w.dp, &mut w.dcap] {
         grow(v, TILE_ROWS * LDB);
     }
-    grow(&mut w.qt, TILE_ROWS * d.dk);
-    grow(&mut w.dot, TILE_ROWS * d.dv);
+    let (rq, _) = rows_per_call::<S>();
+    let whole = cx.whole_heads.unwrap_or(g * d.lq * (d.dk + d.dv) * 4 <= TRANSPOSED_BUDGET);
+    let rows = if whole { g * d.lq } else { TILE_ROWS };
+    grow(&mut w.qt, rows * d.dk);
+    grow(&mut w.dot, rows * d.dv);
+    if whole {
+        for x in 0..g {
+            let h = job.kvh * g + x;
+            transpose_chunks(d.lq, d.dk, rq, |r| cx.q.row(job.b, h, r), &mut w.qt[x * d.lq * d.dk..]);
+            transpose_chunks(d.lq, d.dv, rq, |r| cx.dout.row(job.b, h, r), &mut w.dot[x * d.lq * d.dv..]);
+        }
+    }
     let unit = job.b * d.hkv + job.kvh;
     let head_dq = g * d.lq * d.dk;
     // SAFETY: this job is the only one with its `(shard, unit)`, which names its `dq` region.
@@ -80,13 +94,16 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         w.dk.resize(n * d.dk, 0.0);
         w.dv.clear();
         w.dv.resize(n * d.dv, 0.0);
+        // Tiles start at multiples of `TILE_ROWS` and end at a multiple of `rq` (or `Lq`), so their
+        // micro-kernel chunks are those of the whole head; the extra rows see none of the block.
         let (ia, ib) = rows_seeing(cx, job.b, j0, n);
+        let (ia, ib) = (ia / TILE_ROWS * TILE_ROWS, ib.next_multiple_of(rq).min(d.lq));
         for h in job.kvh * g..(job.kvh + 1) * g {
             for i0 in (ia..ib).step_by(TILE_ROWS) {
                 let nr = TILE_ROWS.min(ib - i0);
                 let dq_rows = &mut dq[((h - job.kvh * g) * d.lq + i0) * d.dk..][..nr * d.dk];
                 // SAFETY: forwarded from the caller; rows `i0..i0+nr` and keys `j0..j0+n` exist.
-                unsafe { tile::<S, E>(cx, job, w, h, i0, nr, j0, n, pw, dq_rows) };
+                unsafe { tile::<S, E>(cx, job, w, whole, h, i0, nr, j0, n, pw, dq_rows) };
             }
         }
         let at = (unit * d.lk + j0) * d.dk;
@@ -172,6 +189,7 @@ unsafe fn tile<S: Simd, E: KvElem>(
     cx: &BwdCtx<E>,
     job: &BwdJob,
     w: &mut BwdWork,
+    whole: bool,
     h: usize,
     i0: usize,
     nr: usize,
@@ -185,14 +203,23 @@ unsafe fn tile<S: Simd, E: KvElem>(
     let b = job.b;
     let (rq, _) = rows_per_call::<S>();
     let np = n.div_ceil(pw);
-    transpose_chunks(nr, d.dk, rq, |r| cx.q.row(b, h, i0 + r), &mut w.qt);
-    transpose_chunks(nr, d.dv, rq, |r| cx.dout.row(b, h, i0 + r), &mut w.dot);
+    let (qt, dot) = if whole {
+        let x = (h - job.kvh * d.group()) * d.lq + i0;
+        (x * d.dk, x * d.dv)
+    } else {
+        transpose_chunks(nr, d.dk, rq, |r| cx.q.row(b, h, i0 + r), &mut w.qt);
+        transpose_chunks(nr, d.dv, rq, |r| cx.dout.row(b, h, i0 + r), &mut w.dot);
+        (0, 0)
+    };
     // SAFETY: buffers sized by `run_job`; CPU supports `S`.
     unsafe {
-        panel_product::<S>(&w.qt, &w.kp, d.dk, nr, np, pb.scale as f32, &mut w.s);
-        panel_product::<S>(&w.dot, &w.vp, d.dv, nr, np, 1.0, &mut w.dp);
+        panel_product::<S>(&w.qt[qt..], &w.kp, d.dk, nr, np, pb.scale as f32, &mut w.s);
+        panel_product::<S>(&w.dot[dot..], &w.vp, d.dv, nr, np, 1.0, &mut w.dp);
     }
     let row0 = (b * d.hq + h) * d.lq + i0;
+    // `dS` is needed on its own for `dbias`, and the soft-cap's factor is per element: then `dX`
+    // takes a second pass; otherwise `dX = scale·dS` comes out of the first.
+    let two_pass = cx.dbias.is_some() || pb.softcap.is_some();
     for r in 0..nr {
         let i = i0 + r;
         let s = &mut w.s[r * LDB..(r + 1) * LDB];
@@ -241,7 +268,7 @@ unsafe fn tile<S: Simd, E: KvElem>(
             }
         }
         // SAFETY: rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.
-        unsafe { grad_scores::<S>(s, p, dp, cx.delta[row0 + r]) };
+        unsafe { grad_scores::<S>(s, p, dp, cx.delta[row0 + r], if two_pass { 1.0 } else { pb.scale as f32 }) };
     }
     if let (Some(dbias), Some(bias)) = (&cx.dbias, pb.elem.bias) {
         let st = bias.strides;
@@ -253,14 +280,12 @@ unsafe fn tile<S: Simd, E: KvElem>(
             }
         }
     }
-    // dX = scale · dS · (1 − tanh²), zero where masked (the soft-cap derivative of a masked
-    // non-finite key may be NaN).
-    let scale = pb.scale as f32;
-    for r in 0..nr {
-        for c in 0..n {
-            let x = r * LDB + c;
-            let dx = w.dp[x] * scale * if pb.softcap.is_some() { w.dcap[x] } else { 1.0 };
-            w.dp[x] = if w.s[x] == f32::NEG_INFINITY { 0.0 } else { dx };
+    if two_pass {
+        for r in 0..nr {
+            let row = r * LDB..(r + 1) * LDB;
+            let dcap = pb.softcap.map(|_| &w.dcap[row.clone()]);
+            // SAFETY: rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.
+            unsafe { scale_masked::<S>(&w.s[row.clone()], &mut w.dp[row], pb.scale as f32, dcap) };
         }
     }
     let pd = if pb.dropout.is_some() { &w.pd } else { &w.p };
@@ -302,18 +327,39 @@ unsafe fn tile<S: Simd, E: KvElem>(
     }
 }
 
-/// `dp[c] = P·(dP − Δ)` in place, 0 where the score is masked (−∞) whatever `dP` holds.
+/// `dp[c] = factor · P·(dP − Δ)` in place, 0 where the score is masked (−∞) whatever `dP` holds.
 ///
 /// # Safety
 /// CPU supports `S`; the three rows have equal lengths, a multiple of `S::W`.
 #[inline(always)]
-unsafe fn grad_scores<S: Simd>(s: &[f32], p: &[f32], dp: &mut [f32], delta: f32) {
+unsafe fn grad_scores<S: Simd>(s: &[f32], p: &[f32], dp: &mut [f32], delta: f32, factor: f32) {
     // SAFETY: whole vectors inside the rows.
     unsafe {
-        let (nd, zero, below) = (S::splat(-delta), S::splat(0.0), S::splat(f32::MIN));
+        let (nd, f, zero, below) = (S::splat(-delta), S::splat(factor), S::splat(0.0), S::splat(f32::MIN));
         for c in (0..s.len()).step_by(S::W) {
-            let ds = S::mul(S::load(p.as_ptr().add(c)), S::add(S::load(dp.as_ptr().add(c)), nd));
+            let pf = S::mul(S::load(p.as_ptr().add(c)), f);
+            let ds = S::mul(pf, S::add(S::load(dp.as_ptr().add(c)), nd));
             S::store(dp.as_mut_ptr().add(c), S::select_lt(S::load(s.as_ptr().add(c)), below, zero, ds));
+        }
+    }
+}
+
+/// `x[c] = scale · x[c] · dcap[c]` (`dcap` 1 when absent) in place, 0 where the score is masked:
+/// `dX` from `dS` (a masked key's soft-cap derivative may be NaN).
+///
+/// # Safety
+/// CPU supports `S`; the rows have equal lengths, a multiple of `S::W`.
+#[inline(always)]
+unsafe fn scale_masked<S: Simd>(s: &[f32], x: &mut [f32], scale: f32, dcap: Option<&[f32]>) {
+    // SAFETY: whole vectors inside the rows.
+    unsafe {
+        let (sc, zero, below) = (S::splat(scale), S::splat(0.0), S::splat(f32::MIN));
+        for c in (0..s.len()).step_by(S::W) {
+            let mut v = S::mul(S::load(x.as_ptr().add(c)), sc);
+            if let Some(dc) = dcap {
+                v = S::mul(v, S::load(dc.as_ptr().add(c)));
+            }
+            S::store(x.as_mut_ptr().add(c), S::select_lt(S::load(s.as_ptr().add(c)), below, zero, v));
         }
     }
 }
