@@ -115,6 +115,7 @@ pub struct BackwardTuning {
 
 /// Gradients with instruction set `isa` (which must be available) of the call validated into
 /// `pb`; `saved` was checked against `pb.dims`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward<E: KvElem>(
     isa: Isa,
     q: &View4<f32>,
