@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Golden attention fixtures computed by PyTorch in float64, for `crates/attn-kernels/tests/golden.rs`.
+"""Golden attention fixtures computed by PyTorch in float64, for `crates/attn-kernels/tests/golden.rs`
+(forward) and `crates/attn-kernels/tests/golden_gradients.rs` (backward).
 
 Setup (once, from the repository root; CPU-only torch is enough):
 
@@ -14,6 +15,12 @@ Each case becomes `crates/attn-kernels/tests/fixtures/<name>.safetensors` holdin
   rank 1-4, broadcastable to [B,Hq,Lq,Lk], true = may attend), `bias` (F64, same broadcasting, may hold
   -inf) and `key_lengths` (I64 [B]);
 - expected results: `out` [B,Hq,Lq,Dv], `lse` [B,Hq,Lq] (natural log), `weights` [B,Hq,Lq,Lk] (F64);
+- gradients (F64): a deterministic output gradient `grad_out` [B,Hq,Lq,Dv] (standard normal, drawn
+  from its own generator seeded by "<name>/grad_out", so the inputs do not depend on it) and the
+  gradients of `(out * grad_out).sum()`: `dq` [B,Hq,Lq,Dk], `dk` [B,Hkv,Lk,Dk], `dv` [B,Hkv,Lk,Dv]
+  (for grouped-query heads summed over the query heads sharing each key/value head) and, when there
+  is a bias, `dbias` in the bias's own (broadcast) shape. Fully masked rows and masked positions get
+  exactly zero gradient;
 - metadata (all strings): `name`, `scale` ("default" = 1/sqrt(Dk), else a Python float repr),
   `causal` ("true"/"false"), `align` ("top_left"/"bottom_right"), `window_left` / `window_right`
   (keys allowed before/after the aligned diagonal, "none" = unbounded), `softcap` ("none" or a float),
@@ -26,6 +33,16 @@ asserts that they agree with it: `F.scaled_dot_product_attention` for `out` (usi
 `enable_gqa` and `scale` natively, and an `attn_mask` for the boolean mask, the bias and the masks
 SDPA lacks: bottom-right alignment, windows, key lengths), `aten._scaled_dot_product_attention_math`
 for `weights` and `aten._scaled_dot_product_flash_attention_for_cpu` for `lse`.
+
+Gradients are float64 autograd through that explicit implementation (q, k, v and the bias as
+leaves; K/V heads repeated with `repeat_interleave` inside the graph, so autograd sums the groups).
+A fully masked row has its scores replaced by zeros before the softmax and its weights zeroed after
+it, so no NaN arises and no gradient flows from it; `masked_fill` gives masked positions exactly
+zero (the script asserts those zeros: `dq` of dead rows, `dk`/`dv` of keys no query may attend,
+`dbias` where masked for every query it reaches). Wherever SDPA applies (no softcap), the script also asserts that autograd through
+`F.scaled_dot_product_attention` with the math backend (same arguments as above, the bias reaching
+it through the attention mask) gives the same `dq`, `dk`, `dv` and `dbias` to 1e-10 (relative to
+1 + the gradient's magnitude); it prints the worst discrepancy seen.
 No dropout: PyTorch's RNG is not ours.
 """
 
@@ -40,10 +57,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "crates" / "attn-kernels" / "tests" / "fixtures"
-MAX_TOTAL_BYTES = 3_000_000
+MAX_TOTAL_BYTES = 5_000_000
 TOL = dict(rtol=1e-11, atol=1e-11)
+# Autograd through SDPA (math backend) against autograd through `explicit`: max |a - b| / (1 + max |b|).
+GRAD_TOL = 1e-10
+# The inputs that get a gradient, in the order `dq`, `dk`, `dv`, `dbias`.
+GRAD_NAMES = ("q", "k", "v", "bias")
 F64 = torch.float64
 
 
@@ -137,6 +159,9 @@ def cases() -> list[Case]:
         c("bias_neginf", 2, 2, 2, 13, 17, 8, 8, bias=(2, 2, 13, 17), bias_neginf=0.3),
         c("bias_neginf_causal_gqa", 1, 4, 2, 20, 20, 8, 8, causal=True, bias=(20, 20), bias_neginf=0.2),
         c("bias_mask_keylen", 2, 2, 1, 9, 15, 8, 8, bias=(2, 1, 9, 15), mask=(1, 9, 15), key_lengths=(15, 7)),
+        # Bias broadcast along the keys: no effect on the softmax (a shift per row) but its -inf
+        # entries kill whole rows, and its exact gradient (a sum of dS over a row's keys) is ~0.
+        c("bias_key_broadcast_neginf", 2, 4, 2, 10, 13, 8, 8, causal=True, bias=(2, 4, 10, 1), bias_neginf=0.2),
         # Soft-capping (scores drawn wide so tanh saturates).
         c("softcap_mha", 2, 2, 2, 16, 24, 8, 8, softcap=5.0, spread=3.0),
         c("softcap_causal_br_gqa", 1, 4, 2, 24, 40, 16, 16, softcap=2.5, spread=3.0, causal=True, bottom_right=True),
@@ -203,7 +228,8 @@ def scale_of(case: Case) -> float:
 
 
 def explicit(case: Case, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """The straightforward float64 attention: returns (out, lse, weights, allowed)."""
+    """The straightforward float64 attention: returns (out, lse, weights, allowed). Differentiable
+    in q, k, v and the bias when they require grad."""
     group = case.hq // case.hkv
     k = t["k"].repeat_interleave(group, dim=1)
     v = t["v"].repeat_interleave(group, dim=1)
@@ -214,16 +240,33 @@ def explicit(case: Case, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]
         scores = scores + t["bias"]
     allowed = allowed_mask(case, t)
     scores = scores.masked_fill(~allowed, -math.inf)
-    lse = torch.logsumexp(scores, dim=-1)
-    weights = torch.softmax(scores, dim=-1)
-    out = weights @ v
+    lse = torch.logsumexp(scores, dim=-1)  # -inf on a fully masked row
     # A fully masked row: softmax over all -inf gives NaN in PyTorch (and SDPA's math path gives 0
-    # weights). Our semantics are output 0, lse -inf, weights 0 - written here explicitly.
-    dead = ~allowed.any(dim=-1)
-    out[dead] = 0.0
-    lse[dead] = -math.inf
-    weights[dead] = 0.0
+    # weights). Our semantics are output 0, lse -inf, weights 0 - so such a row's scores are
+    # replaced by zeros (finite softmax, no NaN in the forward or the backward) and its weights
+    # by zeros after the softmax (nothing flows back from it, and its output is 0).
+    dead = ~allowed.any(dim=-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+    out = weights @ v
     return out, lse, weights, allowed
+
+
+def draw_grad_out(case: Case) -> torch.Tensor:
+    """The output gradient [B,Hq,Lq,Dv], from its own generator (the inputs do not depend on it)."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/grad_out".encode()))
+    return torch.randn(case.b, case.hq, case.lq, case.dv, generator=g, dtype=F64)
+
+
+def leaves(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies of the inputs with q, k, v and the bias as autograd leaves."""
+    return {n: x.clone().requires_grad_(n in GRAD_NAMES) for n, x in t.items()}
+
+
+def gradients(t: dict[str, torch.Tensor], out: torch.Tensor, grad_out: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`dq`, `dk`, `dv` (and `dbias`) of `(out * grad_out).sum()` with respect to the leaves of `t`."""
+    names = [n for n in GRAD_NAMES if n in t]
+    grads = torch.autograd.grad((out * grad_out).sum(), [t[n] for n in names], allow_unused=True)
+    return {f"d{n}": (torch.zeros_like(t[n]) if g is None else g).detach() for n, g in zip(names, grads)}
 
 
 def sdpa_mask(case: Case, t: dict[str, torch.Tensor], allowed: torch.Tensor):
@@ -282,6 +325,49 @@ def cross_check(case: Case, t: dict[str, torch.Tensor], out, lse, weights, allow
     assert torch.allclose(lse_flash[live], lse[live], **TOL), f"{case.name}: SDPA flash lse differs"
 
 
+def cross_check_grads(case: Case, t: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], grad_out, allowed) -> float:
+    """Asserts that autograd through SDPA (math backend) reproduces the explicit gradients; returns
+    the worst relative discrepancy (0 where SDPA does not apply: softcap, empty sizes)."""
+    if case.softcap is not None or 0 in (case.b, case.lq, case.lk):
+        return 0.0
+    t = leaves(t)
+    attn_mask, is_causal = sdpa_mask(case, t, allowed)
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=attn_mask, is_causal=is_causal,
+                                             scale=case.scale, enable_gqa=case.hq != case.hkv)
+    sdpa = gradients(t, out, grad_out)
+    worst = 0.0
+    for name, want in grads.items():
+        got = sdpa[name]
+        assert got.shape == want.shape, f"{case.name}: SDPA {name} shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        assert not got.isnan().any(), f"{case.name}: SDPA {name} holds NaN"
+        err = float((got - want).abs().max()) / (1.0 + float(want.abs().max())) if want.numel() else 0.0
+        assert err <= GRAD_TOL, f"{case.name}: SDPA {name} differs by {err:e} (relative)"
+        worst = max(worst, err)
+    return worst
+
+
+def check_zero_grads(case: Case, grads: dict[str, torch.Tensor], allowed: torch.Tensor) -> None:
+    """Asserts exact zeros where nothing flows: `dq` of fully masked rows, `dk`/`dv` of keys no
+    query row may attend, and `dbias` at positions masked for every query it broadcasts to."""
+    dead = ~allowed.any(dim=-1)
+    assert (grads["dq"][dead] == 0).all(), f"{case.name}: dq of a fully masked row is not 0"
+    group = case.hq // case.hkv
+    # [B,Hkv,Lk]: some query of the group may attend the key.
+    used = allowed.reshape(case.b, case.hkv, group, case.lq, case.lk).any(dim=2).any(dim=2)
+    for name in ("dk", "dv"):
+        assert (grads[name][~used] == 0).all(), f"{case.name}: {name} of a key masked everywhere is not 0"
+    if "dbias" in grads:
+        bshape = grads["dbias"].shape
+        # A bias element is live when some position it broadcasts to is allowed.
+        live = allowed
+        for axis in range(4):
+            if axis < 4 - len(bshape) or bshape[axis - 4 + len(bshape)] == 1:
+                live = live.any(dim=axis, keepdim=True)
+        live = live.reshape(bshape)
+        assert (grads["dbias"][~live] == 0).all(), f"{case.name}: dbias at a masked position is not 0"
+
+
 def metadata(case: Case) -> dict[str, str]:
     def opt(x) -> str:
         return "none" if x is None else repr(x)
@@ -320,19 +406,28 @@ def main() -> None:
     for stale in OUT_DIR.glob("*.safetensors"):
         stale.unlink()
     total = 0
+    worst = 0.0
     for case in grid:
         t = draw_inputs(case)
-        out, lse, weights, allowed = explicit(case, t)
-        assert not any(x.isnan().any() for x in (out, lse, weights)), f"{case.name}: NaN in expected values"
+        leaf = leaves(t)
+        out, lse, weights, allowed = explicit(case, leaf)
+        grad_out = draw_grad_out(case)
+        grads = gradients(leaf, out, grad_out)
+        out, lse, weights = out.detach(), lse.detach(), weights.detach()
+        expected = dict(out=out, lse=lse, weights=weights, **grads)
+        assert not any(x.isnan().any() for x in expected.values()), f"{case.name}: NaN in expected values"
+        check_zero_grads(case, grads, allowed)
         cross_check(case, t, out, lse, weights, allowed)
+        worst = max(worst, cross_check_grads(case, t, grads, grad_out, allowed))
         tensors = {name: x.contiguous() for name, x in t.items()}
-        tensors.update(out=out.contiguous(), lse=lse.contiguous(), weights=weights.contiguous())
+        tensors.update({name: x.contiguous() for name, x in expected.items()}, grad_out=grad_out)
         path = OUT_DIR / f"{case.name}.safetensors"
         save_sorted(tensors, path, metadata(case))
         size = path.stat().st_size
         total += size
         dead = int((~allowed.any(dim=-1)).sum())
         print(f"{case.name:40s} {size:8d} B  dead rows {dead}")
+    print(f"gradients: autograd through SDPA (math) agrees with the explicit ones to {worst:.2e} (relative)")
     print(f"{len(grid)} fixtures, {total} bytes in {OUT_DIR}")
     assert total <= MAX_TOTAL_BYTES, f"fixtures take {total} bytes, budget {MAX_TOTAL_BYTES}"
 

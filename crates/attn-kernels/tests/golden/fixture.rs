@@ -1,6 +1,7 @@
 //! One golden fixture as written by `scripts/gen_fixtures.py`: the inputs, the PyTorch float64
-//! results and the call's options, read from a safetensors file, and the `AttnParams` they imply.
-//! Every problem with a file is an error naming the file and the tensor or metadata field.
+//! results (forward, and the gradients when the file holds them) and the call's options, read from
+//! a safetensors file, and the `AttnParams` they imply. Every problem with a file is an error naming
+//! the file and the tensor or metadata field.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -56,9 +57,30 @@ pub struct Options {
     pub softcap: Option<f64>,
 }
 
+/// A fixture's gradient part: an output gradient and PyTorch's float64 autograd gradients of
+/// `(out * grad_out).sum()`.
+// Read by `golden_gradients.rs` only.
+#[allow(dead_code)]
+#[derive(Debug, Clone)]
+pub struct Grads {
+    /// The output gradient `dO: [B, Hq, Lq, Dv]`.
+    pub grad_out: Tensor<f64>,
+    /// `dq: [B, Hq, Lq, Dk]`.
+    pub dq: Tensor<f64>,
+    /// `dk: [B, Hkv, Lk, Dk]`, summed over the query heads of each key/value head.
+    pub dk: Tensor<f64>,
+    /// `dv: [B, Hkv, Lk, Dv]`, summed over the query heads of each key/value head.
+    pub dv: Tensor<f64>,
+    /// The bias's gradient in the bias's own shape; present exactly when the fixture has a bias.
+    pub dbias: Option<Tensor<f64>>,
+}
+
 /// One fixture: inputs `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`, the optional
-/// `mask`/`bias` (broadcastable to `[B, Hq, Lq, Lk]`) and `key_lengths: [B]`, and the expected
-/// `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]`, `weights: [B, Hq, Lq, Lk]`.
+/// `mask`/`bias` (broadcastable to `[B, Hq, Lq, Lk]`) and `key_lengths: [B]`, the expected
+/// `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]`, `weights: [B, Hq, Lq, Lk]`, and the gradients when
+/// the file holds them.
+// `golden.rs` reads the forward results, `golden_gradients.rs` the gradients.
+#[allow(dead_code)]
 #[derive(Debug, Clone)]
 pub struct Fixture {
     /// The file name, for messages.
@@ -83,6 +105,8 @@ pub struct Fixture {
     pub weights: Tensor<f64>,
     /// Scalar options.
     pub options: Options,
+    /// The gradients, when the file holds `grad_out`, `dq`, `dk`, `dv` (and `dbias` with a bias).
+    pub grads: Option<Grads>,
 }
 
 impl Fixture {
@@ -96,17 +120,22 @@ impl Fixture {
         let r = Reader { file: &file, st: &st };
         let names = st.names();
         let has = |n: &str| names.contains(&n);
+        let (q, k, v) = (r.f64_rank("q", 4)?, r.f64_rank("k", 4)?, r.f64_rank("v", 4)?);
+        let bias = if has("bias") { Some(r.f64("bias")?) } else { None };
+        let out = r.f64_rank("out", 4)?;
+        let grads = r.grads(&names, [&q, &k, &v, &out], bias.as_ref())?;
         Ok(Self {
-            q: r.f64_rank("q", 4)?,
-            k: r.f64_rank("k", 4)?,
-            v: r.f64_rank("v", 4)?,
+            q,
+            k,
+            v,
             mask: if has("mask") { Some(r.bool("mask")?) } else { None },
-            bias: if has("bias") { Some(r.f64("bias")?) } else { None },
+            bias,
             key_lengths: if has("key_lengths") { Some(r.lengths("key_lengths")?) } else { None },
-            out: r.f64_rank("out", 4)?,
+            out,
             lse: r.f64_rank("lse", 3)?,
             weights: r.f64_rank("weights", 4)?,
             options: options(&file, &meta)?,
+            grads,
             file,
         })
     }
@@ -177,6 +206,46 @@ impl Reader<'_> {
             return Err(format!("{}: tensor {name}: shape {:?}, expected rank {rank}", self.file, t.shape));
         }
         Ok(t)
+    }
+
+    /// `f64_rank(name, 4)` of the shape `like` has.
+    fn f64_like(&self, name: &str, like: &Tensor<f64>) -> Result<Tensor<f64>, String> {
+        let t = self.f64(name)?;
+        if t.shape != like.shape {
+            return Err(format!("{}: tensor {name}: shape {:?}, expected {:?}", self.file, t.shape, like.shape));
+        }
+        Ok(t)
+    }
+
+    /// The gradient tensors: none or all of `grad_out`, `dq`, `dk`, `dv` (shaped like `out`, `q`,
+    /// `k`, `v`), and then `dbias` (shaped like the bias) exactly when there is a bias.
+    fn grads(
+        &self,
+        names: &[&str],
+        [q, k, v, out]: [&Tensor<f64>; 4],
+        bias: Option<&Tensor<f64>>,
+    ) -> Result<Option<Grads>, String> {
+        let parts = ["grad_out", "dq", "dk", "dv", "dbias"];
+        let present: Vec<&str> = parts.iter().copied().filter(|p| names.contains(p)).collect();
+        if present.is_empty() {
+            return Ok(None);
+        }
+        if let Some(missing) = parts[..4].iter().find(|p| !present.contains(p)) {
+            return Err(format!("{}: gradient tensors {present:?} present but {missing} missing", self.file));
+        }
+        let dbias = match (bias, names.contains(&"dbias")) {
+            (Some(b), true) => Some(self.f64_like("dbias", b)?),
+            (None, false) => None,
+            (Some(_), false) => return Err(format!("{}: a bias but no dbias", self.file)),
+            (None, true) => return Err(format!("{}: dbias without a bias", self.file)),
+        };
+        Ok(Some(Grads {
+            grad_out: self.f64_like("grad_out", out)?,
+            dq: self.f64_like("dq", q)?,
+            dk: self.f64_like("dk", k)?,
+            dv: self.f64_like("dv", v)?,
+            dbias,
+        }))
     }
 
     fn bool(&self, name: &str) -> Result<Tensor<bool>, String> {
