@@ -200,11 +200,14 @@ impl Simd for Portable {
         // SAFETY: the caller guarantees `p` is valid for 8 floats.
         unsafe { std::ptr::write_unaligned(p as *mut [f32; 8], v) }
     }
-    /// Multiply then add, rounded twice: `f32::mul_add` is a library call on CPUs without FMA,
-    /// which is exactly where this implementation runs.
+    /// Multiply-add with one rounding to f32 of the f64 result (the product of two f32 is exact in
+    /// f64), so the result is the fused one but for rare double roundings: as accurate as the FMA
+    /// of the x86 paths (the backward's `Δ = dO·O` inherits the forward's rounding of `O`, and two
+    /// roundings per product there failed the gradient rule on two golden fixtures), and it
+    /// vectorises, where `f32::mul_add` is a library call per lane on CPUs without FMA.
     #[inline(always)]
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
-        std::array::from_fn(|i| a[i] * b[i] + c[i])
+        std::array::from_fn(|i| (a[i] as f64 * b[i] as f64 + c[i] as f64) as f32)
     }
     #[inline(always)]
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {

@@ -1,7 +1,9 @@
 //! The fused backward kernel (FlashAttention-2's scheme on the CPU): the probabilities are
 //! recomputed tile by tile from the forward's log-sum-exp, `Δ_i = dO_i·O_i` is taken once per
-//! row, and no `Lq × Lk` buffer ever exists. Extra memory: `Δ` (`[B, Hq, Lq]`), O(tile) per
-//! thread, and, when the keys are split (below), one `dq` partial per shard.
+//! row and job (with the rounding of the micro-kernel's `dO·v`, so a row that sees one key gets
+//! `dS = 0` exactly, as the exact gradient), and no `Lq × Lk` buffer ever exists. Extra memory per
+//! thread: O(tile), `Δ` of the job's rows, and its queries and output gradients transposed (at most
+//! 8 MiB, else tile by tile); when the keys are split (below), one `dq` partial per shard.
 //!
 //! How the work is cut, and why it is race-free:
 //! - a **job** owns one key/value head `(b, kvh)` and a set of key blocks ([`KEY_BLOCK`] keys
@@ -79,8 +81,8 @@ pub(super) struct BwdCtx<'a, E> {
     pub v: View4<'a, E>,
     pub dout: View4<'a, f32>,
     pub lse: &'a [f32],
-    /// `Δ_i = dO_i·O_i`, `[B, Hq, Lq]`.
-    pub delta: &'a [f32],
+    /// The forward's output, for `Δ_i = dO_i·O_i`.
+    pub out: View4<'a, f32>,
     /// `dq` (one shard) or its partials `[S][B·Hkv][Hq/Hkv · Lq · Dk]`.
     pub dq: Disjoint<'a>,
     pub dk: Disjoint<'a>,
@@ -142,13 +144,6 @@ pub(crate) fn backward<E: KvElem>(
     if d.b == 0 || d.lq == 0 || d.lk == 0 {
         return g;
     }
-    let mut delta = vec![0.0f32; d.lse_len()];
-    delta.par_chunks_mut(d.lq).enumerate().for_each(|(bh, rows)| {
-        let (b, h) = (bh / d.hq, bh % d.hq);
-        for (i, x) in rows.iter_mut().enumerate() {
-            *x = saved.dout.row(b, h, i).iter().zip(saved.out.row(b, h, i)).map(|(a, o)| a * o).sum();
-        }
-    });
     let units = d.b * d.hkv;
     let head_dq = d.group() * d.lq * d.dk;
     let threads = rayon::current_num_threads();
@@ -173,7 +168,7 @@ pub(crate) fn backward<E: KvElem>(
             v: *v,
             dout: saved.dout,
             lse: saved.lse,
-            delta: &delta,
+            out: saved.out,
             dq: Disjoint::new(dq_target),
             dk: Disjoint::new(&mut g.dk),
             dv: Disjoint::new(&mut g.dv),

@@ -43,6 +43,8 @@ pub struct BwdWork {
     /// The block's `dK` `[KEY_BLOCK, Dk]` and `dV` `[KEY_BLOCK, Dv]`.
     dk: Vec<f32>,
     dv: Vec<f32>,
+    /// `Δ_i = dO_i·O_i` of the job's rows, `[Hq/Hkv, Lq]`.
+    delta: Vec<f32>,
     /// Block columns whose key row holds a non-finite number.
     bad_keys: Vec<usize>,
 }
@@ -71,6 +73,12 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     let rows = if whole { g * d.lq } else { TILE_ROWS };
     grow(&mut w.qt, rows * d.dk);
     grow(&mut w.dot, rows * d.dv);
+    w.delta.clear();
+    for h in job.kvh * g..(job.kvh + 1) * g {
+        // SAFETY: CPU supports `S`.
+        w.delta
+            .extend((0..d.lq).map(|i| unsafe { dot_as_panel::<S>(cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i)) }));
+    }
     if whole {
         for x in 0..g {
             let h = job.kvh * g + x;
@@ -268,7 +276,15 @@ unsafe fn tile<S: Simd, E: KvElem>(
             }
         }
         // SAFETY: rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.
-        unsafe { grad_scores::<S>(s, p, dp, cx.delta[row0 + r], if two_pass { 1.0 } else { pb.scale as f32 }) };
+        unsafe {
+            grad_scores::<S>(
+                s,
+                p,
+                dp,
+                w.delta[(h - job.kvh * d.group()) * d.lq + i0 + r],
+                if two_pass { 1.0 } else { pb.scale as f32 },
+            )
+        };
     }
     if let (Some(dbias), Some(bias)) = (&cx.dbias, pb.elem.bias) {
         let st = bias.strides;
@@ -325,6 +341,22 @@ unsafe fn tile<S: Simd, E: KvElem>(
             }
         }
     }
+}
+
+/// `Σ_k a_k·b_k` rounded exactly as `qk_panel` rounds one score (one multiply-add per `k`, in
+/// order, from 0).
+///
+/// # Safety
+/// CPU supports `S`.
+#[inline(always)]
+unsafe fn dot_as_panel<S: Simd>(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    // SAFETY: `lanes` holds 16 >= `S::W` floats; CPU supports `S`.
+    unsafe {
+        let acc = a.iter().zip(b).fold(S::splat(0.0), |acc, (&x, &y)| S::fma(S::splat(x), S::splat(y), acc));
+        S::store(lanes.as_mut_ptr(), acc);
+    }
+    lanes[0]
 }
 
 /// `dp[c] = factor · P·(dP − Δ)` in place, 0 where the score is masked (−∞) whatever `dP` holds.
