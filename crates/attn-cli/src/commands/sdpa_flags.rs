@@ -12,7 +12,7 @@ pub struct SdpaFlags {
     #[arg(long)]
     pub causal: bool,
     /// Where the causal diagonal and window centre sit when `Lq != Lk`.
-    #[arg(long, default_value = "top-left", value_parser = align_parser())]
+    #[arg(long, default_value = "top-left", value_parser = named_values(&ALIGNS, align_name))]
     pub align: Align,
     /// Sliding window `LEFT,RIGHT` around the aligned diagonal; -1 means unbounded.
     #[arg(long, value_parser = parse_window, allow_hyphen_values = true)]
@@ -49,11 +49,46 @@ impl SdpaFlags {
             ..SdpaOptions::default()
         }
     }
+
+    /// The causal/window band as a short text: `full`, or those of `causal`, `window L,R`
+    /// (`-1` = unbounded) and `bottom-right` that are set.
+    pub fn band_text(&self) -> String {
+        let mut parts = Vec::new();
+        if self.causal {
+            parts.push("causal".to_string());
+        }
+        if let Some(w) = self.window {
+            let side = |s: Option<usize>| s.map_or("-1".to_string(), |n| n.to_string());
+            parts.push(format!("window {},{}", side(w.left), side(w.right)));
+        }
+        if parts.is_empty() {
+            return "full".into();
+        }
+        if self.align == Align::BottomRight {
+            parts.push(align_name(self.align).into());
+        }
+        parts.join(" ")
+    }
 }
 
-fn align_parser() -> impl TypedValueParser<Value = Align> {
-    PossibleValuesParser::new(["top-left", "bottom-right"])
-        .map(|s| if s == "bottom-right" { Align::BottomRight } else { Align::TopLeft })
+/// Every alignment, in `--align`'s order.
+const ALIGNS: [Align; 2] = [Align::TopLeft, Align::BottomRight];
+
+/// The name of an alignment on the command line.
+pub fn align_name(align: Align) -> &'static str {
+    match align {
+        Align::TopLeft => "top-left",
+        Align::BottomRight => "bottom-right",
+    }
+}
+
+/// A parser accepting exactly the names of `all` (listed in `--help`) and giving the value named.
+pub(super) fn named_values<T: Copy + Send + Sync + 'static>(
+    all: &'static [T],
+    name: fn(T) -> &'static str,
+) -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(all.iter().map(|&v| name(v)))
+        .try_map(move |s| all.iter().copied().find(|&v| name(v) == s).ok_or_else(|| format!("unknown value '{s}'")))
 }
 
 fn parse_window(s: &str) -> Result<Window, String> {
@@ -117,6 +152,16 @@ mod tests {
         assert_eq!((o.causal, o.align, o.window, o.scale), (d.causal, d.align, d.window, d.scale));
         assert_eq!((o.softcap, o.dropout, o.kernel), (d.softcap, d.dropout, d.kernel));
         assert_eq!(options(&["--dropout", "0.1"]).dropout, Some(Dropout { p: 0.1, seed: 0 }));
+    }
+
+    #[test]
+    fn band_text_names_what_is_set() {
+        let flags = |args: &[&str]| Cli::try_parse_from([&["attn"], args].concat()).unwrap().flags;
+        assert_eq!(flags(&[]).band_text(), "full");
+        assert_eq!(flags(&["--align", "bottom-right"]).band_text(), "full");
+        assert_eq!(flags(&["--causal"]).band_text(), "causal");
+        let both = flags(&["--causal", "--window", "4,-1", "--align", "bottom-right"]);
+        assert_eq!(both.band_text(), "causal window 4,-1 bottom-right");
     }
 
     #[test]
