@@ -42,7 +42,8 @@ mod tests {
         let a = Inputs::random(dims, DType::BF16, 7).unwrap();
         assert_eq!((a.q.dims(), a.k.dims(), a.v.dims()), (&[2, 4, 3, 8][..], &[2, 2, 5, 8][..], &[2, 2, 5, 6][..]));
         assert_eq!((a.q.dtype(), a.k.dtype(), a.v.dtype()), (DType::F32, DType::BF16, DType::BF16));
-        let q = |seed| Inputs::random(dims, DType::F32, seed).unwrap().q.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let q =
+            |seed| Inputs::random(dims, DType::F32, seed).unwrap().q.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert!(q(7).iter().all(|x| (-1.0..1.0).contains(x)));
         assert_eq!(a.q.flatten_all().unwrap().to_vec1::<f32>().unwrap(), q(7));
         assert_ne!(q(7), q(8));

@@ -61,10 +61,7 @@ fn output_bytes(o: &SdpaOutput) -> usize {
 }
 
 /// Runs `call` as `budget` says and measures it; `budget.iters` must be at least 1.
-pub fn measure(
-    budget: Budget,
-    mut call: impl FnMut() -> anyhow::Result<SdpaOutput>,
-) -> anyhow::Result<Measurement> {
+pub fn measure(budget: Budget, mut call: impl FnMut() -> anyhow::Result<SdpaOutput>) -> anyhow::Result<Measurement> {
     for _ in 0..budget.warmup {
         call()?;
     }
@@ -91,7 +88,8 @@ mod tests {
     use super::*;
 
     fn fake_output(n: usize) -> SdpaOutput {
-        let zeros = |n: usize| candle_core::Tensor::zeros(n, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        let zeros =
+            |n: usize| candle_core::Tensor::zeros(n, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
         SdpaOutput { out: zeros(n), lse: zeros(1), weights: None }
     }
 

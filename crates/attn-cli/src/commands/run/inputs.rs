@@ -152,7 +152,9 @@ impl Call {
         let tensor = match &e {
             AttnLibError::Kernel(AttnError::Param { .. }) => return anyhow!("option --{e}"),
             AttnLibError::Kernel(
-                AttnError::DimMismatch { tensor, .. } | AttnError::Layout { tensor, .. } | AttnError::Broadcast { tensor, .. },
+                AttnError::DimMismatch { tensor, .. }
+                | AttnError::Layout { tensor, .. }
+                | AttnError::Broadcast { tensor, .. },
             )
             | AttnLibError::Shape { tensor, .. }
             | AttnLibError::DType { tensor, .. }
