@@ -1,6 +1,7 @@
 //! The attention flags `attn run` and `attn bench` share (causal, align, window, scale, softcap,
 //! dropout, seed, kernel), flattened into both commands' arguments, and their one conversion into
-//! [`attn::SdpaOptions`].
+//! [`attn::SdpaOptions`]; also the parser of flags naming one of a fixed set of values (`--align`,
+//! `bench --kv-dtype`).
 
 use attn::{Align, Dropout, Kernel, SdpaOptions, Window};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
