@@ -104,6 +104,9 @@ mod tests {
         block.reserve_exact(3 << 20);
         std::hint::black_box(&block);
         drop(block);
-        assert!(peak_bytes() >= base + (4 << 20));
+        // Tests that do not take `exclusive` may free memory meanwhile, lowering the level the
+        // 4 MiB block started from: a 1 MiB margin covers them (without the block remembered, the
+        // peak would stay near `base`).
+        assert!(peak_bytes() >= base + (3 << 20), "peak {} over base {base}", peak_bytes());
     }
 }

@@ -7,16 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use attn_cli::io::{read_safetensors, write_safetensors, HostData, HostTensor};
+use attn_kernels::rng::SplitMix64;
 use half::{bf16, f16};
 
-/// Deterministic values in [-1, 1).
+/// Seeded values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| {
-            let z = (seed ^ i).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            ((z >> 40) as f32 / (1u64 << 23) as f32) - 1.0
-        })
-        .collect()
+    SplitMix64::new(seed).uniform(n, -1.0, 1.0)
 }
 
 fn tensor(shape: &[usize], data: HostData) -> HostTensor {

@@ -6,21 +6,17 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use attn::{Align, Mask, SdpaOptions};
 use attn_cli::io::{read_safetensors, write_npy, write_safetensors, HostData, HostTensor};
 use attn_kernels::oracle::{check, OUTPUT_FACTOR};
-use attn_kernels::{reference, Align, AttnParams, Broadcast, Dropout, MaskSpec, View4, Window};
+use attn_kernels::rng::SplitMix64;
+use attn_kernels::{reference, Real, View4};
+use candle_core::WithDType;
 use half::{bf16, f16};
 
-/// Deterministic values in [-1, 1).
+/// Seeded values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| {
-            let mut z = (seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(0x9E37_79B9_7F4A_7C15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z >> 40) as f32 / (1u64 << 23) as f32) - 1.0
-        })
-        .collect()
+    SplitMix64::new(seed).uniform(n, -1.0, 1.0)
 }
 
 fn tensor(shape: &[usize], data: HostData) -> HostTensor {
@@ -45,65 +41,30 @@ fn f32_of(t: &HostTensor) -> Vec<f32> {
     t.to_f32_vec().unwrap()
 }
 
-/// Inputs and options of one reference computation, as the CLI received them.
+/// Inputs and the options the CLI should have derived from its flags and files.
 struct Case<'a> {
     q: &'a HostTensor,
     k: &'a HostTensor,
     v: &'a HostTensor,
-    mask: Option<&'a HostTensor>,
-    bias: Option<&'a HostTensor>,
-    key_lengths: Option<Vec<usize>>,
-    causal: bool,
-    align: Align,
-    window: Option<Window>,
-    scale: Option<f64>,
-    softcap: Option<f64>,
-    dropout: Option<Dropout>,
+    opts: SdpaOptions,
 }
 
 impl<'a> Case<'a> {
-    fn new(q: &'a HostTensor, k: &'a HostTensor, v: &'a HostTensor) -> Self {
-        Self {
-            q,
-            k,
-            v,
-            mask: None,
-            bias: None,
-            key_lengths: None,
-            causal: false,
-            align: Align::TopLeft,
-            window: None,
-            scale: None,
-            softcap: None,
-            dropout: None,
-        }
+    fn new(q: &'a HostTensor, k: &'a HostTensor, v: &'a HostTensor, opts: SdpaOptions) -> Self {
+        Self { q, k, v, opts }
     }
 
-    /// The reference in precision `T` on the stored values.
-    fn reference<T: attn_kernels::Real>(&self, weights: bool) -> attn_kernels::AttnOutput<T> {
+    /// The reference in precision `T` on the stored values, with the kernel parameters of `opts`.
+    fn reference<T: Real + WithDType>(&self, weights: bool) -> attn_kernels::AttnOutput<T> {
         let conv = |t: &HostTensor| -> Vec<T> { f32_of(t).iter().map(|&x| T::from_f32(x).unwrap()).collect() };
         let dims = |t: &HostTensor| -> [usize; 4] { t.shape.clone().try_into().unwrap() };
         let (qd, kd, vd) = (conv(self.q), conv(self.k), conv(self.v));
-        let mask = self.mask.map(|m| m.to_bool_vec().unwrap());
-        let bias = self.bias.map(conv);
-        let params = AttnParams {
-            scale: self.scale,
-            mask: MaskSpec {
-                causal: self.causal,
-                window: self.window,
-                align: self.align,
-                key_lengths: self.key_lengths.as_deref(),
-                keep: mask.as_ref().map(|m| Broadcast::new("mask", m, &self.mask.unwrap().shape).unwrap()),
-                bias: bias.as_ref().map(|b| Broadcast::new("bias", b, &self.bias.unwrap().shape).unwrap()),
-            },
-            softcap: self.softcap,
-            dropout: self.dropout,
-        };
+        let host = self.opts.kernel_params::<T>().unwrap();
         reference(
             &View4::contiguous("q", &qd, dims(self.q)).unwrap(),
             &View4::contiguous("k", &kd, dims(self.k)).unwrap(),
             &View4::contiguous("v", &vd, dims(self.v)).unwrap(),
-            &params,
+            &host.attn_params().unwrap(),
             weights,
         )
         .unwrap()
@@ -151,9 +112,7 @@ fn output_matches_reference() {
     let out = out_path(dir.path());
     let (result, stdout) =
         run_ok(&["--causal", "--align", "bottom-right", "-o", out.to_str().unwrap()], &[&input], &out);
-    let mut case = Case::new(&q, &k, &v);
-    case.causal = true;
-    case.align = Align::BottomRight;
+    let case = Case::new(&q, &k, &v, SdpaOptions::default().causal(true).align(Align::BottomRight));
     case.check(&result, false);
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(stdout.contains("out.safetensors") && stdout.contains("q [2, 4, 5, 8]"), "{stdout}");
@@ -180,10 +139,7 @@ fn weights_and_options() {
         out.to_str().unwrap(),
     ];
     let (result, _) = run_ok(&args, &[&input], &out);
-    let mut case = Case::new(&q, &k, &v);
-    case.window = Some(Window { left: Some(2), right: None });
-    case.scale = Some(-0.7);
-    case.softcap = Some(1.5);
+    let case = Case::new(&q, &k, &v, SdpaOptions::default().window(Some(2), None).scale(-0.7).softcap(1.5));
     case.check(&result, true);
 }
 
@@ -202,11 +158,11 @@ fn mask_bias_key_lengths_and_half_precision() {
     write(&input, &[("q", &q), ("k", &k), ("v", &v), ("mask", &mask), ("bias", &bias), ("key_lengths", &key_lengths)]);
     let out = out_path(dir.path());
     let (result, stdout) = run_ok(&["--weights", "-o", out.to_str().unwrap()], &[&input], &out);
-    let mut case = Case::new(&q, &k, &v);
-    case.mask = Some(&mask);
-    case.bias = Some(&bias);
-    case.key_lengths = Some(vec![4, 2]);
-    case.check(&result, true);
+    let opts = SdpaOptions::default()
+        .mask(Mask::keep(mask.clone().into_mask_tensor().unwrap()))
+        .bias(bias.clone().into_float_tensor().unwrap())
+        .key_lengths(vec![4, 2]);
+    Case::new(&q, &k, &v, opts).check(&result, true);
     assert!(stdout.contains("k [2, 1, 5, 4] F16") && stdout.contains("key_lengths [2] I64"), "{stdout}");
     let HostData::F32(w) = &result["weights"].data else { panic!() };
     // Batch 1 has two valid keys: weights of keys 2.. are zero.
@@ -243,10 +199,8 @@ fn npy_inputs_with_dropout() {
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (result, _) = run_ok(&args, &[], &out);
-    let mut case = Case::new(&q, &k, &v);
-    case.mask = Some(&mask);
-    case.dropout = Some(Dropout { p: 0.3, seed: 99 });
-    case.check(&result, false);
+    let opts = SdpaOptions::default().mask(Mask::keep(mask.clone().into_mask_tensor().unwrap())).dropout(0.3, 99);
+    Case::new(&q, &k, &v, opts).check(&result, false);
 }
 
 /// Runs a failing command and returns its single stderr line.

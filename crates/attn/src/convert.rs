@@ -1,5 +1,6 @@
 //! Bridges candle tensors and the kernels' slice views: device and dtype checks, zero-copy strided
-//! views into a tensor's CPU storage, and flat kernel results back into tensors.
+//! views into a tensor's CPU storage, float values read to host memory, and flat kernel results
+//! back into tensors.
 //!
 //! Queries are always read as `f32`; keys and values are read in place when stored as `f32`,
 //! `f16` or `bf16` (the kernels accumulate in `f32`), and converted to `f32` when `f64`. A tensor
@@ -15,6 +16,11 @@ pub(crate) fn check_input(name: &'static str, t: &Tensor) -> Result<()> {
     if !t.device().is_cpu() {
         return Err(AttnLibError::Device { tensor: name, found: format!("{:?}", t.device().location()) });
     }
+    check_float(name, t)
+}
+
+/// Refuses a tensor whose dtype is not `f16`, `bf16`, `f32` or `f64`.
+fn check_float(name: &'static str, t: &Tensor) -> Result<()> {
     match t.dtype() {
         DType::F16 | DType::BF16 | DType::F32 | DType::F64 => Ok(()),
         found => Err(AttnLibError::DType { tensor: name, found, expected: "a float dtype (f16, bf16, f32, f64)" }),
@@ -69,14 +75,10 @@ pub(crate) fn kv_view<'a>(name: &'static str, storage: &'a Storage, layout: &Lay
     }
 }
 
-/// The bias as row-major `f32` values in its own shape; refuses non-float dtypes.
-pub(crate) fn bias_values(bias: &Tensor) -> Result<Vec<f32>> {
-    match bias.dtype() {
-        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => {
-            Ok(bias.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
-        }
-        found => Err(AttnLibError::DType { tensor: "bias", found, expected: "a float dtype (f16, bf16, f32, f64)" }),
-    }
+/// The row-major values of a float tensor (any device) as `T`; refuses other dtypes.
+pub(crate) fn float_values<T: WithDType>(name: &'static str, t: &Tensor) -> Result<Vec<T>> {
+    check_float(name, t)?;
+    Ok(t.flatten_all()?.to_dtype(T::DTYPE)?.to_vec1::<T>()?)
 }
 
 /// A CPU tensor of `shape` from kernel output, cast to `dtype`.

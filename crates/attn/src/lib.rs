@@ -3,6 +3,8 @@
 //!
 //! - [`sdpa`](fn@sdpa) / [`sdpa_full`]: attention on `[B, H, L, D]` (or single-head `[B, L, D]`) tensors,
 //!   configured by [`SdpaOptions`]; [`sdpa_full`] also returns the log-sum-exp and the weights.
+//! - [`SdpaOptions::kernel_params`]: the same options as `attn_kernels` parameters, for calling the
+//!   kernels directly.
 //! - [`Mask`], [`padding_mask`], [`key_lengths_from_tokens`]: building masks.
 //! - [`heatmap`]: drawing weights as pictures.
 //! - [`random`]: seeded random tensors for examples.
@@ -23,11 +25,13 @@ pub mod error;
 pub mod heatmap;
 pub mod mask;
 pub mod options;
+mod params;
 pub mod random;
 pub mod sdpa;
 
-pub use attn_kernels::{Align, Kernel};
+pub use attn_kernels::{Align, Dropout, Kernel, Window};
 pub use error::{AttnLibError, Result};
 pub use mask::{key_lengths_from_tokens, padding_mask, Mask, Polarity};
 pub use options::SdpaOptions;
+pub use params::KernelParams;
 pub use sdpa::{sdpa, sdpa_full, SdpaOutput};

@@ -1,7 +1,8 @@
 //! Options of one [`sdpa`](fn@crate::sdpa) call: a plain struct with public fields, a `Default` that
-//! matches PyTorch's `scaled_dot_product_attention` defaults, and chainable builder methods.
+//! matches PyTorch's `scaled_dot_product_attention` defaults, and chainable builder methods. The
+//! kernels' parameters are made from it in one place, [`SdpaOptions::kernel_params`].
 
-use attn_kernels::{Align, Kernel};
+use attn_kernels::{Align, Dropout, Kernel, Window};
 use candle_core::Tensor;
 
 use crate::mask::Mask;
@@ -16,8 +17,8 @@ pub struct SdpaOptions {
     pub causal: bool,
     /// Alignment of the causal diagonal and the window centre when `Lq != Lk`.
     pub align: Align,
-    /// Sliding window `(left, right)` around the aligned diagonal; `None` on a side is unbounded.
-    pub window: Option<(Option<usize>, Option<usize>)>,
+    /// Sliding window around the aligned diagonal; `None` on a side is unbounded.
+    pub window: Option<Window>,
     /// Boolean mask, rank 1 to 4, broadcast to `[B, Hq, Lq, Lk]` (for 3-D inputs a rank-3 mask
     /// is read as `[B, Lq, Lk]`).
     pub mask: Option<Mask>,
@@ -28,9 +29,9 @@ pub struct SdpaOptions {
     pub key_lengths: Option<Vec<usize>>,
     /// Logit soft-capping `cap·tanh(s/cap)` on the scaled scores, `cap > 0`.
     pub softcap: Option<f64>,
-    /// Dropout `(p, seed)` on the weights, `0 <= p < 1`; the keep decision is a pure function of
+    /// Dropout on the weights, `0 <= p < 1`; the keep decision is a pure function of
     /// `(seed, b, h, i, j)`.
-    pub dropout: Option<(f32, u64)>,
+    pub dropout: Option<Dropout>,
     /// Which kernel computes the call.
     pub kernel: Kernel,
     /// Whether [`sdpa_full`](crate::sdpa_full) returns the weights `[B, Hq, Lq, Lk]`.
@@ -58,7 +59,7 @@ impl SdpaOptions {
 
     /// Sets a sliding window of `left` keys before and `right` keys after the diagonal.
     pub fn window(mut self, left: Option<usize>, right: Option<usize>) -> Self {
-        self.window = Some((left, right));
+        self.window = Some(Window { left, right });
         self
     }
 
@@ -88,7 +89,7 @@ impl SdpaOptions {
 
     /// Sets dropout with probability `p` and generator seed `seed`.
     pub fn dropout(mut self, p: f32, seed: u64) -> Self {
-        self.dropout = Some((p, seed));
+        self.dropout = Some(Dropout { p, seed });
         self
     }
 

@@ -15,11 +15,12 @@
 //! the tensor; copy with `.to_device(&Device::Cpu)`). Masks and biases are read from any device.
 //! Results are CPU tensors. There is no autograd: results are plain tensors without gradients.
 
-use attn_kernels::{attention, AttnParams, Broadcast, Dropout, MaskSpec, Window};
+use attn_kernels::attention;
 use candle_core::Tensor;
 
-use crate::convert::{as_key_value, as_query, bias_values, check_input, kv_view, to_tensor, view4};
+use crate::convert::{as_key_value, as_query, check_input, kv_view, to_tensor, view4};
 use crate::error::{AttnLibError, Result};
+use crate::mask::{Mask, Polarity};
 use crate::options::SdpaOptions;
 
 /// Everything one attention call computes.
@@ -52,30 +53,10 @@ pub fn sdpa_full(q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) -> Resu
     let lift = |t: &Tensor| if single_head { t.unsqueeze(1) } else { Ok(t.clone()) };
     let (q4, k4, v4) = (as_query(&lift(q)?)?, as_key_value(&lift(k)?)?, as_key_value(&lift(v)?)?);
 
-    let keep = opts.mask.as_ref().map(|m| Ok::<_, AttnLibError>((m.keep_values()?, m.shape().to_vec()))).transpose()?;
-    let bias = opts.bias.as_ref().map(|b| Ok::<_, AttnLibError>((bias_values(b)?, b.dims().to_vec()))).transpose()?;
-    let elementwise = |name, shape: &[usize]| broadcast_shape(name, shape, single_head);
-    let keep_view = match &keep {
-        Some((data, shape)) => Some(Broadcast::new("mask", data, &elementwise("mask", shape)?)?),
-        None => None,
-    };
-    let bias_view = match &bias {
-        Some((data, shape)) => Some(Broadcast::new("bias", data, &elementwise("bias", shape)?)?),
-        None => None,
-    };
-    let params = AttnParams {
-        scale: opts.scale,
-        mask: MaskSpec {
-            causal: opts.causal,
-            window: opts.window.map(|(left, right)| Window { left, right }),
-            align: opts.align,
-            key_lengths: opts.key_lengths.as_deref(),
-            keep: keep_view,
-            bias: bias_view,
-        },
-        softcap: opts.softcap,
-        dropout: opts.dropout.map(|(p, seed)| Dropout { p, seed }),
-    };
+    let lifted = if single_head { Some(with_head_dim(opts)?) } else { None };
+    let opts = lifted.as_ref().unwrap_or(opts);
+    let host = opts.kernel_params::<f32>()?;
+    let params = host.attn_params()?;
 
     let result = {
         let (qs, ql) = q4.storage_and_layout();
@@ -120,17 +101,19 @@ fn single_head(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<bool> {
     Ok(rank == 3)
 }
 
-/// The shape a mask or bias broadcasts with against `[B, Hq, Lq, Lk]`: for 3-D inputs a rank-3
-/// `[B, Lq, Lk]` gains the head dimension.
-fn broadcast_shape(name: &'static str, shape: &[usize], single_head: bool) -> Result<Vec<usize>> {
-    if shape.is_empty() || shape.len() > 4 {
-        return Err(AttnLibError::Shape {
-            tensor: name,
-            found: shape.to_vec(),
-            expected: "rank 1 to 4, broadcastable to [B, Hq, Lq, Lk]".into(),
-        });
-    }
-    Ok(if single_head && shape.len() == 3 { vec![shape[0], 1, shape[1], shape[2]] } else { shape.to_vec() })
+/// `opts` for 3-D inputs lifted to one head: a rank-3 mask or bias `[B, Lq, Lk]` becomes
+/// `[B, 1, Lq, Lk]`; other ranks broadcast as they are.
+fn with_head_dim(opts: &SdpaOptions) -> Result<SdpaOptions> {
+    let lift = |t: &Tensor| if t.rank() == 3 { t.unsqueeze(1) } else { Ok(t.clone()) };
+    let mask = match &opts.mask {
+        Some(m) => Some(match m.polarity() {
+            Polarity::Keep => Mask::keep(lift(m.tensor())?),
+            Polarity::Block => Mask::block(lift(m.tensor())?),
+        }),
+        None => None,
+    };
+    let bias = opts.bias.as_ref().map(lift).transpose()?;
+    Ok(SdpaOptions { mask, bias, ..opts.clone() })
 }
 
 fn dims4(t: &Tensor) -> [usize; 4] {

@@ -137,7 +137,9 @@ fn strided_and_broadcast_inputs_match_contiguous_copies() {
     assert_default_matches(&q, &k, &v_narrow);
 }
 
-/// The kernel parameters `every_option_reaches_the_kernel` sets through `SdpaOptions`.
+/// The kernel parameters `every_option_reaches_the_kernel` sets through `SdpaOptions`, written
+/// out by hand: the test's own statement of what each option means, independent of the library's
+/// conversion (`SdpaOptions::kernel_params`) that it checks.
 fn all_options<'a, T: Real>(
     keep: &'a [bool],
     keep_shape: [usize; 4],
@@ -193,6 +195,10 @@ fn every_option_reaches_the_kernel() {
     // The options change the result: without them the output differs.
     let plain = sdpa(&q, &k, &v, &SdpaOptions::default()).unwrap();
     assert_ne!(values::<f32>(&plain), values::<f32>(&got.out));
+    // The library's conversion gives the same parameters: the reference on them is bit-identical.
+    let host = opts.kernel_params::<f64>().unwrap();
+    let converted = run_reference::<f64>(&q, &k, &v, &host.attn_params().unwrap());
+    assert_eq!((converted.out, converted.lse, converted.weights), (r64.out, r64.lse, r64.weights));
 }
 
 #[test]

@@ -1,7 +1,9 @@
-//! `attn bench`: times `attn_kernels::attention` on seeded random inputs of one or more shapes in
-//! a rayon pool of a chosen size, and reports the median/min/max time per call, GFLOP/s (see
-//! [`spec::FLOP_RULE`]) and the memory a call allocates beyond its output; `--peak` adds the
-//! machine's FMA peak. Output is a table, or one JSON object per line with `--json`.
+//! `attn bench`: times `attn::sdpa_full` under the shared attention flags on seeded random inputs
+//! of one or more shapes in a rayon pool of a chosen size, and reports the median/min/max time per
+//! call, GFLOP/s (see [`spec::FLOP_RULE`]) and the memory a call allocates beyond its output;
+//! `--peak` adds the machine's FMA peak. Output is a table, or one JSON object per line with
+//! `--json`. The library's own work around the kernel (checks, views, wrapping the results in
+//! tensors) costs microseconds and allocates no copy of the inputs or outputs.
 
 mod inputs;
 mod measure;
@@ -9,12 +11,15 @@ mod peak;
 mod spec;
 
 use anyhow::{bail, Context};
-use attn_kernels::{attention, AttnParams, Dims, Kernel, MaskSpec};
+use attn::sdpa_full;
+use attn_kernels::Dims;
+use candle_core::DType;
 use serde_json::json;
 
-pub use inputs::KvDtype;
 pub use spec::FLOP_RULE;
 
+use super::sdpa_flags::{align_name, named_values, SdpaFlags};
+use inputs::KV_DTYPES;
 use measure::{Budget, Measurement};
 use peak::Peak;
 
@@ -34,21 +39,14 @@ pub struct Args {
     /// Value head dimension Dv (default D).
     #[arg(long, value_name = "Dv")]
     pub dv: Option<usize>,
-    /// Causal mask, top-left aligned (query i sees keys j <= i).
-    #[arg(long)]
-    pub causal: bool,
-    /// Logit soft-capping C: scores become C·tanh(s/C) (Gemma 2 uses 50).
-    #[arg(long, value_name = "C")]
-    pub softcap: Option<f64>,
+    #[command(flatten)]
+    pub sdpa: SdpaFlags,
     /// Storage type of keys and values (queries and output are f32).
-    #[arg(long, value_enum, default_value_t = KvDtype::F32)]
-    pub kv_dtype: KvDtype,
+    #[arg(long, default_value = "f32", value_parser = named_values(&KV_DTYPES, |d: DType| d.as_str()))]
+    pub kv_dtype: DType,
     /// Threads of the rayon pool the call runs in (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Kernel: reference, auto, flash-avx512, flash-avx2 or flash-portable.
-    #[arg(long, default_value = "auto")]
-    pub kernel: Kernel,
     /// Untimed calls before timing.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
@@ -59,9 +57,9 @@ pub struct Args {
     /// make --iters calls).
     #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
     pub budget: f64,
-    /// Seed of the random inputs.
+    /// Seed of the random inputs (`--seed` is the dropout seed).
     #[arg(long, default_value_t = 0x5eed)]
-    pub seed: u64,
+    pub data_seed: u64,
     /// Print one JSON object per shape per line instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -94,9 +92,6 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if cases.is_empty() && !args.peak {
         bail!("nothing to do: give at least one --shape B,H,Lq,D (or --peak)");
     }
-    if !args.kernel.is_available() {
-        bail!("--kernel {}: this CPU lacks its instruction set", args.kernel.name());
-    }
     if args.iters == 0 {
         bail!("--iters is 0, expected at least 1");
     }
@@ -118,17 +113,13 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         println!("{}", header(peak.flatten().is_some()));
     }
     let budget = Budget { warmup: args.warmup, iters: args.iters, seconds: args.budget };
+    let opts = args.sdpa.options();
     for dims in cases {
-        let data = inputs::Inputs::random(dims, args.kv_dtype, args.seed);
-        let (q, k, v) = data.views()?;
-        let params = AttnParams {
-            mask: MaskSpec { causal: args.causal, ..Default::default() },
-            softcap: args.softcap,
-            ..Default::default()
-        };
-        let m = measure::measure(budget, || Ok(pool.install(|| attention(args.kernel, &q, &k, &v, &params, false))?))
-            .with_context(|| format!("--shape {}", spec::shape_text(&dims)))?;
-        let row = Row { dims, flops: spec::flops(&dims, args.causal), m };
+        let shape = || format!("--shape {}", spec::shape_text(&dims));
+        let data = inputs::Inputs::random(dims, args.kv_dtype, args.data_seed).with_context(shape)?;
+        let m = measure::measure(budget, || Ok(pool.install(|| sdpa_full(&data.q, &data.k, &data.v, &opts))?))
+            .with_context(shape)?;
+        let row = Row { dims, flops: spec::flops(&dims, &opts), m };
         let peak_all = peak.flatten().map(|p| p.all_gflops);
         if args.json {
             println!("{}", json_row(&args, threads, &row, peak_all));
@@ -161,12 +152,12 @@ fn print_peak(args: &Args, peak: Option<Peak>, threads: usize) {
 
 fn header(with_peak: bool) -> String {
     format!(
-        "{:<16} {:>7} {:>4} {:>4} {:>6} {:>7} {:>4} {:<14} {:>3} {:>11} {:>11} {:>11} {:>9}{} {:>10} {:>5}",
+        "{:<16} {:>7} {:>4} {:>4} {:<14} {:>7} {:>4} {:<14} {:>3} {:>11} {:>11} {:>11} {:>9}{} {:>10} {:>5}",
         "shape B,H,Lq,D",
         "Lk",
         "Hkv",
         "Dv",
-        "causal",
+        "band",
         "softcap",
         "kv",
         "kernel",
@@ -185,15 +176,15 @@ fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> S
     let d = row.dims;
     let gflops = row.gflops();
     format!(
-        "{:<16} {:>7} {:>4} {:>4} {:>6} {:>7} {:>4} {:<14} {:>3} {:>11.4} {:>11.4} {:>11.4} {:>9.2}{} {:>10} {:>5}",
+        "{:<16} {:>7} {:>4} {:>4} {:<14} {:>7} {:>4} {:<14} {:>3} {:>11.4} {:>11.4} {:>11.4} {:>9.2}{} {:>10} {:>5}",
         spec::shape_text(&d),
         d.lk,
         d.hkv,
         d.dv,
-        if args.causal { "yes" } else { "no" },
-        args.softcap.map_or("-".to_string(), |c| c.to_string()),
-        args.kv_dtype.name(),
-        args.kernel.name(),
+        args.sdpa.band_text(),
+        args.sdpa.softcap.map_or("-".to_string(), |c| c.to_string()),
+        args.kv_dtype.as_str(),
+        args.sdpa.kernel.name(),
         threads,
         row.m.median() * 1e3,
         row.m.min() * 1e3,
@@ -212,11 +203,15 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         "kv_len": d.lk,
         "kv_heads": d.hkv,
         "dv": d.dv,
-        "kernel": args.kernel.name(),
+        "kernel": args.sdpa.kernel.name(),
         "threads": threads,
-        "kv_dtype": args.kv_dtype.name(),
-        "causal": args.causal,
-        "softcap": args.softcap,
+        "kv_dtype": args.kv_dtype.as_str(),
+        "causal": args.sdpa.causal,
+        "align": align_name(args.sdpa.align),
+        "window": args.sdpa.window.map(|w| [w.left, w.right]),
+        "scale": args.sdpa.scale,
+        "softcap": args.sdpa.softcap,
+        "dropout": args.sdpa.dropout,
         "median_s": row.m.median(),
         "min_s": row.m.min(),
         "max_s": row.m.max(),

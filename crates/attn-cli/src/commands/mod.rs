@@ -1,6 +1,8 @@
-//! One module per subcommand, each with its clap `Args` and a `main`.
+//! One module per subcommand, each with its clap `Args` and a `main`, and the attention flags that
+//! `run` and `bench` share.
 
 pub mod bench;
 pub mod demo;
 pub mod heatmap;
 pub mod run;
+pub mod sdpa_flags;

@@ -2,10 +2,12 @@
 //! [`IoError`] naming the file, the tensor and what was expected versus found, never a panic, and
 //! nothing is allocated from a number in a file before it is checked against the file's size.
 //!
-//! - [`HostTensor`]: the in-memory tensor both formats read into.
+//! - [`HostTensor`]: the in-memory tensor both formats read into, convertible to and from candle
+//!   tensors for the `attn` library.
 //! - safetensors: [`read_safetensors`], [`parse_safetensors`], [`write_safetensors`].
 //! - NumPy `.npy`: [`read_npy`], [`parse_npy`], [`write_npy`].
 
+mod candle;
 mod error;
 mod file;
 mod npy;

@@ -3,6 +3,13 @@
 //! row-major data. Accepted element types: `<f2 <f4 <f8 |b1 |u1 <i4 <i8`; big-endian, object,
 //! structured and Fortran-ordered arrays are refused. Header numbers are checked against the file
 //! before anything is allocated from them.
+//!
+//! The `npyz` crate (0.9.1) does not parse for us because it accepts files that `tests/io_npy.rs`
+//! requires refused — `header_unknown_key`, `header_duplicate_key` (its header dict becomes a map)
+//! and `data_too_long` (trailing bytes are ignored) — panics on `shape_product_overflows` when
+//! overflow checks are on (the product wraps to zero elements when they are off), and allocates a
+//! buffer of the header length read from the file before comparing it with the file size
+//! (`header_length_beyond_file`).
 
 use std::path::Path;
 

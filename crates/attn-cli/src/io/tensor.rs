@@ -6,6 +6,11 @@ use half::{bf16, f16};
 
 use super::error::IoErrorKind;
 
+/// The float element types, for messages.
+pub(super) const FLOATS: &str = "F16, BF16, F32 or F64";
+/// The boolean element types (U8 non-zero = true), for messages.
+pub(super) const BOOLEANS: &str = "BOOL or U8";
+
 /// Element types the readers accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DType {
@@ -211,7 +216,7 @@ impl HostTensor {
             HostData::Bf16(v) => Ok(v.iter().map(|x| x.to_f32()).collect()),
             HostData::F32(v) => Ok(v.clone()),
             HostData::F64(v) => Ok(v.iter().map(|&x| x as f32).collect()),
-            _ => Err(self.wrong_dtype("F16, BF16, F32 or F64")),
+            _ => Err(self.wrong_dtype(FLOATS)),
         }
     }
 
@@ -220,7 +225,7 @@ impl HostTensor {
         match &self.data {
             HostData::Bool(v) => Ok(v.clone()),
             HostData::U8(v) => Ok(v.iter().map(|&x| x != 0).collect()),
-            _ => Err(self.wrong_dtype("BOOL or U8")),
+            _ => Err(self.wrong_dtype(BOOLEANS)),
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use attn_kernels::AttnOutput;
+use attn::SdpaOutput;
 
 use crate::alloc_meter;
 
@@ -55,16 +55,13 @@ impl Measurement {
 }
 
 /// Bytes held by an attention output (`out`, `lse` and any weights).
-fn output_bytes(o: &AttnOutput<f32>) -> usize {
-    let floats = o.out.capacity() + o.lse.capacity() + o.weights.as_ref().map_or(0, Vec::capacity);
-    floats * std::mem::size_of::<f32>()
+fn output_bytes(o: &SdpaOutput) -> usize {
+    let tensors = [Some(&o.out), Some(&o.lse), o.weights.as_ref()];
+    tensors.into_iter().flatten().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum()
 }
 
 /// Runs `call` as `budget` says and measures it; `budget.iters` must be at least 1.
-pub fn measure(
-    budget: Budget,
-    mut call: impl FnMut() -> anyhow::Result<AttnOutput<f32>>,
-) -> anyhow::Result<Measurement> {
+pub fn measure(budget: Budget, mut call: impl FnMut() -> anyhow::Result<SdpaOutput>) -> anyhow::Result<Measurement> {
     for _ in 0..budget.warmup {
         call()?;
     }
@@ -90,8 +87,10 @@ pub fn measure(
 mod tests {
     use super::*;
 
-    fn fake_output(n: usize) -> AttnOutput<f32> {
-        AttnOutput { out: vec![0.0; n], lse: vec![0.0; 1], weights: None }
+    fn fake_output(n: usize) -> SdpaOutput {
+        let zeros =
+            |n: usize| candle_core::Tensor::zeros(n, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        SdpaOutput { out: zeros(n), lse: zeros(1), weights: None }
     }
 
     #[test]

@@ -2,14 +2,15 @@
 //! `--kv-heads` and `--dv` options, and its floating-point operation count.
 
 use anyhow::{bail, Context};
+use attn::SdpaOptions;
 use attn_kernels::mask::Band;
-use attn_kernels::{Align, Dims};
+use attn_kernels::Dims;
 
 /// How FLOPs are counted, shown in `attn bench --help`.
 pub const FLOP_RULE: &str = "FLOP count: for every (batch, query head), 2·Dk + 2·Dv per unmasked (query i, key j) \
 pair (the q·k dot product and the weighted sum of v, one multiply and one add each); softmax, scaling and \
-masking are not counted. Causal masks are counted exactly (top-left: query i sees min(i+1, Lk) keys), so \
-full attention is 4·B·H·Lq·Lk·D when Dk = Dv = D and causal is about half of it.";
+masking are not counted. Causal and window bands are counted exactly (causal, top-left: query i sees \
+min(i+1, Lk) keys), so full attention is 4·B·H·Lq·Lk·D when Dk = Dv = D and causal is about half of it.";
 
 /// Parses `B,H,Lq,D` into `[B, H, Lq, D]`; every size must be at least 1.
 pub fn parse_shape(text: &str) -> anyhow::Result<[usize; 4]> {
@@ -52,9 +53,10 @@ pub fn case_dims(
 }
 
 /// FLOPs of one call by [`FLOP_RULE`]: `2·(Dk + Dv)` per unmasked `(i, j)` pair per batch and
-/// query head, the pairs taken from the kernels' own causal band (top-left alignment).
-pub fn flops(dims: &Dims, causal: bool) -> u64 {
-    let band = Band::new(causal, None, Align::TopLeft, dims.lq, dims.lk);
+/// query head, the pairs taken from the kernels' own band for the options' causal mask, window and
+/// alignment.
+pub fn flops(dims: &Dims, opts: &SdpaOptions) -> u64 {
+    let band = Band::new(opts.causal, opts.window, opts.align, dims.lq, dims.lk);
     let pairs: u64 = (0..dims.lq)
         .map(|i| {
             let (lo, hi) = band.keys(i, dims.lk);
@@ -85,16 +87,28 @@ mod tests {
     #[test]
     fn full_attention_is_four_bhld() {
         let d = case_dims([2, 3, 5, 8], None, None, None).unwrap();
-        assert_eq!(flops(&d, false), 4 * 2 * 3 * 5 * 5 * 8);
+        assert_eq!(flops(&d, &SdpaOptions::default()), 4 * 2 * 3 * 5 * 5 * 8);
     }
 
     #[test]
     fn causal_counts_the_lower_triangle_top_left() {
         // Lq = 4, Lk = 6: rows see 1, 2, 3, 4 keys; Lq = 6, Lk = 3: rows see 1, 2, 3, 3, 3, 3.
+        let causal = SdpaOptions::default().causal(true);
         let d = case_dims([1, 1, 4, 2], Some(6), None, Some(3)).unwrap();
-        assert_eq!(flops(&d, true), 10 * 2 * (2 + 3));
+        assert_eq!(flops(&d, &causal), 10 * 2 * (2 + 3));
         let d = case_dims([1, 2, 6, 4], Some(3), Some(1), None).unwrap();
-        assert_eq!(flops(&d, true), 15 * 16 * 2);
+        assert_eq!(flops(&d, &causal), 15 * 16 * 2);
+    }
+
+    #[test]
+    fn window_and_alignment_count_their_band() {
+        // Lq = Lk = 5, window (1, 0): rows see 1, 2, 2, 2, 2 keys.
+        let d = case_dims([1, 1, 5, 2], None, None, None).unwrap();
+        assert_eq!(flops(&d, &SdpaOptions::default().window(Some(1), Some(0))), 9 * 2 * (2 + 2));
+        // Lq = 2, Lk = 4, causal bottom-right: rows see 3 and 4 keys.
+        let d = case_dims([1, 1, 2, 2], Some(4), None, None).unwrap();
+        let opts = SdpaOptions::default().causal(true).align(attn::Align::BottomRight);
+        assert_eq!(flops(&d, &opts), 7 * 2 * (2 + 2));
     }
 
     #[test]

@@ -1,0 +1,174 @@
+//! The attention flags `attn run` and `attn bench` share (causal, align, window, scale, softcap,
+//! dropout, seed, kernel), flattened into both commands' arguments, and their one conversion into
+//! [`attn::SdpaOptions`]; also the parser of flags naming one of a fixed set of values (`--align`,
+//! `bench --kv-dtype`).
+
+use attn::{Align, Dropout, Kernel, SdpaOptions, Window};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+
+/// How one attention call is computed, as given on the command line.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SdpaFlags {
+    /// Causal masking: query i sees keys j <= i (top-left) or j <= i + Lk - Lq (bottom-right).
+    #[arg(long)]
+    pub causal: bool,
+    /// Where the causal diagonal and window centre sit when `Lq != Lk`.
+    #[arg(long, default_value = "top-left", value_parser = named_values(&ALIGNS, align_name))]
+    pub align: Align,
+    /// Sliding window `LEFT,RIGHT` around the aligned diagonal; -1 means unbounded.
+    #[arg(long, value_parser = parse_window, allow_hyphen_values = true)]
+    pub window: Option<Window>,
+    /// Score multiplier (default `1/sqrt(D)`).
+    #[arg(long, allow_hyphen_values = true)]
+    pub scale: Option<f64>,
+    /// Logit soft-capping C: scores become C·tanh(s/C) (Gemma 2 uses 50).
+    #[arg(long, value_name = "C")]
+    pub softcap: Option<f64>,
+    /// Dropout probability on the attention weights, in `[0, 1)`.
+    #[arg(long)]
+    pub dropout: Option<f32>,
+    /// Seed of the dropout generator (default 0).
+    #[arg(long, requires = "dropout")]
+    pub seed: Option<u64>,
+    /// Kernel: reference, auto, flash-avx512, flash-avx2 or flash-portable.
+    #[arg(long, default_value = "auto")]
+    pub kernel: Kernel,
+}
+
+impl SdpaFlags {
+    /// The library options these flags ask for (without masks, biases, key lengths or weights,
+    /// which come from files and other flags).
+    pub fn options(&self) -> SdpaOptions {
+        SdpaOptions {
+            scale: self.scale,
+            causal: self.causal,
+            align: self.align,
+            window: self.window,
+            softcap: self.softcap,
+            dropout: self.dropout.map(|p| Dropout { p, seed: self.seed.unwrap_or(0) }),
+            kernel: self.kernel,
+            ..SdpaOptions::default()
+        }
+    }
+
+    /// The causal/window band as a short text: `full`, or those of `causal`, `window L,R`
+    /// (`-1` = unbounded) and `bottom-right` that are set.
+    pub fn band_text(&self) -> String {
+        let mut parts = Vec::new();
+        if self.causal {
+            parts.push("causal".to_string());
+        }
+        if let Some(w) = self.window {
+            let side = |s: Option<usize>| s.map_or("-1".to_string(), |n| n.to_string());
+            parts.push(format!("window {},{}", side(w.left), side(w.right)));
+        }
+        if parts.is_empty() {
+            return "full".into();
+        }
+        if self.align == Align::BottomRight {
+            parts.push(align_name(self.align).into());
+        }
+        parts.join(" ")
+    }
+}
+
+/// Every alignment, in `--align`'s order.
+const ALIGNS: [Align; 2] = [Align::TopLeft, Align::BottomRight];
+
+/// The name of an alignment on the command line.
+pub fn align_name(align: Align) -> &'static str {
+    match align {
+        Align::TopLeft => "top-left",
+        Align::BottomRight => "bottom-right",
+    }
+}
+
+/// A parser accepting exactly the names of `all` (listed in `--help`) and giving the value named.
+pub(super) fn named_values<T: Copy + Send + Sync + 'static>(
+    all: &'static [T],
+    name: fn(T) -> &'static str,
+) -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(all.iter().map(|&v| name(v)))
+        .try_map(move |s| all.iter().copied().find(|&v| name(v) == s).ok_or_else(|| format!("unknown value '{s}'")))
+}
+
+fn parse_window(s: &str) -> Result<Window, String> {
+    let side = |x: &str| -> Result<Option<usize>, String> {
+        match x.trim().parse::<i64>() {
+            Ok(-1) => Ok(None),
+            Ok(n) if n >= 0 => usize::try_from(n).map(Some).map_err(|e| e.to_string()),
+            _ => Err(format!("'{x}' is not a window size, expected an integer >= -1")),
+        }
+    };
+    let (left, right) = s.split_once(',').ok_or_else(|| format!("'{s}', expected LEFT,RIGHT"))?;
+    Ok(Window { left: side(left)?, right: side(right)? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: SdpaFlags,
+    }
+
+    fn options(args: &[&str]) -> SdpaOptions {
+        Cli::try_parse_from([&["attn"], args].concat()).unwrap().flags.options()
+    }
+
+    #[test]
+    fn every_flag_reaches_the_options() {
+        let o = options(&[
+            "--causal",
+            "--align",
+            "bottom-right",
+            "--window",
+            "2,-1",
+            "--scale",
+            "-0.5",
+            "--softcap",
+            "30",
+            "--dropout",
+            "0.25",
+            "--seed",
+            "7",
+            "--kernel",
+            "reference",
+        ]);
+        assert!(o.causal);
+        assert_eq!(o.align, Align::BottomRight);
+        assert_eq!(o.window, Some(Window { left: Some(2), right: None }));
+        assert_eq!((o.scale, o.softcap), (Some(-0.5), Some(30.0)));
+        assert_eq!(o.dropout, Some(Dropout { p: 0.25, seed: 7 }));
+        assert_eq!(o.kernel, Kernel::Reference);
+    }
+
+    #[test]
+    fn defaults_are_the_library_defaults() {
+        let o = options(&[]);
+        let d = SdpaOptions::default();
+        assert_eq!((o.causal, o.align, o.window, o.scale), (d.causal, d.align, d.window, d.scale));
+        assert_eq!((o.softcap, o.dropout, o.kernel), (d.softcap, d.dropout, d.kernel));
+        assert_eq!(options(&["--dropout", "0.1"]).dropout, Some(Dropout { p: 0.1, seed: 0 }));
+    }
+
+    #[test]
+    fn band_text_names_what_is_set() {
+        let flags = |args: &[&str]| Cli::try_parse_from([&["attn"], args].concat()).unwrap().flags;
+        assert_eq!(flags(&[]).band_text(), "full");
+        assert_eq!(flags(&["--align", "bottom-right"]).band_text(), "full");
+        assert_eq!(flags(&["--causal"]).band_text(), "causal");
+        let both = flags(&["--causal", "--window", "4,-1", "--align", "bottom-right"]);
+        assert_eq!(both.band_text(), "causal window 4,-1 bottom-right");
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for bad in [&["--window", "3"][..], &["--window", "-2,0"], &["--align", "middle"], &["--seed", "1"]] {
+            assert!(Cli::try_parse_from([&["attn"], bad].concat()).is_err(), "{bad:?}");
+        }
+    }
+}
