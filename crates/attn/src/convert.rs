@@ -7,7 +7,8 @@
 //! whose last dimension is strided is made contiguous; other strides are used as they are.
 
 use attn_kernels::{KvView, View4};
-use candle_core::{DType, Layout, Storage, Tensor, WithDType};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, DType, Layout, Tensor, WithDType};
 
 use crate::error::{AttnLibError, Result};
 
@@ -44,16 +45,13 @@ fn last_dim_contiguous(t: Tensor) -> Result<Tensor> {
     Ok(if last_ok { t } else { t.contiguous()? })
 }
 
-/// A `[B, H, L, D]` view of a rank-4 CPU tensor of element type `T` whose last dimension is
+/// A `[B, H, L, D]` view of rank-4 CPU storage of element type `T` whose last dimension is
 /// contiguous.
 pub(crate) fn view4<'a, T: WithDType>(
     name: &'static str,
-    storage: &'a Storage,
+    cpu: &'a CpuStorage,
     layout: &Layout,
 ) -> Result<View4<'a, T>> {
-    let Storage::Cpu(cpu) = storage else {
-        return Err(AttnLibError::Device { tensor: name, found: "not the CPU".into() });
-    };
     let data = cpu.as_slice::<T>()?;
     let data = data.get(layout.start_offset()..).unwrap_or(&[]);
     let dims: [usize; 4] = layout.dims().try_into().map_err(|_| AttnLibError::Shape {
@@ -65,12 +63,12 @@ pub(crate) fn view4<'a, T: WithDType>(
     Ok(View4::strided(name, data, dims, [s[0], s[1], s[2]])?)
 }
 
-/// A key/value view of a tensor prepared by [`as_key_value`].
-pub(crate) fn kv_view<'a>(name: &'static str, storage: &'a Storage, layout: &Layout) -> Result<KvView<'a>> {
-    match storage.dtype() {
-        DType::F32 => Ok(KvView::F32(view4(name, storage, layout)?)),
-        DType::F16 => Ok(KvView::F16(view4(name, storage, layout)?)),
-        DType::BF16 => Ok(KvView::Bf16(view4(name, storage, layout)?)),
+/// A key/value view of the CPU storage of a tensor prepared by [`as_key_value`].
+pub(crate) fn kv_view<'a>(name: &'static str, cpu: &'a CpuStorage, layout: &Layout) -> Result<KvView<'a>> {
+    match cpu.dtype() {
+        DType::F32 => Ok(KvView::F32(view4(name, cpu, layout)?)),
+        DType::F16 => Ok(KvView::F16(view4(name, cpu, layout)?)),
+        DType::BF16 => Ok(KvView::Bf16(view4(name, cpu, layout)?)),
         found => Err(AttnLibError::DType { tensor: name, found, expected: "f32, f16 or bf16" }),
     }
 }

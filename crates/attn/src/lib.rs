@@ -20,6 +20,7 @@
 //! # Ok::<(), attn::AttnLibError>(())
 //! ```
 
+mod autograd;
 mod convert;
 pub mod error;
 pub mod heatmap;

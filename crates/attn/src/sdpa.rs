@@ -13,12 +13,17 @@
 //!
 //! Device: `q`, `k` and `v` must live on the CPU (other devices are refused with an error naming
 //! the tensor; copy with `.to_device(&Device::Cpu)`). Masks and biases are read from any device.
-//! Results are CPU tensors. There is no autograd: results are plain tensors without gradients.
+//! Results are CPU tensors.
+//!
+//! Gradients: `out` is differentiable through candle's autograd (`loss.backward()`) with respect to
+//! `q`, `k`, `v` and a tracked bias (a `Var`, or computed from one): the backward runs the fused
+//! backward kernel on the forward's log-sum-exp, replaying dropout from its seed (see
+//! `autograd`). `lse` and `weights` are plain tensors (no gradient flows through them).
 
-use attn_kernels::attention;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
-use crate::convert::{as_key_value, as_query, check_input, kv_view, to_tensor, view4};
+use crate::autograd;
+use crate::convert::{as_key_value, as_query, check_input, to_tensor};
 use crate::error::{AttnLibError, Result};
 use crate::mask::{Mask, Polarity};
 use crate::options::SdpaOptions;
@@ -55,26 +60,17 @@ pub fn sdpa_full(q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) -> Resu
 
     let lifted = if single_head { Some(with_head_dim(opts)?) } else { None };
     let opts = lifted.as_ref().unwrap_or(opts);
-    let host = opts.kernel_params::<f32>()?;
-    let params = host.attn_params()?;
-
-    let result = {
-        let (qs, ql) = q4.storage_and_layout();
-        let (ks, kl) = k4.storage_and_layout();
-        let (vs, vl) = v4.storage_and_layout();
-        let qv = view4::<f32>("q", &qs, ql)?;
-        let (kv, vv) = (kv_view("k", &ks, kl)?, kv_view("v", &vs, vl)?);
-        attention(opts.kernel, &qv, &kv, &vv, &params, opts.return_weights)?
-    };
+    let (out, lse, weights) = autograd::forward(&q4, &k4, &v4, opts)?;
 
     let [b, hq, lq, _] = dims4(&q4);
-    let (lk, dv) = (k4.dims()[2], v4.dims()[3]);
+    let lk = k4.dims()[2];
     let drop_head = |shape: Vec<usize>| if single_head { [&shape[..1], &shape[2..]].concat() } else { shape };
     let dtype = q.dtype();
+    let out = if single_head { out.squeeze(1)? } else { out };
     Ok(SdpaOutput {
-        out: to_tensor(result.out, &drop_head(vec![b, hq, lq, dv]), dtype)?,
-        lse: to_tensor(result.lse, &drop_head(vec![b, hq, lq]), candle_core::DType::F32)?,
-        weights: result.weights.map(|w| to_tensor(w, &drop_head(vec![b, hq, lq, lk]), dtype)).transpose()?,
+        out: if dtype == DType::F32 { out } else { out.to_dtype(dtype)? },
+        lse: to_tensor(lse, &drop_head(vec![b, hq, lq]), DType::F32)?,
+        weights: weights.map(|w| to_tensor(w, &drop_head(vec![b, hq, lq, lk]), dtype)).transpose()?,
     })
 }
 

@@ -1,0 +1,197 @@
+//! Attention as a differentiable candle operation: a `CustomOp3` whose forward runs the fused
+//! kernel and keeps its log-sum-exp (and weights, when asked) for the backward, and whose `bwd`
+//! runs the fused backward kernel on that log-sum-exp, the output and the incoming gradient —
+//! never recomputing the forward. Dropout is replayed from the same seed.
+//!
+//! Arguments: `(q, k, v)`; when the bias needs a gradient, `(q, kv, bias)` with
+//! `kv = [k | v]` concatenated along the last dimension (candle's `cat` routes the gradient back
+//! to `k` and `v`), since a custom op takes at most three tensors. The mask, key lengths and
+//! scalar options are constants of the op.
+
+use std::sync::{Arc, Mutex};
+
+use attn_kernels::{attention, attention_backward, AttnGrads, KvView, Saved, View4};
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
+
+use crate::convert::{kv_view, view4};
+use crate::error::{AttnLibError, Result};
+use crate::options::SdpaOptions;
+
+/// How the op's second and third arguments hold the keys, values and bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Args {
+    /// `(q, k, v)`.
+    Separate,
+    /// `(q, [k | v], bias)`, with `Dk` columns of keys.
+    Packed { dk: usize },
+}
+
+/// What the forward leaves for the caller and the backward.
+#[derive(Debug, Default)]
+struct ForwardState {
+    lse: Vec<f32>,
+    weights: Option<Vec<f32>>,
+    /// Why the forward failed, kept typed (candle's error would only carry its text).
+    error: Option<AttnLibError>,
+}
+
+/// The differentiable attention of one call.
+pub(crate) struct SdpaOp {
+    opts: SdpaOptions,
+    args: Args,
+    saved: Arc<Mutex<ForwardState>>,
+}
+
+/// Runs `opts` on 4-D `q: [B, Hq, Lq, Dk]` (f32), `k`, `v` (f32, f16 or bf16) through the op, so
+/// that gradients reach `q`, `k`, `v` and, when it is tracked, the bias. Returns
+/// `out: [B, Hq, Lq, Dv]` (f32, differentiable), `lse: [B·Hq·Lq]` and the weights when asked.
+pub(crate) fn forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    opts: &SdpaOptions,
+) -> Result<(Tensor, Vec<f32>, Option<Vec<f32>>)> {
+    let bias = opts.bias.as_ref().filter(|b| b.track_op());
+    let (args, a2, a3) = match bias {
+        Some(b) => {
+            let kv = Tensor::cat(&[k, &v.to_dtype(k.dtype())?], 3)?;
+            (Args::Packed { dk: k.dims()[3] }, kv, b.clone())
+        }
+        None => (Args::Separate, k.clone(), v.clone()),
+    };
+    let saved = Arc::new(Mutex::new(ForwardState::default()));
+    let op = SdpaOp { opts: opts.clone(), args, saved: saved.clone() };
+    let out = q.apply_op3_arc(&a2, &a3, Arc::new(Box::new(op)));
+    // The log-sum-exp stays with the op for its backward; the weights and an error are taken.
+    let mut s = saved.lock().unwrap_or_else(|e| e.into_inner());
+    match (out, s.error.take()) {
+        (_, Some(e)) => Err(e),
+        (out, None) => Ok((out?, s.lse.clone(), s.weights.take())),
+    }
+}
+
+/// The CPU storage of a tensor the op received.
+fn cpu(s: &Storage) -> Result<&CpuStorage> {
+    match s {
+        Storage::Cpu(c) => Ok(c),
+        _ => Err(AttnLibError::Device { tensor: "q", found: "not the CPU".into() }),
+    }
+}
+
+impl SdpaOp {
+    /// Key and value views of arguments 2 and 3.
+    fn kv<'a>(&self, s2: &'a CpuStorage, l2: &Layout, s3: &'a CpuStorage, l3: &Layout) -> Result<[KvView<'a>; 2]> {
+        match self.args {
+            Args::Separate => Ok([kv_view("k", s2, l2)?, kv_view("v", s3, l3)?]),
+            Args::Packed { dk } => {
+                let dims = l2.dims();
+                let dv = dims[3] - dk;
+                let k = l2.clone().narrow(3, 0, dk)?;
+                let v = l2.clone().narrow(3, dk, dv)?;
+                Ok([kv_view("k", s2, &k)?, kv_view("v", s2, &v)?])
+            }
+        }
+    }
+
+    fn run_forward(&self, q: &View4<f32>, kv: [KvView; 2]) -> Result<(Vec<f32>, ForwardState)> {
+        let host = self.opts.kernel_params::<f32>()?;
+        let params = host.attn_params()?;
+        let r = attention(self.opts.kernel, q, &kv[0], &kv[1], &params, self.opts.return_weights)?;
+        Ok((r.out, ForwardState { lse: r.lse, weights: r.weights, error: None }))
+    }
+
+    fn run_backward(
+        &self,
+        q: &Tensor,
+        a2: &Tensor,
+        a3: &Tensor,
+        out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<AttnGrads<f32>> {
+        let grad = grad.to_dtype(DType::F32)?.contiguous()?;
+        let (qs, ql) = q.storage_and_layout();
+        let (s2, l2) = a2.storage_and_layout();
+        let (s3, l3) = a3.storage_and_layout();
+        let (os, ol) = out.storage_and_layout();
+        let (gs, gl) = grad.storage_and_layout();
+        let (s2c, s3c) = (cpu(&s2)?, cpu(&s3)?);
+        let q = view4::<f32>("q", cpu(&qs)?, ql)?;
+        let kv = self.kv(s2c, l2, s3c, l3)?;
+        let out = view4::<f32>("out", cpu(&os)?, ol)?;
+        let dout = view4::<f32>("grad_out", cpu(&gs)?, gl)?;
+        let lse = self.saved.lock().unwrap_or_else(|e| e.into_inner()).lse.clone();
+        let host = self.opts.kernel_params::<f32>()?;
+        let params = host.attn_params()?;
+        let want_dbias = matches!(self.args, Args::Packed { .. });
+        Ok(attention_backward(
+            self.opts.kernel,
+            &q,
+            &kv[0],
+            &kv[1],
+            &Saved { out, lse: &lse, dout },
+            &params,
+            want_dbias,
+        )?)
+    }
+}
+
+impl CustomOp3 for SdpaOp {
+    fn name(&self) -> &'static str {
+        "attn-sdpa"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let run = || -> Result<(CpuStorage, Shape)> {
+            let q = view4::<f32>("q", s1, l1)?;
+            let kv = self.kv(s2, l2, s3, l3)?;
+            let [b, hq, lq, _] = q.dims();
+            let dv = kv[1].dims()[3];
+            let (out, saved) = self.run_forward(&q, kv)?;
+            *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = saved;
+            Ok((CpuStorage::F32(out), Shape::from((b, hq, lq, dv))))
+        };
+        run().map_err(|e| {
+            let text = e.to_string();
+            self.saved.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e);
+            candle_core::Error::Msg(text)
+        })
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        a2: &Tensor,
+        a3: &Tensor,
+        out: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let run = || -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+            let g = self.run_backward(q, a2, a3, out, grad)?;
+            let (b, hq, lq, dk) = q.dims4()?;
+            let dv = out.dims()[3];
+            let (hkv, lk) = (a2.dims()[1], a2.dims()[2]);
+            let cpu = q.device();
+            let dq = Tensor::from_vec(g.dq, (b, hq, lq, dk), cpu)?;
+            let dk_t = Tensor::from_vec(g.dk, (b, hkv, lk, dk), cpu)?;
+            let dv_t = Tensor::from_vec(g.dv, (b, hkv, lk, dv), cpu)?;
+            Ok(match self.args {
+                Args::Separate => (Some(dq), Some(dk_t.to_dtype(a2.dtype())?), Some(dv_t.to_dtype(a3.dtype())?)),
+                Args::Packed { .. } => {
+                    let dkv = Tensor::cat(&[dk_t, dv_t], 3)?.to_dtype(a2.dtype())?;
+                    let dbias =
+                        g.dbias.map(|d| Tensor::from_vec(d, a3.dims(), cpu)?.to_dtype(a3.dtype())).transpose()?;
+                    (Some(dq), Some(dkv), dbias)
+                }
+            })
+        };
+        run().map_err(candle_core::Error::wrap)
+    }
+}
