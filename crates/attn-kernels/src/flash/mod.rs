@@ -25,7 +25,7 @@ mod workspace;
 
 use rayon::prelude::*;
 
-use crate::dispatch::Isa;
+use crate::isa::Isa;
 use crate::merge::merge_row;
 use crate::problem::Problem;
 use crate::reference::AttnOutput;

@@ -461,7 +461,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::Isa;
+    use crate::isa::Isa;
 
     /// Largest error of [`tanh`] in units of the f32 spacing at the true value, over a dense
     /// sweep of `[-12, 12]` and a geometric sweep of tiny magnitudes of both signs.
