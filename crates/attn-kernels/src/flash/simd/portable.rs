@@ -10,6 +10,8 @@ use super::Simd;
 #[derive(Clone, Copy)]
 pub struct Portable;
 
+// Each method's contract is the trait's `# Safety` section; of it, this implementation relies only
+// on the pointer arguments being valid (it runs on any CPU).
 impl Simd for Portable {
     const W: usize = 8;
     type V = [f32; 8];
