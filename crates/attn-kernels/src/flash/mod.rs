@@ -71,8 +71,7 @@ pub(crate) fn forward<E: KvElem>(
             let hh = first + x;
             pack::pack_keys(k, hh / d.hkv, hh % d.hkv, w, p);
         });
-        let panels_of =
-            |job: &Job| (!plan.decode).then(|| &panels[(job.b * d.hkv + job.kvh - first) * plen..][..plen]);
+        let panels_of = |job: &Job| (!plan.decode).then(|| &panels[(job.b * d.hkv + job.kvh - first) * plen..][..plen]);
         let chunk_outs: Vec<(Job, Outs)> = chunk.iter().map(|j| (j.clone(), outs.take(j.rows(), d.dv, d.lk))).collect();
         if plan.shards == 1 {
             chunk_outs.into_par_iter().for_each_init(Work::default, |w, (job, o)| {
