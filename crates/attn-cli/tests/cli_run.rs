@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use attn_cli::io::{read_safetensors, write_npy, write_safetensors, HostData, HostTensor};
-use attn_kernels::oracle::{check, OUTPUT_FACTOR};
 use attn_kernels::{reference, Align, AttnParams, Broadcast, Dropout, MaskSpec, View4, Window};
+use attn_testkit::oracle::{check, OUTPUT_FACTOR};
 use half::{bf16, f16};
 
 /// Deterministic values in [-1, 1).

@@ -13,7 +13,6 @@ pub mod grad;
 pub mod isa;
 pub mod mask;
 pub mod merge;
-pub mod oracle;
 pub mod problem;
 pub mod reference;
 pub mod rng;

@@ -7,12 +7,12 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
-use attn_kernels::oracle::{self, OUTPUT_FACTOR};
 use attn_kernels::rng::SplitMix64;
 use attn_kernels::{
     attention, attention_tuned, reference, Align, AttnOutput, AttnParams, Broadcast, Dims, Dropout, Isa, Kernel,
     KvView, MaskSpec, Path, Tuning, View4, Window,
 };
+use attn_testkit::oracle::{self, OUTPUT_FACTOR};
 
 /// The flash kernel's plans that [`Case::check`] forces besides the automatic one: each path, and
 /// each with the keys split into shards merged through their log-sum-exps.
