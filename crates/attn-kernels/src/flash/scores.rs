@@ -14,18 +14,17 @@ use std::ops::Range;
 use super::block::{rows_per_call, with_rows, Ctx, Job, Work, LDS};
 use super::micro::{qk_panel, qk_rows};
 use super::simd::{tanh, KvElem, Simd};
+use crate::problem::Problem;
 
 /// Scaled (and soft-capped, biased) scores of every row of `job` against keys `j0..j0+n`, written
 /// to `w.s` (`[rows, LDS]`), masked (−∞) where not allowed; columns from `n` up to the
-/// vector-padded width are −∞. Returns `None` when no key of the tile was masked for any row,
-/// else the columns that no row masks (empty when an element mask masked something; between the
-/// rows' band edges otherwise). Reads the queries from `w.q` and the allowed key range of each row
-/// from `w.range`, both set up by the caller.
+/// vector-padded width are −∞: [`qk_tile`] then [`mask_tile`]. Returns `None` when no key of the
+/// tile was masked for any row, else the columns that no row masks (empty when an element mask
+/// masked something; between the rows' band edges otherwise). Reads the queries from `w.q` and the
+/// allowed key range of each row from `w.range`, both set up by the caller.
 ///
 /// # Safety
-/// The CPU supports `S`'s instruction set. With `panels`, they are the packing of the job's
-/// `(b, kvh)` by `pack_keys` for `S::W`; without, `k` holds keys `j0..j0+n` of the head at row
-/// stride `ldk`, each `Dk` long.
+/// As for [`qk_tile`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn scores<S: Simd, E: KvElem>(
@@ -38,6 +37,33 @@ pub(super) unsafe fn scores<S: Simd, E: KvElem>(
     j0: usize,
     n: usize,
 ) -> Option<Range<usize>> {
+    // SAFETY: forwarded from the caller.
+    let width = unsafe { qk_tile::<S, E>(cx, panels, job, w, k, ldk, j0, n) };
+    // SAFETY: the CPU supports `S` (the caller's contract); `qk_tile` returned the padded width.
+    unsafe { mask_tile::<S>(cx.pb, job, w, j0, n, width) }
+}
+
+/// The raw scores `scale · q·k` of every row of `job` against keys `j0..j0+n`, written to `w.s`
+/// (`[rows, LDS]`) from the queries in `w.q`; returns the width written per row, `n` rounded up
+/// to whole vectors (to whole panels of `2·W` keys in the prefill path), whose columns beyond `n`
+/// hold unspecified values.
+///
+/// # Safety
+/// The CPU supports `S`'s instruction set. With `panels`, they are the packing of the job's
+/// `(b, kvh)` by `pack_keys` for `S::W`; without, `k` holds keys `j0..j0+n` of the head at row
+/// stride `ldk`, each `Dk` long.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
+    cx: &Ctx<E>,
+    panels: Option<&[f32]>,
+    job: &Job,
+    w: &mut Work,
+    k: &[E],
+    ldk: usize,
+    j0: usize,
+    n: usize,
+) -> usize {
     let pb = cx.pb;
     let dk = pb.dims.dk;
     let rows = job.rows();
@@ -59,7 +85,8 @@ pub(super) unsafe fn scores<S: Simd, E: KvElem>(
                     let mut r0 = 0;
                     while r0 < rows {
                         let nr = rq.min(rows - r0);
-                        with_rows!(nr, qk_panel::<S; >(qp.add(r0 * dk), kp, dk, scale, sp.add(r0 * LDS + pi * pw), LDS));
+                        let dst = sp.add(r0 * LDS + pi * pw);
+                        with_rows!(nr, qk_panel::<S; >(qp.add(r0 * dk), kp, dk, scale, dst, LDS));
                         r0 += nr;
                     }
                 }
@@ -70,15 +97,37 @@ pub(super) unsafe fn scores<S: Simd, E: KvElem>(
                 let mut r0 = 0;
                 while r0 < rows {
                     let nr = 4.min(rows - r0);
-                    with_rows!(nr, qk_rows::<S, E; >(qp.add(r0 * dk), dk, kt, ldk, n, dk, scale, sp.add(r0 * LDS), LDS));
+                    with_rows!(
+                        nr,
+                        qk_rows::<S, E; >(qp.add(r0 * dk), dk, kt, ldk, n, dk, scale, sp.add(r0 * LDS), LDS)
+                    );
                     r0 += nr;
                 }
             }
         }
     }
+    width
+}
+
+/// Masks the raw score tile of keys `j0..j0+n` in `w.s` (`width` columns per row, as [`qk_tile`]
+/// returned) in the reference's order: soft-cap, bias, keep-mask, then each row's band `w.range`;
+/// columns from `n` to `width` become −∞. Returns what [`scores`] returns.
+///
+/// # Safety
+/// The CPU supports `S`'s instruction set; `width` is a multiple of `S::W` of at most [`LDS`].
+#[inline(always)]
+pub(super) unsafe fn mask_tile<S: Simd>(
+    pb: &Problem<f32>,
+    job: &Job,
+    w: &mut Work,
+    j0: usize,
+    n: usize,
+    width: usize,
+) -> Option<Range<usize>> {
     let mut masked = false;
     let mut clean = 0..n;
     let b = job.b;
+    let rows = job.rows();
     for r in 0..rows {
         let (h, i) = job.head_query(r);
         let row = &mut w.s[r * LDS..r * LDS + width];
