@@ -2,6 +2,8 @@
 //!
 //! - [`attention`]: the `f32` entry point; [`Kernel`] chooses the kernel.
 //! - [`reference`](mod@reference): the readable oracle, generic over `f32`/`f64`.
+//! - [`flash`]: the fast tiled kernel, with micro-kernels per instruction set ([`Isa`], whose
+//!   availability on this CPU is checked in one place, [`Isa::is_available`]).
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
 //!   into a [`Problem`] by every kernel.
 

@@ -2,7 +2,6 @@
 //! not, merged through the log-sum-exps gives the unsplit result (under the oracle rule), shards
 //! that mask a row entirely contribute nothing, and malformed partials are refused.
 
-#[allow(unused_macros, unused_imports)]
 mod common;
 
 use attn_kernels::{merge_partials, AttnError, Kernel, KvView, Partial, View4};

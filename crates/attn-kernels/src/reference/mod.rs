@@ -12,7 +12,7 @@
 //!
 //! This module holds what both directions share — the element types ([`Real`]), the result type
 //! ([`AttnOutput`]) and steps 1 and 2 (`row_scores`, the one place the reference masks a key); the
-//! forward ([`reference`], steps 3 to 5) is in `forward`, the backward ([`backward`]) follows the
+//! forward ([`reference()`], steps 3 to 5) is in `forward`, the backward ([`backward`]) follows the
 //! derivation beside it. There is one path: every row is computed the same way.
 //!
 //! A row with no allowed key (or whose scores are all −∞) gets `o_i = 0`, `lse_i = −∞`, `w_i· = 0`.

@@ -9,7 +9,7 @@
 //! - `kernels`: the `kernel_tests!` macro that turns one check into one `#[test]` per kernel.
 
 // Each test binary uses its own subset of these helpers and of their re-exports.
-#![allow(dead_code, unused_imports)]
+#![allow(dead_code, unused_imports, unused_macros)]
 
 mod case;
 mod dense;

@@ -1,14 +1,14 @@
-//! The forward pass of one block of query rows through the whole online softmax: the key tiles in
-//! the block's range, each scored and masked ([`super::scores`]), exponentiated against the
-//! running maxima ([`softmax`]) and multiplied into the output ([`accumulate`]), then normalised;
-//! and, when weights are asked for, a second sweep that recomputes the scores and writes the
-//! normalised probabilities.
+//! The forward pass of one block of query rows through the whole online softmax: the key tiles
+//! in the block's range, each scored and masked ([`super::scores`]), exponentiated against the
+//! running maxima ([`softmax`]) and multiplied into the output ([`accumulate`](mod@accumulate)),
+//! then normalised; and, when weights are asked for, a second sweep that recomputes the scores
+//! and writes the normalised probabilities.
 //!
 //! Scores stay in natural units and are scaled after the dot product, like the formula; the
-//! exponential is taken as `exp2((s − m)·log2 e)` so its argument is rounded relative to `s − m`,
-//! not to `s`. Tiles outside every row's band are never visited. The path is chosen by whether
-//! `panels` is given: packed keys (prefill, queries stored transposed per micro-kernel call, tiles
-//! aligned to the panel width) or keys read in place (decode).
+//! exponential is taken as `exp2((s − m)·log2 e)` so its argument is rounded relative to
+//! `s − m`, not to `s`. Tiles outside every row's band are never visited. The path is chosen by
+//! whether `panels` is given: packed keys (prefill, queries stored transposed per micro-kernel
+//! call, tiles aligned to the panel width) or keys read in place (decode).
 
 mod accumulate;
 mod softmax;
