@@ -8,9 +8,9 @@ use std::process::{Command, Output};
 
 use attn::{Align, Mask, SdpaOptions};
 use attn_cli::io::{read_safetensors, write_npy, write_safetensors, HostData, HostTensor};
-use attn_kernels::oracle::{check, OUTPUT_FACTOR};
 use attn_kernels::rng::SplitMix64;
 use attn_kernels::{reference, Real, View4};
+use attn_testkit::oracle::{check, OUTPUT_FACTOR};
 use candle_core::WithDType;
 use half::{bf16, f16};
 

@@ -12,6 +12,10 @@ use crate::problem::Problem;
 use crate::reference::{reference, reference_backward, AttnOutput};
 use crate::view::View4;
 
+/// Re-exported so that `attn_kernels::dispatch::Isa`, its path before it moved to [`crate::isa`],
+/// keeps working.
+pub use crate::isa::Isa;
+
 /// Which kernel computes a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kernel {
@@ -22,43 +26,6 @@ pub enum Kernel {
     Auto,
     /// The tiled online-softmax kernel with a given instruction set.
     Flash(Isa),
-}
-
-/// Instruction sets of the flash kernel's micro-kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    /// AVX-512F.
-    Avx512,
-    /// AVX2 with FMA and F16C.
-    Avx2,
-    /// Plain Rust, any CPU.
-    Portable,
-}
-
-impl Isa {
-    /// Whether this CPU can run the instruction set.
-    pub fn is_available(self) -> bool {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                    && std::arch::is_x86_feature_detected!("f16c")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx512 | Isa::Avx2 => false,
-            Isa::Portable => true,
-        }
-    }
-}
-
-impl Isa {
-    /// The fastest instruction set this CPU supports.
-    pub fn best() -> Isa {
-        [Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Portable)
-    }
 }
 
 impl Kernel {

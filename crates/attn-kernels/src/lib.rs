@@ -2,6 +2,8 @@
 //!
 //! - [`attention`]: the `f32` entry point; [`Kernel`] chooses the kernel.
 //! - [`reference`](mod@reference): the readable oracle, generic over `f32`/`f64`.
+//! - [`flash`]: the fast tiled kernel, with micro-kernels per instruction set ([`Isa`], whose
+//!   availability on this CPU is checked in one place, [`Isa::is_available`]).
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
 //!   into a [`Problem`] by every kernel.
 
@@ -10,19 +12,20 @@ pub mod dropout;
 pub mod error;
 pub mod flash;
 pub mod grad;
+pub mod isa;
 pub mod mask;
 pub mod merge;
-pub mod oracle;
 pub mod problem;
 pub mod reference;
 pub mod rng;
 pub mod view;
 
-pub use dispatch::{attention, attention_backward, attention_backward_tuned, attention_tuned, Isa, Kernel, KvView};
+pub use dispatch::{attention, attention_backward, attention_backward_tuned, attention_tuned, Kernel, KvView};
 pub use dropout::Dropout;
 pub use error::{AttnError, Result};
 pub use flash::{BackwardTuning, Path, Tuning};
 pub use grad::{AttnGrads, Saved};
+pub use isa::Isa;
 pub use mask::{Align, MaskSpec, Window};
 pub use merge::{merge_partials, Partial};
 pub use problem::{AttnParams, Dims, Problem};

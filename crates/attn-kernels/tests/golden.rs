@@ -14,7 +14,8 @@ mod golden {
     pub mod fixture;
 }
 
-use attn_kernels::{attention_tuned, oracle, reference, Isa, Kernel, KvView, Path, Tuning, View4};
+use attn_kernels::{attention_tuned, reference, Isa, Kernel, KvView, Path, Tuning, View4};
+use attn_testkit::oracle;
 use golden::compare::check_f64;
 use golden::fixture::{fixture_dir, fixture_paths, Fixture};
 use half::{bf16, f16};

@@ -20,11 +20,11 @@ mod golden {
     pub mod fixture;
 }
 
-use attn_kernels::oracle::{self, GRADIENT_FACTOR};
 use attn_kernels::{
     attention, attention_backward, reference, reference_backward, AttnGrads, AttnParams, Broadcast, Isa, Kernel,
     KvView, Real, Saved, View4,
 };
+use attn_testkit::oracle::{self, GRADIENT_FACTOR};
 use golden::compare::check_f64_within;
 use golden::fixture::{fixture_paths, Fixture, Grads};
 use half::{bf16, f16};

@@ -2,10 +2,10 @@
 //! not, merged through the log-sum-exps gives the unsplit result (under the oracle rule), shards
 //! that mask a row entirely contribute nothing, and malformed partials are refused.
 
-#[allow(unused_macros, unused_imports)]
 mod common;
 
-use attn_kernels::{merge_partials, oracle, AttnError, Kernel, KvView, Partial, View4};
+use attn_kernels::{merge_partials, AttnError, Kernel, KvView, Partial, View4};
+use attn_testkit::oracle;
 use common::{dims, Case, Rng};
 
 /// Runs `case` with only the keys where `in_shard(j)` allowed (a keep mask `[Lk]`), returning

@@ -2,8 +2,8 @@
 //! every dtype, strided and broadcast tensors, every option, and refused inputs.
 
 use attn::{random::uniform, sdpa, sdpa_full, Align, AttnLibError, Mask, SdpaOptions};
-use attn_kernels::oracle::{check, OUTPUT_FACTOR};
 use attn_kernels::{reference, AttnOutput, AttnParams, Broadcast, Dropout, MaskSpec, Real, View4, Window};
+use attn_testkit::oracle::{check, OUTPUT_FACTOR};
 use candle_core::{DType, Tensor};
 
 /// Flat values of `t` as `T`, row-major.

@@ -2,11 +2,11 @@
 //! reference gradients (the baseline error of the rule) and a kernel's, each from its own
 //! precision's forward, and the gradient oracle check of all four gradients.
 
-use attn_kernels::oracle::{self, GRADIENT_FACTOR};
 use attn_kernels::{
     attention, attention_backward_tuned, reference, reference_backward, AttnGrads, BackwardTuning, Kernel, KvView,
     Saved, View4,
 };
+use attn_testkit::oracle::{self, GRADIENT_FACTOR};
 
 use crate::common::{Case, Dense, Rng};
 

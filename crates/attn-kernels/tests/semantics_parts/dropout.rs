@@ -1,8 +1,8 @@
 //! Dropout: determinism per seed, the keep pattern read back from the kernel's output against the
 //! library's counter-based draw, the kept fraction, and the preserved mean of the output.
 
-use attn_kernels::oracle::{check, OUTPUT_FACTOR};
 use attn_kernels::{Align, Dropout, Kernel};
+use attn_testkit::oracle::{check, OUTPUT_FACTOR};
 
 use crate::common::{assert_bit_identical, dims, Case};
 

@@ -10,11 +10,12 @@
 //!    at a time, skipping the rows that mask them.
 
 use super::{BwdCtx, BwdJob, KEY_BLOCK, TILE_ROWS};
-use crate::flash::block::{
-    add_bias, all_finite, apply_keep, exp_row, head_ptr, pv_block, rows_per_call, softcap_row, with_rows,
-};
+use crate::flash::block::{head, rows_per_call, with_rows};
+use crate::flash::forward::accumulate::pv_block;
+use crate::flash::forward::softmax::exp_row;
 use crate::flash::micro::qk_panel;
 use crate::flash::pack::{pack_keys, panel_len};
+use crate::flash::scores::{add_bias, all_finite, apply_keep, softcap_row};
 use crate::flash::simd::{KvElem, Simd};
 
 /// Most bytes of a job's queries and output gradients transposed once for all its key blocks;
@@ -305,9 +306,10 @@ unsafe fn tile<S: Simd, E: KvElem>(
         }
     }
     let pd = if pb.dropout.is_some() { &w.pd } else { &w.p };
-    let (qb, ldq) = head_ptr(&cx.q, b, h);
-    let (ob, ldo) = head_ptr(&cx.dout, b, h);
-    let (kb, ldk) = head_ptr(&cx.k, b, job.kvh);
+    let (qb, ldq) = head(&cx.q, b, h);
+    let (ob, ldo) = head(&cx.dout, b, h);
+    let (kb, ldk) = head(&cx.k, b, job.kvh);
+    let (qb, ob, kb) = (qb.as_ptr(), ob.as_ptr(), kb.as_ptr());
     // SAFETY: `P̄` and `dX` hold `nr` rows of `n` at stride `LDB`, read transposed for `dV`, `dK`; Q and dO rows `i0..i0+nr` and K
     // rows `j0..j0+n` exist; the accumulators hold `n` rows, `dq` `nr` rows.
     unsafe {

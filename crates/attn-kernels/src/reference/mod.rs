@@ -10,19 +10,23 @@
 //! 4. dropout: `w_ij ← keep(seed,b,h,i,j) · w_ij / (1 − p)`;
 //! 5. `o_i = Σ_j w_ij · v_j`.
 //!
-//! The backward ([`backward`]) follows the derivation beside it.
+//! This module holds what both directions share — the element types ([`Real`]), the result type
+//! ([`AttnOutput`]) and steps 1 and 2 (`row_scores`, the one place the reference masks a key); the
+//! forward ([`reference()`], steps 3 to 5) is in `forward`, the backward ([`backward`]) follows the
+//! derivation beside it. There is one path: every row is computed the same way.
 //!
 //! A row with no allowed key (or whose scores are all −∞) gets `o_i = 0`, `lse_i = −∞`, `w_i· = 0`.
 
 use num_traits::{Float, FromPrimitive};
 
-use crate::error::Result;
-use crate::problem::{AttnParams, Problem};
+use crate::problem::Problem;
 use crate::view::View4;
 
 pub mod backward;
+mod forward;
 
 pub use backward::reference_backward;
+pub use forward::reference;
 
 /// Element types the reference runs in.
 pub trait Real: Float + FromPrimitive + Default + Send + Sync + std::fmt::Debug + 'static {}
@@ -38,64 +42,6 @@ pub struct AttnOutput<T> {
     pub lse: Vec<T>,
     /// Softmax weights before dropout, `[B, Hq, Lq, Lk]`, when asked for.
     pub weights: Option<Vec<T>>,
-}
-
-/// Reference attention. `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`;
-/// returns `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]` and, with `want_weights`,
-/// `weights: [B, Hq, Lq, Lk]`.
-pub fn reference<T: Real>(
-    q: &View4<T>,
-    k: &View4<T>,
-    v: &View4<T>,
-    params: &AttnParams<T>,
-    want_weights: bool,
-) -> Result<AttnOutput<T>> {
-    let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
-    let d = pb.dims;
-    let mut out = vec![T::zero(); d.out_len()];
-    let mut lse = vec![T::neg_infinity(); d.lse_len()];
-    let mut weights = want_weights.then(|| vec![T::zero(); d.weights_len()]);
-    let mut scores: Vec<Option<Score<T>>> = vec![None; d.lk];
-    for b in 0..d.b {
-        for h in 0..d.hq {
-            let kvh = h / d.group();
-            for i in 0..d.lq {
-                let row = (b * d.hq + h) * d.lq + i;
-                // Steps 1 and 2.
-                row_scores(&pb, q, k, [b, h, i], &mut scores);
-                // Step 3: softmax statistics. NaN wins the maximum so it reaches the output.
-                let m =
-                    scores
-                        .iter()
-                        .flatten()
-                        .fold(T::neg_infinity(), |m, sc| if sc.s > m || sc.s.is_nan() { sc.s } else { m });
-                if m == T::neg_infinity() {
-                    continue;
-                }
-                let l = scores.iter().flatten().fold(T::zero(), |l, sc| l + (sc.s - m).exp());
-                lse[row] = m + l.ln();
-                // Steps 3 to 5: weights, dropout, weighted sum of values.
-                let key = pb.dropout.map(|dr| dr.row_key(b, h, i, [d.hq, d.lq]));
-                let oi = &mut out[row * d.dv..(row + 1) * d.dv];
-                for (j, s) in scores.iter().enumerate() {
-                    let Some(sc) = s else { continue };
-                    let w = (sc.s - m).exp() / l;
-                    if let Some(ws) = weights.as_mut() {
-                        ws[row * d.lk + j] = w;
-                    }
-                    let w = match (pb.dropout, key) {
-                        (Some(dr), Some(key)) if !dr.keeps(key, j) => continue,
-                        (Some(dr), _) => w * T::from_f32(dr.scale()).unwrap(),
-                        _ => w,
-                    };
-                    for (o, &x) in oi.iter_mut().zip(v.row(b, kvh, j)) {
-                        *o = *o + w * x;
-                    }
-                }
-            }
-        }
-    }
-    Ok(AttnOutput { out, lse, weights })
 }
 
 /// A score of an allowed key: `s` after scaling, soft-capping and bias, and `ds/dx`, the
@@ -141,6 +87,7 @@ pub(crate) fn row_scores<T: Real>(
     }
 }
 
+/// `a · b`.
 pub(crate) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     a.iter().zip(b).fold(T::zero(), |acc, (&x, &y)| acc + x * y)
 }

@@ -1,0 +1,89 @@
+//! The forward pass of one block of query rows through the whole online softmax: the key tiles
+//! in the block's range, each scored and masked ([`super::scores`]), exponentiated against the
+//! running maxima ([`softmax`]) and multiplied into the output ([`accumulate`](mod@accumulate)),
+//! then normalised; and, when weights are asked for, a second sweep that recomputes the scores
+//! and writes the normalised probabilities.
+//!
+//! Scores stay in natural units and are scaled after the dot product, like the formula; the
+//! exponential is taken as `exp2((s − m)·log2 e)` so its argument is rounded relative to
+//! `s − m`, not to `s`. Tiles outside every row's band are never visited. The path is chosen by
+//! whether `panels` is given: packed keys (prefill, queries stored transposed per micro-kernel
+//! call, tiles aligned to the panel width) or keys read in place (decode).
+
+pub(super) mod accumulate;
+pub(super) mod softmax;
+
+use super::block::{head, rows_per_call, tile_keys, Ctx, Job, Outs, Work};
+use super::scores::{bad_columns, scores};
+use super::simd::{KvElem, Simd};
+use accumulate::accumulate;
+use softmax::{softmax_update, write_weights};
+
+/// Runs one block; `panels` holds the packed keys of the block's head in the prefill path.
+/// Writes the block's rows of `outs`: `o: [rows, Dv]`, `lse: [rows]` and, when given,
+/// `weights: [rows, Lk]`.
+///
+/// # Safety
+/// Must run on a CPU supporting `S`'s instruction set; `panels`, when given, is the packing of
+/// this block's `(b, kvh)` by `pack_keys` for `S::W`.
+#[inline(always)]
+pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work) {
+    let pb = cx.pb;
+    let d = pb.dims;
+    let rows = job.rows();
+    let tile = tile_keys(d.dk, panels.is_some());
+    w.reset(rows, d.dk);
+    let (rq, _) = rows_per_call::<S>();
+    for r in 0..rows {
+        let (h, i) = job.head_query(r);
+        let q = cx.q.row(job.b, h, i);
+        if panels.is_some() {
+            let r0 = r / rq * rq;
+            let nr = rq.min(rows - r0);
+            for (k, &x) in q.iter().enumerate() {
+                w.q[r0 * d.dk + k * nr + r - r0] = x;
+            }
+        } else {
+            w.q[r * d.dk..(r + 1) * d.dk].copy_from_slice(q);
+        }
+        let (lo, hi) = pb.key_range(job.b, i);
+        w.range.push((lo.max(job.keys.start), hi.min(job.keys.end)));
+    }
+    let lo = w.range.iter().filter(|r| r.0 < r.1).map(|r| r.0).min();
+    let hi = w.range.iter().map(|r| r.1).max().unwrap_or(0);
+    outs.lse.fill(f32::NEG_INFINITY);
+    let Some(lo) = lo else { return };
+    let start = if panels.is_some() { lo / (2 * S::W) * (2 * S::W) } else { lo };
+    let (khead, ldk) = head(&cx.k, job.b, job.kvh);
+    let (vhead, ldv) = head(&cx.v, job.b, job.kvh);
+
+    // Key tiles `j0..j0+n` covering `start..hi`.
+    let tiles = || (start..hi).step_by(tile).map(|j0| (j0, tile.min(hi - j0)));
+    for (j0, n) in tiles() {
+        // SAFETY: forwarded from the caller; tiles stay within `0..Lk`.
+        let masked = unsafe { scores::<S, E>(cx, panels, job, w, khead, ldk, j0, n) };
+        let bad = masked.map_or_else(Vec::new, |clean| bad_columns(vhead, ldv, d.dv, j0, n, clean, w, rows));
+        // SAFETY: the CPU supports `S` (forwarded from the caller).
+        unsafe { softmax_update::<S>(cx, job, w, outs.o, j0, n) };
+        // SAFETY: as above; value rows `j0..j0+n` exist, each `Dv` long.
+        unsafe { accumulate::<S, E>(w, rows, vhead.as_ptr().add(j0 * ldv), ldv, n, d.dv, outs.o, &bad) };
+    }
+    for r in 0..rows {
+        let (m, l) = (w.m[r], w.l[r]);
+        if m == f32::NEG_INFINITY {
+            continue;
+        }
+        outs.lse[r] = m + l.ln();
+        let inv = 1.0 / l;
+        outs.o[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|x| *x *= inv);
+    }
+    if let Some(wt) = outs.weights {
+        for (j0, n) in tiles() {
+            // SAFETY: as above.
+            unsafe {
+                scores::<S, E>(cx, panels, job, w, khead, ldk, j0, n);
+                write_weights::<S>(w, rows, j0, n, d.lk, wt);
+            }
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! The score tile of a block and everything that masks it, shared by every pass that recomputes
+//! scores (the forward, and its weights sweep): `S = scale · Q·Kᵀ` for the block's rows against
+//! one tile of keys, then the soft-cap, the bias, the keep-mask and the band, in the reference's
+//! order; and the scan for masked keys whose values are not finite, whose products must be
+//! skipped rather than multiplied by zero.
+//!
+//! The product takes one of two paths, chosen by whether the keys were packed: packed panels
+//! (prefill, `qk_panel` on queries stored transposed) or keys in place (decode, `qk_rows`). The
+//! soft-cap and a stride-1 bias run with vectors; a keep row that allows the whole tile costs one
+//! byte search; band edges are masked only on the tiles that cross them.
+
+use std::ops::Range;
+
+use super::block::{rows_per_call, with_rows, Ctx, Job, Work, LDS};
+use super::micro::{qk_panel, qk_rows};
+use super::simd::{tanh, KvElem, Simd};
+use crate::problem::Problem;
+
+/// Scaled (and soft-capped, biased) scores of every row of `job` against keys `j0..j0+n`, written
+/// to `w.s` (`[rows, LDS]`), masked (−∞) where not allowed; columns from `n` up to the
+/// vector-padded width are −∞: [`qk_tile`] then [`mask_tile`]. Returns `None` when no key of the
+/// tile was masked for any row, else the columns that no row masks (empty when an element mask
+/// masked something; between the rows' band edges otherwise). Reads the queries from `w.q` and the
+/// allowed key range of each row from `w.range`, both set up by the caller.
+///
+/// # Safety
+/// As for [`qk_tile`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn scores<S: Simd, E: KvElem>(
+    cx: &Ctx<E>,
+    panels: Option<&[f32]>,
+    job: &Job,
+    w: &mut Work,
+    k: &[E],
+    ldk: usize,
+    j0: usize,
+    n: usize,
+) -> Option<Range<usize>> {
+    // SAFETY: forwarded from the caller.
+    let width = unsafe { qk_tile::<S, E>(cx, panels, job, w, k, ldk, j0, n) };
+    // SAFETY: the CPU supports `S` (the caller's contract); `qk_tile` returned the padded width.
+    unsafe { mask_tile::<S>(cx.pb, job, w, j0, n, width) }
+}
+
+/// The raw scores `scale · q·k` of every row of `job` against keys `j0..j0+n`, written to `w.s`
+/// (`[rows, LDS]`) from the queries in `w.q`; returns the width written per row, `n` rounded up
+/// to whole vectors (to whole panels of `2·W` keys in the prefill path), whose columns beyond `n`
+/// hold unspecified values.
+///
+/// # Safety
+/// The CPU supports `S`'s instruction set. With `panels`, they are the packing of the job's
+/// `(b, kvh)` by `pack_keys` for `S::W`; without, `k` holds keys `j0..j0+n` of the head at row
+/// stride `ldk`, each `Dk` long.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
+    cx: &Ctx<E>,
+    panels: Option<&[f32]>,
+    job: &Job,
+    w: &mut Work,
+    k: &[E],
+    ldk: usize,
+    j0: usize,
+    n: usize,
+) -> usize {
+    let pb = cx.pb;
+    let dk = pb.dims.dk;
+    let rows = job.rows();
+    let (rq, _) = rows_per_call::<S>();
+    let qp = w.q.as_ptr();
+    let scale = pb.scale as f32;
+    let sp = w.s.as_mut_ptr();
+    let width;
+    // SAFETY: `w.q` holds `rows·dk`, `w.s` holds `rows·LDS` with `LDS >= n` rounded up to 2·W;
+    // panels hold every panel of keys `< Lk`, and `k` rows up to `j0 + n`.
+    unsafe {
+        match panels {
+            Some(p) => {
+                let pw = 2 * S::W;
+                let np = n.div_ceil(pw);
+                width = np * pw;
+                for pi in 0..np {
+                    let kp = p.as_ptr().add((j0 / pw + pi) * dk * pw);
+                    let mut r0 = 0;
+                    while r0 < rows {
+                        let nr = rq.min(rows - r0);
+                        // The destination stays an argument expression: bound to a `let` outside the
+                        // `with_rows!` arms, it costs the portable build a third more instructions.
+                        with_rows!(nr, qk_panel::<S; >(qp.add(r0 * dk), kp, dk, scale, sp.add(r0 * LDS + pi * pw), LDS));
+                        r0 += nr;
+                    }
+                }
+            }
+            None => {
+                width = n.div_ceil(S::W) * S::W;
+                let kt = k.as_ptr().add(j0 * ldk);
+                let mut r0 = 0;
+                while r0 < rows {
+                    let nr = 4.min(rows - r0);
+                    with_rows!(
+                        nr,
+                        qk_rows::<S, E; >(qp.add(r0 * dk), dk, kt, ldk, n, dk, scale, sp.add(r0 * LDS), LDS)
+                    );
+                    r0 += nr;
+                }
+            }
+        }
+    }
+    width
+}
+
+/// Masks the raw score tile of keys `j0..j0+n` in `w.s` (`width` columns per row, as [`qk_tile`]
+/// returned) in the reference's order: soft-cap, bias, keep-mask, then each row's band `w.range`;
+/// columns from `n` to `width` become −∞. Returns what [`scores`] returns.
+///
+/// # Safety
+/// The CPU supports `S`'s instruction set; `width` is a multiple of `S::W` of at most [`LDS`].
+#[inline(always)]
+pub(super) unsafe fn mask_tile<S: Simd>(
+    pb: &Problem<f32>,
+    job: &Job,
+    w: &mut Work,
+    j0: usize,
+    n: usize,
+    width: usize,
+) -> Option<Range<usize>> {
+    let mut masked = false;
+    let mut clean = 0..n;
+    let b = job.b;
+    let rows = job.rows();
+    for r in 0..rows {
+        let (h, i) = job.head_query(r);
+        let row = &mut w.s[r * LDS..r * LDS + width];
+        if let Some(cap) = pb.softcap {
+            // SAFETY: the CPU supports `S` (the caller's contract); `row` holds `width`, a
+            // multiple of `S::W`.
+            unsafe { softcap_row::<S>(row, cap as f32) };
+        }
+        row[n..].fill(f32::NEG_INFINITY);
+        let row = &mut row[..n];
+        if let Some(bias) = pb.elem.bias {
+            let (bv, st) = bias.row(b, h, i);
+            // SAFETY: the CPU supports `S` (the caller's contract).
+            if unsafe { add_bias::<S>(row, bv, st, j0) } {
+                (masked, clean) = (true, 0..0);
+            }
+        }
+        if let Some(keep) = pb.elem.keep {
+            let (kv, st) = keep.row(b, h, i);
+            if apply_keep(row, kv, st, j0) {
+                (masked, clean) = (true, 0..0);
+            }
+        }
+        let (lo, hi) = w.range[r];
+        let (a, z) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
+        if a > 0 || z < n || lo >= hi {
+            masked = true;
+            if lo >= hi {
+                row.fill(f32::NEG_INFINITY);
+                clean = 0..0;
+            } else {
+                row[..a].fill(f32::NEG_INFINITY);
+                row[z..].fill(f32::NEG_INFINITY);
+                clean = clean.start.max(a)..clean.end.min(z);
+            }
+        }
+    }
+    masked.then(|| clean.start..clean.end.max(clean.start))
+}
+
+/// Adds the bias row `bv` (keys `j0..`; stride `st` along keys, 1, or 0 when broadcast, as every
+/// [`crate::Broadcast`] row has) to the scores `row` (keys `j0..j0 + row.len()`); a bias of −∞
+/// masks its key whatever the score (NaN and +∞ included). Returns whether any key of the tile
+/// was masked so.
+///
+/// # Safety
+/// The CPU supports `S`'s instruction set.
+#[inline(always)]
+pub(in crate::flash) unsafe fn add_bias<S: Simd>(row: &mut [f32], bv: &[f32], st: usize, j0: usize) -> bool {
+    debug_assert!(st <= 1, "broadcast rows are contiguous along keys");
+    let add = |s: &mut f32, x: f32| *s = if x == f32::NEG_INFINITY { f32::NEG_INFINITY } else { *s + x };
+    if st == 0 {
+        row.iter_mut().for_each(|s| add(s, bv[0]));
+        return bv[0] == f32::NEG_INFINITY;
+    }
+    let bv = &bv[j0..][..row.len()];
+    let whole = row.len() / S::W * S::W;
+    // SAFETY: the CPU supports `S` (the caller's contract); the loop reads and writes whole
+    // vectors inside `row` and `bv` (both `row.len()` long).
+    let lowest = unsafe {
+        let (ninf, below) = (S::splat(f32::NEG_INFINITY), S::splat(f32::MIN));
+        let mut lowest = S::splat(0.0);
+        for c in (0..whole).step_by(S::W) {
+            let (sp, x) = (row.as_mut_ptr().add(c), S::load(bv.as_ptr().add(c)));
+            S::store(sp, S::select_lt(x, below, ninf, S::add(S::load(sp), x)));
+            lowest = S::min(x, lowest);
+        }
+        -S::reduce_max(S::mul(lowest, S::splat(-1.0)))
+    };
+    row[whole..].iter_mut().zip(&bv[whole..]).for_each(|(s, &x)| add(s, x));
+    lowest == f32::NEG_INFINITY || bv[whole..].contains(&f32::NEG_INFINITY)
+}
+
+/// Sets the scores `row` (keys `j0..j0 + row.len()`) of keys the keep row `kv` (keys `j0..`;
+/// stride `st` as for [`add_bias`]) forbids to −∞; returns whether any was. A tile whose keys are
+/// all kept costs one byte search.
+#[inline(always)]
+pub(in crate::flash) fn apply_keep(row: &mut [f32], kv: &[bool], st: usize, j0: usize) -> bool {
+    debug_assert!(st <= 1, "broadcast rows are contiguous along keys");
+    if st == 0 {
+        if !kv[0] {
+            row.fill(f32::NEG_INFINITY);
+        }
+        return !kv[0];
+    }
+    let kv = &kv[j0..][..row.len()];
+    // SAFETY: `bool` is one byte holding 0 or 1, so a `[bool]` is a valid `[u8]` of the same length.
+    let bytes = unsafe { std::slice::from_raw_parts(kv.as_ptr().cast::<u8>(), kv.len()) };
+    if !bytes.contains(&0) {
+        return false;
+    }
+    for (s, &k) in row.iter_mut().zip(kv) {
+        if !k {
+            *s = f32::NEG_INFINITY;
+        }
+    }
+    true
+}
+
+/// `row[c] = cap · tanh(row[c] / cap)` in place.
+///
+/// # Safety
+/// The CPU supports `S`'s instruction set, and `row.len()` is a multiple of `S::W`.
+#[inline(always)]
+pub(in crate::flash) unsafe fn softcap_row<S: Simd>(row: &mut [f32], cap: f32) {
+    // SAFETY: the CPU supports `S` (the caller's contract); the loop reads and writes whole
+    // vectors inside `row`, whose length is a multiple of `S::W`.
+    unsafe {
+        let c = S::splat(cap);
+        for i in (0..row.len()).step_by(S::W) {
+            let p = row.as_mut_ptr().add(i);
+            S::store(p, S::mul(c, tanh::<S>(S::div(S::load(p), c))));
+        }
+    }
+}
+
+/// Keys of the tile `j0..j0+n` outside `clean` (the columns no row masks, as [`scores`] returns
+/// them) whose value row holds a non-finite number, with the block rows for which each is masked
+/// (read from the scores in `w.s`): those products must be skipped, not multiplied by zero. `v`
+/// is the value head from its first row on, at row stride `ldv`, rows `dv` long.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn bad_columns<E: KvElem>(
+    v: &[E],
+    ldv: usize,
+    dv: usize,
+    j0: usize,
+    n: usize,
+    clean: Range<usize>,
+    w: &Work,
+    rows: usize,
+) -> Vec<(usize, Vec<bool>)> {
+    // A value row of `Dv = 0` is empty (so finite) whatever its stride.
+    let row = |c: usize| if dv == 0 { &[][..] } else { &v[(j0 + c) * ldv..][..dv] };
+    (0..clean.start)
+        .chain(clean.end..n)
+        .filter(|&c| !all_finite(row(c)))
+        .map(|c| (c, (0..rows).map(|r| w.s[r * LDS + c] == f32::NEG_INFINITY).collect()))
+        .collect()
+}
+
+/// Whether every element is finite: `x·0` is 0 for finite `x` and NaN otherwise, summed in
+/// independent lanes so the loop vectorises.
+#[inline(always)]
+pub(in crate::flash) fn all_finite<E: KvElem>(row: &[E]) -> bool {
+    let mut acc = [0.0f32; 16];
+    let chunks = row.chunks_exact(16);
+    let tail = chunks.remainder().iter().fold(0.0, |a, x| a + x.to_f32() * 0.0);
+    for c in chunks {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x.to_f32() * 0.0;
+        }
+    }
+    (acc.iter().sum::<f32>() + tail) == 0.0
+}

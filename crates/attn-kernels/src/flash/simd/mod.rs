@@ -1,0 +1,185 @@
+//! The vector operations the flash kernel is written in, as one trait ([`Simd`]) with three
+//! implementations: AVX-512F (16 lanes) and AVX2+FMA+F16C (8 lanes) in `x86`, and a portable one
+//! (8 lanes of plain Rust) in `portable`; the vector functions built on them, written once, in
+//! `math` (`Simd::exp2`'s polynomial and [`tanh`], for soft-capping); and the storage types of
+//! keys and values ([`KvElem`]: f32, f16, bf16), widened to f32 on load.
+//!
+//! Every method is `#[inline(always)]` and `unsafe`: the x86 implementations may only run on a CPU
+//! with their features, which `Isa::is_available` checks before a kernel instantiated with them is
+//! entered (the entry points carry `#[target_feature]`, so these bodies are compiled with it).
+//! Pointer arguments must be valid for `W` elements. Which implementation runs is chosen once per
+//! call by the entry point, never here.
+
+mod math;
+mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use half::{bf16, f16};
+
+use math::exp2_poly;
+pub use math::tanh;
+pub use portable::Portable;
+#[cfg(target_arch = "x86_64")]
+pub use x86::{Avx2, Avx512};
+
+/// A vector of `W` f32 lanes. Every method may only be called on a CPU with the implementation's
+/// instruction set, and pointer arguments must be valid for `W` elements.
+pub trait Simd: Copy + Send + Sync + 'static {
+    /// Lanes per vector.
+    const W: usize;
+    /// The register type.
+    type V: Copy;
+    /// All lanes `x`.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn splat(x: f32) -> Self::V;
+    /// Loads `W` floats (unaligned).
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set, and `p` is valid for reading `W` floats.
+    unsafe fn load(p: *const f32) -> Self::V;
+    /// Loads `W` halves and widens them.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set, and `p` is valid for reading `W` halves.
+    unsafe fn load_f16(p: *const f16) -> Self::V;
+    /// Loads `W` bfloat16 values and widens them.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set, and `p` is valid for reading `W` bfloat16 values.
+    unsafe fn load_bf16(p: *const bf16) -> Self::V;
+    /// Stores `W` floats (unaligned).
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set, and `p` is valid for writing `W` floats.
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `a·b + c`, fused.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `a·b`.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// `a + b`.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b`.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
+    /// Lane-wise `if a < b { x } else { y }` (a NaN comparison takes `y`).
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn select_lt(a: Self::V, b: Self::V, x: Self::V, y: Self::V) -> Self::V;
+    /// Lane-wise maximum; NaN in `b` is returned as is.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    /// Lane-wise minimum; NaN in `b` is returned as is.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
+    /// Lanes rounded to the nearest integer.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn round(a: Self::V) -> Self::V;
+    /// `2^n` for lanes holding integers `n` in `[-127, 127]` (`-127` gives 0).
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn pow2i(n: Self::V) -> Self::V;
+    /// Largest lane (NaN lanes may be ignored).
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn reduce_max(v: Self::V) -> f32;
+    /// Sum of the lanes.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn reduce_sum(v: Self::V) -> f32;
+
+    /// Sums of the lanes of four vectors.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    #[inline(always)]
+    unsafe fn reduce_sum4(v: [Self::V; 4]) -> [f32; 4] {
+        // SAFETY: forwarded from the caller.
+        unsafe { [Self::reduce_sum(v[0]), Self::reduce_sum(v[1]), Self::reduce_sum(v[2]), Self::reduce_sum(v[3])] }
+    }
+
+    /// `2^x` to about 1 ulp; `x` is clamped to `[-127, 127]` (so `-∞` gives 0) and NaN stays NaN.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    #[inline(always)]
+    unsafe fn exp2(x: Self::V) -> Self::V {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let x = Self::min(Self::splat(127.0), Self::max(Self::splat(-127.0), x));
+            let n = Self::round(x);
+            let f = Self::add(x, Self::mul(n, Self::splat(-1.0)));
+            Self::mul(exp2_poly::<Self>(f), Self::pow2i(n))
+        }
+    }
+}
+
+/// Storage types of keys and values, widened to f32 on load.
+pub trait KvElem: Copy + Send + Sync + 'static {
+    /// Loads `S::W` elements as f32.
+    ///
+    /// # Safety
+    /// The CPU has `S`'s instruction set, and `p` is valid for reading `S::W` elements.
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V;
+    /// One element as f32.
+    fn to_f32(self) -> f32;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        // SAFETY: forwarded from the caller.
+        unsafe { S::load(p) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        // SAFETY: forwarded from the caller.
+        unsafe { S::load_f16(p) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+impl KvElem for bf16 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        // SAFETY: forwarded from the caller.
+        unsafe { S::load_bf16(p) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}

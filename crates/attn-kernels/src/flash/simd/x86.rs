@@ -1,0 +1,248 @@
+//! The x86 implementations of [`Simd`]: [`Avx512`] (AVX-512F, 16 lanes, `scalef` for `exp2`) and
+//! [`Avx2`] (AVX2 with FMA and F16C, 8 lanes), each method one or a few intrinsics. Compiled only
+//! on x86-64; which one runs is decided by the entry point after `Isa::is_available`.
+
+use std::arch::x86_64::*;
+
+use half::{bf16, f16};
+
+use super::{exp2_poly, Simd};
+
+/// AVX-512F, 16 lanes.
+#[derive(Clone, Copy)]
+pub struct Avx512;
+
+// Every method is only reached from functions compiled with
+// `#[target_feature(enable = "avx512f")]`, entered after `Isa::Avx512.is_available()`.
+impl Simd for Avx512 {
+    const W: usize = 16;
+    type V = __m512;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: AVX-512F is present and `p` is valid for reading 16 floats
+        // (the caller's contract).
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m512 {
+        // SAFETY: AVX-512F is present and `p` is valid for reading 16 halves
+        // (the caller's contract).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> __m512 {
+        // SAFETY: AVX-512F is present and `p` is valid for reading 16 bfloat16 values
+        // (the caller's contract).
+        unsafe {
+            let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        // SAFETY: AVX-512F is present and `p` is valid for writing 16 floats
+        // (the caller's contract).
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn div(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_div_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn select_lt(a: __m512, b: __m512, x: __m512, y: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b), y, x) }
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_max_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_min_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn round(a: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a) }
+    }
+    #[inline(always)]
+    unsafe fn pow2i(n: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe {
+            let i = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(i))
+        }
+    }
+    #[inline(always)]
+    unsafe fn reduce_max(v: __m512) -> f32 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_reduce_max_ps(v) }
+    }
+    /// Transposing reduction: pairs interleaved, then quadruples, then the four 128-bit lanes.
+    #[inline(always)]
+    unsafe fn reduce_sum4(v: [__m512; 4]) -> [f32; 4] {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe {
+            let ab = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+            let cd = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+            let abcd = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(ab, cd), _mm512_shuffle_ps::<0xEE>(ab, cd));
+            let h = _mm256_add_ps(_mm512_castps512_ps256(abcd), _mm512_extractf32x8_ps::<1>(abcd));
+            let q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+            let mut out = [0.0f32; 4];
+            _mm_storeu_ps(out.as_mut_ptr(), q);
+            out
+        }
+    }
+    /// `2^x` as `p(f)·2^n` with `scalef`, which also does the range handling: `x` is clamped
+    /// below at −160 so `−∞` gives exactly 0, and large `x` overflows to `+∞`.
+    #[inline(always)]
+    unsafe fn exp2(x: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe {
+            let x = _mm512_max_ps(_mm512_set1_ps(-160.0), x);
+            let n = Self::round(x);
+            let p = exp2_poly::<Self>(_mm512_sub_ps(x, n));
+            _mm512_scalef_ps(p, n)
+        }
+    }
+    #[inline(always)]
+    unsafe fn reduce_sum(v: __m512) -> f32 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_reduce_add_ps(v) }
+    }
+}
+
+/// AVX2 with FMA and F16C, 8 lanes.
+#[derive(Clone, Copy)]
+pub struct Avx2;
+
+// Every method is only reached from functions compiled with
+// `#[target_feature(enable = "avx2,fma,f16c")]`, entered after `Isa::Avx2.is_available()`.
+impl Simd for Avx2 {
+    const W: usize = 8;
+    type V = __m256;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe { _mm256_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present and `p` is valid for reading 8 floats
+        // (the caller's contract).
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const f16) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present and `p` is valid for reading 8 halves
+        // (the caller's contract).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const bf16) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present and `p` is valid for reading 8 bfloat16 values
+        // (the caller's contract).
+        unsafe {
+            let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        // SAFETY: AVX2, FMA and F16C are present and `p` is valid for writing 8 floats
+        // (the caller's contract).
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe { _mm256_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn div(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe { _mm256_div_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn select_lt(a: __m256, b: __m256, x: __m256, y: __m256) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe { _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_LT_OQ>(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe { _mm256_max_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe { _mm256_min_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn round(a: __m256) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe { _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a) }
+    }
+    #[inline(always)]
+    unsafe fn pow2i(n: __m256) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe {
+            let i = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<23>(i))
+        }
+    }
+    #[inline(always)]
+    unsafe fn reduce_max(v: __m256) -> f32 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe {
+            let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+            _mm_cvtss_f32(m)
+        }
+    }
+    #[inline(always)]
+    unsafe fn reduce_sum(v: __m256) -> f32 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+            _mm_cvtss_f32(s)
+        }
+    }
+}

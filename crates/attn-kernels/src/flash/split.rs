@@ -1,0 +1,60 @@
+//! Split-KV execution: each job's keys cut into the plan's shards, every `(shard, job)` pair run
+//! as an independent block into temporary partial results, then each output row merged from its
+//! shards through their log-sum-exps ([`merge_row`]). Used only when the plan asks for more than
+//! one shard; results equal the unsplit run's under the oracle rule.
+
+use rayon::prelude::*;
+
+use super::block::{Ctx, Job, Outs, Rest, Work};
+use super::plan::shard_ranges;
+use super::simd::KvElem;
+use super::BlockFn;
+use crate::merge::merge_row;
+
+/// Runs each of `jobs` (with its output rows) as `shards` key ranges of `0..lk` into temporary
+/// partials `[rows, dv]`, then merges them into the jobs' outputs.
+///
+/// # Safety
+/// This CPU has the instruction set of `run` (one of the entry points), and `panels_of` gives each
+/// job the packing of its `(b, kvh)` for that instruction set in the prefill path (`None` in the
+/// decode path).
+pub(super) unsafe fn run_split<'p, E: KvElem>(
+    cx: &Ctx<E>,
+    run: BlockFn<E>,
+    panels_of: &(dyn Fn(&Job) -> Option<&'p [f32]> + Sync),
+    jobs: Vec<(Job, Outs)>,
+    shards: usize,
+    lk: usize,
+    dv: usize,
+) {
+    let rows: usize = jobs.iter().map(|(j, _)| j.rows()).sum();
+    let ranges = shard_ranges(lk, shards);
+    let mut po = vec![0.0f32; ranges.len() * rows * dv];
+    let mut pl = vec![f32::NEG_INFINITY; ranges.len() * rows];
+    let mut rest = Rest { o: &mut po, lse: &mut pl, w: None };
+    let mut tasks = Vec::new();
+    for r in &ranges {
+        for (j, _) in &jobs {
+            tasks.push((Job { keys: r.clone(), ..j.clone() }, rest.take(j.rows(), dv, 0)));
+        }
+    }
+    tasks.into_par_iter().for_each_init(Work::default, |w, (job, o)| {
+        // SAFETY: `run`'s instruction set is available and `panels_of` gives the job's panels
+        // (the caller's contract).
+        unsafe { run(cx, panels_of(&job), &job, o, w) }
+    });
+    let mut offsets = Vec::with_capacity(jobs.len());
+    jobs.iter().fold(0, |acc, (j, _)| {
+        offsets.push(acc);
+        acc + j.rows()
+    });
+    jobs.into_par_iter().zip(offsets).for_each(|((job, o), off)| {
+        for r in 0..job.rows() {
+            let parts = (0..ranges.len()).map(|s| {
+                let row = s * rows + off + r;
+                (pl[row], &po[row * dv..(row + 1) * dv])
+            });
+            merge_row(parts, &mut o.o[r * dv..(r + 1) * dv], &mut o.lse[r]);
+        }
+    });
+}

@@ -1,0 +1,65 @@
+//! The reference forward: attention computed as the formula in the parent module's header reads,
+//! one query row at a time (steps 1 to 5 there), in the caller's precision.
+
+use super::{row_scores, AttnOutput, Real, Score};
+use crate::error::Result;
+use crate::problem::{AttnParams, Problem};
+use crate::view::View4;
+
+/// Reference attention. `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`;
+/// returns `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]` and, with `want_weights`,
+/// `weights: [B, Hq, Lq, Lk]`.
+pub fn reference<T: Real>(
+    q: &View4<T>,
+    k: &View4<T>,
+    v: &View4<T>,
+    params: &AttnParams<T>,
+    want_weights: bool,
+) -> Result<AttnOutput<T>> {
+    let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
+    let d = pb.dims;
+    let mut out = vec![T::zero(); d.out_len()];
+    let mut lse = vec![T::neg_infinity(); d.lse_len()];
+    let mut weights = want_weights.then(|| vec![T::zero(); d.weights_len()]);
+    let mut scores: Vec<Option<Score<T>>> = vec![None; d.lk];
+    for b in 0..d.b {
+        for h in 0..d.hq {
+            let kvh = h / d.group();
+            for i in 0..d.lq {
+                let row = (b * d.hq + h) * d.lq + i;
+                // Steps 1 and 2.
+                row_scores(&pb, q, k, [b, h, i], &mut scores);
+                // Step 3: softmax statistics. NaN wins the maximum so it reaches the output.
+                let m =
+                    scores
+                        .iter()
+                        .flatten()
+                        .fold(T::neg_infinity(), |m, sc| if sc.s > m || sc.s.is_nan() { sc.s } else { m });
+                if m == T::neg_infinity() {
+                    continue;
+                }
+                let l = scores.iter().flatten().fold(T::zero(), |l, sc| l + (sc.s - m).exp());
+                lse[row] = m + l.ln();
+                // Steps 3 to 5: weights, dropout, weighted sum of values.
+                let key = pb.dropout.map(|dr| dr.row_key(b, h, i, [d.hq, d.lq]));
+                let oi = &mut out[row * d.dv..(row + 1) * d.dv];
+                for (j, s) in scores.iter().enumerate() {
+                    let Some(sc) = s else { continue };
+                    let w = (sc.s - m).exp() / l;
+                    if let Some(ws) = weights.as_mut() {
+                        ws[row * d.lk + j] = w;
+                    }
+                    let w = match (pb.dropout, key) {
+                        (Some(dr), Some(key)) if !dr.keeps(key, j) => continue,
+                        (Some(dr), _) => w * T::from_f32(dr.scale()).unwrap(),
+                        _ => w,
+                    };
+                    for (o, &x) in oi.iter_mut().zip(v.row(b, kvh, j)) {
+                        *o = *o + w * x;
+                    }
+                }
+            }
+        }
+    }
+    Ok(AttnOutput { out, lse, weights })
+}
