@@ -115,12 +115,16 @@ impl<'o> Rest<'o> {
     }
 }
 
-/// Rows per `qk_panel` call and per `pv` call for the vector width `W`.
+/// Rows per `qk_panel` call and per `pv` call for the vector width `W`. AVX-512 (32 registers):
+/// 12×2 vectors of scores, 6 rows × 4 vectors of output. 8-lane ISAs (AVX2's 16 registers):
+/// 6×2 vectors for both, i.e. 12 accumulators + 2 operand vectors + 1 broadcast = 15 registers,
+/// with enough independent FMA chains to cover the FMA latency (4×2 and 3×4 measured 1.3–1.5×
+/// slower on an AMD EPYC: too few chains, and 3×4 spilled).
 pub(in crate::flash) fn rows_per_call<S: Simd>() -> (usize, usize) {
     if S::W == 16 {
         (12, 6)
     } else {
-        (4, 3)
+        (6, 6)
     }
 }
 

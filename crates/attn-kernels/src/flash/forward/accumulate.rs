@@ -81,9 +81,14 @@ pub(in crate::flash) unsafe fn pv_block<S: Simd, E: KvElem>(
             let nr = rp.min(rows - r0);
             let (pr, or) = (p.add(r0 * ldp), o.add(r0 * dv));
             let mut c0 = 0;
-            while c0 + 4 * S::W <= dv {
+            // Column blocks of 4 vectors on AVX-512, 2 on 8-lane ISAs (see `rows_per_call`).
+            while S::W == 16 && c0 + 4 * S::W <= dv {
                 with_rows!(nr, pv::<S, E; 4>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
                 c0 += 4 * S::W;
+            }
+            while S::W != 16 && c0 + 2 * S::W <= dv {
+                with_rows!(nr, pv::<S, E; 2>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
+                c0 += 2 * S::W;
             }
             while c0 + S::W <= dv {
                 with_rows!(nr, pv::<S, E; 1>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
