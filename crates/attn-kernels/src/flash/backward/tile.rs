@@ -74,11 +74,13 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     let rows = if whole { g * d.lq } else { TILE_ROWS };
     grow(&mut w.qt, rows * d.dk);
     grow(&mut w.dot, rows * d.dv);
+    // Plain loops here and in `dot_as_panel`: a closure would not inherit the target features.
     w.delta.clear();
     for h in job.kvh * g..(job.kvh + 1) * g {
-        // SAFETY: CPU supports `S`.
-        w.delta
-            .extend((0..d.lq).map(|i| unsafe { dot_as_panel::<S>(cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i)) }));
+        for i in 0..d.lq {
+            // SAFETY: CPU supports `S`.
+            w.delta.push(unsafe { dot_as_panel::<S>(cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i)) });
+        }
     }
     if whole {
         for x in 0..g {
@@ -355,7 +357,10 @@ unsafe fn dot_as_panel<S: Simd>(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 16];
     // SAFETY: `lanes` holds 16 >= `S::W` floats; CPU supports `S`.
     unsafe {
-        let acc = a.iter().zip(b).fold(S::splat(0.0), |acc, (&x, &y)| S::fma(S::splat(x), S::splat(y), acc));
+        let mut acc = S::splat(0.0);
+        for (&x, &y) in a.iter().zip(b) {
+            acc = S::fma(S::splat(x), S::splat(y), acc);
+        }
         S::store(lanes.as_mut_ptr(), acc);
     }
     lanes[0]
