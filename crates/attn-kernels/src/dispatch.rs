@@ -159,6 +159,7 @@ pub fn attention_tuned(
     params: &AttnParams<f32>,
     want_weights: bool,
 ) -> Result<AttnOutput<f32>> {
+    fits_f32(params)?;
     let Some(isa) = kernel.flash_isa()? else {
         return widened(k, v, |k, v| reference(q, k, v, params, want_weights));
     };
@@ -169,6 +170,20 @@ pub fn attention_tuned(
         (KvView::Bf16(k), KvView::Bf16(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
         _ => return widened(k, v, |k, v| Ok(flash::forward(isa, q, k, v, &pb, want_weights, tuning))),
     })
+}
+
+/// Refuses a scale or soft-cap that is finite as given (`f64`) but not in `f32`, where every
+/// score would become infinite or NaN.
+fn fits_f32(params: &AttnParams<f32>) -> Result<()> {
+    for (field, x) in [("scale", params.scale), ("softcap", params.softcap)] {
+        if let Some(x) = x.filter(|x| x.is_finite() && !(*x as f32).is_finite()) {
+            return Err(AttnError::Param {
+                field,
+                reason: format!("{x} does not fit in f32 (largest {:e})", f32::MAX),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Runs `f` on contiguous `f32` copies of `k` and `v`.
@@ -206,6 +221,7 @@ pub fn attention_backward_tuned(
     params: &AttnParams<f32>,
     want_dbias: bool,
 ) -> Result<AttnGrads<f32>> {
+    fits_f32(params)?;
     let Some(isa) = kernel.flash_isa()? else {
         return widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias));
     };

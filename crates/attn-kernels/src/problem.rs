@@ -116,6 +116,12 @@ impl<'a, T> Problem<'a, T> {
         }
         if let Some(kl) = p.mask.key_lengths {
             expect("key_lengths", "batch", b, kl.len())?;
+            if let Some((at, &n)) = kl.iter().enumerate().find(|(_, &n)| n > lk) {
+                return Err(AttnError::Param {
+                    field: "key_lengths",
+                    reason: format!("entry {at} is {n}, more than the {lk} keys"),
+                });
+            }
         }
         let target = [b, hq, lq, lk];
         let keep = match &p.mask.keep {

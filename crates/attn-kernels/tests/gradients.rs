@@ -59,6 +59,7 @@ kernel_tests! {
     masked_nonfinite => check_masked_nonfinite,
     nan_propagation => check_nan_propagation,
     empty_and_errors => check_empty_and_errors,
+    strided => check_strided,
 }
 
 fn check_shapes(kernel: Kernel) {
@@ -276,4 +277,36 @@ fn check_empty_and_errors(kernel: Kernel) {
         attn_kernels::attention_backward(kernel, &q, &k, &v, &Saved { out, lse: &fwd.lse[1..], dout }, &params, false)
             .unwrap_err();
     assert!(err.to_string().contains("lse"), "{}: {err}", kernel.name());
+}
+
+/// `x: [B, H, L, D]` copied to the layout `[B, L, H, D]`, and the strides that view it as
+/// `[B, H, L, D]`.
+fn interleaved(x: &[f32], [b, h, l, d]: [usize; 4]) -> (Vec<f32>, [usize; 3]) {
+    let mut out = vec![0.0; x.len()];
+    for (bi, hi, li) in (0..b).flat_map(|bi| (0..h).flat_map(move |hi| (0..l).map(move |li| (bi, hi, li)))) {
+        let src = ((bi * h + hi) * l + li) * d;
+        let dst = ((bi * l + li) * h + hi) * d;
+        out[dst..dst + d].copy_from_slice(&x[src..src + d]);
+    }
+    (out, [l * h * d, d, h * d])
+}
+
+fn check_strided(kernel: Kernel) {
+    let case = Case { causal: true, ..Case::new(dims(2, 4, 2, 37, 70, 16, 8), 1100) };
+    let dout = random_dout(&case, 3);
+    let want = grads(&case, kernel, &dout).unwrap();
+    let params = case.params(None);
+    let (q, qs) = interleaved(&case.q, case.q_dims());
+    let (k, ks) = interleaved(&case.k, case.k_dims());
+    let (v, vs) = interleaved(&case.v, case.v_dims());
+    let (o, os) = interleaved(&dout, out_dims(&case));
+    let q = View4::strided("q", &q, case.q_dims(), qs).unwrap();
+    let k = KvView::F32(View4::strided("k", &k, case.k_dims(), ks).unwrap());
+    let v = KvView::F32(View4::strided("v", &v, case.v_dims(), vs).unwrap());
+    let dout = View4::strided("grad_out", &o, out_dims(&case), os).unwrap();
+    let fwd = attn_kernels::attention(kernel, &q, &k, &v, &params, false).unwrap();
+    let out = View4::contiguous("out", &fwd.out, out_dims(&case)).unwrap();
+    let got = attn_kernels::attention_backward(kernel, &q, &k, &v, &Saved { out, lse: &fwd.lse, dout }, &params, true)
+        .unwrap();
+    assert_eq!(got, want, "{}: strided inputs give other gradients than contiguous ones", kernel.name());
 }

@@ -95,6 +95,10 @@ pub fn check_errors(kernel: Kernel) {
     for scale in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
         expect_error(kernel, "scale", &Case { scale: Some(scale), ..plain.clone() }, good, param("scale"));
     }
+    expect_error(kernel, "scale beyond f32", &Case { scale: Some(1e39), ..plain.clone() }, good, param("scale"));
+    expect_error(kernel, "softcap beyond f32", &Case { softcap: Some(1e39), ..plain.clone() }, good, param("softcap"));
+    let case = Case { key_lengths: Some(vec![9, 2]), ..plain.clone() };
+    expect_error(kernel, "key length beyond Lk", &case, good, param("key_lengths"));
     for cap in [0.0, -1.0, f64::NAN, f64::INFINITY] {
         expect_error(kernel, "softcap", &Case { softcap: Some(cap), ..plain.clone() }, good, param("softcap"));
     }
