@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 
 BACKWARD_SHAPES = [
     "1,8,2048,64",
@@ -121,7 +122,9 @@ def time_torch(torch, shape, reps, warmup, backward):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = "flash"
     try:
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        # A refusal (dropout, say) comes with a UserWarning saying why: the math backend is the answer.
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
             call()
     except RuntimeError:
         backend = "math"

@@ -123,3 +123,51 @@ fn softcap_is_run_and_reported() {
     let out = attn_bench(&["--shape", "1,2,5,4", "--iters", "1", "--warmup", "0", "--json"]);
     assert!(json_lines(&out)[0]["softcap"].is_null());
 }
+
+/// The one JSON row of `--shape 2,4,9,8 --kv-len 6 --kv-heads 2 --dv 4 --causal` plus `extra`.
+fn causal_gqa_row(extra: &[&str]) -> Value {
+    let base = ["--shape", "2,4,9,8", "--kv-len", "6", "--kv-heads", "2", "--dv", "4", "--causal"];
+    let rest = ["--threads", "2", "--warmup", "0", "--iters", "2", "--json"];
+    let rows = json_lines(&attn_bench(&[&base[..], extra, &rest].concat()));
+    assert_eq!(rows.len(), 1);
+    rows.into_iter().next().unwrap()
+}
+
+#[test]
+fn backward_json_counts_three_and_a_half_forwards() {
+    let forward = causal_gqa_row(&[]);
+    let backward = causal_gqa_row(&["--backward"]);
+    let forward_flops = expected_flops(2, 4, 9, 6, 8, 4, true);
+    assert_eq!(forward["flops"].as_u64(), Some(forward_flops));
+    assert_eq!(backward["flops"].as_u64(), Some(forward_flops * 7 / 2), "{backward}");
+    assert_eq!((forward["backward"].as_bool(), backward["backward"].as_bool()), (Some(false), Some(true)));
+    assert_eq!(backward["autograd"].as_bool(), Some(false));
+    let (median, gflops) = (backward["median_s"].as_f64().unwrap(), backward["gflops"].as_f64().unwrap());
+    let implied = (forward_flops * 7 / 2) as f64 / median / 1e9;
+    assert!(median > 0.0 && (gflops - implied).abs() <= 1e-9 * implied, "{backward}");
+    // Full attention too: 3.5 · 4·B·H·L·L·D.
+    let out = attn_bench(&["--shape", "1,2,5,4", "--backward", "--iters", "1", "--warmup", "0", "--json"]);
+    assert_eq!(json_lines(&out)[0]["flops"].as_u64(), Some(4 * 2 * 5 * 5 * 4 * 7 / 2));
+}
+
+#[test]
+fn backward_with_dropout_runs_by_the_kernels_and_through_autograd() {
+    for path in [&[][..], &["--autograd"]] {
+        let r = causal_gqa_row(&[&["--backward", "--dropout", "0.1", "--kv-dtype", "f16"][..], path].concat());
+        assert!((r["dropout"].as_f64().unwrap() - 0.1).abs() < 1e-6, "{r}");
+        assert_eq!((r["backward"].as_bool(), r["autograd"].as_bool()), (Some(true), Some(!path.is_empty())));
+        assert!(r["gflops"].as_f64().unwrap() > 0.0 && r["iters"].as_u64() == Some(2), "{r}");
+    }
+}
+
+#[test]
+fn backward_table_states_the_flop_rule_above_the_header() {
+    let out = attn_bench(&["--shape", "1,1,4,2", "--backward", "--iters", "1", "--warmup", "0"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[0].contains("backward") && lines[0].contains("3.5 x forward"), "{text}");
+    assert!(lines[1].contains("GFLOP/s") && lines[2].starts_with("1,1,4,2"), "{text}");
+    assert_one_line_error(&["--shape", "1,1,4,2", "--autograd"], "--backward");
+}

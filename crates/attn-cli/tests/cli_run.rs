@@ -1,6 +1,8 @@
 //! `attn run` end to end: the built binary runs on files written to a temporary directory, its
 //! `out`, `lse` and `weights` are checked against the `f64` reference with the project's
-//! tolerance rule, and malformed inputs give exit code 1 with one `error:` line and no panic.
+//! tolerance rule, its gradients (`dq`, `dk`, `dv`, `dbias` when given `grad_out`) against the
+//! `f64` reference backward with the gradient rule, and malformed inputs give exit code 1 with
+//! one `error:` line and no panic.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,8 +11,10 @@ use std::process::{Command, Output};
 use attn::{Align, Mask, SdpaOptions};
 use attn_cli::io::{read_safetensors, write_npy, write_safetensors, HostData, HostTensor};
 use attn_kernels::rng::SplitMix64;
-use attn_kernels::{reference, Real, View4};
-use attn_testkit::oracle::{check, OUTPUT_FACTOR};
+use attn_kernels::{
+    attention, attention_backward, reference, reference_backward, AttnGrads, Kernel, KvView, Real, Saved, View4,
+};
+use attn_testkit::oracle::{check, GRADIENT_FACTOR, OUTPUT_FACTOR};
 use candle_core::WithDType;
 use half::{bf16, f16};
 
@@ -70,7 +74,48 @@ impl<'a> Case<'a> {
         .unwrap()
     }
 
-    /// Checks the CLI's outputs against the `f64` reference (baseline error: the `f32` one).
+    /// The reference backward in precision `T` after its own forward, for the output gradient
+    /// `dout` (`dbias` too when the options hold a bias).
+    fn reference_grads<T: Real + WithDType>(&self, dout: &HostTensor) -> AttnGrads<T> {
+        let conv = |t: &HostTensor| -> Vec<T> { f32_of(t).iter().map(|&x| T::from_f32(x).unwrap()).collect() };
+        let dims = |t: &HostTensor| -> [usize; 4] { t.shape.clone().try_into().unwrap() };
+        let (qd, kd, vd, gd) = (conv(self.q), conv(self.k), conv(self.v), conv(dout));
+        let host = self.opts.kernel_params::<T>().unwrap();
+        let params = host.attn_params().unwrap();
+        let q = View4::contiguous("q", &qd, dims(self.q)).unwrap();
+        let k = View4::contiguous("k", &kd, dims(self.k)).unwrap();
+        let v = View4::contiguous("v", &vd, dims(self.v)).unwrap();
+        let fwd = reference(&q, &k, &v, &params, false).unwrap();
+        let out = View4::contiguous("out", &fwd.out, dims(dout)).unwrap();
+        let dout = View4::contiguous("grad_out", &gd, dims(dout)).unwrap();
+        reference_backward(&q, &k, &v, &Saved { out, lse: &fwd.lse, dout }, &params, true).unwrap()
+    }
+
+    /// Checks the CLI's gradients against the `f64` reference backward under the gradient rule
+    /// (baseline error: the `f32` reference backward); `dbias` must be written exactly when the
+    /// options hold a bias, in the bias's shape.
+    fn check_grads(&self, result: &BTreeMap<String, HostTensor>, dout: &HostTensor) {
+        let (g64, g32) = (self.reference_grads::<f64>(dout), self.reference_grads::<f32>(dout));
+        let mut expected = vec![
+            ("dq", self.q.shape.clone(), g64.dq, g32.dq),
+            ("dk", self.k.shape.clone(), g64.dk, g32.dk),
+            ("dv", self.v.shape.clone(), g64.dv, g32.dv),
+        ];
+        match &self.opts.bias {
+            Some(bias) => expected.push(("dbias", bias.dims().to_vec(), g64.dbias.unwrap(), g32.dbias.unwrap())),
+            None => assert!(!result.contains_key("dbias"), "dbias written without a bias"),
+        }
+        for (name, shape, want64, want32) in expected {
+            let got = result.get(name).unwrap_or_else(|| panic!("{name} not written"));
+            assert_eq!(got.shape, shape, "{name} shape");
+            let HostData::F32(got) = &got.data else { panic!("{name} is {}, expected F32", got.dtype_name()) };
+            assert!(got.iter().any(|&x| x != 0.0), "{name} is all zero");
+            check(name, got, &want64, &want32, GRADIENT_FACTOR).unwrap();
+        }
+    }
+
+    /// Checks the CLI's outputs against the `f64` reference (baseline error: the `f32` one); the
+    /// gradients, if any, are left to [`Case::check_grads`].
     fn check(&self, result: &BTreeMap<String, HostTensor>, weights: bool) {
         let r64 = self.reference::<f64>(weights);
         let r32 = self.reference::<f32>(weights);
@@ -81,7 +126,8 @@ impl<'a> Case<'a> {
         if weights {
             expected.push(("weights", vec![b, hq, lq, lk], r64.weights.unwrap(), r32.weights.unwrap()));
         }
-        assert_eq!(result.len(), expected.len(), "tensors written: {:?}", result.keys().collect::<Vec<_>>());
+        let written: Vec<_> = result.keys().filter(|n| !GRADIENTS.contains(&n.as_str())).collect();
+        assert_eq!(written.len(), expected.len(), "tensors written: {:?}", result.keys().collect::<Vec<_>>());
         for (name, shape, want64, want32) in expected {
             let got = &result[name];
             assert_eq!(got.shape, shape, "{name} shape");
@@ -90,6 +136,9 @@ impl<'a> Case<'a> {
         }
     }
 }
+
+/// The names of the gradients `attn run` writes.
+const GRADIENTS: [&str; 4] = ["dq", "dk", "dv", "dbias"];
 
 fn run_ok(args: &[&str], files: &[&Path], out: &Path) -> (BTreeMap<String, HostTensor>, String) {
     let o = attn(args, files);
@@ -203,6 +252,111 @@ fn npy_inputs_with_dropout() {
     Case::new(&q, &k, &v, opts).check(&result, false);
 }
 
+#[test]
+fn gradients_with_causal_mask_bias_and_gqa_match_the_reference_backward() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, hq, hkv, lq, lk, dk, dv) = (2, 4, 2, 7, 9, 8, 6);
+    let (q, k, v) =
+        (f32_tensor(&[b, hq, lq, dk], 21), f32_tensor(&[b, hkv, lk, dk], 22), f32_tensor(&[b, hkv, lk, dv], 23));
+    // Broadcast over the batch (so `dbias` sums over it), not over the keys.
+    let bias = f32_tensor(&[hq, lq, lk], 24);
+    let grad_out =
+        tensor(&[b, hq, lq, dv], HostData::F64(values(b * hq * lq * dv, 25).into_iter().map(f64::from).collect()));
+    let input = dir.path().join("in.safetensors");
+    write(&input, &[("q", &q), ("k", &k), ("v", &v), ("bias", &bias), ("grad_out", &grad_out)]);
+    let out = out_path(dir.path());
+    let (result, stdout) =
+        run_ok(&["--causal", "--align", "bottom-right", "-o", out.to_str().unwrap()], &[&input], &out);
+    let opts =
+        SdpaOptions::default().causal(true).align(Align::BottomRight).bias(bias.clone().into_float_tensor().unwrap());
+    let case = Case::new(&q, &k, &v, opts);
+    case.check(&result, false);
+    case.check_grads(&result, &grad_out);
+    assert_eq!(result.len(), 6, "{:?}", result.keys().collect::<Vec<_>>());
+    assert!(stdout.contains("grad_out [2, 4, 7, 6] F64") && stdout.contains("dbias [4, 7, 9]"), "{stdout}");
+}
+
+/// Writes each `(name, tensor)` to `name.npy` in `dir` and returns the `--name path` arguments.
+fn npy_args(dir: &Path, tensors: &[(&str, &HostTensor)]) -> Vec<String> {
+    let mut args = Vec::new();
+    for (name, t) in tensors {
+        let path = dir.join(format!("{name}.npy"));
+        write_npy(&path, t).unwrap();
+        args.push(format!("--{}", name.replace('_', "-")));
+        args.push(path.to_str().unwrap().to_string());
+    }
+    args
+}
+
+#[test]
+fn npy_inputs_with_grad_out_and_the_reference_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = f32_tensor(&[1, 2, 5, 4], 31);
+    let k = tensor(&[1, 1, 6, 4], HostData::F64(values(24, 32).into_iter().map(f64::from).collect()));
+    let v = f32_tensor(&[1, 1, 6, 3], 33);
+    let grad_out = f32_tensor(&[1, 2, 5, 3], 34);
+    let out = out_path(dir.path());
+    let mut args = npy_args(dir.path(), &[("q", &q), ("k", &k), ("v", &v), ("grad_out", &grad_out)]);
+    args.extend(["--window".into(), "2,1".into(), "--kernel".into(), "reference".into()]);
+    args.extend(["-o".into(), out.to_str().unwrap().into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (result, stdout) = run_ok(&args, &[], &out);
+    let case = Case::new(&q, &k, &v, SdpaOptions::default().window(Some(2), Some(1)));
+    case.check(&result, false);
+    case.check_grads(&result, &grad_out);
+    assert_eq!(result.len(), 5, "{:?}", result.keys().collect::<Vec<_>>());
+    assert!(stdout.contains("grad_out [1, 2, 5, 3] F32") && stdout.contains("dk [1, 1, 6, 4]"), "{stdout}");
+}
+
+/// `kernel`'s forward then backward on contiguous `f32` inputs under `opts`: `(dq, dk, dv)`.
+fn kernel_grads(
+    kernel: Kernel,
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    dout: &HostTensor,
+    opts: &SdpaOptions,
+) -> AttnGrads<f32> {
+    let dims = |t: &HostTensor| -> [usize; 4] { t.shape.clone().try_into().unwrap() };
+    let (qd, kd, vd, gd) = (f32_of(q), f32_of(k), f32_of(v), f32_of(dout));
+    let host = opts.kernel_params::<f32>().unwrap();
+    let params = host.attn_params().unwrap();
+    let qv = View4::contiguous("q", &qd, dims(q)).unwrap();
+    let kv = KvView::F32(View4::contiguous("k", &kd, dims(k)).unwrap());
+    let vv = KvView::F32(View4::contiguous("v", &vd, dims(v)).unwrap());
+    let fwd = attention(kernel, &qv, &kv, &vv, &params, false).unwrap();
+    let out = View4::contiguous("out", &fwd.out, dims(dout)).unwrap();
+    let dout = View4::contiguous("grad_out", &gd, dims(dout)).unwrap();
+    attention_backward(kernel, &qv, &kv, &vv, &Saved { out, lse: &fwd.lse, dout }, &params, false).unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn dropout_gradients_equal_the_kernel_backward_with_the_same_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (q, k, v) = (f32_tensor(&[2, 2, 8, 4], 41), f32_tensor(&[2, 2, 8, 4], 42), f32_tensor(&[2, 2, 8, 4], 43));
+    let grad_out = f32_tensor(&[2, 2, 8, 4], 44);
+    let input = dir.path().join("in.safetensors");
+    write(&input, &[("q", &q), ("k", &k), ("v", &v), ("grad_out", &grad_out)]);
+    let out = out_path(dir.path());
+    let (result, _) = run_ok(&["--dropout", "0.3", "--seed", "17", "-o", out.to_str().unwrap()], &[&input], &out);
+    let got = |name: &str| f32_of(&result[name]);
+    let same_seed = kernel_grads(Kernel::Auto, &q, &k, &v, &grad_out, &SdpaOptions::default().dropout(0.3, 17));
+    for (name, want) in [("dq", &same_seed.dq), ("dk", &same_seed.dk), ("dv", &same_seed.dv)] {
+        assert!(
+            max_diff(&got(name), want) <= 1e-6,
+            "{name} differs from the kernel's by {}",
+            max_diff(&got(name), want)
+        );
+    }
+    let other_seed = kernel_grads(Kernel::Auto, &q, &k, &v, &grad_out, &SdpaOptions::default().dropout(0.3, 18));
+    assert!(max_diff(&got("dq"), &other_seed.dq) > 1e-3, "the seed does not matter");
+}
+
 /// Runs a failing command and returns its single stderr line.
 fn run_err(args: &[&str], files: &[&Path]) -> String {
     let o = attn(args, files);
@@ -238,7 +392,7 @@ fn missing_tensor() {
 fn unknown_tensor_name() {
     let q = f32_tensor(&[1, 1, 2, 2], 1);
     let e = fails_on(&[("q", &q), ("k", &q), ("v", &q), ("keys", &q)], &[]);
-    assert!(e.contains("tensor 'keys': unknown tensor name") && e.contains("key_lengths"), "{e}");
+    assert!(e.contains("tensor 'keys': unknown tensor name") && e.contains("key_lengths, grad_out"), "{e}");
 }
 
 #[test]
@@ -249,9 +403,37 @@ fn wrong_rank() {
 }
 
 #[test]
+fn grad_out_of_the_wrong_shape_or_type_is_refused_before_computing() {
+    let (q, k, v) = (f32_tensor(&[1, 2, 3, 4], 1), f32_tensor(&[1, 1, 5, 4], 2), f32_tensor(&[1, 1, 5, 2], 3));
+    // `[B, Hq, Lq, Dk]` instead of `[B, Hq, Lq, Dv]`.
+    let wrong = f32_tensor(&[1, 2, 3, 4], 4);
+    let e = fails_on(&[("q", &q), ("k", &k), ("v", &v), ("grad_out", &wrong)], &[]);
+    let want = "in.safetensors: tensor 'grad_out': shape [1, 2, 3, 4], expected [B, Hq, Lq, Dv] = [1, 2, 3, 2]";
+    assert!(e.contains(want), "{e}");
+    // Refused before the library runs: an option it would refuse is not reached.
+    let e = fails_on(&[("q", &q), ("k", &k), ("v", &v), ("grad_out", &wrong)], &["--dropout", "1.5"]);
+    assert!(e.contains("tensor 'grad_out'"), "{e}");
+    let ints = tensor(&[1, 2, 3, 2], HostData::I64(vec![0; 12]));
+    let e = fails_on(&[("q", &q), ("k", &k), ("v", &v), ("grad_out", &ints)], &[]);
+    assert!(e.contains("in.safetensors: tensor 'grad_out': dtype I64, expected F16, BF16, F32 or F64"), "{e}");
+    // The .npy form names the file of `grad_out`.
+    let dir = tempfile::tempdir().unwrap();
+    let out = out_path(dir.path());
+    let mut args = npy_args(dir.path(), &[("q", &q), ("k", &k), ("v", &v), ("grad_out", &wrong)]);
+    args.extend(["-o".into(), out.to_str().unwrap().into()]);
+    let e = run_err(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+    assert!(e.contains("grad_out.npy: tensor 'grad_out': shape [1, 2, 3, 4]"), "{e}");
+    assert!(!out.exists(), "output written despite the error");
+}
+
+#[test]
 fn mismatched_dims() {
     let (q, k, v) = (f32_tensor(&[2, 1, 2, 4], 1), f32_tensor(&[3, 1, 2, 4], 2), f32_tensor(&[2, 1, 2, 4], 3));
     let e = fails_on(&[("q", &q), ("k", &k), ("v", &v)], &[]);
+    assert!(e.contains("in.safetensors: k: dimension batch is 3, expected 2"), "{e}");
+    // The same with gradients of a bias, where the library joins k and v before its own checks.
+    let (bias, grad_out) = (f32_tensor(&[2, 2], 4), f32_tensor(&[2, 1, 2, 4], 5));
+    let e = fails_on(&[("q", &q), ("k", &k), ("v", &v), ("bias", &bias), ("grad_out", &grad_out)], &[]);
     assert!(e.contains("in.safetensors: k: dimension batch is 3, expected 2"), "{e}");
 }
 

@@ -1,10 +1,12 @@
 //! `attn bench`: times `attn::sdpa_full` under the shared attention flags on seeded random inputs
 //! of one or more shapes in a rayon pool of a chosen size, and reports the median/min/max time per
 //! call, GFLOP/s (see [`spec::FLOP_RULE`]) and the memory a call allocates beyond its output;
-//! `--peak` adds the machine's FMA peak. Output is a table, or one JSON object per line with
+//! `--backward` times forward plus backward instead (see [`backward`]), `--peak` adds the
+//! machine's FMA peak. Output is a table, or one JSON object per line with
 //! `--json`. The library's own work around the kernel (checks, views, wrapping the results in
 //! tensors) costs microseconds and allocates no copy of the inputs or outputs.
 
+mod backward;
 mod inputs;
 mod measure;
 mod peak;
@@ -67,6 +69,16 @@ pub struct Args {
     /// share of the all-thread peak.
     #[arg(long)]
     pub peak: bool,
+    /// Time forward (with log-sum-exp) plus backward per call: the gradients of q, k and v for a
+    /// fixed random output gradient (dropout replayed from --seed), by the kernels called
+    /// directly with the library's parameters. FLOPs are then 3.5x the forward's (the backward
+    /// counted as 2.5x the forward, FlashAttention's convention).
+    #[arg(long)]
+    pub backward: bool,
+    /// With --backward, go through the library and candle's autograd instead (q, k, v as Vars,
+    /// loss.backward()): the same kernels plus candle's element-wise work around them.
+    #[arg(long, requires = "backward")]
+    pub autograd: bool,
 }
 
 /// The result of one shape.
@@ -110,6 +122,10 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         print_peak(&args, p, threads);
     }
     if !args.json && !cases.is_empty() {
+        if args.backward {
+            let path = if args.autograd { "through candle autograd" } else { "by the kernels directly" };
+            println!("forward (with log-sum-exp) + backward per call, {path}; {BACKWARD_FLOPS}");
+        }
         println!("{}", header(peak.flatten().is_some()));
     }
     let budget = Budget { warmup: args.warmup, iters: args.iters, seconds: args.budget };
@@ -117,9 +133,22 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     for dims in cases {
         let shape = || format!("--shape {}", spec::shape_text(&dims));
         let data = inputs::Inputs::random(dims, args.kv_dtype, args.data_seed).with_context(shape)?;
-        let m = measure::measure(budget, || Ok(pool.install(|| sdpa_full(&data.q, &data.k, &data.v, &opts))?))
-            .with_context(shape)?;
-        let row = Row { dims, flops: spec::flops(&dims, &opts), m };
+        let m = if args.backward {
+            let grad_out = backward::grad_out(dims, args.data_seed).with_context(shape)?;
+            if args.autograd {
+                let t = backward::Trainable::new(&data, grad_out).with_context(shape)?;
+                measure::measure(budget, || pool.install(|| t.step(&opts)))
+            } else {
+                let h = backward::HostCase::new(&data, dims, &grad_out).with_context(shape)?;
+                measure::measure(budget, || pool.install(|| h.step(&opts)))
+            }
+        } else {
+            measure::measure(budget, || Ok(pool.install(|| sdpa_full(&data.q, &data.k, &data.v, &opts))?))
+        }
+        .with_context(shape)?;
+        let forward_flops = spec::flops(&dims, &opts);
+        let flops = if args.backward { spec::with_backward(forward_flops) } else { forward_flops };
+        let row = Row { dims, flops, m };
         let peak_all = peak.flatten().map(|p| p.all_gflops);
         if args.json {
             println!("{}", json_row(&args, threads, &row, peak_all));
@@ -149,6 +178,9 @@ fn print_peak(args: &Args, peak: Option<Peak>, threads: usize) {
         }
     }
 }
+
+/// The FLOP rule of `--backward`, in the line above the table's header.
+const BACKWARD_FLOPS: &str = "FLOPs = 3.5 x forward (backward counted as 2.5 x forward, FlashAttention's convention)";
 
 fn header(with_peak: bool) -> String {
     format!(
@@ -212,6 +244,8 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         "scale": args.sdpa.scale,
         "softcap": args.sdpa.softcap,
         "dropout": args.sdpa.dropout,
+        "backward": args.backward,
+        "autograd": args.autograd,
         "median_s": row.m.median(),
         "min_s": row.m.min(),
         "max_s": row.m.max(),

@@ -1,7 +1,9 @@
-//! `attn run`: reads `q`, `k`, `v` (and optionally `mask`, `bias`, `key_lengths`) from one
-//! safetensors file or from `.npy` files, computes attention with [`attn::sdpa_full`] under the
-//! shared attention flags, and writes `out`, `lse` (and `weights`) to a safetensors file. Every
-//! refusal is one line naming the file, the tensor and what was expected versus found.
+//! `attn run`: reads `q`, `k`, `v` (and optionally `mask`, `bias`, `key_lengths`, `grad_out`) from
+//! one safetensors file or from `.npy` files, computes attention with [`attn::sdpa_full`] under the
+//! shared attention flags, and writes `out`, `lse` (and `weights`) to a safetensors file; with
+//! `grad_out`, also the gradients `dq`, `dk`, `dv` (and `dbias`) through the library's autograd
+//! (`loss = Σ out·grad_out`, `loss.backward()`). Every refusal is one line naming the file, the
+//! tensor and what was expected versus found, and comes before anything is computed or written.
 
 mod inputs;
 
@@ -18,11 +20,16 @@ use inputs::Inputs;
 pub struct Args {
     /// Safetensors file holding `q: [B, Hq, Lq, D]`, `k: [B, Hkv, Lk, D]`, `v: [B, Hkv, Lk, Dv]`
     /// and optionally `mask` (BOOL/U8, broadcastable to `[B, Hq, Lq, Lk]`), `bias` (float,
-    /// broadcastable) and `key_lengths` (I32/I64, `[B]`).
+    /// broadcastable), `key_lengths` (I32/I64, `[B]`) and `grad_out` (float, `[B, Hq, Lq, Dv]`:
+    /// the gradient of the output, which asks for the gradients).
     #[arg(required_unless_present = "q", conflicts_with = "q")]
     pub input: Option<PathBuf>,
-    /// Output safetensors file: `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]` and, with `--weights`,
-    /// `weights: [B, Hq, Lq, Lk]`, all F32.
+    /// Output safetensors file: `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]`, with `--weights`
+    /// `weights: [B, Hq, Lq, Lk]` and, when `grad_out` is given, `dq: [B, Hq, Lq, D]`,
+    /// `dk: [B, Hkv, Lk, D]`, `dv: [B, Hkv, Lk, Dv]` and with a bias `dbias` (the bias's shape),
+    /// all F32. The gradients are those of `Σ out·grad_out` through the library's autograd, by the
+    /// backward of `--kernel`, with dropout replayed from `--seed`; `dk`, `dv` and `dbias` come in
+    /// the stored precision of `k`, `v` and the bias.
     #[arg(short, long)]
     pub output: PathBuf,
     /// `.npy` file of `q: [B, Hq, Lq, D]`, instead of INPUT.
@@ -43,6 +50,10 @@ pub struct Args {
     /// `.npy` file of the valid key count per batch, `[B]`.
     #[arg(long, requires = "q")]
     pub key_lengths: Option<PathBuf>,
+    /// `.npy` file of the output's gradient `grad_out: [B, Hq, Lq, Dv]` (float): also write `dq`,
+    /// `dk`, `dv` (and `dbias`).
+    #[arg(long, requires = "q")]
+    pub grad_out: Option<PathBuf>,
     #[command(flatten)]
     pub sdpa: SdpaFlags,
     /// Also write the attention weights (before dropout).
@@ -59,10 +70,11 @@ pub fn main(args: Args) -> Result<()> {
     let described = inputs.describe();
     let result = inputs.into_call(args.sdpa.options().return_weights(args.weights))?.run()?;
     let file = args.output.display().to_string();
-    let mut named = vec![("out", &result.out), ("lse", &result.lse)];
-    if let Some(w) = &result.weights {
+    let mut named = vec![("out", &result.sdpa.out), ("lse", &result.sdpa.lse)];
+    if let Some(w) = &result.sdpa.weights {
         named.push(("weights", w));
     }
+    named.extend(result.grads.iter().map(|(n, t)| (*n, t)));
     let tensors = named
         .into_iter()
         .map(|(n, t)| Ok((n, HostTensor::from_f32_tensor(t).map_err(|kind| IoError::tensor(&file, n, kind))?)))

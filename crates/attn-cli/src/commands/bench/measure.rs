@@ -54,14 +54,22 @@ impl Measurement {
     }
 }
 
-/// Bytes held by an attention output (`out`, `lse` and any weights).
-fn output_bytes(o: &SdpaOutput) -> usize {
-    let tensors = [Some(&o.out), Some(&o.lse), o.weights.as_ref()];
-    tensors.into_iter().flatten().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum()
+/// What a timed call returns: the bytes of it that are results, not scratch.
+pub trait Held {
+    /// Bytes the results hold.
+    fn held_bytes(&self) -> usize;
+}
+
+/// An attention output holds `out`, `lse` and any weights.
+impl Held for SdpaOutput {
+    fn held_bytes(&self) -> usize {
+        let tensors = [Some(&self.out), Some(&self.lse), self.weights.as_ref()];
+        tensors.into_iter().flatten().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum()
+    }
 }
 
 /// Runs `call` as `budget` says and measures it; `budget.iters` must be at least 1.
-pub fn measure(budget: Budget, mut call: impl FnMut() -> anyhow::Result<SdpaOutput>) -> anyhow::Result<Measurement> {
+pub fn measure<O: Held>(budget: Budget, mut call: impl FnMut() -> anyhow::Result<O>) -> anyhow::Result<Measurement> {
     for _ in 0..budget.warmup {
         call()?;
     }
@@ -75,7 +83,7 @@ pub fn measure(budget: Budget, mut call: impl FnMut() -> anyhow::Result<SdpaOutp
         let out = call()?;
         let t = start.elapsed().as_secs_f64();
         let held = alloc_meter::peak_bytes().saturating_sub(base);
-        extra_bytes = extra_bytes.max(held.saturating_sub(output_bytes(&out)) as u64);
+        extra_bytes = extra_bytes.max(held.saturating_sub(out.held_bytes()) as u64);
         drop(out);
         times.push(t);
         spent += t;
@@ -137,6 +145,6 @@ mod tests {
     fn errors_pass_through() {
         let _meter = alloc_meter::exclusive();
         let b = Budget { warmup: 1, iters: 1, seconds: 0.0 };
-        assert!(measure(b, || anyhow::bail!("boom")).is_err());
+        assert!(measure::<SdpaOutput>(b, || anyhow::bail!("boom")).is_err());
     }
 }

@@ -10,7 +10,9 @@ use attn_kernels::Dims;
 pub const FLOP_RULE: &str = "FLOP count: for every (batch, query head), 2·Dk + 2·Dv per unmasked (query i, key j) \
 pair (the q·k dot product and the weighted sum of v, one multiply and one add each); softmax, scaling and \
 masking are not counted. Causal and window bands are counted exactly (causal, top-left: query i sees \
-min(i+1, Lk) keys), so full attention is 4·B·H·Lq·Lk·D when Dk = Dv = D and causal is about half of it.";
+min(i+1, Lk) keys), so full attention is 4·B·H·Lq·Lk·D when Dk = Dv = D and causal is about half of it. With --backward a call \
+is the forward plus its backward, counted as 3.5 times the forward's FLOPs (the backward as 2.5 times, \
+FlashAttention's convention: five matrix products of the forward's size against its two).";
 
 /// Parses `B,H,Lq,D` into `[B, H, Lq, D]`; every size must be at least 1.
 pub fn parse_shape(text: &str) -> anyhow::Result<[usize; 4]> {
@@ -64,6 +66,12 @@ pub fn flops(dims: &Dims, opts: &SdpaOptions) -> u64 {
         })
         .sum();
     pairs * 2 * (dims.dk + dims.dv) as u64 * (dims.b * dims.hq) as u64
+}
+
+/// FLOPs of a forward plus its backward by [`FLOP_RULE`]: 3.5 times the forward's `forward`
+/// (always even, so exact).
+pub fn with_backward(forward: u64) -> u64 {
+    forward / 2 * 7
 }
 
 /// `B,H,Lq,D` as given to `--shape`.

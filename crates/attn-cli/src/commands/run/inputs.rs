@@ -1,19 +1,21 @@
 //! The inputs of `attn run`: each tensor with the file it came from, read from one safetensors
 //! file or from `.npy` files, checked for its role and converted into the `attn` library's call;
-//! the library's refusals are reported naming the file of the tensor concerned.
+//! the library's refusals are reported naming the file of the tensor concerned. With `grad_out`
+//! the call also runs backward through candle's autograd: `q`, `k`, `v` and the bias become
+//! `Var`s and `Σ out·grad_out` is differentiated.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 use attn::{sdpa_full, AttnLibError, Mask, SdpaOptions, SdpaOutput};
-use attn_kernels::AttnError;
-use candle_core::Tensor;
+use attn_kernels::{AttnError, Problem};
+use candle_core::{DType, Tensor, Var};
 
 use super::Args;
 use crate::io::{read_npy, read_safetensors, HostData, HostTensor, IoError, IoErrorKind};
 
 /// Tensor names accepted in the input file.
-const ACCEPTED: [&str; 6] = ["q", "k", "v", "mask", "bias", "key_lengths"];
+const ACCEPTED: [&str; 7] = ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out"];
 
 /// A tensor and the file it came from.
 struct Sourced {
@@ -37,6 +39,7 @@ pub(super) struct Inputs {
     mask: Option<Sourced>,
     bias: Option<Sourced>,
     key_lengths: Option<Sourced>,
+    grad_out: Option<Sourced>,
 }
 
 impl Inputs {
@@ -55,11 +58,12 @@ impl Inputs {
             take(name).ok_or_else(|| IoError::tensor(&file, name, IoErrorKind::Missing { found: found.clone() }))
         };
         let (q, k, v) = (need("q")?, need("k")?, need("v")?);
-        Ok(Self { q, k, v, mask: take("mask"), bias: take("bias"), key_lengths: take("key_lengths") })
+        let (mask, bias, key_lengths, grad_out) = (take("mask"), take("bias"), take("key_lengths"), take("grad_out"));
+        Ok(Self { q, k, v, mask, bias, key_lengths, grad_out })
     }
 
     /// The `.npy` files named by `--q`, `--k`, `--v` and the optional `--mask`, `--bias`,
-    /// `--key-lengths`.
+    /// `--key-lengths`, `--grad-out`.
     pub(super) fn from_npy(args: &Args) -> Result<Self, IoError> {
         let read = |path: &Option<PathBuf>| -> Result<Option<Sourced>, IoError> {
             path.as_deref().map(|p| Ok(Sourced { file: p.display().to_string(), tensor: read_npy(p)? })).transpose()
@@ -76,13 +80,18 @@ impl Inputs {
             mask: read(&args.mask)?,
             bias: read(&args.bias)?,
             key_lengths: read(&args.key_lengths)?,
+            grad_out: read(&args.grad_out)?,
         })
     }
 
     /// The tensors present, by role, `q` first.
     fn roles(&self) -> impl Iterator<Item = (&'static str, &Sourced)> {
-        let optional =
-            [("mask", self.mask.as_ref()), ("bias", self.bias.as_ref()), ("key_lengths", self.key_lengths.as_ref())];
+        let optional = [
+            ("mask", self.mask.as_ref()),
+            ("bias", self.bias.as_ref()),
+            ("key_lengths", self.key_lengths.as_ref()),
+            ("grad_out", self.grad_out.as_ref()),
+        ];
         [("q", &self.q), ("k", &self.k), ("v", &self.v)]
             .into_iter()
             .chain(optional.into_iter().filter_map(|(n, s)| s.map(|s| (n, s))))
@@ -96,17 +105,28 @@ impl Inputs {
     }
 
     /// Checks each tensor for its role and converts it: `q`, `k`, `v` rank 4 and float (`q` as
-    /// F32, so `out` and `weights` come back as F32; `k` and `v` in their stored type), the mask
-    /// BOOL/U8 with non-zero = may attend, the bias float, the key lengths I32/I64 `[B]`, the last
-    /// three added to `opts`.
+    /// F32, so `out` and `weights` come back as F32; `k` and `v` in their stored type), the
+    /// output's gradient float `[B, Hq, Lq, Dv]` (as F32), the mask BOOL/U8 with non-zero = may
+    /// attend, the bias float, the key lengths I32/I64 `[B]`, these three added to `opts`.
     pub(super) fn into_call(self, mut opts: SdpaOptions) -> Result<Call, IoError> {
         let files = self.roles().map(|(n, s)| (n, s.file.clone())).collect();
-        let q = self.q.convert("q", |t| {
-            let t = rank4(t)?;
-            HostTensor { data: HostData::F32(t.to_f32_vec()?), shape: t.shape }.into_float_tensor()
-        })?;
+        let q = self.q.convert("q", |t| rank4(t)?.into_f32_tensor())?;
         let k = self.k.convert("k", |t| rank4(t)?.into_float_tensor())?;
         let v = self.v.convert("v", |t| rank4(t)?.into_float_tensor())?;
+        let grad_out = match self.grad_out {
+            Some(g) => {
+                // `q` and `v` have rank 4 here: `[B, Hq, Lq]` of `q`, then `Dv` of `v`.
+                let want: Vec<usize> = q.dims()[..3].iter().chain(&v.dims()[3..]).copied().collect();
+                Some(g.convert("grad_out", |t| {
+                    if t.shape != want {
+                        let expected = format!("[B, Hq, Lq, Dv] = {want:?} (from q and v)");
+                        return Err(IoErrorKind::Shape { found: t.shape, expected });
+                    }
+                    t.into_f32_tensor()
+                })?)
+            }
+            None => None,
+        };
         if let Some(m) = self.mask {
             opts.mask = Some(Mask::keep(m.convert("mask", HostTensor::into_mask_tensor)?));
         }
@@ -119,7 +139,14 @@ impl Inputs {
                 _ => Err(IoErrorKind::Shape { found: t.shape, expected: "rank 1 [B]".into() }),
             })?);
         }
-        Ok(Call { q, k, v, opts, files })
+        Ok(Call { q, k, v, grad_out, opts, files })
+    }
+}
+
+impl HostTensor {
+    /// A float tensor converted to a CPU `F32` candle tensor of the same shape.
+    fn into_f32_tensor(self) -> Result<Tensor, IoErrorKind> {
+        HostTensor { data: HostData::F32(self.to_f32_vec()?), shape: self.shape }.into_float_tensor()
     }
 }
 
@@ -136,16 +163,70 @@ pub(super) struct Call {
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    /// The output's gradient, `[B, Hq, Lq, Dv]` F32, when the gradients are asked for.
+    grad_out: Option<Tensor>,
     opts: SdpaOptions,
     /// `(role, file)`, `q` first.
     files: Vec<(&'static str, String)>,
 }
 
+/// What one run computes.
+pub(super) struct RunOutput {
+    /// `out`, `lse` and the weights when asked.
+    pub sdpa: SdpaOutput,
+    /// `dq`, `dk`, `dv` and `dbias` (with a bias) as F32 when `grad_out` is given, else empty.
+    pub grads: Vec<(&'static str, Tensor)>,
+}
+
 impl Call {
-    /// Computes the attention; a refusal is one line naming the file of the tensor concerned, or
-    /// the option.
-    pub(super) fn run(&self) -> anyhow::Result<SdpaOutput> {
-        sdpa_full(&self.q, &self.k, &self.v, &self.opts).map_err(|e| self.error(e))
+    /// Computes the attention and, with `grad_out`, the gradients of `Σ out·grad_out` through
+    /// candle's autograd (the library's backward, by the same kernel and dropout seed); a refusal
+    /// is one line naming the file of the tensor concerned, or the option.
+    pub(super) fn run(&self) -> anyhow::Result<RunOutput> {
+        let Some(grad_out) = &self.grad_out else {
+            let sdpa = sdpa_full(&self.q, &self.k, &self.v, &self.opts).map_err(|e| self.error(e))?;
+            return Ok(RunOutput { sdpa, grads: Vec::new() });
+        };
+        self.check_problem()?;
+        let var = |t: &Tensor| Var::from_tensor(t).map_err(|e| self.candle_error(e));
+        let (q, k, v) = (var(&self.q)?, var(&self.k)?, var(&self.v)?);
+        let bias = self.opts.bias.as_ref().map(var).transpose()?;
+        let opts = SdpaOptions { bias: bias.as_ref().map(|b| b.as_tensor().clone()), ..self.opts.clone() };
+        let sdpa = sdpa_full(&q, &k, &v, &opts).map_err(|e| self.error(e))?;
+        let store = (&sdpa.out * grad_out)
+            .and_then(|prod| prod.sum_all())
+            .and_then(|loss| loss.backward())
+            .map_err(|e| self.candle_error(e))?;
+        let wanted = [("dq", &q), ("dk", &k), ("dv", &v)].into_iter().chain(bias.as_ref().map(|b| ("dbias", b)));
+        let grads = wanted
+            .map(|(name, var)| {
+                let grad = store.get(var).ok_or_else(|| anyhow!("{}: no gradient reached {name}", self.files[0].1))?;
+                Ok((name, grad.to_dtype(DType::F32).map_err(|e| self.candle_error(e))?))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(RunOutput { sdpa, grads })
+    }
+
+    /// Checks the sizes and options as the kernels will, before the library runs: with a tracked
+    /// bias it joins `k` and `v` into one tensor before its own checks, so a size mismatch of the
+    /// two would otherwise come back as candle's complaint about that join.
+    fn check_problem(&self) -> anyhow::Result<()> {
+        let host = self.opts.kernel_params::<f32>().map_err(|e| self.error(e))?;
+        let params = host.attn_params().map_err(|e| self.error(e))?;
+        let dims = |t: &Tensor| -> anyhow::Result<[usize; 4]> {
+            let (a, b, c, d) = t.dims4().map_err(|e| self.candle_error(e))?;
+            Ok([a, b, c, d])
+        };
+        Problem::new(dims(&self.q)?, dims(&self.k)?, dims(&self.v)?, &params).map_err(|e| self.error(e.into()))?;
+        Ok(())
+    }
+
+    /// A candle error while computing, as one line naming `q`'s file; a library refusal inside
+    /// it keeps its own text.
+    fn candle_error(&self, e: candle_core::Error) -> anyhow::Error {
+        let text = e.to_string();
+        let line = text.lines().next().unwrap_or_default();
+        anyhow!("{}: {line}", self.files[0].1)
     }
 
     fn error(&self, e: AttnLibError) -> anyhow::Error {
@@ -162,6 +243,8 @@ impl Call {
             _ => "q",
         };
         let file = self.files.iter().find(|(n, _)| *n == tensor).unwrap_or(&self.files[0]);
-        anyhow!("{}: {e}", file.1)
+        // One line: a wrapped candle error carries its backtrace on the lines after.
+        let text = e.to_string();
+        anyhow!("{}: {}", file.1, text.lines().next().unwrap_or_default())
     }
 }
