@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use attn_kernels::{attention, attention_backward, AttnGrads, KvView, Saved, View4};
+use attn_kernels::{attention, attention_backward, AttnGrads, KvView, Problem, Saved, View4};
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
 
 use crate::convert::{kv_view, view4};
@@ -51,6 +51,14 @@ pub(crate) fn forward(
     v: &Tensor,
     opts: &SdpaOptions,
 ) -> Result<(Tensor, Vec<f32>, Option<Vec<f32>>)> {
+    // The kernels' own checks first: joining `k` and `v` below would otherwise report a size
+    // mismatch between them as candle's complaint about the join.
+    let host = opts.kernel_params::<f32>()?;
+    let dims = |t: &Tensor| -> Result<[usize; 4]> {
+        let (a, b, c, d) = t.dims4()?;
+        Ok([a, b, c, d])
+    };
+    Problem::new(dims(q)?, dims(k)?, dims(v)?, &host.attn_params()?)?;
     let bias = opts.bias.as_ref().filter(|b| b.track_op());
     let (args, a2, a3) = match bias {
         Some(b) => {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 use attn::{sdpa_full, AttnLibError, Mask, SdpaOptions, SdpaOutput};
-use attn_kernels::{AttnError, Problem};
+use attn_kernels::AttnError;
 use candle_core::{DType, Tensor, Var};
 
 use super::Args;
@@ -187,7 +187,6 @@ impl Call {
             let sdpa = sdpa_full(&self.q, &self.k, &self.v, &self.opts).map_err(|e| self.error(e))?;
             return Ok(RunOutput { sdpa, grads: Vec::new() });
         };
-        self.check_problem()?;
         let var = |t: &Tensor| Var::from_tensor(t).map_err(|e| self.candle_error(e));
         let (q, k, v) = (var(&self.q)?, var(&self.k)?, var(&self.v)?);
         let bias = self.opts.bias.as_ref().map(var).transpose()?;
@@ -205,20 +204,6 @@ impl Call {
             })
             .collect::<anyhow::Result<_>>()?;
         Ok(RunOutput { sdpa, grads })
-    }
-
-    /// Checks the sizes and options as the kernels will, before the library runs: with a tracked
-    /// bias it joins `k` and `v` into one tensor before its own checks, so a size mismatch of the
-    /// two would otherwise come back as candle's complaint about that join.
-    fn check_problem(&self) -> anyhow::Result<()> {
-        let host = self.opts.kernel_params::<f32>().map_err(|e| self.error(e))?;
-        let params = host.attn_params().map_err(|e| self.error(e))?;
-        let dims = |t: &Tensor| -> anyhow::Result<[usize; 4]> {
-            let (a, b, c, d) = t.dims4().map_err(|e| self.candle_error(e))?;
-            Ok([a, b, c, d])
-        };
-        Problem::new(dims(&self.q)?, dims(&self.k)?, dims(&self.v)?, &params).map_err(|e| self.error(e.into()))?;
-        Ok(())
     }
 
     /// A candle error while computing, as one line naming `q`'s file; a library refusal inside
