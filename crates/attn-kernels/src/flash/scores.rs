@@ -127,46 +127,85 @@ pub(super) unsafe fn mask_tile<S: Simd>(
 ) -> Option<Range<usize>> {
     let mut masked = false;
     let mut clean = 0..n;
-    let b = job.b;
-    let rows = job.rows();
-    for r in 0..rows {
+    for r in 0..job.rows() {
         let (h, i) = job.head_query(r);
         let row = &mut w.s[r * LDS..r * LDS + width];
-        if let Some(cap) = pb.softcap {
-            // SAFETY: the CPU supports `S` (the caller's contract); `row` holds `width`, a
-            // multiple of `S::W`.
-            unsafe { softcap_row::<S>(row, cap as f32) };
+        // SAFETY: the CPU supports `S` (the caller's contract); `row` holds `width`, a multiple
+        // of `S::W`.
+        let m = unsafe { mask_row::<S>(pb, [job.b, h, i], row, n, j0, w.range[r], None) };
+        if m.elementwise {
+            (masked, clean) = (true, 0..0);
         }
-        row[n..].fill(f32::NEG_INFINITY);
-        let row = &mut row[..n];
-        if let Some(bias) = pb.elem.bias {
-            let (bv, st) = bias.row(b, h, i);
-            // SAFETY: the CPU supports `S` (the caller's contract).
-            if unsafe { add_bias::<S>(row, bv, st, j0) } {
-                (masked, clean) = (true, 0..0);
-            }
-        }
-        if let Some(keep) = pb.elem.keep {
-            let (kv, st) = keep.row(b, h, i);
-            if apply_keep(row, kv, st, j0) {
-                (masked, clean) = (true, 0..0);
-            }
-        }
-        let (lo, hi) = w.range[r];
-        let (a, z) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
-        if a > 0 || z < n || lo >= hi {
+        if m.a > 0 || m.z < n || m.empty {
             masked = true;
-            if lo >= hi {
-                row.fill(f32::NEG_INFINITY);
-                clean = 0..0;
-            } else {
-                row[..a].fill(f32::NEG_INFINITY);
-                row[z..].fill(f32::NEG_INFINITY);
-                clean = clean.start.max(a)..clean.end.min(z);
-            }
+            clean = if m.empty { 0..0 } else { clean.start.max(m.a)..clean.end.min(m.z) };
         }
     }
     masked.then(|| clean.start..clean.end.max(clean.start))
+}
+
+/// What [`mask_row`] did to one row of a tile of keys `j0..j0+n`.
+pub(in crate::flash) struct RowMasked {
+    /// Whether the bias or the keep-mask masked a key of the tile.
+    pub elementwise: bool,
+    /// The row's band within the tile, `a..z` (tile columns).
+    pub a: usize,
+    pub z: usize,
+    /// Whether the row's band is empty (every key masked).
+    pub empty: bool,
+}
+
+/// Masks one row of raw scores of keys `j0..j0+n` (`row` padded to whole vectors) in the
+/// reference's order: soft-cap, bias, keep-mask, then the row's band `lo..hi`; columns from `n`
+/// on become −∞. With `dcap`, also writes there the soft-cap's derivative `1 − tanh²` at each
+/// score (the backward's chain rule), before the bias is added. Forward and backward mask
+/// through this one function.
+///
+/// # Safety
+/// The CPU supports `S`'s instruction set; `row.len()` is a multiple of `S::W`, `>= n`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(in crate::flash) unsafe fn mask_row<S: Simd>(
+    pb: &Problem<f32>,
+    [b, h, i]: [usize; 3],
+    row: &mut [f32],
+    n: usize,
+    j0: usize,
+    (lo, hi): (usize, usize),
+    dcap: Option<&mut [f32]>,
+) -> RowMasked {
+    if let Some(cap) = pb.softcap {
+        let cap = cap as f32;
+        // SAFETY: the CPU supports `S` (the caller's contract); `row` is whole vectors.
+        unsafe { softcap_row::<S>(row, cap) };
+        if let Some(dc) = dcap {
+            for (d, &x) in dc.iter_mut().zip(row.iter()) {
+                let t = x / cap;
+                *d = 1.0 - t * t;
+            }
+        }
+    }
+    row[n..].fill(f32::NEG_INFINITY);
+    let row = &mut row[..n];
+    let mut elementwise = false;
+    if let Some(bias) = pb.elem.bias {
+        let (bv, st) = bias.row(b, h, i);
+        // SAFETY: the CPU supports `S` (the caller's contract).
+        elementwise |= unsafe { add_bias::<S>(row, bv, st, j0) };
+    }
+    if let Some(keep) = pb.elem.keep {
+        let (kv, st) = keep.row(b, h, i);
+        elementwise |= apply_keep(row, kv, st, j0);
+    }
+    let (a, z) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
+    let empty = lo >= hi;
+    if empty {
+        row.fill(f32::NEG_INFINITY);
+    } else {
+        row[..a].fill(f32::NEG_INFINITY);
+        row[z..].fill(f32::NEG_INFINITY);
+    }
+    RowMasked { elementwise, a, z, empty }
 }
 
 /// Adds the bias row `bv` (keys `j0..`; stride `st` along keys, 1, or 0 when broadcast, as every
@@ -177,7 +216,7 @@ pub(super) unsafe fn mask_tile<S: Simd>(
 /// # Safety
 /// The CPU supports `S`'s instruction set.
 #[inline(always)]
-pub(in crate::flash) unsafe fn add_bias<S: Simd>(row: &mut [f32], bv: &[f32], st: usize, j0: usize) -> bool {
+unsafe fn add_bias<S: Simd>(row: &mut [f32], bv: &[f32], st: usize, j0: usize) -> bool {
     debug_assert!(st <= 1, "broadcast rows are contiguous along keys");
     let add = |s: &mut f32, x: f32| *s = if x == f32::NEG_INFINITY { f32::NEG_INFINITY } else { *s + x };
     if st == 0 {
@@ -206,7 +245,7 @@ pub(in crate::flash) unsafe fn add_bias<S: Simd>(row: &mut [f32], bv: &[f32], st
 /// stride `st` as for [`add_bias`]) forbids to −∞; returns whether any was. A tile whose keys are
 /// all kept costs one byte search.
 #[inline(always)]
-pub(in crate::flash) fn apply_keep(row: &mut [f32], kv: &[bool], st: usize, j0: usize) -> bool {
+fn apply_keep(row: &mut [f32], kv: &[bool], st: usize, j0: usize) -> bool {
     debug_assert!(st <= 1, "broadcast rows are contiguous along keys");
     if st == 0 {
         if !kv[0] {
@@ -233,7 +272,7 @@ pub(in crate::flash) fn apply_keep(row: &mut [f32], kv: &[bool], st: usize, j0: 
 /// # Safety
 /// The CPU supports `S`'s instruction set, and `row.len()` is a multiple of `S::W`.
 #[inline(always)]
-pub(in crate::flash) unsafe fn softcap_row<S: Simd>(row: &mut [f32], cap: f32) {
+unsafe fn softcap_row<S: Simd>(row: &mut [f32], cap: f32) {
     // SAFETY: the CPU supports `S` (the caller's contract); the loop reads and writes whole
     // vectors inside `row`, whose length is a multiple of `S::W`.
     unsafe {

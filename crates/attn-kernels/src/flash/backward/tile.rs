@@ -15,7 +15,7 @@ use crate::flash::forward::accumulate::pv_block;
 use crate::flash::forward::softmax::exp_row;
 use crate::flash::micro::qk_panel;
 use crate::flash::pack::{pack_keys, panel_len};
-use crate::flash::scores::{add_bias, all_finite, apply_keep, softcap_row};
+use crate::flash::scores::{all_finite, mask_row};
 use crate::flash::simd::{KvElem, Simd};
 
 /// Most bytes of a job's queries and output gradients transposed once for all its key blocks;
@@ -234,35 +234,15 @@ unsafe fn tile<S: Simd, E: KvElem>(
     for r in 0..nr {
         let i = i0 + r;
         let s = &mut w.s[r * LDB..(r + 1) * LDB];
-        if let Some(cap) = pb.softcap {
-            let cap = cap as f32;
-            // SAFETY: `s` holds `LDB`, a multiple of `S::W`.
-            unsafe { softcap_row::<S>(s, cap) };
-            for (dc, &x) in w.dcap[r * LDB..(r + 1) * LDB].iter_mut().zip(s.iter()) {
-                let t = x / cap;
-                *dc = 1.0 - t * t;
-            }
-        }
-        s[n..].fill(f32::NEG_INFINITY);
-        if let Some(bias) = pb.elem.bias {
-            let (bv, st) = bias.row(b, h, i);
-            // SAFETY: CPU supports `S`.
-            unsafe { add_bias::<S>(&mut s[..n], bv, st, j0) };
-        }
-        if let Some(keep) = pb.elem.keep {
-            let (kv, st) = keep.row(b, h, i);
-            apply_keep(&mut s[..n], kv, st, j0);
-        }
-        let (lo, hi) = pb.key_range(b, i);
-        let (a, z) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
+        let dcap = pb.softcap.map(|_| &mut w.dcap[r * LDB..(r + 1) * LDB]);
+        // SAFETY: `s` holds `LDB`, a multiple of `S::W`; CPU supports `S`.
+        let m = unsafe { mask_row::<S>(pb, [b, h, i], s, n, j0, pb.key_range(b, i), dcap) };
         let lse = cx.lse[row0 + r];
         let p = &mut w.p[r * LDB..(r + 1) * LDB];
-        if lo >= hi || lse == f32::NEG_INFINITY {
+        if m.empty || lse == f32::NEG_INFINITY {
             s.fill(f32::NEG_INFINITY);
             p.fill(0.0);
         } else {
-            s[..a].fill(f32::NEG_INFINITY);
-            s[z..n].fill(f32::NEG_INFINITY);
             p.copy_from_slice(s);
             // SAFETY: `p` holds `LDB`, a multiple of `S::W`.
             unsafe { exp_row::<S>(p, lse) };
