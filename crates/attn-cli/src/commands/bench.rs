@@ -1,7 +1,7 @@
 //! `attn bench`: times `attn::sdpa_full` under the shared attention flags on seeded random inputs
 //! of one or more shapes in a rayon pool of a chosen size, and reports the median/min/max time per
 //! call, GFLOP/s (see [`spec::FLOP_RULE`]) and the memory a call allocates beyond its output;
-//! `--backward` times forward plus backward instead (see [`backward`]), `--peak` adds the
+//! `--backward` times forward plus backward instead (see the `backward` submodule), `--peak` adds the
 //! machine's FMA peak. Output is a table, or one JSON object per line with
 //! `--json`. The library's own work around the kernel (checks, views, wrapping the results in
 //! tensors) costs microseconds and allocates no copy of the inputs or outputs.
