@@ -86,3 +86,21 @@ fn demo_prints_the_worked_example_and_writes_a_heatmap() {
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{} is not a PNG", png.display());
     assert!(stdout.contains(&png.display().to_string()));
 }
+
+#[test]
+fn demo_writes_its_heatmap_where_the_user_is_and_checks_out_dir_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_attn")).arg("demo").current_dir(dir.path()).output().unwrap();
+    assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(dir.path().join("attn-demo-heatmap.png").is_file(), "no heatmap in the current folder");
+
+    // A folder that cannot be created (below a plain file): one line, exit 1, nothing printed.
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let bad = file.join("figures");
+    let output = Command::new(env!("CARGO_BIN_EXE_attn")).arg("demo").arg("--out-dir").arg(&bad).output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "stderr: {stderr}");
+    assert!(output.stdout.is_empty(), "the walk-through was printed before the failure");
+    assert!(stderr.contains("--out-dir") && stderr.contains("figures"), "{stderr}");
+}

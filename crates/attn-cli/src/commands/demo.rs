@@ -15,18 +15,21 @@ use candle_core::{Device, Tensor};
 /// Arguments of `attn demo`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Folder for the heatmap PNG (created if missing); default: the system temp folder.
+    /// Folder for the heatmap PNG (created if missing, checked before anything is printed);
+    /// default: the current folder.
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
 }
 
 /// Runs `attn demo`: prints the worked examples and writes `attn-demo-heatmap.png`.
 pub fn main(args: Args) -> anyhow::Result<()> {
+    let dir = args.out_dir.unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&dir).with_context(|| format!("--out-dir {}: cannot create the folder", dir.display()))?;
     let weights = worked_example()?;
     println!();
     padded_batch()?;
     println!();
-    write_heatmap(&weights, args.out_dir.unwrap_or_else(std::env::temp_dir))
+    write_heatmap(&weights, &dir)
 }
 
 const TOKENS: [&str; 3] = ["x1", "x2", "x3"];
@@ -99,9 +102,8 @@ fn padded_batch() -> anyhow::Result<()> {
 }
 
 /// Step 3: the heatmap of example 1's scaled weights.
-fn write_heatmap(weights: &[f32], dir: PathBuf) -> anyhow::Result<()> {
+fn write_heatmap(weights: &[f32], dir: &std::path::Path) -> anyhow::Result<()> {
     println!("== 3. Heatmap of example 1's weights (scale 1/√3) ==");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join("attn-demo-heatmap.png");
     let labels: Vec<String> = TOKENS.iter().map(|s| s.to_string()).collect();
     let style = HeatmapStyle {
