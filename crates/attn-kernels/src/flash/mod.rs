@@ -14,6 +14,59 @@
 //! AVX2+FMA+F16C and portable Rust; the entry points below carry the matching
 //! `#[target_feature]` and are only called after [`Isa::is_available`].
 
+/// Defines the module `entry` of the per-ISA entry points of `$run`, an `#[inline(always)]`
+/// function generic over `S: Simd` and `E: KvElem` with the given arguments: one function per
+/// instruction set carrying its `#[target_feature]` (so the whole of `$run` is compiled for it),
+/// and `entry::of::<E>(isa)`, the one for `isa` with its vector width `W`. Forward and backward
+/// both enter through it; the caller's module must have `KvElem`, `Isa` and the argument types
+/// in scope.
+macro_rules! isa_entries {
+    ($run:ident ($($arg:ident: $ty:ty),*)) => {
+        /// The per-ISA entry points (see `isa_entries!`).
+        mod entry {
+            use super::*;
+
+            /// The entry point for `isa` (which must be available) and its vector width.
+            pub fn of<E: KvElem>(isa: Isa) -> (unsafe fn($($ty),*), usize) {
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512 => (avx512::<E>, 16),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => (avx2::<E>, 8),
+                    #[cfg(not(target_arch = "x86_64"))]
+                    Isa::Avx512 | Isa::Avx2 => unreachable!("x86 instruction sets are never available here"),
+                    Isa::Portable => (portable::<E>, 8),
+                }
+            }
+
+            /// # Safety
+            /// The CPU supports AVX-512F; otherwise as for the inlined function.
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f")]
+            pub unsafe fn avx512<E: KvElem>($($arg: $ty),*) {
+                // SAFETY: forwarded from the caller.
+                unsafe { $run::<crate::flash::simd::Avx512, E>($($arg),*) }
+            }
+
+            /// # Safety
+            /// The CPU supports AVX2, FMA and F16C; otherwise as for the inlined function.
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub unsafe fn avx2<E: KvElem>($($arg: $ty),*) {
+                // SAFETY: forwarded from the caller.
+                unsafe { $run::<crate::flash::simd::Avx2, E>($($arg),*) }
+            }
+
+            /// # Safety
+            /// As for the inlined function.
+            pub unsafe fn portable<E: KvElem>($($arg: $ty),*) {
+                // SAFETY: forwarded from the caller.
+                unsafe { $run::<crate::flash::simd::Portable, E>($($arg),*) }
+            }
+        }
+    };
+}
+
 mod backward;
 mod block;
 mod forward;
@@ -34,6 +87,7 @@ use crate::view::View4;
 pub(crate) use backward::backward;
 pub use backward::BackwardTuning;
 use block::{Ctx, Job, Outs, Rest, Work};
+use forward::run;
 use plan::Plan;
 pub use plan::{Path, Tuning, BLOCK_ROWS, BLOCK_ROWS_STREAMING, DECODE_ROWS, MIN_SHARD_KEYS, PACK_BUDGET};
 use simd::KvElem;
@@ -54,7 +108,7 @@ pub(crate) fn forward<E: KvElem>(
     tuning: Tuning,
 ) -> AttnOutput<f32> {
     assert!(isa.is_available(), "flash kernel entered without {isa:?} support");
-    let (run, w) = entry::block_fn::<E>(isa);
+    let (run, w) = entry::of::<E>(isa);
     let cx = Ctx { pb, q: *q, k: *k, v: *v };
     let d = pb.dims;
     let mut out = vec![0.0f32; d.out_len()];
@@ -90,50 +144,4 @@ pub(crate) fn forward<E: KvElem>(
     AttnOutput { out, lse, weights }
 }
 
-/// The per-ISA entry points: each compiles the whole block (inlined) for its instruction set.
-mod entry {
-    use super::block::{Ctx, Job, Outs, Work};
-    use super::forward::run;
-    use super::simd::{KvElem, Portable};
-    use super::BlockFn;
-    use crate::isa::Isa;
-
-    /// The entry point for `isa` and its key panel half-width (the vector width `W`; panels hold
-    /// `2·W` keys).
-    pub fn block_fn<E: KvElem>(isa: Isa) -> (BlockFn<E>, usize) {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => (avx512::<E>, 16),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => (avx2::<E>, 8),
-            #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx512 | Isa::Avx2 => unreachable!("x86 instruction sets are never available here"),
-            Isa::Portable => (portable::<E>, 8),
-        }
-    }
-
-    /// # Safety
-    /// The CPU supports AVX-512F; `p` as for [`run`].
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn avx512<E: KvElem>(cx: &Ctx<E>, p: Option<&[f32]>, job: &Job, o: Outs, w: &mut Work) {
-        // SAFETY: forwarded from the caller.
-        unsafe { run::<super::simd::Avx512, E>(cx, p, job, o, w) }
-    }
-
-    /// # Safety
-    /// The CPU supports AVX2, FMA and F16C; `p` as for [`run`].
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn avx2<E: KvElem>(cx: &Ctx<E>, p: Option<&[f32]>, job: &Job, o: Outs, w: &mut Work) {
-        // SAFETY: forwarded from the caller.
-        unsafe { run::<super::simd::Avx2, E>(cx, p, job, o, w) }
-    }
-
-    /// # Safety
-    /// None beyond `run`'s pointer contracts, which `forward` upholds.
-    pub unsafe fn portable<E: KvElem>(cx: &Ctx<E>, p: Option<&[f32]>, job: &Job, o: Outs, w: &mut Work) {
-        // SAFETY: forwarded from the caller.
-        unsafe { run::<Portable, E>(cx, p, job, o, w) }
-    }
-}
+isa_entries!(run(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work));

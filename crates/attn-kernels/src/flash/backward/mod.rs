@@ -32,7 +32,7 @@ use crate::grad::{AttnGrads, Saved};
 use crate::problem::Problem;
 use crate::view::View4;
 use crate::Isa;
-use tile::BwdWork;
+use tile::{run_job, BwdWork};
 
 /// Keys per block: a multiple of every ISA's key panel (`2·W` ≤ 32).
 pub const KEY_BLOCK: usize = 64;
@@ -102,8 +102,6 @@ pub(super) struct BwdJob {
     pub shard: usize,
 }
 
-type JobFn<E> = unsafe fn(&BwdCtx<E>, &BwdJob, &mut BwdWork);
-
 /// Overrides of the backward's automatic plan, for tests and experiments; `Default` chooses
 /// automatically.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -129,15 +127,7 @@ pub(crate) fn backward<E: KvElem>(
     tuning: BackwardTuning,
 ) -> AttnGrads<f32> {
     assert!(isa.is_available(), "flash backward entered without {isa:?} support");
-    let run: JobFn<E> = match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => entry::avx512::<E>,
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => entry::avx2::<E>,
-        #[cfg(not(target_arch = "x86_64"))]
-        Isa::Avx512 | Isa::Avx2 => unreachable!("x86 instruction sets are never available here"),
-        Isa::Portable => entry::portable::<E>,
-    };
+    let (run, _) = entry::of::<E>(isa);
     let d = pb.dims;
     let bias_len = pb.elem.bias.filter(|_| want_dbias).map(|b| b.data.len());
     let mut g = AttnGrads::zeros(&d, bias_len);
@@ -195,34 +185,4 @@ pub(crate) fn backward<E: KvElem>(
     g
 }
 
-/// The per-ISA entry points: each compiles a whole job (inlined) for its instruction set.
-mod entry {
-    use super::tile::{run_job, BwdWork};
-    use super::{BwdCtx, BwdJob};
-    use crate::flash::simd::{KvElem, Portable};
-
-    /// # Safety
-    /// The CPU supports AVX-512F.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn avx512<E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork) {
-        // SAFETY: forwarded from the caller.
-        unsafe { run_job::<crate::flash::simd::Avx512, E>(cx, job, w) }
-    }
-
-    /// # Safety
-    /// The CPU supports AVX2, FMA and F16C.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn avx2<E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork) {
-        // SAFETY: forwarded from the caller.
-        unsafe { run_job::<crate::flash::simd::Avx2, E>(cx, job, w) }
-    }
-
-    /// # Safety
-    /// None beyond `run_job`'s, which `backward` upholds.
-    pub unsafe fn portable<E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork) {
-        // SAFETY: forwarded from the caller.
-        unsafe { run_job::<Portable, E>(cx, job, w) }
-    }
-}
+isa_entries!(run_job(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork));
