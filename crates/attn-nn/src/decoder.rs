@@ -1,0 +1,171 @@
+//! The Transformer decoder: [`DecoderLayer`] (PyTorch `nn.TransformerDecoderLayer`, batch first:
+//! masked self-attention, cross-attention over the encoder memory, feed-forward, each in a residual
+//! block with LayerNorm), the stack [`TransformerDecoder`] and the per-layer caches of
+//! incremental decoding ([`DecoderCache`]).
+
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+
+use crate::dropout::Dropout;
+use crate::encoder::StackOutput;
+use crate::error::{expect_bld, Result};
+use crate::feedforward::FeedForward;
+use crate::kv_cache::{Cache, KvCache};
+use crate::layer::{residual, LayerConfig, LayerOutput, Run};
+use crate::masks::AttnMasks;
+use crate::mha::{MhaInput, MultiHeadAttention};
+use crate::norm::LayerNorm;
+
+/// The caches of one decoder layer.
+#[derive(Debug, Clone, Default)]
+pub struct LayerCache {
+    /// Keys/values of the target tokens decoded so far.
+    pub self_kv: KvCache,
+    /// Keys/values projected from the memory.
+    pub cross_kv: KvCache,
+}
+
+/// The caches of every layer of a decoder, for one batch of sequences.
+#[derive(Debug, Clone, Default)]
+pub struct DecoderCache {
+    /// One per layer.
+    pub layers: Vec<LayerCache>,
+}
+
+impl DecoderCache {
+    /// Empty caches for `num_layers` layers.
+    pub fn new(num_layers: usize) -> Self {
+        Self { layers: vec![LayerCache::default(); num_layers] }
+    }
+
+    /// How many target positions are cached (the position of the next token).
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, |c| c.self_kv.len())
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One decoder layer. Weights: `self_attn.*`, `multihead_attn.*`, `linear1.*`, `linear2.*`,
+/// `norm1.*`, `norm2.*`, `norm3.*`.
+#[derive(Debug)]
+pub struct DecoderLayer {
+    self_attn: MultiHeadAttention,
+    multihead_attn: MultiHeadAttention,
+    ff: FeedForward,
+    norms: [LayerNorm; 3],
+    dropouts: [Dropout; 3],
+    norm_first: bool,
+}
+
+impl DecoderLayer {
+    /// Loads (or creates) the layer's weights under `vb`.
+    pub fn new(cfg: &LayerConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            self_attn: cfg.attention(vb.pp("self_attn"))?,
+            multihead_attn: cfg.attention(vb.pp("multihead_attn"))?,
+            ff: FeedForward::new(cfg.d_model, cfg.dim_feedforward, cfg.activation, cfg.dropout, cfg.seed, vb.clone())?,
+            norms: [cfg.norm(&vb, "norm1")?, cfg.norm(&vb, "norm2")?, cfg.norm(&vb, "norm3")?],
+            dropouts: [cfg.dropout(&vb, "dropout1"), cfg.dropout(&vb, "dropout2"), cfg.dropout(&vb, "dropout3")],
+            norm_first: cfg.norm_first,
+        })
+    }
+
+    /// `tgt: [B, Lt, d_model]` (with `cache`: the new positions only), `memory: [B, Ls, d_model]`
+    /// → `[B, Lt, d_model]` and, when asked, the self- and cross-attention weights.
+    /// `tgt_masks` apply to self-attention (usually causal + target padding), `memory_masks` to
+    /// cross-attention (usually the source padding).
+    pub fn forward(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_masks: &AttnMasks,
+        memory_masks: &AttnMasks,
+        run: Run,
+        cache: Option<&mut LayerCache>,
+    ) -> Result<LayerOutput> {
+        let d = self.self_attn.config().embed_dim;
+        expect_bld("DecoderLayer", "tgt", tgt, d)?;
+        expect_bld("DecoderLayer", "memory", memory, d)?;
+        let (self_cache, cross_cache) = match cache {
+            Some(c) => (Some(Cache::SelfAttn(&mut c.self_kv)), Some(Cache::Cross(&mut c.cross_kv))),
+            None => (None, None),
+        };
+        let attend = |mha: &MultiHeadAttention,
+                      q: &Tensor,
+                      kv: &Tensor,
+                      masks: &AttnMasks,
+                      cache: Option<Cache>|
+         -> Result<(Tensor, Option<Tensor>)> {
+            let input = MhaInput {
+                masks: masks.clone(),
+                need_weights: run.need_weights,
+                train: run.train,
+                cache,
+                ..MhaInput::new(q, kv, kv)
+            };
+            let o = mha.forward(input)?;
+            Ok((o.out, o.weights))
+        };
+        let [n1, n2, n3] = &self.norms;
+        let [d1, d2, d3] = &self.dropouts;
+        let (x, self_weights) = residual(tgt, n1, d1, self.norm_first, run.train, |x| {
+            attend(&self.self_attn, x, x, tgt_masks, self_cache)
+        })?;
+        let (x, cross_weights) = residual(&x, n2, d2, self.norm_first, run.train, |x| {
+            attend(&self.multihead_attn, x, memory, memory_masks, cross_cache)
+        })?;
+        let (out, _) =
+            residual(&x, n3, d3, self.norm_first, run.train, |x| Ok((self.ff.forward(x, run.train)?, None)))?;
+        Ok(LayerOutput { out, self_weights, cross_weights })
+    }
+}
+
+/// `num_layers` decoder layers and, when `final_norm`, a last LayerNorm (`norm.*`).
+#[derive(Debug)]
+pub struct TransformerDecoder {
+    layers: Vec<DecoderLayer>,
+    norm: Option<LayerNorm>,
+}
+
+impl TransformerDecoder {
+    /// Loads `layers.{0..num_layers}.*` and, when `final_norm`, `norm.*` under `vb`.
+    pub fn new(cfg: &LayerConfig, num_layers: usize, final_norm: bool, vb: VarBuilder) -> Result<Self> {
+        let layers =
+            (0..num_layers).map(|i| DecoderLayer::new(cfg, vb.pp(format!("layers.{i}")))).collect::<Result<_>>()?;
+        let norm = if final_norm { Some(cfg.norm(&vb, "norm")?) } else { None };
+        Ok(Self { layers, norm })
+    }
+
+    /// How many layers (the size of a [`DecoderCache`]).
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// `tgt: [B, Lt, d_model]`, `memory: [B, Ls, d_model]` → `[B, Lt, d_model]` and the layers'
+    /// weights when asked. With `cache` (from [`DecoderCache::new`]), `tgt` holds only the new
+    /// positions and the caches grow.
+    pub fn forward(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_masks: &AttnMasks,
+        memory_masks: &AttnMasks,
+        run: Run,
+        mut cache: Option<&mut DecoderCache>,
+    ) -> Result<StackOutput> {
+        let mut acc = StackOutput::new(tgt.clone());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let layer_cache = cache.as_deref_mut().and_then(|c| c.layers.get_mut(i));
+            let o = layer.forward(&acc.out, memory, tgt_masks, memory_masks, run, layer_cache)?;
+            acc.push(o);
+        }
+        if let Some(norm) = &self.norm {
+            acc.out = norm.forward(&acc.out)?;
+        }
+        Ok(acc)
+    }
+}

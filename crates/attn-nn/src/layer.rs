@@ -1,0 +1,131 @@
+//! What the Transformer layers share: their configuration (PyTorch's `TransformerEncoderLayer` /
+//! `TransformerDecoderLayer` arguments), how a call runs ([`Run`]: training, weights) and what a
+//! layer returns ([`LayerOutput`]: the output and, when asked, its attention weights).
+
+use attn::Kernel;
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+
+use crate::dropout::Dropout;
+use crate::error::Result;
+use crate::feedforward::Activation;
+use crate::mha::{MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights};
+use crate::norm::LayerNorm;
+
+/// Configuration of one encoder or decoder layer (PyTorch's defaults).
+#[derive(Debug, Clone)]
+pub struct LayerConfig {
+    /// Model width.
+    pub d_model: usize,
+    /// Attention heads; must divide `d_model`.
+    pub nhead: usize,
+    /// Hidden width of the feed-forward block (2048).
+    pub dim_feedforward: usize,
+    /// Dropout after attention, inside and after the feed-forward block, and on attention
+    /// weights (0.1).
+    pub dropout: f32,
+    /// Feed-forward activation (ReLU).
+    pub activation: Activation,
+    /// LayerNorm epsilon (1e-5).
+    pub layer_norm_eps: f64,
+    /// Pre-norm (`x + f(norm(x))`) instead of post-norm (`norm(x + f(x))`, the default).
+    pub norm_first: bool,
+    /// The attention kernel.
+    pub kernel: Kernel,
+    /// Seed of the dropout streams.
+    pub seed: u64,
+}
+
+impl LayerConfig {
+    /// PyTorch's defaults for `d_model` and `nhead`.
+    pub fn new(d_model: usize, nhead: usize) -> Self {
+        Self {
+            d_model,
+            nhead,
+            dim_feedforward: 2048,
+            dropout: 0.1,
+            activation: Activation::Relu,
+            layer_norm_eps: 1e-5,
+            norm_first: false,
+            kernel: Kernel::Auto,
+            seed: 0,
+        }
+    }
+
+    /// The attention of a layer; `vb` is where its weights live.
+    pub(crate) fn attention(&self, vb: VarBuilder) -> Result<MultiHeadAttention> {
+        let cfg = MultiHeadAttentionConfig {
+            dropout: self.dropout,
+            kernel: self.kernel,
+            seed: self.seed,
+            ..MultiHeadAttentionConfig::new(self.d_model, self.nhead)
+        };
+        MultiHeadAttention::new(cfg, vb)
+    }
+
+    /// LayerNorm `name` under `vb`.
+    pub(crate) fn norm(&self, vb: &VarBuilder, name: &str) -> Result<LayerNorm> {
+        LayerNorm::new(self.d_model, self.layer_norm_eps, vb.pp(name))
+    }
+
+    /// Dropout `name` of the layer at `vb`.
+    pub(crate) fn dropout(&self, vb: &VarBuilder, name: &str) -> Dropout {
+        Dropout::new(self.dropout, self.seed, &format!("{}.{name}", vb.prefix()))
+    }
+}
+
+/// How a layer call runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Run {
+    /// Training mode: dropout on.
+    pub train: bool,
+    /// Return the attention weights (computed only then).
+    pub need_weights: Option<NeedWeights>,
+}
+
+impl Run {
+    /// Evaluation, no weights.
+    pub fn eval() -> Self {
+        Self::default()
+    }
+
+    /// Training, no weights.
+    pub fn train() -> Self {
+        Self { train: true, need_weights: None }
+    }
+
+    /// Also return the weights.
+    pub fn with_weights(self, which: NeedWeights) -> Self {
+        Self { need_weights: Some(which), ..self }
+    }
+}
+
+/// What a layer returns.
+#[derive(Debug, Clone)]
+pub struct LayerOutput {
+    /// `[B, L, d_model]`.
+    pub out: Tensor,
+    /// Self-attention weights `[B, H, L, Lk]` (or head-averaged `[B, L, Lk]`) when asked.
+    pub self_weights: Option<Tensor>,
+    /// Cross-attention weights `[B, H, L, Ls]` (or `[B, L, Ls]`) of a decoder layer when asked.
+    pub cross_weights: Option<Tensor>,
+}
+
+/// One residual sub-block: `norm(x + drop(f(x)))` post-norm, `x + drop(f(norm(x)))` pre-norm.
+/// `f` returns its output and, for attention, its weights.
+pub(crate) fn residual(
+    x: &Tensor,
+    norm: &LayerNorm,
+    drop: &Dropout,
+    norm_first: bool,
+    train: bool,
+    f: impl FnOnce(&Tensor) -> Result<(Tensor, Option<Tensor>)>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    if norm_first {
+        let (y, w) = f(&norm.forward(x)?)?;
+        Ok(((x + drop.forward(&y, train)?)?, w))
+    } else {
+        let (y, w) = f(x)?;
+        Ok((norm.forward(&(x + drop.forward(&y, train)?)?)?, w))
+    }
+}

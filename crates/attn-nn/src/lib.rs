@@ -1,0 +1,51 @@
+//! Attention modules on candle-nn, with PyTorch's semantics and weight names:
+//!
+//! - [`SelfAttention`]: one head with learned `W_Q`, `W_K`, `W_V`;
+//! - [`MultiHeadAttention`]: `nn.MultiheadAttention` (batch first) plus grouped-query heads,
+//!   rotary embeddings and a [`KvCache`] for incremental decoding;
+//! - [`AdditiveAttention`]: Bahdanau's `vᵀ·tanh(W_q·q + W_k·k)`;
+//! - [`EncoderLayer`], [`DecoderLayer`], [`TransformerEncoder`], [`TransformerDecoder`],
+//!   [`Transformer`]: `nn.TransformerEncoderLayer` and friends, returning attention weights when
+//!   asked; [`Seq2Seq`]: a token-level translator built on them;
+//! - [`position`]: sinusoidal encodings, RoPE and ALiBi.
+//!
+//! Each module is a config struct, a constructor from a [`candle_nn::VarBuilder`] (which loads a
+//! PyTorch state dict saved as safetensors by its PyTorch names, or creates fresh variables with
+//! PyTorch's initialisation from a `VarMap`), and a `forward` with shapes in its documentation.
+//! Every dot-product attention runs through [`attn::sdpa_full`], the fused differentiable kernel.
+//! No module uses a candle-nn path without a backward (`softmax_last_dim`, LayerNorm's fused
+//! path), so every parameter trains.
+//!
+//! Masks are typed ([`AttnMasks`], [`attn::Mask`] with its polarity). Unlike PyTorch, a query whose
+//! keys are all masked gets a zero output rather than NaN.
+
+pub mod additive;
+pub mod decoder;
+pub mod dropout;
+pub mod encoder;
+pub mod error;
+pub mod feedforward;
+pub mod kv_cache;
+pub mod layer;
+pub mod masks;
+pub mod mha;
+pub mod norm;
+pub mod position;
+pub mod self_attention;
+pub mod seq2seq;
+pub mod transformer;
+
+pub use additive::{AdditiveAttention, AdditiveAttentionConfig, AdditiveOutput};
+pub use decoder::{DecoderCache, DecoderLayer, LayerCache, TransformerDecoder};
+pub use encoder::{EncoderLayer, StackOutput, TransformerEncoder};
+pub use error::{NnError, Result};
+pub use feedforward::{Activation, FeedForward};
+pub use kv_cache::{Cache, KvCache};
+pub use layer::{LayerConfig, LayerOutput, Run};
+pub use masks::{AttnMask, AttnMasks};
+pub use mha::{MhaInput, MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights};
+pub use norm::LayerNorm;
+pub use position::rope::RopeConfig;
+pub use self_attention::{SelfAttention, SelfAttentionConfig, SelfAttentionOutput};
+pub use seq2seq::{Encoded, Greedy, Seq2Seq, Seq2SeqConfig};
+pub use transformer::{Seq2SeqMasks, Transformer, TransformerConfig, TransformerOutput};

@@ -1,0 +1,289 @@
+//! Multi-head attention with PyTorch `nn.MultiheadAttention`'s semantics and weight names, batch
+//! first, extended with grouped-query heads, rotary embeddings and a KV cache. Every call runs
+//! through [`attn::sdpa_full`], the fused differentiable kernel; weights `[B, H, Lq, Lk]` are made
+//! only when asked.
+//!
+//! Weights (PyTorch names): `in_proj_weight [3E, E]` when queries, keys and values all have
+//! width `E` and every head has its own keys (`num_kv_heads == num_heads`); otherwise
+//! `q_proj_weight [E, E]`, `k_proj_weight [Hkv·hd, kdim]`, `v_proj_weight [Hkv·hd, vdim]`; with
+//! `bias`, `in_proj_bias [E + 2·Hkv·hd]`; `out_proj.weight [E, E]`, `out_proj.bias [E]`.
+//! Not supported: PyTorch's `add_bias_kv` and `add_zero_attn`.
+
+use attn::{Kernel, SdpaOptions};
+use candle_core::Tensor;
+use candle_nn::{Init, Linear, Module, VarBuilder};
+
+use crate::dropout::SeedStream;
+use crate::error::{expect_bld, NnError, Result};
+use crate::kv_cache::Cache;
+use crate::masks::AttnMasks;
+use crate::position::rope::RopeConfig;
+
+const MODULE: &str = "MultiHeadAttention";
+
+/// Configuration of [`MultiHeadAttention`].
+#[derive(Debug, Clone)]
+pub struct MultiHeadAttentionConfig {
+    /// `E`, the width of queries and outputs.
+    pub embed_dim: usize,
+    /// Query heads `H`; must divide `E` (head width `hd = E / H`).
+    pub num_heads: usize,
+    /// Key/value heads `Hkv` (grouped-query; 1 = multi-query); must divide `H`. `None` = `H`.
+    pub num_kv_heads: Option<usize>,
+    /// Width of keys (cross-attention from another model); `None` = `E`.
+    pub kdim: Option<usize>,
+    /// Width of values; `None` = `E`.
+    pub vdim: Option<usize>,
+    /// Whether the projections have biases (PyTorch's default: yes).
+    pub bias: bool,
+    /// Dropout on the attention weights in training, `0 <= p < 1`.
+    pub dropout: f32,
+    /// Rotary embeddings applied to queries and keys.
+    pub rope: Option<RopeConfig>,
+    /// The attention kernel (the fastest by default; `Kernel::Reference` for the plain one).
+    pub kernel: Kernel,
+    /// Seed of the dropout stream (combined with the module's path).
+    pub seed: u64,
+}
+
+impl MultiHeadAttentionConfig {
+    /// `embed_dim` split into `num_heads` heads, with biases, no dropout, no RoPE.
+    pub fn new(embed_dim: usize, num_heads: usize) -> Self {
+        Self {
+            embed_dim,
+            num_heads,
+            num_kv_heads: None,
+            kdim: None,
+            vdim: None,
+            bias: true,
+            dropout: 0.0,
+            rope: None,
+            kernel: Kernel::Auto,
+            seed: 0,
+        }
+    }
+
+    fn kv_heads(&self) -> usize {
+        self.num_kv_heads.unwrap_or(self.num_heads)
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |field, reason: String| Err(NnError::Config { module: MODULE, field, reason });
+        if self.num_heads == 0 || !self.embed_dim.is_multiple_of(self.num_heads) {
+            return bad("num_heads", format!("{} does not divide embed_dim {}", self.num_heads, self.embed_dim));
+        }
+        let hkv = self.kv_heads();
+        if hkv == 0 || !self.num_heads.is_multiple_of(hkv) {
+            return bad("num_kv_heads", format!("{hkv} does not divide num_heads {}", self.num_heads));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad("dropout", format!("{} is outside [0, 1)", self.dropout));
+        }
+        if self.rope.is_some() && !(self.embed_dim / self.num_heads).is_multiple_of(2) {
+            return bad("rope", format!("head width {} is odd", self.embed_dim / self.num_heads));
+        }
+        Ok(())
+    }
+}
+
+/// Which attention weights a call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NeedWeights {
+    /// `[B, H, Lq, Lk]`.
+    PerHead,
+    /// Averaged over heads, `[B, Lq, Lk]` (PyTorch's `average_attn_weights=True`).
+    Averaged,
+}
+
+/// The inputs of one call.
+#[derive(Debug)]
+pub struct MhaInput<'a> {
+    /// `[B, Lq, E]`.
+    pub query: &'a Tensor,
+    /// `[B, Lk, kdim]`.
+    pub key: &'a Tensor,
+    /// `[B, Lk, vdim]`.
+    pub value: &'a Tensor,
+    /// Padding, attention mask, causality.
+    pub masks: AttnMasks,
+    /// Whether and how to return the weights (computed only then).
+    pub need_weights: Option<NeedWeights>,
+    /// Training mode (dropout on).
+    pub train: bool,
+    /// Incremental decoding.
+    pub cache: Option<Cache<'a>>,
+}
+
+impl<'a> MhaInput<'a> {
+    /// Attention of `query` over `key`/`value`, no masks, evaluation mode.
+    pub fn new(query: &'a Tensor, key: &'a Tensor, value: &'a Tensor) -> Self {
+        Self { query, key, value, masks: AttnMasks::default(), need_weights: None, train: false, cache: None }
+    }
+
+    /// Self-attention of `x: [B, L, E]`.
+    pub fn self_attention(x: &'a Tensor) -> Self {
+        Self::new(x, x, x)
+    }
+
+    /// Sets the masks.
+    pub fn masks(mut self, masks: AttnMasks) -> Self {
+        self.masks = masks;
+        self
+    }
+
+    /// Asks for the weights.
+    pub fn need_weights(mut self, which: NeedWeights) -> Self {
+        self.need_weights = Some(which);
+        self
+    }
+
+    /// Sets training mode.
+    pub fn train(mut self, train: bool) -> Self {
+        self.train = train;
+        self
+    }
+
+    /// Decodes incrementally through `cache`.
+    pub fn cache(mut self, cache: Cache<'a>) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+}
+
+/// What one call returns.
+#[derive(Debug, Clone)]
+pub struct MhaOutput {
+    /// `[B, Lq, E]`.
+    pub out: Tensor,
+    /// `[B, H, Lq, Lk]` or `[B, Lq, Lk]` when asked; softmax weights before dropout, not
+    /// differentiable.
+    pub weights: Option<Tensor>,
+}
+
+/// Multi-head attention: `out_proj(concat_h softmax(q_h·k_hᵀ/√hd + masks)·v_h)`.
+#[derive(Debug)]
+pub struct MultiHeadAttention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    out_proj: Linear,
+    cfg: MultiHeadAttentionConfig,
+    seeds: SeedStream,
+}
+
+impl MultiHeadAttention {
+    /// Loads (or, from a `VarMap`, creates with PyTorch's initialisation) the weights under `vb`.
+    pub fn new(cfg: MultiHeadAttentionConfig, vb: VarBuilder) -> Result<Self> {
+        cfg.check()?;
+        let e = cfg.embed_dim;
+        let kv = cfg.kv_heads() * (e / cfg.num_heads);
+        let (kdim, vdim) = (cfg.kdim.unwrap_or(e), cfg.vdim.unwrap_or(e));
+        let xavier = |rows: usize, cols: usize| {
+            let bound = (6.0 / (rows + cols) as f64).sqrt();
+            Init::Uniform { lo: -bound, up: bound }
+        };
+        let (wq, wk, wv) = if kdim == e && vdim == e && kv == e {
+            let w = vb.get_with_hints((3 * e, e), "in_proj_weight", xavier(3 * e, e))?;
+            (w.narrow(0, 0, e)?, w.narrow(0, e, e)?, w.narrow(0, 2 * e, e)?)
+        } else {
+            (
+                vb.get_with_hints((e, e), "q_proj_weight", xavier(e, e))?,
+                vb.get_with_hints((kv, kdim), "k_proj_weight", xavier(kv, kdim))?,
+                vb.get_with_hints((kv, vdim), "v_proj_weight", xavier(kv, vdim))?,
+            )
+        };
+        let (bq, bk, bv, out_proj) = if cfg.bias {
+            let b = vb.get_with_hints(e + 2 * kv, "in_proj_bias", Init::Const(0.0))?;
+            let out_w = vb.get_with_hints((e, e), "out_proj.weight", candle_nn::init::DEFAULT_KAIMING_UNIFORM)?;
+            let out_b = vb.get_with_hints(e, "out_proj.bias", Init::Const(0.0))?;
+            (
+                Some(b.narrow(0, 0, e)?),
+                Some(b.narrow(0, e, kv)?),
+                Some(b.narrow(0, e + kv, kv)?),
+                Linear::new(out_w, Some(out_b)),
+            )
+        } else {
+            (None, None, None, candle_nn::linear_no_bias(e, e, vb.pp("out_proj"))?)
+        };
+        let seeds = SeedStream::new(cfg.seed, &vb.prefix());
+        Ok(Self {
+            q_proj: Linear::new(wq, bq),
+            k_proj: Linear::new(wk, bk),
+            v_proj: Linear::new(wv, bv),
+            out_proj,
+            cfg,
+            seeds,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MultiHeadAttentionConfig {
+        &self.cfg
+    }
+
+    /// `query: [B, Lq, E]`, `key: [B, Lk, kdim]`, `value: [B, Lk, vdim]` →
+    /// `out: [B, Lq, E]`, weights `[B, H, Lq, Lk]` / `[B, Lq, Lk]` when asked. With a
+    /// self-attention cache `Lk` counts the cached positions too.
+    pub fn forward(&self, input: MhaInput) -> Result<MhaOutput> {
+        let cfg = &self.cfg;
+        let (e, h, hkv) = (cfg.embed_dim, cfg.num_heads, cfg.kv_heads());
+        let hd = e / h;
+        let (b, lq) = expect_bld(MODULE, "query", input.query, e)?;
+        let heads = |x: Tensor, n: usize| -> Result<Tensor> {
+            let (b, l, _) = x.dims3()?;
+            Ok(x.reshape((b, l, n, hd))?.transpose(1, 2)?) // [B, n, L, hd]
+        };
+        let fresh_kv = |offset: usize| -> Result<(Tensor, Tensor)> {
+            let (kb, lk) = expect_bld(MODULE, "key", input.key, cfg.kdim.unwrap_or(e))?;
+            let (vb, lv) = expect_bld(MODULE, "value", input.value, cfg.vdim.unwrap_or(e))?;
+            if kb != b || vb != b || lv != lk {
+                return Err(NnError::Input {
+                    module: MODULE,
+                    input: "key/value",
+                    found: [input.key.dims(), input.value.dims()].concat(),
+                    expected: format!("batch {b} like query and equal key/value lengths"),
+                });
+            }
+            let k = heads(self.k_proj.forward(input.key)?, hkv)?; // [B, Hkv, Lk, hd]
+            let v = heads(self.v_proj.forward(input.value)?, hkv)?; // [B, Hkv, Lk, hd]
+            Ok((self.rotate(&k, offset)?, v))
+        };
+        let (offset, (k, v)) = match input.cache {
+            None => (0, fresh_kv(0)?),
+            Some(Cache::SelfAttn(cache)) => {
+                let offset = cache.len();
+                let (k, v) = fresh_kv(offset)?;
+                (offset, cache.append(k, v)?)
+            }
+            Some(Cache::Cross(cache)) => match cache.get() {
+                Some(kv) => (0, kv.clone()),
+                None => {
+                    let (k, v) = fresh_kv(0)?;
+                    (0, cache.append(k, v)?)
+                }
+            },
+        };
+        let q = self.rotate(&heads(self.q_proj.forward(input.query)?, h)?, offset)?; // [B, H, Lq, hd]
+        let lk = k.dims()[2];
+        let mut opts = SdpaOptions::default().kernel(cfg.kernel).return_weights(input.need_weights.is_some());
+        if input.train && cfg.dropout > 0.0 {
+            opts = opts.dropout(cfg.dropout, self.seeds.next());
+        }
+        let opts = input.masks.options(MODULE, opts, [b, h, lq, lk], offset > 0)?;
+        let res = attn::sdpa_full(&q, &k, &v, &opts)?;
+        let out = res.out.transpose(1, 2)?.reshape((b, lq, e))?; // [B, Lq, E]
+        let weights = match (input.need_weights, res.weights) {
+            (Some(NeedWeights::Averaged), Some(w)) => Some(w.mean(1)?),
+            (_, w) => w,
+        };
+        Ok(MhaOutput { out: self.out_proj.forward(&out)?, weights })
+    }
+
+    /// RoPE on `x: [B, n, L, hd]` at positions from `offset`, when configured.
+    fn rotate(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+        match &self.cfg.rope {
+            Some(rope) => rope.apply(x, offset),
+            None => Ok(x.clone()),
+        }
+    }
+}

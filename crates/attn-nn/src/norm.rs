@@ -1,0 +1,36 @@
+//! Layer normalisation over the last dimension, PyTorch's `nn.LayerNorm` (`weight`, `bias`, `eps`),
+//! written with differentiable candle ops: candle-nn's `LayerNorm` takes a fused fast path with no
+//! backward for contiguous inputs, which would silently cut gradients.
+
+use candle_core::{Tensor, D};
+use candle_nn::VarBuilder;
+
+use crate::error::Result;
+
+/// `y = (x − mean) / sqrt(var + eps) · weight + bias` over the last dimension (biased variance).
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    /// `[D]`.
+    weight: Tensor,
+    /// `[D]`.
+    bias: Tensor,
+    eps: f64,
+}
+
+impl LayerNorm {
+    /// Loads `weight` and `bias` of width `dim` (PyTorch initialises them to ones and zeros).
+    pub fn new(dim: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        let weight = vb.get_with_hints(dim, "weight", candle_nn::Init::Const(1.0))?;
+        let bias = vb.get_with_hints(dim, "bias", candle_nn::Init::Const(0.0))?;
+        Ok(Self { weight, bias, eps })
+    }
+
+    /// `x: [.., D]` → `[.., D]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centred = x.broadcast_sub(&mean)?;
+        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = centred.broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        Ok(normed.broadcast_mul(&self.weight)?.broadcast_add(&self.bias)?)
+    }
+}

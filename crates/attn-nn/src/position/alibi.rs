@@ -1,0 +1,38 @@
+//! ALiBi (Press et al.): no position embeddings; each head adds `-m_h · distance` to its scores,
+//! with geometric slopes `m_h`. Passed to attention as an additive bias.
+
+use attn::Align;
+use candle_core::{Device, Tensor};
+
+use crate::error::Result;
+
+/// The slopes of `num_heads` heads: `2^(-8h/n)` for `h = 1..n` when `n` is a power of two; for
+/// other `n`, the slopes of the power of two below it followed by every other slope of the power
+/// of two above it (the paper's reference code).
+pub fn alibi_slopes(num_heads: usize) -> Vec<f64> {
+    let pow2 = |n: usize| -> Vec<f64> { (1..=n).map(|h| 2f64.powf(-8.0 * h as f64 / n as f64)).collect() };
+    if num_heads == 0 {
+        return Vec::new();
+    }
+    let below = 1usize << (usize::BITS - 1 - num_heads.leading_zeros());
+    let mut slopes = pow2(below);
+    slopes.extend(pow2(2 * below).into_iter().step_by(2).take(num_heads - below));
+    slopes
+}
+
+/// The bias `[1, H, Lq, Lk]`: `-m_h · |i' − j|` with `i'` query `i`'s position on the key axis
+/// under `align` (`i` top-left, `i + Lk − Lq` bottom-right, as when decoding with a KV cache).
+/// With causal masking only `j <= i'` remain, giving the paper's `-m_h · (i' − j)`.
+pub fn alibi_bias(num_heads: usize, lq: usize, lk: usize, align: Align) -> Result<Tensor> {
+    let shift = match align {
+        Align::TopLeft => 0.0,
+        Align::BottomRight => lk as f64 - lq as f64,
+    };
+    let mut data = Vec::with_capacity(num_heads * lq * lk);
+    for m in alibi_slopes(num_heads) {
+        for i in 0..lq {
+            data.extend((0..lk).map(|j| (-m * (i as f64 + shift - j as f64).abs()) as f32));
+        }
+    }
+    Ok(Tensor::from_vec(data, (1, num_heads, lq, lk), &Device::Cpu)?)
+}

@@ -1,0 +1,181 @@
+//! A sequence-to-sequence Transformer over token ids: source and target embeddings scaled by
+//! `√d_model`, sinusoidal positions, [`Transformer`], and an output projection to target-vocabulary
+//! logits; greedy decoding through the KV caches. Padding masks come from the token ids.
+//!
+//! Weights: `src_embed.weight [Vs, d]`, `tgt_embed.weight [Vt, d]`, `transformer.*` (see
+//! [`Transformer`]), `generator.weight [Vt, d]`, `generator.bias [Vt]`.
+
+use attn::padding_mask;
+use candle_core::{DType, Tensor, D};
+use candle_nn::{Embedding, Linear, Module, VarBuilder};
+
+use crate::decoder::DecoderCache;
+use crate::error::{NnError, Result};
+use crate::layer::Run;
+use crate::masks::AttnMasks;
+use crate::position::sinusoidal::PositionalEncoding;
+use crate::transformer::{Seq2SeqMasks, Transformer, TransformerConfig, TransformerOutput};
+
+/// Configuration of [`Seq2Seq`].
+#[derive(Debug, Clone)]
+pub struct Seq2SeqConfig {
+    /// Source vocabulary size.
+    pub src_vocab: usize,
+    /// Target vocabulary size.
+    pub tgt_vocab: usize,
+    /// The padding token id (same in both vocabularies).
+    pub pad_id: u32,
+    /// The longest sequence the positional table covers.
+    pub max_len: usize,
+    /// The encoder-decoder.
+    pub transformer: TransformerConfig,
+}
+
+/// The model.
+#[derive(Debug)]
+pub struct Seq2Seq {
+    src_embed: Embedding,
+    tgt_embed: Embedding,
+    positions: PositionalEncoding,
+    transformer: Transformer,
+    generator: Linear,
+    cfg: Seq2SeqConfig,
+}
+
+/// An encoded source batch: the memory and the mask the decoder applies over it.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    /// `[B, Ls, d_model]`.
+    pub memory: Tensor,
+    /// The source padding as cross-attention masks.
+    pub memory_masks: AttnMasks,
+}
+
+/// Greedy decoding's result.
+#[derive(Debug, Clone)]
+pub struct Greedy {
+    /// Per sequence, the generated ids without `bos` and up to (not including) `eos`.
+    pub tokens: Vec<Vec<u32>>,
+    /// Per decoder layer, the cross-attention weights of every generated position,
+    /// `[B, H, steps, Ls]` (when asked).
+    pub cross_weights: Vec<Tensor>,
+}
+
+impl Seq2Seq {
+    /// Loads (or creates) the weights under `vb`.
+    pub fn new(cfg: Seq2SeqConfig, vb: VarBuilder) -> Result<Self> {
+        let layer = &cfg.transformer.layer;
+        let d = layer.d_model;
+        let embed = |n, name| -> Result<Embedding> {
+            let w = vb.get_with_hints((n, d), name, candle_nn::Init::Randn { mean: 0.0, stdev: 1.0 })?;
+            Ok(Embedding::new(w, d))
+        };
+        Ok(Self {
+            src_embed: embed(cfg.src_vocab, "src_embed.weight")?,
+            tgt_embed: embed(cfg.tgt_vocab, "tgt_embed.weight")?,
+            positions: PositionalEncoding::new(
+                cfg.max_len,
+                d,
+                layer.dropout,
+                layer.seed,
+                &format!("{}.positions", vb.prefix()),
+            )?,
+            transformer: Transformer::new(&cfg.transformer, vb.pp("transformer"))?,
+            generator: candle_nn::linear(d, cfg.tgt_vocab, vb.pp("generator"))?,
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Seq2SeqConfig {
+        &self.cfg
+    }
+
+    /// `ids: [B, L]` (`U32`) → `[B, L, d]`: embedding · √d + positions from `offset`.
+    fn embed(&self, table: &Embedding, ids: &Tensor, offset: usize, run: Run) -> Result<Tensor> {
+        let (_, l) = ids.dims2()?;
+        if offset + l > self.cfg.max_len {
+            return Err(NnError::Input {
+                module: "Seq2Seq",
+                input: "token_ids",
+                found: ids.dims().to_vec(),
+                expected: format!("at most max_len = {} positions", self.cfg.max_len),
+            });
+        }
+        let d = self.cfg.transformer.layer.d_model as f64;
+        let x = (table.forward(ids)? * d.sqrt())?;
+        self.positions.forward(&x, offset, run.train)
+    }
+
+    /// `src: [B, Ls]` (`U32` ids) → the memory and its padding mask.
+    pub fn encode(&self, src: &Tensor, run: Run) -> Result<Encoded> {
+        let masks = AttnMasks::default().key_padding(padding_mask(src, self.cfg.pad_id)?);
+        let x = self.embed(&self.src_embed, src, 0, run)?;
+        let enc = self.transformer.encoder().forward(&x, &masks, run)?;
+        Ok(Encoded { memory: enc.out, memory_masks: masks })
+    }
+
+    /// Teacher-forced logits: `src: [B, Ls]`, `tgt: [B, Lt]` (`U32` ids, target starting with
+    /// `bos`) → `logits: [B, Lt, Vt]` (in `TransformerOutput::out`) and the weights when asked.
+    pub fn forward(&self, src: &Tensor, tgt: &Tensor, run: Run) -> Result<TransformerOutput> {
+        let src_pad = AttnMasks::default().key_padding(padding_mask(src, self.cfg.pad_id)?);
+        let masks = Seq2SeqMasks {
+            src: src_pad.clone(),
+            tgt: AttnMasks::causal().key_padding(padding_mask(tgt, self.cfg.pad_id)?),
+            memory: src_pad,
+        };
+        let s = self.embed(&self.src_embed, src, 0, run)?;
+        let t = self.embed(&self.tgt_embed, tgt, 0, run)?;
+        let mut o = self.transformer.forward(&s, &t, &masks, run)?;
+        o.out = self.generator.forward(&o.out)?;
+        Ok(o)
+    }
+
+    /// Greedy decoding of `src: [B, Ls]` from `bos` until every sequence produced `eos` or
+    /// `max_steps` tokens, one token per step through the KV caches.
+    pub fn greedy(&self, src: &Tensor, bos: u32, eos: u32, max_steps: usize, with_weights: bool) -> Result<Greedy> {
+        let mut run = Run::eval();
+        let enc = self.encode(src, run)?;
+        if with_weights {
+            run = run.with_weights(crate::mha::NeedWeights::PerHead);
+        }
+        let b = src.dim(0)?;
+        let mut cache = DecoderCache::new(self.transformer.decoder().num_layers());
+        let mut last = vec![bos; b];
+        let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); b];
+        let mut done = vec![false; b];
+        let mut steps: Vec<Vec<Tensor>> = Vec::new();
+        let max_steps = max_steps.min(self.cfg.max_len);
+        for _ in 0..max_steps {
+            let ids = Tensor::from_vec(last.clone(), (b, 1), src.device())?;
+            let x = self.embed(&self.tgt_embed, &ids, cache.len(), run)?;
+            let o = self.transformer.decode_step(&x, &enc.memory, &enc.memory_masks, run, &mut cache)?;
+            steps.push(o.cross_weights);
+            let next = self
+                .generator
+                .forward(&o.out)?
+                .argmax(D::Minus1)?
+                .flatten_all()?
+                .to_dtype(DType::U32)?
+                .to_vec1::<u32>()?;
+            for (i, &t) in next.iter().enumerate() {
+                if !done[i] {
+                    if t == eos {
+                        done[i] = true;
+                    } else {
+                        tokens[i].push(t);
+                    }
+                }
+            }
+            last = next;
+            if done.iter().all(|&d| d) {
+                break;
+            }
+        }
+        let layers = steps.first().map_or(0, Vec::len);
+        let cross_weights = (0..layers)
+            .map(|l| Tensor::cat(&steps.iter().map(|s| &s[l]).collect::<Vec<_>>(), 2))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Greedy { tokens, cross_weights })
+    }
+}
