@@ -25,6 +25,7 @@ pub mod dropout;
 pub mod encoder;
 pub mod error;
 pub mod feedforward;
+pub mod init;
 pub mod kv_cache;
 pub mod layer;
 pub mod masks;

@@ -132,7 +132,8 @@ impl Seq2Seq {
     }
 
     /// Greedy decoding of `src: [B, Ls]` from `bos` until every sequence produced `eos` or
-    /// `max_steps` tokens, one token per step through the KV caches.
+    /// `max_steps` tokens, one token per step through the KV caches. The padding token is never
+    /// chosen.
     pub fn greedy(&self, src: &Tensor, bos: u32, eos: u32, max_steps: usize, with_weights: bool) -> Result<Greedy> {
         let mut run = Run::eval();
         let enc = self.encode(src, run)?;
@@ -146,18 +147,18 @@ impl Seq2Seq {
         let mut done = vec![false; b];
         let mut steps: Vec<Vec<Tensor>> = Vec::new();
         let max_steps = max_steps.min(self.cfg.max_len);
+        let mut no_pad = vec![0f32; self.cfg.tgt_vocab];
+        if let Some(x) = no_pad.get_mut(self.cfg.pad_id as usize) {
+            *x = f32::NEG_INFINITY;
+        }
+        let never_pad = Tensor::from_vec(no_pad, self.cfg.tgt_vocab, src.device())?; // [Vt]
         for _ in 0..max_steps {
             let ids = Tensor::from_vec(last.clone(), (b, 1), src.device())?;
             let x = self.embed(&self.tgt_embed, &ids, cache.len(), run)?;
             let o = self.transformer.decode_step(&x, &enc.memory, &enc.memory_masks, run, &mut cache)?;
             steps.push(o.cross_weights);
-            let next = self
-                .generator
-                .forward(&o.out)?
-                .argmax(D::Minus1)?
-                .flatten_all()?
-                .to_dtype(DType::U32)?
-                .to_vec1::<u32>()?;
+            let logits = self.generator.forward(&o.out)?.broadcast_add(&never_pad)?; // [B, 1, Vt]
+            let next = logits.argmax(D::Minus1)?.flatten_all()?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
             for (i, &t) in next.iter().enumerate() {
                 if !done[i] {
                     if t == eos {

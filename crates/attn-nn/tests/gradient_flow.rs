@@ -1,0 +1,144 @@
+//! Training-readiness: for every module, in training mode with dropout on and with masks, the
+//! backward of a loss reaches every parameter and every input with a finite, non-zero gradient.
+//! The check itself is shown to fail on candle-nn's fused LayerNorm and `softmax_last_dim`, the
+//! paths without a backward that this crate avoids.
+
+mod support;
+
+use attn_nn::{
+    Activation, AdditiveAttention, AdditiveAttentionConfig, AttnMask, AttnMasks, DecoderLayer, EncoderLayer,
+    LayerConfig, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, RopeConfig, Run, SelfAttention,
+    SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer, TransformerConfig,
+};
+use candle_core::{Device, Module, Tensor};
+use support::{every_param_trains, fresh, input, loss, padding};
+
+fn layer_cfg(norm_first: bool, activation: Activation) -> LayerConfig {
+    LayerConfig { dim_feedforward: 24, dropout: 0.1, activation, norm_first, ..LayerConfig::new(16, 4) }
+}
+
+fn assert_trains(map: &candle_nn::VarMap, inputs: &[(&str, &candle_core::Var)], out: &Tensor, expect_vars: usize) {
+    let checked = every_param_trains(map, inputs, &loss(out)).unwrap();
+    assert_eq!(checked, expect_vars + inputs.len(), "not every parameter was checked");
+}
+
+#[test]
+fn self_attention_trains() {
+    let (map, vb) = fresh();
+    let m = SelfAttention::new(SelfAttentionConfig { bias: true, ..SelfAttentionConfig::new(8, 6, 5) }, vb).unwrap();
+    let x = input(&[2, 5, 8], 1);
+    let masks = AttnMasks::default().key_padding(padding(&[5, 3], 5));
+    let out = m.forward(&x, &masks, false).unwrap().out;
+    assert_trains(&map, &[("x", &x)], &out, 6);
+}
+
+#[test]
+fn multi_head_attention_trains_with_gqa_rope_and_dropout() {
+    let (map, vb) = fresh();
+    let cfg = MultiHeadAttentionConfig {
+        num_kv_heads: Some(2),
+        rope: Some(RopeConfig::default()),
+        dropout: 0.2,
+        ..MultiHeadAttentionConfig::new(16, 4)
+    };
+    let m = MultiHeadAttention::new(cfg, vb).unwrap();
+    let x = input(&[2, 6, 16], 2);
+    let masks = AttnMasks::causal().key_padding(padding(&[6, 4], 6));
+    let out = m.forward(MhaInput::self_attention(&x).masks(masks).train(true)).unwrap().out;
+    // q/k/v_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias.
+    assert_trains(&map, &[("x", &x)], &out, 6);
+}
+
+#[test]
+fn cross_attention_with_other_key_and_value_widths_trains() {
+    let (map, vb) = fresh();
+    let cfg = MultiHeadAttentionConfig { kdim: Some(10), vdim: Some(7), ..MultiHeadAttentionConfig::new(16, 2) };
+    let m = MultiHeadAttention::new(cfg, vb).unwrap();
+    let (q, k, v) = (input(&[2, 3, 16], 3), input(&[2, 5, 10], 4), input(&[2, 5, 7], 5));
+    let bias = Tensor::zeros((3, 5), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let masks = AttnMasks::default().attn_mask(AttnMask::Additive(bias));
+    let out = m.forward(MhaInput::new(&q, &k, &v).masks(masks)).unwrap().out;
+    assert_trains(&map, &[("query", &q), ("key", &k), ("value", &v)], &out, 6);
+}
+
+#[test]
+fn additive_attention_trains() {
+    let (map, vb) = fresh();
+    let m =
+        AdditiveAttention::new(AdditiveAttentionConfig { dropout: 0.1, ..AdditiveAttentionConfig::new(6, 5, 8) }, vb)
+            .unwrap();
+    let (q, k, v) = (input(&[2, 3, 6], 6), input(&[2, 4, 5], 7), input(&[2, 4, 3], 8));
+    let masks = AttnMasks::default().key_padding(padding(&[4, 2], 4));
+    let out = m.forward(&q, &k, &v, &masks, true).unwrap().out;
+    assert_trains(&map, &[("query", &q), ("key", &k), ("value", &v)], &out, 3);
+}
+
+#[test]
+fn encoder_layers_train_post_and_pre_norm() {
+    for (norm_first, act) in [(false, Activation::Relu), (true, Activation::Gelu)] {
+        let (map, vb) = fresh();
+        let m = EncoderLayer::new(&layer_cfg(norm_first, act), vb).unwrap();
+        let x = input(&[2, 5, 16], 9);
+        let masks = AttnMasks::default().key_padding(padding(&[5, 2], 5));
+        let out = m.forward(&x, &masks, Run::train()).unwrap().out;
+        // self_attn (4), linear1 (2), linear2 (2), norm1 (2), norm2 (2).
+        assert_trains(&map, &[("src", &x)], &out, 12);
+    }
+}
+
+#[test]
+fn decoder_layer_trains() {
+    let (map, vb) = fresh();
+    let m = DecoderLayer::new(&layer_cfg(false, Activation::Relu), vb).unwrap();
+    let (t, mem) = (input(&[2, 4, 16], 10), input(&[2, 6, 16], 11));
+    let tgt_masks = AttnMasks::causal().key_padding(padding(&[4, 3], 4));
+    let mem_masks = AttnMasks::default().key_padding(padding(&[6, 4], 6));
+    let out = m.forward(&t, &mem, &tgt_masks, &mem_masks, Run::train(), None).unwrap().out;
+    // self_attn (4), multihead_attn (4), linear1/2 (4), norm1..3 (6).
+    assert_trains(&map, &[("tgt", &t), ("memory", &mem)], &out, 18);
+}
+
+#[test]
+fn transformer_trains() {
+    let (map, vb) = fresh();
+    let cfg =
+        TransformerConfig { layer: layer_cfg(true, Activation::Relu), num_encoder_layers: 2, num_decoder_layers: 1 };
+    let m = Transformer::new(&cfg, vb).unwrap();
+    let (s, t) = (input(&[2, 5, 16], 12), input(&[2, 4, 16], 13));
+    let src = AttnMasks::default().key_padding(padding(&[5, 3], 5));
+    let masks = Seq2SeqMasks { src: src.clone(), tgt: AttnMasks::causal(), memory: src };
+    let out = m.forward(&s, &t, &masks, Run::train()).unwrap().out;
+    // 2 encoder layers (12 each) + encoder.norm (2) + 1 decoder layer (18) + decoder.norm (2).
+    assert_trains(&map, &[("src", &s), ("tgt", &t)], &out, 24 + 2 + 18 + 2);
+}
+
+#[test]
+fn seq2seq_trains() {
+    let (map, vb) = fresh();
+    let transformer =
+        TransformerConfig { layer: layer_cfg(false, Activation::Gelu), num_encoder_layers: 1, num_decoder_layers: 1 };
+    let cfg = Seq2SeqConfig { src_vocab: 11, tgt_vocab: 9, pad_id: 0, max_len: 16, transformer };
+    let m = Seq2Seq::new(cfg, vb).unwrap();
+    let src = Tensor::new(&[[3u32, 4, 5, 6, 0], [7, 8, 2, 0, 0]], &Device::Cpu).unwrap();
+    let tgt = Tensor::new(&[[1u32, 3, 4, 5], [1, 6, 7, 0]], &Device::Cpu).unwrap();
+    let logits = m.forward(&src, &tgt, Run::train()).unwrap().out;
+    assert_eq!(logits.dims(), [2, 4, 9]);
+    // embeddings (2), encoder (12 + 2), decoder (18 + 2), generator (2).
+    assert_trains(&map, &[], &logits, 2 + 14 + 20 + 2);
+}
+
+#[test]
+fn the_check_catches_candle_nn_paths_that_cut_gradients() {
+    let (map, vb) = fresh();
+    let x = input(&[2, 3, 8], 14);
+    let fused = candle_nn::layer_norm(8, 1e-5, vb.pp("fused_norm")).unwrap();
+    let err = every_param_trains(&map, &[], &loss(&fused.forward(&x).unwrap())).unwrap_err();
+    assert!(err.contains("fused_norm"), "{err}");
+
+    let (map, vb) = fresh();
+    let w = vb.get((8, 8), "w").unwrap();
+    let scores = x.broadcast_matmul(&w).unwrap();
+    let cut = candle_nn::ops::softmax_last_dim(&scores).unwrap();
+    let err = every_param_trains(&map, &[], &loss(&cut)).unwrap_err();
+    assert!(err.contains('w'), "{err}");
+}
