@@ -46,6 +46,21 @@ pub struct AdditiveOutput {
 }
 
 /// Additive attention.
+///
+/// ```
+/// use attn_nn::{AdditiveAttention, AdditiveAttentionConfig, AttnMasks};
+/// # fn main() -> attn_nn::Result<()> {
+/// let map = candle_nn::VarMap::new();
+/// let m = AdditiveAttention::new(AdditiveAttentionConfig::new(20, 2, 8), attn_nn::init::seeded(&map, 0))?;
+/// let q = attn::random::uniform(&[2, 1, 20], -1.0, 1.0, 1)?; // [B, Lq, query_dim]
+/// let k = attn::random::uniform(&[2, 10, 2], -1.0, 1.0, 2)?; // [B, Lk, key_dim]
+/// let v = attn::random::uniform(&[2, 10, 4], -1.0, 1.0, 3)?; // [B, Lk, Dv]
+/// let pad = attn::Mask::keep(candle_core::Tensor::new(&[[1u8; 10], [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]], q.device())?);
+/// let o = m.forward(&q, &k, &v, &AttnMasks::default().key_padding(pad), false)?;
+/// assert_eq!(o.out.dims(), [2, 1, 4]);
+/// assert_eq!(o.weights.dims(), [2, 1, 10]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct AdditiveAttention {
     w_q: Linear,

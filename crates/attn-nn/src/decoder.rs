@@ -51,6 +51,20 @@ impl DecoderCache {
 
 /// One decoder layer. Weights: `self_attn.*`, `multihead_attn.*`, `linear1.*`, `linear2.*`,
 /// `norm1.*`, `norm2.*`, `norm3.*`.
+///
+/// ```
+/// use attn_nn::{AttnMasks, DecoderLayer, LayerConfig, NeedWeights, Run};
+/// # fn main() -> attn_nn::Result<()> {
+/// let map = candle_nn::VarMap::new();
+/// let layer = DecoderLayer::new(&LayerConfig { dim_feedforward: 64, ..LayerConfig::new(16, 4) }, attn_nn::init::seeded(&map, 0))?;
+/// let tgt = attn::random::uniform(&[2, 3, 16], -1.0, 1.0, 1)?; // [B, Lt, d_model]
+/// let memory = attn::random::uniform(&[2, 7, 16], -1.0, 1.0, 2)?; // [B, Ls, d_model]
+/// let run = Run::eval().with_weights(NeedWeights::Averaged);
+/// let o = layer.forward(&tgt, &memory, &AttnMasks::causal(), &AttnMasks::default(), run, None)?;
+/// assert_eq!(o.out.dims(), [2, 3, 16]);
+/// assert_eq!(o.cross_weights.unwrap().dims(), [2, 3, 7]); // [B, Lt, Ls]: the alignment
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct DecoderLayer {
     self_attn: MultiHeadAttention,

@@ -14,6 +14,19 @@ use crate::mha::{MhaInput, MultiHeadAttention};
 use crate::norm::LayerNorm;
 
 /// One encoder layer. Weights: `self_attn.*`, `linear1.*`, `linear2.*`, `norm1.*`, `norm2.*`.
+///
+/// ```
+/// use attn_nn::{AttnMasks, EncoderLayer, LayerConfig, NeedWeights, Run};
+/// # fn main() -> attn_nn::Result<()> {
+/// let map = candle_nn::VarMap::new();
+/// let cfg = LayerConfig { dim_feedforward: 64, norm_first: true, ..LayerConfig::new(16, 4) };
+/// let layer = EncoderLayer::new(&cfg, attn_nn::init::seeded(&map, 0))?;
+/// let src = attn::random::uniform(&[2, 6, 16], -1.0, 1.0, 1)?; // [B, L, d_model]
+/// let o = layer.forward(&src, &AttnMasks::default(), Run::eval().with_weights(NeedWeights::PerHead))?;
+/// assert_eq!(o.out.dims(), [2, 6, 16]);
+/// assert_eq!(o.self_weights.unwrap().dims(), [2, 4, 6, 6]); // [B, H, L, L]
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct EncoderLayer {
     self_attn: MultiHeadAttention,

@@ -7,6 +7,27 @@ use candle_core::Tensor;
 use crate::error::Result;
 
 /// Projected (and, with RoPE, rotated) keys and values `[B, Hkv, L, head_dim]` of the tokens seen.
+///
+/// ```
+/// use attn_nn::{AttnMasks, Cache, KvCache, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, RopeConfig};
+/// # fn main() -> attn_nn::Result<()> {
+/// let map = candle_nn::VarMap::new();
+/// let cfg = MultiHeadAttentionConfig { rope: Some(RopeConfig::default()), ..MultiHeadAttentionConfig::new(8, 2) };
+/// let mha = MultiHeadAttention::new(cfg, attn_nn::init::seeded(&map, 0))?;
+/// let x = attn::random::uniform(&[1, 4, 8], -1.0, 1.0, 1)?; // [B, L, E]
+/// let full = mha.forward(MhaInput::self_attention(&x).masks(AttnMasks::causal()))?.out;
+/// let mut cache = KvCache::new();
+/// for i in 0..4 {
+///     let step = x.narrow(1, i, 1)?; // one new token [B, 1, E]
+///     let input = MhaInput::self_attention(&step).masks(AttnMasks::causal()).cache(Cache::SelfAttn(&mut cache));
+///     let out = mha.forward(input)?.out;
+///     let want = full.narrow(1, i, 1)?;
+///     let diff = (out - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+///     assert!(diff < 1e-5);
+/// }
+/// assert_eq!(cache.len(), 4);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
     kv: Option<(Tensor, Tensor)>,

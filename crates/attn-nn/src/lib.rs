@@ -19,6 +19,21 @@
 //! Masks are typed ([`AttnMasks`], [`attn::Mask`] with its polarity). Unlike PyTorch, a query whose
 //! keys are all masked gets a zero output rather than NaN.
 
+//!
+//! Loading a PyTorch model: save its `state_dict()` with `safetensors.torch.save_file` and build
+//! the module from a `VarBuilder` over that file; a missing or mis-shaped weight is an error naming
+//! it.
+//!
+//! ```no_run
+//! use attn_nn::{EncoderLayer, LayerConfig};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // torch: layer = nn.TransformerEncoderLayer(512, 8, batch_first=True); save_file(layer.state_dict(), "layer.safetensors")
+//! // SAFETY: the file is not modified while it is mapped.
+//! let vb = unsafe { candle_nn::VarBuilder::from_mmaped_safetensors(&["layer.safetensors"], candle_core::DType::F32, &candle_core::Device::Cpu)? };
+//! let layer = EncoderLayer::new(&LayerConfig::new(512, 8), vb)?;
+//! # Ok(()) }
+//! ```
+
 pub mod additive;
 pub mod decoder;
 pub mod dropout;

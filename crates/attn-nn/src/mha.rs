@@ -161,6 +161,22 @@ pub struct MhaOutput {
 }
 
 /// Multi-head attention: `out_proj(concat_h softmax(q_h·k_hᵀ/√hd + masks)·v_h)`.
+///
+/// ```
+/// use attn_nn::{AttnMasks, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights};
+/// # fn main() -> attn_nn::Result<()> {
+/// let map = candle_nn::VarMap::new();
+/// // 4 query heads sharing 2 key/value heads (grouped-query attention).
+/// let cfg = MultiHeadAttentionConfig { num_kv_heads: Some(2), ..MultiHeadAttentionConfig::new(16, 4) };
+/// let mha = MultiHeadAttention::new(cfg, attn_nn::init::seeded(&map, 0))?;
+/// let x = attn::random::uniform(&[2, 5, 16], -1.0, 1.0, 1)?; // [B, L, E]
+/// let tokens = candle_core::Tensor::new(&[[7u32, 8, 9, 0, 0], [4, 5, 6, 7, 8]], x.device())?;
+/// let masks = AttnMasks::causal().key_padding(attn::padding_mask(&tokens, 0)?);
+/// let o = mha.forward(MhaInput::self_attention(&x).masks(masks).need_weights(NeedWeights::Averaged))?;
+/// assert_eq!(o.out.dims(), [2, 5, 16]);
+/// assert_eq!(o.weights.unwrap().dims(), [2, 5, 5]); // [B, Lq, Lk], averaged over heads
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct MultiHeadAttention {
     q_proj: Linear,

@@ -44,6 +44,17 @@ pub struct SelfAttentionOutput {
 }
 
 /// One attention head over its own input.
+/// ```
+/// use attn_nn::{AttnMasks, SelfAttention, SelfAttentionConfig};
+/// # fn main() -> attn_nn::Result<()> {
+/// let map = candle_nn::VarMap::new();
+/// let head = SelfAttention::new(SelfAttentionConfig::new(4, 3, 3), attn_nn::init::seeded(&map, 0))?;
+/// let x = attn::random::uniform(&[1, 3, 4], -1.0, 1.0, 1)?; // [B, L, d_model]
+/// let o = head.forward(&x, &AttnMasks::default(), true)?;
+/// assert_eq!(o.out.dims(), [1, 3, 3]); // [B, L, d_v]
+/// assert_eq!(o.weights.unwrap().dims(), [1, 3, 3]); // [B, L, L]
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct SelfAttention {
     w_q: Linear,

@@ -32,6 +32,23 @@ pub struct Seq2SeqConfig {
 }
 
 /// The model.
+///
+/// ```
+/// use attn_nn::{Run, Seq2Seq, Seq2SeqConfig, TransformerConfig};
+/// use candle_core::{Device, Tensor};
+/// # fn main() -> attn_nn::Result<()> {
+/// let mut transformer = TransformerConfig::new(16, 2);
+/// (transformer.num_encoder_layers, transformer.num_decoder_layers, transformer.layer.dim_feedforward) = (1, 1, 32);
+/// let cfg = Seq2SeqConfig { src_vocab: 20, tgt_vocab: 12, pad_id: 0, max_len: 32, transformer };
+/// let map = candle_nn::VarMap::new();
+/// let model = Seq2Seq::new(cfg, attn_nn::init::seeded(&map, 0))?;
+/// let src = Tensor::new(&[[5u32, 6, 7, 0], [8, 9, 10, 11]], &Device::Cpu)?; // [B, Ls], 0 = padding
+/// let tgt = Tensor::new(&[[1u32, 3, 4], [1, 5, 0]], &Device::Cpu)?; // [B, Lt], starts with bos = 1
+/// assert_eq!(model.forward(&src, &tgt, Run::eval())?.out.dims(), [2, 3, 12]); // logits
+/// let greedy = model.greedy(&src, 1, 2, 5, true)?;
+/// assert_eq!(greedy.tokens.len(), 2);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Seq2Seq {
     src_embed: Embedding,

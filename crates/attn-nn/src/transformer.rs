@@ -54,6 +54,20 @@ pub struct TransformerOutput {
 }
 
 /// Encoder and decoder stacks.
+///
+/// ```
+/// use attn_nn::{AttnMasks, Run, Seq2SeqMasks, Transformer, TransformerConfig};
+/// # fn main() -> attn_nn::Result<()> {
+/// let map = candle_nn::VarMap::new();
+/// let mut cfg = TransformerConfig::new(16, 2);
+/// (cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.layer.dim_feedforward) = (2, 2, 32);
+/// let t = Transformer::new(&cfg, attn_nn::init::seeded(&map, 0))?;
+/// let src = attn::random::uniform(&[2, 9, 16], -1.0, 1.0, 1)?; // [B, Ls, d_model]
+/// let tgt = attn::random::uniform(&[2, 4, 16], -1.0, 1.0, 2)?; // [B, Lt, d_model]
+/// let masks = Seq2SeqMasks { tgt: AttnMasks::causal(), ..Seq2SeqMasks::default() };
+/// assert_eq!(t.forward(&src, &tgt, &masks, Run::eval())?.out.dims(), [2, 4, 16]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Transformer {
     encoder: TransformerEncoder,

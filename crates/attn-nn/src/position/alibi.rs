@@ -23,6 +23,19 @@ pub fn alibi_slopes(num_heads: usize) -> Vec<f64> {
 /// The bias `[1, H, Lq, Lk]`: `-m_h · |i' − j|` with `i'` query `i`'s position on the key axis
 /// under `align` (`i` top-left, `i + Lk − Lq` bottom-right, as when decoding with a KV cache).
 /// With causal masking only `j <= i'` remain, giving the paper's `-m_h · (i' − j)`.
+///
+/// ```
+/// use attn_nn::position::alibi::alibi_bias;
+/// use attn_nn::{AttnMask, AttnMasks, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig};
+/// # fn main() -> attn_nn::Result<()> {
+/// let map = candle_nn::VarMap::new();
+/// let mha = MultiHeadAttention::new(MultiHeadAttentionConfig::new(16, 4), attn_nn::init::seeded(&map, 0))?;
+/// let x = attn::random::uniform(&[1, 6, 16], -1.0, 1.0, 1)?;
+/// let bias = alibi_bias(4, 6, 6, attn::Align::TopLeft)?; // [1, H, Lq, Lk]
+/// let masks = AttnMasks::causal().attn_mask(AttnMask::Additive(bias));
+/// assert_eq!(mha.forward(MhaInput::self_attention(&x).masks(masks))?.out.dims(), [1, 6, 16]);
+/// # Ok(()) }
+/// ```
 pub fn alibi_bias(num_heads: usize, lq: usize, lk: usize, align: Align) -> Result<Tensor> {
     let shift = match align {
         Align::TopLeft => 0.0,

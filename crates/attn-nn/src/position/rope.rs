@@ -7,6 +7,15 @@ use candle_core::{Device, Tensor, D};
 use crate::error::{NnError, Result};
 
 /// RoPE's parameters.
+///
+/// ```
+/// use attn_nn::RopeConfig;
+/// # fn main() -> attn_nn::Result<()> {
+/// let q = attn::random::uniform(&[1, 2, 5, 8], -1.0, 1.0, 1)?; // [B, H, L, d]
+/// let rotated = RopeConfig::default().apply(&q, 0)?; // positions 0..5
+/// assert_eq!(rotated.dims(), q.dims());
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeConfig {
     /// The frequency base (10000 in the paper and Llama).

@@ -21,6 +21,15 @@ pub fn sinusoidal_table(max_len: usize, d: usize) -> Result<Tensor> {
 }
 
 /// Adds the encoding of positions `offset..offset+L` and applies dropout.
+///
+/// ```
+/// use attn_nn::position::sinusoidal::PositionalEncoding;
+/// # fn main() -> attn_nn::Result<()> {
+/// let pe = PositionalEncoding::new(100, 16, 0.1, 0, "pe")?;
+/// let x = attn::random::uniform(&[2, 7, 16], -1.0, 1.0, 1)?; // [B, L, d]
+/// assert_eq!(pe.forward(&x, 0, false)?.dims(), [2, 7, 16]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct PositionalEncoding {
     /// `[max_len, d]`.
