@@ -21,12 +21,14 @@
 //! ```
 
 mod autograd;
+pub mod chart;
 mod convert;
 pub mod error;
 pub mod heatmap;
 pub mod mask;
 pub mod options;
 mod params;
+mod picture;
 pub mod random;
 pub mod sdpa;
 

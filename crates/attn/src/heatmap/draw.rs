@@ -9,11 +9,12 @@ use plotters::prelude::{
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontTransform;
 
-use super::font::FAMILY;
 use super::layout::{
     Bar, Figure, BAR_W, FONT_AXIS, FONT_PANEL_TITLE, FONT_TICK, FONT_TITLE, GAP, LEGEND_BOX, LEGEND_TEXT, TICK_LEN,
 };
 use super::scale::{text_color_on, value_text, ColorScale, NON_FINITE};
+use crate::picture::font::FAMILY;
+use crate::picture::Render;
 
 /// Colour of frames and tick marks.
 const AXIS_COLOR: RGBColor = RGBColor(70, 70, 70);
@@ -27,8 +28,25 @@ enum Block {
     NonFinite(f32),
 }
 
+/// A laid-out heatmap figure with its weights `[heads, Lq, Lk]` and colour scale.
+pub(super) struct Picture<'a> {
+    pub(super) fig: &'a Figure,
+    pub(super) weights: &'a [f32],
+    pub(super) scale: &'a ColorScale,
+}
+
+impl Render for Picture<'_> {
+    fn size(&self) -> (u32, u32) {
+        self.fig.size
+    }
+
+    fn render<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        figure(area, self.fig, self.weights, self.scale)
+    }
+}
+
 /// Draws `fig` for `weights: [heads, Lq, Lk]` with colours from `scale`.
-pub(super) fn figure<DB: DrawingBackend>(
+fn figure<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     fig: &Figure,
     weights: &[f32],

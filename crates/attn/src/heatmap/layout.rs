@@ -3,9 +3,9 @@
 
 use std::ops::Range;
 
-use super::font::text_size;
 use super::scale::ColorScale;
 use super::HeatmapStyle;
+use crate::picture::font::text_size;
 
 /// Font size of the figure title.
 pub(super) const FONT_TITLE: f64 = 20.0;

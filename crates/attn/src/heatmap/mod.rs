@@ -15,9 +15,7 @@
 //! Text uses DejaVu Sans embedded in the crate (`assets/`), so drawing needs no system fonts.
 
 mod draw;
-mod font;
 mod layout;
-mod output;
 mod scale;
 mod validate;
 
@@ -88,9 +86,9 @@ fn draw_figure(
 ) -> Result<(), HeatmapError> {
     let fail = |reason: String| HeatmapError { path: path.display().to_string(), reason };
     validate::check(weights, heads, lq, lk, style).map_err(fail)?;
-    font::ensure_registered().map_err(fail)?;
+    crate::picture::font::ensure_registered().map_err(fail)?; // the layout measures text
     let scale = ColorScale::from_weights(weights);
     let has_non_finite = weights.iter().any(|w| !w.is_finite());
     let figure = layout::Figure::new(heads, lq, lk, style, &scale, has_non_finite).map_err(fail)?;
-    output::write(path, &figure, weights, &scale).map_err(fail)
+    crate::picture::write(path, &draw::Picture { fig: &figure, weights, scale: &scale }).map_err(fail)
 }

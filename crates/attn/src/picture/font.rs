@@ -8,10 +8,10 @@ use plotters::style::{register_font, FontDesc, FontFamily, FontStyle};
 const DEJAVU_SANS: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 
 /// Font family name under which the embedded font is registered (and written into SVG files).
-pub(super) const FAMILY: &str = "sans-serif";
+pub(crate) const FAMILY: &str = "sans-serif";
 
 /// Registers the embedded font with plotters once per process.
-pub(super) fn ensure_registered() -> Result<(), String> {
+pub(crate) fn ensure_registered() -> Result<(), String> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok = *REGISTERED.get_or_init(|| register_font(FAMILY, FontStyle::Normal, DEJAVU_SANS).is_ok());
     if ok {
@@ -22,7 +22,7 @@ pub(super) fn ensure_registered() -> Result<(), String> {
 }
 
 /// Width and height in pixels of `text` at font size `size`; needs [`ensure_registered`] first.
-pub(super) fn text_size(text: &str, size: f64) -> Result<(u32, u32), String> {
+pub(crate) fn text_size(text: &str, size: f64) -> Result<(u32, u32), String> {
     FontDesc::new(FontFamily::Name(FAMILY), size, FontStyle::Normal)
         .box_size(text)
         .map_err(|e| format!("cannot measure the text {text:?}: {e}"))

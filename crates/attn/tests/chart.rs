@@ -1,0 +1,46 @@
+//! Line charts: PNG and SVG are written with every series in the legend, logarithmic axes drop
+//! points they cannot show, and a chart with nothing drawable is refused without writing a file.
+
+use attn::chart::{draw_lines, LineChart, Series};
+
+fn chart(log_y: bool, points: Vec<(f64, f64)>) -> LineChart {
+    LineChart {
+        title: "time over length".into(),
+        x_label: "L".into(),
+        y_label: "ms".into(),
+        log_x: true,
+        log_y,
+        series: vec![
+            Series { name: "additive".into(), points: points.clone() },
+            Series { name: "dot-product".into(), points: points.iter().map(|&(x, y)| (x, y / 2.0)).collect() },
+        ],
+    }
+}
+
+#[test]
+fn png_and_svg_are_written_with_the_legend() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("c.png");
+    draw_lines(&png, &chart(true, vec![(64.0, 1.0), (128.0, 4.0), (256.0, 16.0)])).unwrap();
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    if let Ok(keep) = std::env::var("ATTN_KEEP_CHART") {
+        std::fs::copy(&png, keep).unwrap();
+    }
+    let svg = dir.path().join("c.SVG");
+    draw_lines(&svg, &chart(false, vec![(64.0, 1.0), (128.0, 4.0)])).unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("additive") && text.contains("dot-product") && text.contains("time over length"));
+}
+
+#[test]
+fn nothing_drawable_is_refused_and_nothing_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.png");
+    // Zero and negative values cannot sit on a logarithmic axis; NaN never can.
+    let err = draw_lines(&path, &chart(true, vec![(64.0, 0.0), (128.0, -1.0), (f64::NAN, 1.0)])).unwrap_err();
+    assert!(err.to_string().contains("no series has a drawable point"), "{err}");
+    assert!(!path.exists());
+    let err = draw_lines(&dir.path().join("missing/c.png"), &chart(false, vec![(1.0, 1.0)])).unwrap_err();
+    assert!(err.to_string().contains("cannot write"), "{err}");
+}
