@@ -25,6 +25,8 @@ enum Command {
     Heatmap(commands::heatmap::Args),
     /// Benchmark a kernel on a shape and report time, GFLOP/s and memory.
     Bench(commands::bench::Args),
+    /// Run the textbook experiments: tables and plots.
+    Explain(commands::explain::Args),
 }
 
 fn main() {
@@ -45,6 +47,7 @@ fn main() {
         Command::Demo(a) => commands::demo::main(a),
         Command::Heatmap(a) => commands::heatmap::main(a),
         Command::Bench(a) => commands::bench::main(a),
+        Command::Explain(a) => commands::explain::main(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

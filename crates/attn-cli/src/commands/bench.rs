@@ -8,7 +8,6 @@
 
 mod backward;
 mod inputs;
-mod measure;
 mod peak;
 mod spec;
 
@@ -21,8 +20,8 @@ use serde_json::json;
 pub use spec::FLOP_RULE;
 
 use super::sdpa_flags::{align_name, named_values, SdpaFlags};
+use crate::measure::{self, Budget, Measurement};
 use inputs::KV_DTYPES;
-use measure::{Budget, Measurement};
 use peak::Peak;
 
 /// Arguments of `attn bench`.

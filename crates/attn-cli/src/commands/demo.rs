@@ -5,7 +5,7 @@
 //!    the padded keys;
 //! 3. a heatmap PNG of example 1's scaled weights.
 
-use std::path::PathBuf;
+use super::out_dir::OutDir;
 
 use anyhow::Context;
 use attn::heatmap::{draw_heatmap, HeatmapStyle};
@@ -15,21 +15,18 @@ use candle_core::{Device, Tensor};
 /// Arguments of `attn demo`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Folder for the heatmap PNG (created if missing, checked before anything is printed);
-    /// default: the current folder.
-    #[arg(long)]
-    pub out_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: OutDir,
 }
 
 /// Runs `attn demo`: prints the worked examples and writes `attn-demo-heatmap.png`.
 pub fn main(args: Args) -> anyhow::Result<()> {
-    let dir = args.out_dir.unwrap_or_else(|| PathBuf::from("."));
-    std::fs::create_dir_all(&dir).with_context(|| format!("--out-dir {}: cannot create the folder", dir.display()))?;
+    let dir = args.out.prepare()?;
     let weights = worked_example()?;
     println!();
     padded_batch()?;
     println!();
-    write_heatmap(&weights, &dir)
+    write_heatmap(&weights, dir)
 }
 
 const TOKENS: [&str; 3] = ["x1", "x2", "x3"];

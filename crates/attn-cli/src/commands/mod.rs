@@ -3,6 +3,8 @@
 
 pub mod bench;
 pub mod demo;
+pub mod explain;
 pub mod heatmap;
+pub mod out_dir;
 pub mod run;
 pub mod sdpa_flags;

@@ -17,7 +17,7 @@ use candle_core::{DType, Tensor, Var};
 use half::{bf16, f16};
 
 use super::inputs::Inputs;
-use super::measure::Held;
+use crate::measure::Held;
 
 /// The output gradient of a case: `[B, Hq, Lq, Dv]` uniform in `[-1, 1)` from `seed` (a stream
 /// of its own, apart from those of `q`, `k` and `v`).

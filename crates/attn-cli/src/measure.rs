@@ -60,6 +60,13 @@ pub trait Held {
     fn held_bytes(&self) -> usize;
 }
 
+/// A tensor is all result.
+impl Held for candle_core::Tensor {
+    fn held_bytes(&self) -> usize {
+        self.elem_count() * self.dtype().size_in_bytes()
+    }
+}
+
 /// An attention output holds `out`, `lse` and any weights.
 impl Held for SdpaOutput {
     fn held_bytes(&self) -> usize {
