@@ -8,7 +8,7 @@ use attn::{Mask, SdpaOptions};
 use candle_core::{Tensor, D};
 use candle_nn::{Linear, Module, VarBuilder};
 
-use crate::dropout::Dropout;
+use crate::dropout::{Dropout, Mode};
 use crate::error::{expect_bld, NnError, Result};
 use crate::masks::AttnMasks;
 
@@ -56,7 +56,7 @@ pub struct AdditiveOutput {
 /// let k = attn::random::uniform(&[2, 10, 2], -1.0, 1.0, 2)?; // [B, Lk, key_dim]
 /// let v = attn::random::uniform(&[2, 10, 4], -1.0, 1.0, 3)?; // [B, Lk, Dv]
 /// let pad = attn::Mask::keep(candle_core::Tensor::new(&[[1u8; 10], [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]], q.device())?);
-/// let o = m.forward(&q, &k, &v, &AttnMasks::default().key_padding(pad), false)?;
+/// let o = m.forward(&q, &k, &v, &AttnMasks::default().key_padding(pad), attn_nn::Mode::Eval)?;
 /// assert_eq!(o.out.dims(), [2, 1, 4]);
 /// assert_eq!(o.weights.dims(), [2, 1, 10]);
 /// # Ok(()) }
@@ -98,7 +98,7 @@ impl AdditiveAttention {
         key: &Tensor,
         value: &Tensor,
         masks: &AttnMasks,
-        train: bool,
+        mode: Mode,
     ) -> Result<AdditiveOutput> {
         let (b, lq) = expect_bld(MODULE, "query", query, self.cfg.query_dim)?;
         let (kb, lk) = expect_bld(MODULE, "key", key, self.cfg.key_dim)?;
@@ -143,7 +143,7 @@ impl AdditiveAttention {
             None => (scores, value.clone()),
         };
         let weights = softmax_last(&scores)?;
-        let dropped = self.dropout.forward(&weights, train)?;
+        let dropped = self.dropout.forward(&weights, mode)?;
         Ok(AdditiveOutput { out: dropped.matmul(&value.contiguous()?)?, weights })
     }
 }

@@ -117,7 +117,7 @@ impl DecoderLayer {
             let input = MhaInput {
                 masks: masks.clone(),
                 need_weights: run.need_weights,
-                train: run.train,
+                mode: run.mode,
                 cache,
                 ..MhaInput::new(q, kv, kv)
             };
@@ -126,14 +126,12 @@ impl DecoderLayer {
         };
         let [n1, n2, n3] = &self.norms;
         let [d1, d2, d3] = &self.dropouts;
-        let (x, self_weights) = residual(tgt, n1, d1, self.norm_first, run.train, |x| {
-            attend(&self.self_attn, x, x, tgt_masks, self_cache)
-        })?;
-        let (x, cross_weights) = residual(&x, n2, d2, self.norm_first, run.train, |x| {
+        let (x, self_weights) =
+            residual(tgt, n1, d1, self.norm_first, run.mode, |x| attend(&self.self_attn, x, x, tgt_masks, self_cache))?;
+        let (x, cross_weights) = residual(&x, n2, d2, self.norm_first, run.mode, |x| {
             attend(&self.multihead_attn, x, memory, memory_masks, cross_cache)
         })?;
-        let (out, _) =
-            residual(&x, n3, d3, self.norm_first, run.train, |x| Ok((self.ff.forward(x, run.train)?, None)))?;
+        let (out, _) = residual(&x, n3, d3, self.norm_first, run.mode, |x| Ok((self.ff.forward(x, run.mode)?, None)))?;
         Ok(LayerOutput { out, self_weights, cross_weights })
     }
 }

@@ -3,7 +3,9 @@
 //! and the attention kernel's own dropout.
 //!
 //! Each module that drops owns a [`SeedStream`] keyed by its `VarBuilder` path, so two layers
-//! built from the same config never share masks; every training call draws a fresh seed.
+//! built from the same config never share masks. In [`Mode::Train`] every call draws the stream's
+//! next seed; in [`Mode::TrainStep`] the seed is a pure function of the module and the step, so a
+//! training run resumed at step `k` draws exactly the masks the uninterrupted run would have.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -11,6 +13,26 @@ use attn_kernels::rng::{splitmix64, SplitMix64};
 use candle_core::Tensor;
 
 use crate::error::Result;
+
+/// Evaluation or training.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// No dropout: deterministic.
+    #[default]
+    Eval,
+    /// Dropout with a fresh seed per call from each module's stream.
+    Train,
+    /// Dropout with seeds keyed by the module and this training step (for exact resumption; each
+    /// module is expected to run once per step).
+    TrainStep(u64),
+}
+
+impl Mode {
+    /// Whether dropout is on.
+    pub fn is_train(self) -> bool {
+        self != Mode::Eval
+    }
+}
 
 /// A stream of seeds: `splitmix64(key + n)` for the `n`-th draw.
 #[derive(Debug)]
@@ -26,19 +48,14 @@ impl SeedStream {
         Self { key, drawn: AtomicU64::new(0) }
     }
 
-    /// The next seed.
-    pub fn next(&self) -> u64 {
-        splitmix64(self.key.wrapping_add(self.drawn.fetch_add(1, Ordering::Relaxed)))
-    }
-
-    /// How many seeds were drawn (saved by checkpoints so a resumed run continues the stream).
-    pub fn position(&self) -> u64 {
-        self.drawn.load(Ordering::Relaxed)
-    }
-
-    /// Continues the stream after `drawn` draws.
-    pub fn set_position(&self, drawn: u64) {
-        self.drawn.store(drawn, Ordering::Relaxed);
+    /// The seed of a call in `mode`: none in evaluation, the next draw in `Train`, a function of
+    /// the key and the step in `TrainStep`.
+    pub fn seed(&self, mode: Mode) -> Option<u64> {
+        match mode {
+            Mode::Eval => None,
+            Mode::Train => Some(splitmix64(self.key.wrapping_add(self.drawn.fetch_add(1, Ordering::Relaxed)))),
+            Mode::TrainStep(step) => Some(splitmix64(self.key ^ splitmix64(step))),
+        }
     }
 }
 
@@ -57,19 +74,15 @@ impl Dropout {
     }
 
     /// `x: [..]` → the same shape; differentiable (a product with a constant mask).
-    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        if !train || self.p == 0.0 {
-            return Ok(x.clone());
-        }
-        let mut rng = SplitMix64::new(self.seeds.next());
+    pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let seed = match self.seeds.seed(mode) {
+            Some(seed) if self.p > 0.0 => seed,
+            _ => return Ok(x.clone()),
+        };
+        let mut rng = SplitMix64::new(seed);
         let scale = 1.0 / (1.0 - self.p);
         let mask: Vec<f32> = (0..x.elem_count()).map(|_| if rng.unit_f32() >= self.p { scale } else { 0.0 }).collect();
         let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
         Ok((x * mask)?)
-    }
-
-    /// The seed stream (for checkpoints).
-    pub fn seeds(&self) -> &SeedStream {
-        &self.seeds
     }
 }

@@ -56,14 +56,14 @@ impl EncoderLayer {
     /// `[B, L, d_model]` and, when asked, the self-attention weights.
     pub fn forward(&self, src: &Tensor, masks: &AttnMasks, run: Run) -> Result<LayerOutput> {
         expect_bld("EncoderLayer", "src", src, self.self_attn.config().embed_dim)?;
-        let (x, self_weights) = residual(src, &self.norm1, &self.dropout1, self.norm_first, run.train, |x| {
-            let mut input = MhaInput::self_attention(x).masks(masks.clone()).train(run.train);
+        let (x, self_weights) = residual(src, &self.norm1, &self.dropout1, self.norm_first, run.mode, |x| {
+            let mut input = MhaInput::self_attention(x).masks(masks.clone()).mode(run.mode);
             input.need_weights = run.need_weights;
             let o = self.self_attn.forward(input)?;
             Ok((o.out, o.weights))
         })?;
-        let (out, _) = residual(&x, &self.norm2, &self.dropout2, self.norm_first, run.train, |x| {
-            Ok((self.ff.forward(x, run.train)?, None))
+        let (out, _) = residual(&x, &self.norm2, &self.dropout2, self.norm_first, run.mode, |x| {
+            Ok((self.ff.forward(x, run.mode)?, None))
         })?;
         Ok(LayerOutput { out, self_weights, cross_weights: None })
     }

@@ -4,7 +4,7 @@
 use candle_core::Tensor;
 use candle_nn::{Linear, Module, VarBuilder};
 
-use crate::dropout::Dropout;
+use crate::dropout::{Dropout, Mode};
 use crate::error::Result;
 
 /// The activation between the two linear maps.
@@ -56,8 +56,8 @@ impl FeedForward {
     }
 
     /// `x: [B, L, d_model]` → `[B, L, d_model]`.
-    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let h = self.activation.forward(&self.linear1.forward(x)?)?;
-        Ok(self.linear2.forward(&self.dropout.forward(&h, train)?)?)
+        Ok(self.linear2.forward(&self.dropout.forward(&h, mode)?)?)
     }
 }

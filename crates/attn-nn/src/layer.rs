@@ -6,7 +6,7 @@ use attn::Kernel;
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
-use crate::dropout::Dropout;
+use crate::dropout::{Dropout, Mode};
 use crate::error::Result;
 use crate::feedforward::Activation;
 use crate::mha::{MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights};
@@ -77,8 +77,8 @@ impl LayerConfig {
 /// How a layer call runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Run {
-    /// Training mode: dropout on.
-    pub train: bool,
+    /// Evaluation or training (dropout on).
+    pub mode: Mode,
     /// Return the attention weights (computed only then).
     pub need_weights: Option<NeedWeights>,
 }
@@ -89,9 +89,14 @@ impl Run {
         Self::default()
     }
 
-    /// Training, no weights.
+    /// Training with a fresh dropout seed per call, no weights.
     pub fn train() -> Self {
-        Self { train: true, need_weights: None }
+        Self { mode: Mode::Train, need_weights: None }
+    }
+
+    /// Training step `step` (dropout masks a function of the module and the step), no weights.
+    pub fn train_step(step: u64) -> Self {
+        Self { mode: Mode::TrainStep(step), need_weights: None }
     }
 
     /// Also return the weights.
@@ -118,14 +123,14 @@ pub(crate) fn residual(
     norm: &LayerNorm,
     drop: &Dropout,
     norm_first: bool,
-    train: bool,
+    mode: Mode,
     f: impl FnOnce(&Tensor) -> Result<(Tensor, Option<Tensor>)>,
 ) -> Result<(Tensor, Option<Tensor>)> {
     if norm_first {
         let (y, w) = f(&norm.forward(x)?)?;
-        Ok(((x + drop.forward(&y, train)?)?, w))
+        Ok(((x + drop.forward(&y, mode)?)?, w))
     } else {
         let (y, w) = f(x)?;
-        Ok((norm.forward(&(x + drop.forward(&y, train)?)?)?, w))
+        Ok((norm.forward(&(x + drop.forward(&y, mode)?)?)?, w))
     }
 }

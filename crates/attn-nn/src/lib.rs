@@ -53,6 +53,7 @@ pub mod transformer;
 
 pub use additive::{AdditiveAttention, AdditiveAttentionConfig, AdditiveOutput};
 pub use decoder::{DecoderCache, DecoderLayer, LayerCache, TransformerDecoder};
+pub use dropout::Mode;
 pub use encoder::{EncoderLayer, StackOutput, TransformerEncoder};
 pub use error::{NnError, Result};
 pub use feedforward::{Activation, FeedForward};

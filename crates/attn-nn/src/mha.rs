@@ -13,7 +13,7 @@ use attn::{Kernel, SdpaOptions};
 use candle_core::Tensor;
 use candle_nn::{Init, Linear, Module, VarBuilder};
 
-use crate::dropout::SeedStream;
+use crate::dropout::{Mode, SeedStream};
 use crate::error::{expect_bld, NnError, Result};
 use crate::kv_cache::Cache;
 use crate::masks::AttnMasks;
@@ -108,8 +108,8 @@ pub struct MhaInput<'a> {
     pub masks: AttnMasks,
     /// Whether and how to return the weights (computed only then).
     pub need_weights: Option<NeedWeights>,
-    /// Training mode (dropout on).
-    pub train: bool,
+    /// Evaluation or training (dropout on the weights).
+    pub mode: Mode,
     /// Incremental decoding.
     pub cache: Option<Cache<'a>>,
 }
@@ -117,7 +117,7 @@ pub struct MhaInput<'a> {
 impl<'a> MhaInput<'a> {
     /// Attention of `query` over `key`/`value`, no masks, evaluation mode.
     pub fn new(query: &'a Tensor, key: &'a Tensor, value: &'a Tensor) -> Self {
-        Self { query, key, value, masks: AttnMasks::default(), need_weights: None, train: false, cache: None }
+        Self { query, key, value, masks: AttnMasks::default(), need_weights: None, mode: Mode::Eval, cache: None }
     }
 
     /// Self-attention of `x: [B, L, E]`.
@@ -137,9 +137,9 @@ impl<'a> MhaInput<'a> {
         self
     }
 
-    /// Sets training mode.
-    pub fn train(mut self, train: bool) -> Self {
-        self.train = train;
+    /// Sets evaluation or training mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
         self
     }
 
@@ -282,8 +282,10 @@ impl MultiHeadAttention {
         let q = self.rotate(&heads(self.q_proj.forward(input.query)?, h)?, offset)?; // [B, H, Lq, hd]
         let lk = k.dims()[2];
         let mut opts = SdpaOptions::default().kernel(cfg.kernel).return_weights(input.need_weights.is_some());
-        if input.train && cfg.dropout > 0.0 {
-            opts = opts.dropout(cfg.dropout, self.seeds.next());
+        if cfg.dropout > 0.0 {
+            if let Some(seed) = self.seeds.seed(input.mode) {
+                opts = opts.dropout(cfg.dropout, seed);
+            }
         }
         let opts = input.masks.options(MODULE, opts, [b, h, lq, lk], offset > 0)?;
         let res = attn::sdpa_full(&q, &k, &v, &opts)?;

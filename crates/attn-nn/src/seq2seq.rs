@@ -53,7 +53,8 @@ pub struct Seq2SeqConfig {
 pub struct Seq2Seq {
     src_embed: Embedding,
     tgt_embed: Embedding,
-    positions: PositionalEncoding,
+    src_positions: PositionalEncoding,
+    tgt_positions: PositionalEncoding,
     transformer: Transformer,
     generator: Linear,
     cfg: Seq2SeqConfig,
@@ -87,16 +88,14 @@ impl Seq2Seq {
             let w = vb.get_with_hints((n, d), name, candle_nn::Init::Randn { mean: 0.0, stdev: 1.0 })?;
             Ok(Embedding::new(w, d))
         };
+        let positions = |name| {
+            PositionalEncoding::new(cfg.max_len, d, layer.dropout, layer.seed, &format!("{}.{name}", vb.prefix()))
+        };
         Ok(Self {
             src_embed: embed(cfg.src_vocab, "src_embed.weight")?,
             tgt_embed: embed(cfg.tgt_vocab, "tgt_embed.weight")?,
-            positions: PositionalEncoding::new(
-                cfg.max_len,
-                d,
-                layer.dropout,
-                layer.seed,
-                &format!("{}.positions", vb.prefix()),
-            )?,
+            src_positions: positions("src_positions")?,
+            tgt_positions: positions("tgt_positions")?,
             transformer: Transformer::new(&cfg.transformer, vb.pp("transformer"))?,
             generator: candle_nn::linear(d, cfg.tgt_vocab, vb.pp("generator"))?,
             cfg,
@@ -108,8 +107,15 @@ impl Seq2Seq {
         &self.cfg
     }
 
-    /// `ids: [B, L]` (`U32`) → `[B, L, d]`: embedding · √d + positions from `offset`.
-    fn embed(&self, table: &Embedding, ids: &Tensor, offset: usize, run: Run) -> Result<Tensor> {
+    /// `ids: [B, L]` (`U32`) → `[B, L, d]`: embedding · √d + positions from `offset` (with their
+    /// dropout).
+    fn embed(
+        &self,
+        (table, positions): (&Embedding, &PositionalEncoding),
+        ids: &Tensor,
+        offset: usize,
+        run: Run,
+    ) -> Result<Tensor> {
         let (_, l) = ids.dims2()?;
         if offset + l > self.cfg.max_len {
             return Err(NnError::Input {
@@ -121,13 +127,13 @@ impl Seq2Seq {
         }
         let d = self.cfg.transformer.layer.d_model as f64;
         let x = (table.forward(ids)? * d.sqrt())?;
-        self.positions.forward(&x, offset, run.train)
+        positions.forward(&x, offset, run.mode)
     }
 
     /// `src: [B, Ls]` (`U32` ids) → the memory and its padding mask.
     pub fn encode(&self, src: &Tensor, run: Run) -> Result<Encoded> {
         let masks = AttnMasks::default().key_padding(padding_mask(src, self.cfg.pad_id)?);
-        let x = self.embed(&self.src_embed, src, 0, run)?;
+        let x = self.embed((&self.src_embed, &self.src_positions), src, 0, run)?;
         let enc = self.transformer.encoder().forward(&x, &masks, run)?;
         Ok(Encoded { memory: enc.out, memory_masks: masks })
     }
@@ -141,8 +147,8 @@ impl Seq2Seq {
             tgt: AttnMasks::causal().key_padding(padding_mask(tgt, self.cfg.pad_id)?),
             memory: src_pad,
         };
-        let s = self.embed(&self.src_embed, src, 0, run)?;
-        let t = self.embed(&self.tgt_embed, tgt, 0, run)?;
+        let s = self.embed((&self.src_embed, &self.src_positions), src, 0, run)?;
+        let t = self.embed((&self.tgt_embed, &self.tgt_positions), tgt, 0, run)?;
         let mut o = self.transformer.forward(&s, &t, &masks, run)?;
         o.out = self.generator.forward(&o.out)?;
         Ok(o)
@@ -171,7 +177,7 @@ impl Seq2Seq {
         let never_pad = Tensor::from_vec(no_pad, self.cfg.tgt_vocab, src.device())?; // [Vt]
         for _ in 0..max_steps {
             let ids = Tensor::from_vec(last.clone(), (b, 1), src.device())?;
-            let x = self.embed(&self.tgt_embed, &ids, cache.len(), run)?;
+            let x = self.embed((&self.tgt_embed, &self.tgt_positions), &ids, cache.len(), run)?;
             let o = self.transformer.decode_step(&x, &enc.memory, &enc.memory_masks, run, &mut cache)?;
             steps.push(o.cross_weights);
             let logits = self.generator.forward(&o.out)?.broadcast_add(&never_pad)?; // [B, 1, Vt]

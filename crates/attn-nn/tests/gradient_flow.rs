@@ -7,7 +7,7 @@ mod support;
 
 use attn_nn::{
     Activation, AdditiveAttention, AdditiveAttentionConfig, AttnMask, AttnMasks, DecoderLayer, EncoderLayer,
-    LayerConfig, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, RopeConfig, Run, SelfAttention,
+    LayerConfig, MhaInput, Mode, MultiHeadAttention, MultiHeadAttentionConfig, RopeConfig, Run, SelfAttention,
     SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer, TransformerConfig,
 };
 use candle_core::{Device, Module, Tensor};
@@ -44,7 +44,7 @@ fn multi_head_attention_trains_with_gqa_rope_and_dropout() {
     let m = MultiHeadAttention::new(cfg, vb).unwrap();
     let x = input(&[2, 6, 16], 2);
     let masks = AttnMasks::causal().key_padding(padding(&[6, 4], 6));
-    let out = m.forward(MhaInput::self_attention(&x).masks(masks).train(true)).unwrap().out;
+    let out = m.forward(MhaInput::self_attention(&x).masks(masks).mode(Mode::Train)).unwrap().out;
     // q/k/v_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias.
     assert_trains(&map, &[("x", &x)], &out, 6);
 }
@@ -69,7 +69,7 @@ fn additive_attention_trains() {
             .unwrap();
     let (q, k, v) = (input(&[2, 3, 6], 6), input(&[2, 4, 5], 7), input(&[2, 4, 3], 8));
     let masks = AttnMasks::default().key_padding(padding(&[4, 2], 4));
-    let out = m.forward(&q, &k, &v, &masks, true).unwrap().out;
+    let out = m.forward(&q, &k, &v, &masks, Mode::Train).unwrap().out;
     assert_trains(&map, &[("query", &q), ("key", &k), ("value", &v)], &out, 3);
 }
 

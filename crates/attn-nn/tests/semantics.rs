@@ -10,8 +10,8 @@ use attn::{padding_mask, Align, Mask};
 use attn_nn::position::alibi::{alibi_bias, alibi_slopes};
 use attn_nn::position::sinusoidal::sinusoidal_table;
 use attn_nn::{
-    AdditiveAttention, AdditiveAttentionConfig, AttnMasks, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig,
-    NeedWeights, RopeConfig, SelfAttention, SelfAttentionConfig,
+    AdditiveAttention, AdditiveAttentionConfig, AttnMasks, MhaInput, Mode, MultiHeadAttention,
+    MultiHeadAttentionConfig, NeedWeights, RopeConfig, SelfAttention, SelfAttentionConfig,
 };
 use candle_core::{Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
@@ -95,7 +95,7 @@ fn fully_masked_queries_give_zeros_not_nan() {
     let mut v = flat(&x);
     v[..8].fill(f32::NAN); // the first key is masked: its NaN value must not reach the output
     let v = Tensor::from_vec(v, (1, 3, 8), &Device::Cpu).unwrap();
-    let o = a.forward(&x, &x, &v, &AttnMasks::default().key_padding(padding(&[0], 3)), false).unwrap();
+    let o = a.forward(&x, &x, &v, &AttnMasks::default().key_padding(padding(&[0], 3)), Mode::Eval).unwrap();
     assert!(flat(&o.out).iter().chain(&flat(&o.weights)).all(|&v| v == 0.0));
     let o = a
         .forward(
@@ -103,7 +103,7 @@ fn fully_masked_queries_give_zeros_not_nan() {
             &x,
             &v,
             &AttnMasks::default().key_padding(Mask::block(Tensor::new(&[[1u8, 0, 0]], &Device::Cpu).unwrap())),
-            false,
+            Mode::Eval,
         )
         .unwrap();
     assert!(flat(&o.out).iter().all(|v| v.is_finite()));
@@ -118,12 +118,31 @@ fn dropout_only_in_training_and_reproducible_from_the_seed() {
     };
     let (a, b) = (build(), build());
     let x = uniform(&[2, 5, 8], 3);
-    let call = |m: &MultiHeadAttention, train| flat(&m.forward(MhaInput::self_attention(&x).train(train)).unwrap().out);
+    let call = |m: &MultiHeadAttention, train| {
+        flat(&m.forward(MhaInput::self_attention(&x).mode(if train { Mode::Train } else { Mode::Eval })).unwrap().out)
+    };
     assert_eq!(call(&a, false), call(&a, false));
     let (t1, t2) = (call(&a, true), call(&a, true));
     assert_ne!(t1, call(&a, false));
     assert_ne!(t1, t2, "each training call draws a new dropout seed");
     assert_eq!(t1, call(&b, true), "same seeds, same model: same first mask");
+}
+
+#[test]
+fn step_keyed_dropout_replays_any_step() {
+    let build = || {
+        let map = VarMap::new();
+        let cfg = attn_nn::LayerConfig { dim_feedforward: 16, dropout: 0.3, ..attn_nn::LayerConfig::new(8, 2) };
+        attn_nn::EncoderLayer::new(&cfg, attn_nn::init::seeded(&map, 1)).unwrap()
+    };
+    let (a, b) = (build(), build());
+    let x = uniform(&[2, 5, 8], 3);
+    let call = |m: &attn_nn::EncoderLayer, run| flat(&m.forward(&x, &AttnMasks::default(), run).unwrap().out);
+    // `a` runs steps 0..3, `b` (a resumed run) only step 2: the same masks.
+    let a_steps: Vec<_> = (0..3).map(|s| call(&a, attn_nn::Run::train_step(s))).collect();
+    assert_eq!(a_steps[2], call(&b, attn_nn::Run::train_step(2)));
+    assert_ne!(a_steps[1], a_steps[2]);
+    assert_ne!(a_steps[2], call(&a, attn_nn::Run::eval()));
 }
 
 #[test]

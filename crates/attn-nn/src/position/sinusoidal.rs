@@ -4,7 +4,7 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::dropout::Dropout;
+use crate::dropout::{Dropout, Mode};
 use crate::error::{NnError, Result};
 
 /// The table `[max_len, d]` (computed in `f64`, stored as `f32`).
@@ -27,7 +27,7 @@ pub fn sinusoidal_table(max_len: usize, d: usize) -> Result<Tensor> {
 /// # fn main() -> attn_nn::Result<()> {
 /// let pe = PositionalEncoding::new(100, 16, 0.1, 0, "pe")?;
 /// let x = attn::random::uniform(&[2, 7, 16], -1.0, 1.0, 1)?; // [B, L, d]
-/// assert_eq!(pe.forward(&x, 0, false)?.dims(), [2, 7, 16]);
+/// assert_eq!(pe.forward(&x, 0, attn_nn::Mode::Eval)?.dims(), [2, 7, 16]);
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
@@ -45,7 +45,7 @@ impl PositionalEncoding {
     }
 
     /// `x: [B, L, d]` → `[B, L, d]`, positions starting at `offset`.
-    pub fn forward(&self, x: &Tensor, offset: usize, train: bool) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, offset: usize, mode: Mode) -> Result<Tensor> {
         let (max_len, d) = self.table.dims2()?;
         let l = x.dim(1)?;
         if x.rank() != 3 || x.dim(2)? != d || offset + l > max_len {
@@ -57,6 +57,6 @@ impl PositionalEncoding {
             });
         }
         let pe = self.table.narrow(0, offset, l)?.to_dtype(x.dtype())?;
-        self.dropout.forward(&x.broadcast_add(&pe)?, train)
+        self.dropout.forward(&x.broadcast_add(&pe)?, mode)
     }
 }

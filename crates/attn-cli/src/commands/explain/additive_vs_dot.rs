@@ -7,7 +7,7 @@
 use anyhow::bail;
 use attn::chart::{draw_lines, LineChart, Series};
 use attn::SdpaOptions;
-use attn_nn::{AdditiveAttention, AdditiveAttentionConfig, AdditiveOutput, AttnMasks};
+use attn_nn::{AdditiveAttention, AdditiveAttentionConfig, AdditiveOutput, AttnMasks, Mode};
 
 use crate::commands::out_dir::OutDir;
 use crate::measure::{measure, Budget, Held, Measurement};
@@ -67,7 +67,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     for &l in &args.lengths {
         let x = |seed| attn::random::uniform(&[b, l, d], -1.0, 1.0, seed);
         let (q, k, v) = (x(1)?, x(2)?, x(3)?);
-        let add = measure(budget, || Ok(additive.forward(&q, &k, &v, &AttnMasks::default(), false)?))?;
+        let add = measure(budget, || Ok(additive.forward(&q, &k, &v, &AttnMasks::default(), Mode::Eval)?))?;
         let dot = measure(budget, || Ok(attn::sdpa(&q, &k, &v, &SdpaOptions::default())?))?;
         let mib = |m: &Measurement| m.extra_bytes as f64 / (1u64 << 20) as f64;
         println!(
