@@ -1,0 +1,329 @@
+//! Golden parity with PyTorch: every module against its PyTorch counterpart computed in float64
+//! (`tests/fixtures/*.safetensors`, written by `scripts/gen_module_fixtures.py`).
+//!
+//! For each module fixture the module is built twice through `VarBuilder::from_varmap`, once with
+//! the fast kernel (`Kernel::Auto`) and once with `Kernel::Reference` (the plain kernel, the
+//! `naive32` baseline); the `VarMap` it fills must hold exactly the fixture's parameter names
+//! (nothing missing, nothing unused), and their values are then set from the fixture (rounded to
+//! `f32`). Each run computes the output (and the attention weights when the case asks) and the
+//! gradients of `(out · grad_out).sum()` with respect to every float input and every parameter.
+//! Every one of them must pass both
+//! - [`oracle::check`]: `max|fast − ref64| ≤ factor · max|naive32 − ref64| + floor`, with
+//!   `OUTPUT_FACTOR` for outputs and weights and `GRADIENT_FACTOR` for gradients; and
+//! - the `f32` budget: `max|naive32 − ref64| ≤ F32_BUDGET · max|ref64|`. The oracle alone would
+//!   accept a module that disagrees with PyTorch, since both runs share every layer but the
+//!   attention kernel; the budget catches such a disagreement (see [`a_perturbed_weight_fails`]).
+//!
+//! Position helpers (ALiBi slopes and bias, the sinusoidal table) are checked to `1e-6`.
+//! Loading a state dict with a missing or mis-shaped weight must fail naming the tensor.
+
+mod parity {
+    pub mod fixture;
+    pub mod models;
+}
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use attn::{Align, Kernel};
+use attn_nn::position::alibi::{alibi_bias, alibi_slopes};
+use attn_nn::position::sinusoidal::sinusoidal_table;
+use attn_testkit::oracle;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use parity::fixture::{fixture_names, Data, Fixture};
+use parity::models::{build, err, param_tensors, Inputs};
+
+/// Bound on `max|naive32 − ref64| / max|ref64|`: what computing in `f32` may cost. A module that
+/// disagrees with PyTorch is off by more (a tanh-approximate GELU instead of the exact one: 8e-5).
+const F32_BUDGET: f64 = 2e-5;
+/// Tolerance of the position helpers, relative to `max(1, |value|)`.
+const POSITION_TOL: f64 = 1e-6;
+
+/// A run's results by fixture name (`out`, `weights`, `grad.input.<x>`, `grad.param.<p>`):
+/// shape and row-major values.
+type Results = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
+fn flat(t: &Tensor) -> Result<(Vec<usize>, Vec<f32>), String> {
+    Ok((t.dims().to_vec(), t.flatten_all().and_then(|t| t.to_dtype(DType::F32)?.to_vec1()).map_err(err)?))
+}
+
+/// Builds the fixture's module with `kernel` on a fresh `VarMap`, checks that its variables are
+/// exactly the fixture's parameters, loads them, and runs forward and backward.
+fn compute(fx: &Fixture, kernel: Kernel) -> Result<Results, String> {
+    let varmap = VarMap::new();
+    let model = build(fx, kernel, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+    let vars = varmap.data().lock().map_err(err)?.clone();
+    let params = param_tensors(fx)?;
+    let made: BTreeSet<&str> = vars.keys().map(String::as_str).collect();
+    let stored: BTreeSet<&str> = params.keys().map(String::as_str).collect();
+    if made != stored {
+        return Err(format!(
+            "{}: the module's variables differ from the state dict: missing from the fixture {:?}, unused {:?}",
+            fx.name,
+            made.difference(&stored).collect::<Vec<_>>(),
+            stored.difference(&made).collect::<Vec<_>>()
+        ));
+    }
+    for (name, var) in &vars {
+        var.set(&params[name]).map_err(|e| format!("{}: loading `{name}`: {e}", fx.name))?;
+    }
+    let inputs = Inputs::from_fixture(fx)?;
+    let o = model.forward(&inputs)?;
+    let mut results = Results::new();
+    results.insert("out".into(), flat(&o.out)?);
+    if let Some(w) = &o.weights {
+        results.insert("weights".into(), flat(w)?);
+    }
+    let grads = (&o.out * fx.f32_tensor("grad_out")?).and_then(|l| l.sum_all()?.backward()).map_err(err)?;
+    let inputs = inputs.vars().map(|(n, v)| (format!("grad.input.{n}"), v));
+    for (name, var) in inputs.chain(vars.iter().map(|(n, v)| (format!("grad.param.{n}"), v))) {
+        let g = grads.get(var.as_tensor()).ok_or_else(|| format!("{}: no gradient reaches `{name}`", fx.name))?;
+        results.insert(name, flat(g)?);
+    }
+    Ok(results)
+}
+
+/// The worst use of the two bounds over one case's compared tensors.
+#[derive(Debug, Default)]
+struct Worst {
+    /// `max|fast − ref64| / (factor · max|naive32 − ref64| + floor)` (≤ 1 passes the oracle).
+    oracle: (f64, String),
+    /// `max|naive32 − ref64| / max|ref64|` (≤ `F32_BUDGET` passes).
+    f32_error: (f64, String),
+}
+
+fn max_err(got: &[f32], want: &[f64]) -> f64 {
+    got.iter().zip(want).fold(0.0, |m, (&g, &w)| m.max((g as f64 - w).abs()))
+}
+
+/// Checks every expected tensor of `fx` against the fast and naive runs; returns the failures.
+fn compare(fx: &Fixture, fast: &Results, naive: &Results) -> (Vec<String>, Worst) {
+    let expected: BTreeSet<&str> = fx
+        .tensors
+        .keys()
+        .map(String::as_str)
+        .filter(|n| *n == "out" || *n == "weights" || n.starts_with("grad."))
+        .collect();
+    let got: BTreeSet<&str> = fast.keys().map(String::as_str).collect();
+    if expected != got {
+        let msg = format!("{}: computed {got:?}, the fixture holds {expected:?}", fx.name);
+        return (vec![msg], Worst::default());
+    }
+    let mut failures = Vec::new();
+    let mut worst = Worst::default();
+    for name in expected {
+        let tag = format!("{}: {name}", fx.name);
+        let (want, shape) = match (fx.f64s(name), fx.get(name)) {
+            (Ok(w), Ok(s)) => (w, &s.shape),
+            (Err(e), _) | (_, Err(e)) => {
+                failures.push(e);
+                continue;
+            }
+        };
+        let ((fast_shape, f), (naive_shape, n)) = (&fast[name], &naive[name]);
+        if fast_shape != shape || naive_shape != shape {
+            failures
+                .push(format!("{tag}: shape {fast_shape:?} (reference kernel {naive_shape:?}), expected {shape:?}"));
+            continue;
+        }
+        let factor = if name.starts_with("grad.") { oracle::GRADIENT_FACTOR } else { oracle::OUTPUT_FACTOR };
+        failures.extend(oracle::check(&tag, f, want, n, factor).err());
+        let magnitude = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+        let naive_err = max_err(n, want);
+        let floor = oracle::FLOOR_ULPS * magnitude.max(f32::MIN_POSITIVE as f64) * f32::EPSILON as f64;
+        let use_of_bound = max_err(f, want) / (factor * naive_err + floor);
+        let f32_error = naive_err / magnitude.max(f64::MIN_POSITIVE);
+        if f32_error > F32_BUDGET {
+            failures.push(format!(
+                "{tag}: the module disagrees with PyTorch: max error {naive_err:e} with the reference kernel is \
+                 {f32_error:e} of the magnitude {magnitude:e} (budget {F32_BUDGET:e})"
+            ));
+        }
+        if use_of_bound > worst.oracle.0 {
+            worst.oracle = (use_of_bound, name.to_string());
+        }
+        if f32_error > worst.f32_error.0 {
+            worst.f32_error = (f32_error, name.to_string());
+        }
+    }
+    (failures, worst)
+}
+
+/// Runs one module fixture on both kernels and compares; prints the worst ratios.
+fn check_module(fx: &Fixture) -> Result<(), String> {
+    let (fast, naive) = (compute(fx, Kernel::Auto)?, compute(fx, Kernel::Reference)?);
+    let (failures, worst) = compare(fx, &fast, &naive);
+    println!(
+        "{}: oracle bound used {:.3} ({}), f32 error {:.2e} ({})",
+        fx.name, worst.oracle.0, worst.oracle.1, worst.f32_error.0, worst.f32_error.1
+    );
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n"))
+    }
+}
+
+/// `|got − want| ≤ POSITION_TOL · max(1, |want|)` element-wise.
+fn check_close(tag: &str, got: &[f64], want: &[f64]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{tag}: {} values, expected {}", got.len(), want.len()));
+    }
+    match got.iter().zip(want).position(|(g, w)| (g - w).abs() > POSITION_TOL * w.abs().max(1.0)) {
+        None => Ok(()),
+        Some(i) => Err(format!("{tag}[{i}]: {}, expected {}", got[i], want[i])),
+    }
+}
+
+fn tensor_f64(t: &Tensor) -> Result<Vec<f64>, String> {
+    t.flatten_all().and_then(|t| t.to_dtype(DType::F64)?.to_vec1()).map_err(err)
+}
+
+/// ALiBi slopes and bias, or the sinusoidal table, against the fixture.
+fn check_position(fx: &Fixture) -> Result<(), String> {
+    let c = &fx.config;
+    match fx.kind.as_str() {
+        "alibi" => {
+            let h = c.usize("num_heads")?;
+            let align = match c.str("align")? {
+                "top_left" => Align::TopLeft,
+                "bottom_right" => Align::BottomRight,
+                other => return Err(format!("{}: align `{other}`", fx.name)),
+            };
+            check_close(&format!("{}: slopes", fx.name), &alibi_slopes(h), fx.f64s("slopes")?)?;
+            let bias = alibi_bias(h, c.usize("lq")?, c.usize("lk")?, align).map_err(err)?;
+            if bias.dims() != fx.get("out")?.shape.as_slice() {
+                return Err(format!("{}: bias shape {:?}, expected {:?}", fx.name, bias.dims(), fx.get("out")?.shape));
+            }
+            check_close(&format!("{}: bias", fx.name), &tensor_f64(&bias)?, fx.f64s("out")?)
+        }
+        "sinusoidal" => {
+            let table = sinusoidal_table(c.usize("max_len")?, c.usize("d")?).map_err(err)?;
+            check_close(&format!("{}: table", fx.name), &tensor_f64(&table)?, fx.f64s("out")?)
+        }
+        other => Err(format!("{}: `{other}` is not a position helper", fx.name)),
+    }
+}
+
+fn check_case(name: &str) {
+    let result = Fixture::load(name).and_then(|fx| match fx.kind.as_str() {
+        "alibi" | "sinusoidal" => check_position(&fx),
+        _ => check_module(&fx),
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+macro_rules! parity_cases {
+    ($($case:ident),* $(,)?) => {
+        /// Every case, one test each.
+        const CASES: &[&str] = &[$(stringify!($case)),*];
+        $(
+            #[test]
+            fn $case() {
+                check_case(stringify!($case));
+            }
+        )*
+    };
+}
+
+parity_cases!(
+    mha_self_padding,
+    mha_cross_kdim_vdim,
+    mha_float_mask_nobias,
+    gqa_causal,
+    gqa_rope_mqa,
+    encoder_post_relu_padding,
+    encoder_pre_gelu_causal,
+    decoder_causal_padding,
+    transformer,
+    seq2seq,
+    self_attention,
+    additive,
+    alibi_8,
+    alibi_6,
+    sinusoidal,
+);
+
+#[test]
+fn every_fixture_has_a_case() {
+    let mut cases: Vec<String> = CASES.iter().map(|c| c.to_string()).collect();
+    cases.sort();
+    assert_eq!(fixture_names(), cases, "the fixtures and the test cases differ");
+}
+
+/// The checks can fail: a parameter off by 1e-3 (in PyTorch's `f64` model, so both kernels agree
+/// with each other) is caught by the `f32` budget, where the oracle alone would pass.
+#[test]
+fn a_perturbed_weight_fails() {
+    let mut fx = Fixture::load("mha_self_padding").unwrap();
+    let stored = fx.tensors.get_mut("param.out_proj.bias").unwrap();
+    let Data::F64(values) = &mut stored.data else { panic!("param.out_proj.bias is not F64") };
+    values[0] += 1e-3;
+    let (fast, naive) = (compute(&fx, Kernel::Auto).unwrap(), compute(&fx, Kernel::Reference).unwrap());
+    let (failures, _) = compare(&fx, &fast, &naive);
+    assert!(failures.iter().any(|f| f.contains(": out: the module disagrees")), "not caught: {failures:?}");
+}
+
+/// The name check can fail: a fixture lacking a weight the module makes, or holding one it never
+/// asks for, is refused.
+#[test]
+fn state_dict_names_must_match() {
+    let fx = Fixture::load("mha_self_padding").unwrap();
+    let mut missing = fx.clone();
+    let bias = missing.tensors.remove("param.out_proj.bias").unwrap();
+    let mut unused = fx.clone();
+    unused.tensors.insert("param.spare.bias".into(), bias);
+    for (fx, want) in [(missing, r#"missing from the fixture ["out_proj.bias"]"#), (unused, r#"unused ["spare.bias"]"#)]
+    {
+        let e = compute(&fx, Kernel::Auto).unwrap_err();
+        assert!(e.contains(want), "expected `{want}` in: {e}");
+    }
+}
+
+/// Ways of breaking a loaded state dict.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    Missing,
+    Misshaped,
+}
+
+/// One weight per case whose absence or wrong shape must be reported by its full name.
+const BROKEN: [(&str, &str); 5] = [
+    ("mha_cross_kdim_vdim", "k_proj_weight"),
+    ("gqa_rope_mqa", "in_proj_bias"),
+    ("transformer", "decoder.layers.1.multihead_attn.in_proj_weight"),
+    ("seq2seq", "transformer.encoder.norm.weight"),
+    ("additive", "w_v.weight"),
+];
+
+/// Builds each `BROKEN` case from its state dict with `fault` applied to the weight; the error
+/// must name it.
+fn broken_state_dict_is_refused(fault: Fault) {
+    for (case, weight) in BROKEN {
+        let fx = Fixture::load(case).unwrap();
+        let mut params: HashMap<String, Tensor> = param_tensors(&fx).unwrap().into_iter().collect();
+        let t = params.remove(weight).unwrap_or_else(|| panic!("{case}: no weight `{weight}`"));
+        if let Fault::Misshaped = fault {
+            let mut dims = t.dims().to_vec();
+            dims[0] += 1;
+            params.insert(weight.to_string(), Tensor::zeros(dims, DType::F32, &Device::Cpu).unwrap());
+        }
+        let vb = VarBuilder::from_tensors(params, DType::F32, &Device::Cpu);
+        match build(&fx, Kernel::Auto, vb) {
+            Ok(_) => panic!("{case}: built with {weight} {fault:?}"),
+            Err(e) => assert!(e.contains(weight), "{case}: {fault:?} {weight}: the error does not name it: {e}"),
+        }
+    }
+}
+
+#[test]
+fn missing_weight_is_named() {
+    broken_state_dict_is_refused(Fault::Missing);
+}
+
+#[test]
+fn misshaped_weight_is_named() {
+    broken_state_dict_is_refused(Fault::Misshaped);
+}
