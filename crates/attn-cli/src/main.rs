@@ -27,9 +27,24 @@ enum Command {
     Bench(commands::bench::Args),
     /// Run the textbook experiments: tables and plots.
     Explain(commands::explain::Args),
+    /// Train a Transformer translator (built-in dates task or your own pairs).
+    Train(Box<commands::train::Args>),
+    /// Translate texts with a trained checkpoint and draw its attention.
+    Translate(commands::translate::Args),
+}
+
+/// candle's element-wise thread pool spins while it waits for work; on the small tensors of the
+/// modules and the translator that costs several times the work itself on a 2-core machine
+/// (measured: 20 training steps in 16.5 s with it, 3.7 s without). Matrix products and the
+/// attention kernels keep their own threads. A user's own `CANDLE_NUM_THREADS` wins.
+fn quiet_candle_pool() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
 }
 
 fn main() {
+    quiet_candle_pool();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => match e.kind() {
@@ -48,6 +63,8 @@ fn main() {
         Command::Heatmap(a) => commands::heatmap::main(a),
         Command::Bench(a) => commands::bench::main(a),
         Command::Explain(a) => commands::explain::main(a),
+        Command::Train(a) => commands::train::main(*a),
+        Command::Translate(a) => commands::translate::main(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -8,3 +8,5 @@ pub mod heatmap;
 pub mod out_dir;
 pub mod run;
 pub mod sdpa_flags;
+pub mod train;
+pub mod translate;

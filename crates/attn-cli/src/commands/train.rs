@@ -1,0 +1,224 @@
+//! `attn train`: trains the sequence-to-sequence translator (`attn_train::Trainer`) on the built-in
+//! dates task or a user's `SOURCE<TAB>TARGET` file, with a progress bar (step, loss, tokens/s,
+//! ETA), a line per held-out evaluation, checkpoints into `--out`, and Ctrl-C stopping after the
+//! current step with a checkpoint saved.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use attn_train::checkpoint::Evaluation;
+use attn_train::model::ModelConfig;
+use attn_train::settings::{TaskSpec, TrainSettings};
+use attn_train::trainer::{Observer, Outcome, StepReport, Trainer};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Arguments of `attn train`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Folder of the run: checkpoints, vocabulary, curves.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Train on the built-in dates-to-ISO task (the default).
+    #[arg(long, conflicts_with = "data")]
+    pub task: Option<TaskName>,
+    /// Train on your own pairs: one `SOURCE<TAB>TARGET` per line.
+    #[arg(long, value_name = "PAIRS.tsv")]
+    pub data: Option<PathBuf>,
+    /// Continue the run saved in --out exactly, with its saved settings (only --steps, to extend
+    /// it, and --threads may be given).
+    #[arg(long, conflicts_with_all = RESUME_CONFLICTS)]
+    pub resume: bool,
+    /// Total optimiser steps (default 2500; with --resume, the saved total).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 64)]
+    pub d_model: usize,
+    /// Encoder layers and decoder layers (each).
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Feed-forward width.
+    #[arg(long, default_value_t = 256)]
+    pub ff: usize,
+    /// Dropout.
+    #[arg(long, default_value_t = 0.1)]
+    pub dropout: f32,
+    /// Longest sequence in positions (characters + 1).
+    #[arg(long, default_value_t = 48)]
+    pub max_len: usize,
+    /// Peak learning rate (after warm-up).
+    #[arg(long, default_value_t = 2e-3)]
+    pub lr: f64,
+    /// Warm-up steps.
+    #[arg(long, default_value_t = 200)]
+    pub warmup: u64,
+    /// Global gradient-norm limit.
+    #[arg(long, default_value_t = 1.0)]
+    pub clip: f64,
+    /// AdamW weight decay.
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+    /// Seed of initialisation, data order and dropout.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Held-out pairs for exact-match evaluation.
+    #[arg(long, default_value_t = 1000)]
+    pub held_out: usize,
+    /// Steps between evaluations.
+    #[arg(long, default_value_t = 250)]
+    pub eval_every: u64,
+    /// Steps between checkpoints.
+    #[arg(long, default_value_t = 500)]
+    pub checkpoint_every: u64,
+    /// Threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// Settings a resumed run takes from its checkpoint instead.
+const RESUME_CONFLICTS: [&str; 17] = [
+    "task",
+    "data",
+    "batch",
+    "d_model",
+    "layers",
+    "heads",
+    "ff",
+    "dropout",
+    "max_len",
+    "lr",
+    "warmup",
+    "clip",
+    "weight_decay",
+    "seed",
+    "held_out",
+    "eval_every",
+    "checkpoint_every",
+];
+
+/// Default total steps of a fresh run.
+const DEFAULT_STEPS: u64 = 2500;
+
+/// The built-in tasks.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum TaskName {
+    /// Dates in fourteen forms → YYYY-MM-DD.
+    Dates,
+}
+
+/// Draws the progress bar and prints evaluations and saves above it.
+struct Bar {
+    bar: ProgressBar,
+    tokens_per_second: f64,
+}
+
+impl Observer for Bar {
+    fn started(&mut self, done: u64, total: u64) {
+        self.bar.set_length(total);
+        self.bar.set_position(done);
+        self.bar.reset_eta();
+    }
+
+    fn step(&mut self, r: &StepReport) {
+        let now = r.tokens as f64 / r.seconds.max(1e-9);
+        self.tokens_per_second =
+            if self.tokens_per_second == 0.0 { now } else { 0.9 * self.tokens_per_second + 0.1 * now };
+        self.bar.set_position(r.done);
+        self.bar.set_message(format!("loss {:.4} · lr {:.2e} · {:.0} tok/s", r.loss, r.lr, self.tokens_per_second));
+    }
+
+    fn evaluated(&mut self, e: &Evaluation) {
+        self.say(format!("step {:>6}: held-out exact match {:.2}%", e.step, 100.0 * e.accuracy));
+    }
+
+    fn saved(&mut self, done: u64, dir: &std::path::Path) {
+        self.say(format!("step {done:>6}: checkpoint saved in {} ({})", dir.display(), self.bar.message()));
+    }
+}
+
+impl Bar {
+    /// A line above the bar, or on standard output when there is no terminal to draw it on.
+    fn say(&self, line: String) {
+        if self.bar.is_hidden() {
+            println!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+}
+
+pub fn main(args: Args) -> anyhow::Result<()> {
+    let pool = rayon_pool(args.threads)?;
+    let mut trainer = if args.resume {
+        Trainer::resume(&args.out, args.steps)?
+    } else {
+        let model = ModelConfig {
+            d_model: args.d_model,
+            heads: args.heads,
+            layers: args.layers,
+            ff: args.ff,
+            dropout: args.dropout,
+            max_len: args.max_len,
+            vocab: 0,
+        };
+        let task = match &args.data {
+            Some(path) => TaskSpec::Pairs(path.clone()),
+            None => TaskSpec::Dates,
+        };
+        let settings = TrainSettings {
+            task,
+            steps: args.steps.unwrap_or(DEFAULT_STEPS),
+            batch: args.batch,
+            lr: args.lr,
+            warmup: args.warmup,
+            clip: args.clip,
+            weight_decay: args.weight_decay,
+            seed: args.seed,
+            held_out: args.held_out,
+            eval_every: args.eval_every,
+            checkpoint_every: args.checkpoint_every,
+        };
+        Trainer::start(&args.out, model, settings)?
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed)).context("cannot install the Ctrl-C handler")?;
+    let style =
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps · {msg} · ETA {eta}").expect("the template is valid");
+    let mut bar = Bar { bar: ProgressBar::new(0).with_style(style), tokens_per_second: 0.0 };
+    let outcome = pool.install(|| trainer.run(&mut bar, &stop))?;
+    bar.bar.finish_and_clear();
+    let m = trainer.manifest();
+    let accuracy = m
+        .history
+        .evaluations
+        .last()
+        .map_or("not evaluated".to_string(), |e| format!("{:.2}% exact", 100.0 * e.accuracy));
+    match outcome {
+        Outcome::Finished => println!("trained {} steps; held-out {accuracy}; model in {}", m.step, args.out.display()),
+        Outcome::Stopped(done) => {
+            println!("stopped after {done} steps (checkpoint saved; continue with --resume); held-out {accuracy}")
+        }
+    }
+    Ok(())
+}
+
+/// A rayon pool of `threads` threads (all cores by default).
+fn rayon_pool(threads: Option<usize>) -> anyhow::Result<rayon::ThreadPool> {
+    let mut b = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = threads {
+        if n == 0 {
+            anyhow::bail!("--threads must be positive");
+        }
+        b = b.num_threads(n);
+    }
+    b.build().context("cannot start the thread pool")
+}

@@ -1,0 +1,169 @@
+//! Checkpoints: a folder holding `config.json` (format, step, the model's sizes, the training
+//! settings and the history of loss and accuracy), `vocab.json`, `model.safetensors` (the weights
+//! by their PyTorch-style names) and `optimizer.safetensors` (AdamW's moments).
+//!
+//! Each file is written to a temporary name and renamed into place, `config.json` last; both
+//! tensor files also record the step, so a folder whose files come from different saves is
+//! refused rather than silently mixed. Loading checks the format, the step, every weight's name
+//! and shape, and reports a missing, truncated or foreign file by name.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::data::Vocab;
+use crate::error::{Result, TrainError};
+use crate::model::ModelConfig;
+use crate::settings::TrainSettings;
+
+/// The format tag of `config.json`.
+pub const FORMAT: &str = "attn-translator/1";
+/// The tensor that records the step inside the tensor files.
+const STEP_KEY: &str = "checkpoint.step";
+
+/// One evaluation of the held-out set.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Evaluation {
+    /// Steps done when it was made.
+    pub step: u64,
+    /// Exact-match accuracy in `[0, 1]`.
+    pub accuracy: f64,
+}
+
+/// Loss and accuracy so far.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    /// `(steps done, mean training loss over the last interval)`.
+    pub loss: Vec<(u64, f64)>,
+    /// Held-out evaluations.
+    pub evaluations: Vec<Evaluation>,
+}
+
+/// The contents of `config.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT`].
+    pub format: String,
+    /// Steps done.
+    pub step: u64,
+    /// The model's sizes.
+    pub model: ModelConfig,
+    /// How it is trained.
+    pub train: TrainSettings,
+    /// Loss and accuracy so far.
+    pub history: History,
+}
+
+/// A loaded checkpoint.
+pub struct Checkpoint {
+    /// `config.json`.
+    pub manifest: Manifest,
+    /// `vocab.json`.
+    pub vocab: Vocab,
+    /// The weights by name.
+    pub weights: HashMap<String, Tensor>,
+}
+
+fn file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name)
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io { path: path.to_path_buf(), source }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder.
+fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    write(&tmp)?;
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// Saves a checkpoint into `dir` (which must exist).
+pub fn save(
+    dir: &Path,
+    manifest: &Manifest,
+    vocab: &Vocab,
+    weights: HashMap<String, Tensor>,
+    optimizer: HashMap<String, Tensor>,
+) -> Result<()> {
+    let step = Tensor::new(&[manifest.step as i64], &Device::Cpu)?;
+    for (name, mut tensors) in [("model.safetensors", weights), ("optimizer.safetensors", optimizer)] {
+        tensors.insert(STEP_KEY.into(), step.clone());
+        let path = file(dir, name);
+        write_atomic(&path, |tmp| {
+            candle_core::safetensors::save(&tensors, tmp)
+                .map_err(|e| TrainError::Checkpoint(format!("{}: cannot write: {e}", tmp.display())))
+        })?;
+    }
+    let path = file(dir, "vocab.json");
+    write_atomic(&path, |tmp| std::fs::write(tmp, vocab.to_json()).map_err(io(tmp)))?;
+    let path = file(dir, "config.json");
+    let json = serde_json::to_string_pretty(manifest)
+        .map_err(|e| TrainError::Checkpoint(format!("cannot serialise the manifest: {e}")))?;
+    write_atomic(&path, |tmp| std::fs::write(tmp, json).map_err(io(tmp)))
+}
+
+/// Reads `config.json` of the checkpoint in `dir`.
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let path = file(dir, "config.json");
+    if !dir.is_dir() {
+        return Err(TrainError::Checkpoint(format!("{}: no such folder", dir.display())));
+    }
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let manifest: Manifest = serde_json::from_str(&text)
+        .map_err(|e| TrainError::Checkpoint(format!("{}: not a checkpoint manifest: {e}", path.display())))?;
+    if manifest.format != FORMAT {
+        return Err(TrainError::Checkpoint(format!(
+            "{}: format `{}`, expected `{FORMAT}`",
+            path.display(),
+            manifest.format
+        )));
+    }
+    manifest.model.check()?;
+    Ok(manifest)
+}
+
+/// Reads a tensor file of the checkpoint, checking its recorded step against `step`.
+fn read_tensors(dir: &Path, name: &str, step: u64) -> Result<HashMap<String, Tensor>> {
+    let path = file(dir, name);
+    if !path.is_file() {
+        return Err(TrainError::Checkpoint(format!("{}: missing", path.display())));
+    }
+    let mut tensors = candle_core::safetensors::load(&path, &Device::Cpu).map_err(|e| {
+        TrainError::Checkpoint(format!("{}: unreadable (truncated or not safetensors): {e}", path.display()))
+    })?;
+    let recorded = tensors
+        .remove(STEP_KEY)
+        .ok_or_else(|| TrainError::Checkpoint(format!("{}: no `{STEP_KEY}` entry", path.display())))?;
+    let recorded = recorded.to_dtype(DType::I64)?.to_vec1::<i64>()?;
+    if recorded != [step as i64] {
+        return Err(TrainError::Checkpoint(format!(
+            "{}: saved at step {recorded:?}, but config.json is at step {step}: files from different saves",
+            path.display()
+        )));
+    }
+    Ok(tensors)
+}
+
+/// Loads the checkpoint in `dir` (manifest, vocabulary, weights; not the optimiser state).
+pub fn load(dir: &Path) -> Result<Checkpoint> {
+    let manifest = read_manifest(dir)?;
+    let vocab = Vocab::load(&file(dir, "vocab.json"))?;
+    if vocab.len() != manifest.model.vocab {
+        return Err(TrainError::Checkpoint(format!(
+            "vocab.json has {} tokens, config.json says {}",
+            vocab.len(),
+            manifest.model.vocab
+        )));
+    }
+    let weights = read_tensors(dir, "model.safetensors", manifest.step)?;
+    Ok(Checkpoint { manifest, vocab, weights })
+}
+
+/// Loads the optimiser state of the checkpoint in `dir` at `step`.
+pub fn load_optimizer(dir: &Path, step: u64) -> Result<HashMap<String, Tensor>> {
+    read_tensors(dir, "optimizer.safetensors", step)
+}

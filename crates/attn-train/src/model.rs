@@ -1,0 +1,77 @@
+//! The translator's architecture as a saved configuration: the sizes of the sequence-to-sequence
+//! Transformer ([`attn_nn::Seq2Seq`]) in a serialisable form, checked before a model is built.
+
+use attn_nn::{Activation, LayerConfig, Seq2Seq, Seq2SeqConfig, TransformerConfig};
+use candle_nn::VarBuilder;
+use serde::{Deserialize, Serialize};
+
+use crate::data::vocab;
+use crate::error::{Result, TrainError};
+
+/// The model's sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// Model width.
+    pub d_model: usize,
+    /// Attention heads (divide `d_model`).
+    pub heads: usize,
+    /// Encoder layers and decoder layers (each).
+    pub layers: usize,
+    /// Feed-forward width.
+    pub ff: usize,
+    /// Dropout in training.
+    pub dropout: f32,
+    /// Longest sequence, special tokens included.
+    pub max_len: usize,
+    /// Vocabulary size (one vocabulary for both sides).
+    pub vocab: usize,
+}
+
+impl ModelConfig {
+    /// Refuses sizes the model cannot be built with, naming the flag.
+    pub fn check(&self) -> Result<()> {
+        let bad = |field, reason: String| Err(TrainError::Setting { field, reason });
+        if self.d_model == 0 || self.heads == 0 || !self.d_model.is_multiple_of(self.heads) {
+            return bad("--heads", format!("{} heads must divide --d-model {}", self.heads, self.d_model));
+        }
+        if !(self.d_model / self.heads).is_multiple_of(2) {
+            return bad(
+                "--heads",
+                format!("the head width --d-model / --heads = {} must be even", self.d_model / self.heads),
+            );
+        }
+        if self.layers == 0 || self.ff == 0 || self.max_len < 2 || self.vocab <= vocab::NUM_SPECIALS as usize {
+            return bad(
+                "--layers",
+                format!(
+                    "layers {}, ff {}, max_len {}, vocab {}: all must be positive",
+                    self.layers, self.ff, self.max_len, self.vocab
+                ),
+            );
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad("--dropout", format!("{} is outside [0, 1)", self.dropout));
+        }
+        Ok(())
+    }
+
+    /// Builds the model from `vb` (fresh variables or a checkpoint's tensors).
+    pub fn build(&self, vb: VarBuilder) -> Result<Seq2Seq> {
+        self.check()?;
+        let layer = LayerConfig {
+            dim_feedforward: self.ff,
+            dropout: self.dropout,
+            activation: Activation::Relu,
+            ..LayerConfig::new(self.d_model, self.heads)
+        };
+        let transformer = TransformerConfig { layer, num_encoder_layers: self.layers, num_decoder_layers: self.layers };
+        let cfg = Seq2SeqConfig {
+            src_vocab: self.vocab,
+            tgt_vocab: self.vocab,
+            pad_id: vocab::PAD,
+            max_len: self.max_len,
+            transformer,
+        };
+        Ok(Seq2Seq::new(cfg, vb)?)
+    }
+}

@@ -1,0 +1,172 @@
+//! The training loop end to end on a tiny model: the loss falls, a run stopped and resumed ends
+//! with exactly the weights of an uninterrupted run, a saved checkpoint translates like the model
+//! that wrote it, and missing, truncated, mixed or foreign checkpoints are refused by name.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use attn_train::checkpoint::{self, Evaluation};
+use attn_train::model::ModelConfig;
+use attn_train::settings::{TaskSpec, TrainSettings};
+use attn_train::trainer::{Observer, Outcome, StepReport, Trainer};
+use attn_train::translate::Translator;
+
+/// Records what the loop reports; raises the stop flag after `stop_after` steps.
+struct Log<'a> {
+    losses: Vec<f64>,
+    evaluations: Vec<Evaluation>,
+    saves: Vec<u64>,
+    stop_after: Option<u64>,
+    flag: &'a AtomicBool,
+}
+
+impl Observer for Log<'_> {
+    fn started(&mut self, _done: u64, _total: u64) {}
+    fn step(&mut self, r: &StepReport) {
+        self.losses.push(r.loss);
+        assert!(r.loss.is_finite() && r.grad_norm.is_finite() && r.lr > 0.0 && r.tokens > 0);
+        if Some(r.done) == self.stop_after {
+            self.flag.store(true, Ordering::Relaxed);
+        }
+    }
+    fn evaluated(&mut self, e: &Evaluation) {
+        self.evaluations.push(*e);
+    }
+    fn saved(&mut self, done: u64, _dir: &Path) {
+        self.saves.push(done);
+    }
+}
+
+/// Runs `trainer`, asking it to stop after `stop_after` steps; returns how it ended and what it
+/// reported.
+fn run(trainer: &mut Trainer, stop_after: Option<u64>) -> (Outcome, Vec<f64>, Vec<Evaluation>, Vec<u64>) {
+    let flag = AtomicBool::new(false);
+    let mut log = Log { losses: Vec::new(), evaluations: Vec::new(), saves: Vec::new(), stop_after, flag: &flag };
+    let outcome = trainer.run(&mut log, &flag).unwrap();
+    (outcome, log.losses, log.evaluations, log.saves)
+}
+
+fn tiny() -> ModelConfig {
+    ModelConfig { d_model: 16, heads: 2, layers: 1, ff: 32, dropout: 0.1, max_len: 40, vocab: 0 }
+}
+
+fn settings(steps: u64) -> TrainSettings {
+    TrainSettings {
+        task: TaskSpec::Dates,
+        steps,
+        batch: 16,
+        lr: 3e-3,
+        warmup: 10,
+        clip: 1.0,
+        weight_decay: 0.01,
+        seed: 5,
+        held_out: 20,
+        eval_every: 20,
+        checkpoint_every: 15,
+    }
+}
+
+fn weights(dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let ck = checkpoint::load(dir).unwrap();
+    let mut w: Vec<_> =
+        ck.weights.into_iter().map(|(n, t)| (n, t.flatten_all().unwrap().to_vec1::<f32>().unwrap())).collect();
+    w.sort_by(|a, b| a.0.cmp(&b.0));
+    w
+}
+
+#[test]
+fn loss_falls_and_checkpoints_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut trainer = Trainer::start(dir.path(), tiny(), settings(60)).unwrap();
+    let (outcome, losses, evaluations, saves) = run(&mut trainer, None);
+    assert_eq!(outcome, Outcome::Finished);
+    let first: f64 = losses[..5].iter().sum::<f64>() / 5.0;
+    let last: f64 = losses[55..].iter().sum::<f64>() / 5.0;
+    assert!(last < 0.75 * first, "loss {first:.3} → {last:.3}");
+    assert_eq!(saves, [15, 30, 45, 60]);
+    assert_eq!(evaluations.iter().map(|e| e.step).collect::<Vec<_>>(), [20, 40, 60]);
+    for f in ["config.json", "vocab.json", "model.safetensors", "optimizer.safetensors", "loss.png", "accuracy.png"] {
+        assert!(dir.path().join(f).is_file(), "{f} missing");
+    }
+    let m = checkpoint::read_manifest(dir.path()).unwrap();
+    assert_eq!((m.step, m.history.evaluations.len()), (60, 3));
+    // A fresh run refuses to overwrite the checkpoint.
+    let err = Trainer::start(dir.path(), tiny(), settings(60)).err().unwrap().to_string();
+    assert!(err.contains("already holds a checkpoint") && err.contains("--resume"), "{err}");
+}
+
+#[test]
+fn a_stopped_and_resumed_run_ends_exactly_like_an_uninterrupted_one() {
+    let (whole, parts) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut t = Trainer::start(whole.path(), tiny(), settings(24)).unwrap();
+    run(&mut t, None);
+
+    let mut t = Trainer::start(parts.path(), tiny(), settings(24)).unwrap();
+    assert_eq!(run(&mut t, Some(9)).0, Outcome::Stopped(9));
+    drop(t);
+    assert_eq!(checkpoint::read_manifest(parts.path()).unwrap().step, 9);
+    let mut t = Trainer::resume(parts.path(), None).unwrap();
+    assert_eq!(run(&mut t, None).0, Outcome::Finished);
+    assert_eq!(weights(whole.path()), weights(parts.path()), "resumed weights differ");
+}
+
+#[test]
+fn a_checkpoint_translates_like_the_model_that_wrote_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Trainer::start(dir.path(), tiny(), settings(15)).unwrap();
+    run(&mut t, None);
+    let texts = vec!["3 March 2021".to_string(), "Wed 3 Mar 2021".to_string()];
+    let a = Translator::load(dir.path()).unwrap().translate(&texts).unwrap();
+    let b = Translator::load(dir.path()).unwrap().translate(&texts).unwrap();
+    assert_eq!(a, b);
+    let aligned = Translator::load(dir.path()).unwrap().translate_aligned(&texts[0]).unwrap();
+    assert_eq!(aligned.output, a[0]);
+    assert_eq!(aligned.source_tokens.len(), 13, "12 characters and </s>");
+    assert_eq!(aligned.layers.len(), 1);
+    assert_eq!(aligned.layers[0].len(), 2 * aligned.output_tokens.len() * 13);
+    let long = "x".repeat(60);
+    let err = Translator::load(dir.path()).unwrap().translate(&[long]).err().unwrap().to_string();
+    assert!(err.contains("61 positions") && err.contains("40"), "{err}");
+}
+
+#[test]
+fn broken_checkpoints_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Trainer::start(dir.path(), tiny(), settings(15)).unwrap();
+    run(&mut t, None);
+    let copy = |name: &str| {
+        let d = tempfile::tempdir().unwrap();
+        for f in ["config.json", "vocab.json", "model.safetensors", "optimizer.safetensors"] {
+            std::fs::copy(dir.path().join(f), d.path().join(f)).unwrap();
+        }
+        (d, name.to_string())
+    };
+    let err = |d: &Path| Translator::load(d).err().expect("refused").to_string();
+
+    assert!(err(&dir.path().join("nowhere")).contains("no such folder"));
+    let (d, f) = copy("model.safetensors");
+    std::fs::remove_file(d.path().join(&f)).unwrap();
+    assert!(err(d.path()).contains("model.safetensors: missing"));
+
+    let (d, f) = copy("model.safetensors");
+    let bytes = std::fs::read(d.path().join(&f)).unwrap();
+    std::fs::write(d.path().join(&f), &bytes[..bytes.len() / 2]).unwrap();
+    assert!(err(d.path()).contains("truncated"), "{}", err(d.path()));
+
+    // config.json from another configuration: the weights no longer fit.
+    let (d, f) = copy("config.json");
+    let text = std::fs::read_to_string(d.path().join(&f)).unwrap().replace("\"d_model\": 16", "\"d_model\": 32");
+    std::fs::write(d.path().join(&f), text).unwrap();
+    let e = err(d.path());
+    assert!(e.contains("does not fit config.json"), "{e}");
+
+    // Files from different saves.
+    let (d, f) = copy("config.json");
+    let text = std::fs::read_to_string(d.path().join(&f)).unwrap().replace("\"step\": 15", "\"step\": 14");
+    std::fs::write(d.path().join(&f), text).unwrap();
+    assert!(err(d.path()).contains("different saves"));
+
+    let (d, f) = copy("config.json");
+    std::fs::write(d.path().join(&f), "{\"format\": \"something else\"}").unwrap();
+    assert!(err(d.path()).contains("not a checkpoint manifest"));
+}
