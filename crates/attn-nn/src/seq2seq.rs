@@ -3,7 +3,10 @@
 //! logits; greedy decoding through the KV caches. Padding masks come from the token ids.
 //!
 //! Weights: `src_embed.weight [Vs, d]`, `tgt_embed.weight [Vt, d]`, `transformer.*` (see
-//! [`Transformer`]), `generator.weight [Vt, d]`, `generator.bias [Vt]`.
+//! [`Transformer`]), `generator.weight [Vt, d]`, `generator.bias [Vt]`. Fresh embeddings are drawn
+//! from `N(0, 1/d)` as in "Attention Is All You Need", so after the `√d` scale they have unit size
+//! like the positional encoding (PyTorch's `nn.Embedding` default, `N(0, 1)`, would drown the
+//! positions eight times over at `d = 64`).
 
 use attn::padding_mask;
 use candle_core::{DType, Tensor, D};
@@ -85,7 +88,8 @@ impl Seq2Seq {
         let layer = &cfg.transformer.layer;
         let d = layer.d_model;
         let embed = |n, name| -> Result<Embedding> {
-            let w = vb.get_with_hints((n, d), name, candle_nn::Init::Randn { mean: 0.0, stdev: 1.0 })?;
+            let w =
+                vb.get_with_hints((n, d), name, candle_nn::Init::Randn { mean: 0.0, stdev: (d as f64).powf(-0.5) })?;
             Ok(Embedding::new(w, d))
         };
         let positions = |name| {

@@ -23,7 +23,7 @@ use crate::loss::masked_cross_entropy;
 use crate::model::ModelConfig;
 use crate::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use crate::schedule::Schedule;
-use crate::settings::TrainSettings;
+use crate::settings::{TaskSpec, TrainSettings};
 use crate::task::Task;
 use crate::translate::Translator;
 
@@ -85,9 +85,16 @@ pub struct Trainer {
 
 impl Trainer {
     /// A fresh run into `dir` (created if missing; refused if it already holds a checkpoint).
-    /// `model.vocab` is replaced by the task's vocabulary size.
-    pub fn start(dir: &Path, mut model: ModelConfig, train: TrainSettings) -> Result<Self> {
+    /// `model.vocab` is replaced by the task's vocabulary size; a pairs file's path is stored
+    /// absolute.
+    pub fn start(dir: &Path, mut model: ModelConfig, mut train: TrainSettings) -> Result<Self> {
         train.check()?;
+        if let TaskSpec::Pairs(path) = &train.task {
+            // Absolute, so `--resume` finds the file from any folder.
+            let absolute =
+                std::fs::canonicalize(path).map_err(|source| TrainError::Io { path: path.clone(), source })?;
+            train.task = TaskSpec::Pairs(absolute);
+        }
         if dir.join("config.json").exists() {
             return Err(TrainError::Setting {
                 field: "--out",

@@ -1,0 +1,121 @@
+//! `attn train` and `attn translate` end to end on a tiny model: a run writes its checkpoint and
+//! curves, `translate` answers one line per text (arguments or standard input) and draws the
+//! alignment; bad data, flags and checkpoints are refused with the file, line or flag named,
+//! exit code 1 and no checkpoint written.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn attn(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_attn")).args(args).output().expect("attn runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+const TINY: [&str; 14] = [
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+    "--ff",
+    "32",
+    "--held-out",
+    "20",
+    "--eval-every",
+    "10",
+    "--checkpoint-every",
+    "10",
+];
+
+fn train(dir: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["train", "--out", dir.to_str().unwrap()];
+    args.extend(TINY);
+    args.extend(extra);
+    attn(&args)
+}
+
+#[test]
+fn train_then_translate_with_a_heatmap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    let o = train(&dir, &["--steps", "20"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("step     10: held-out exact match") && out.contains("trained 20 steps"), "{out}");
+    for f in ["config.json", "vocab.json", "model.safetensors", "optimizer.safetensors", "loss.png", "accuracy.png"] {
+        assert!(dir.join(f).is_file(), "{f}");
+    }
+    let png = tmp.path().join("a.png");
+    let o = attn(&[
+        "translate",
+        "--checkpoint",
+        dir.to_str().unwrap(),
+        "--heatmap",
+        png.to_str().unwrap(),
+        "the 3rd of March 2021",
+        "3.3.2021",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).lines().count(), 2);
+    for f in ["a-layer1.png", "a-average.png"] {
+        assert!(std::fs::read(tmp.path().join(f)).unwrap().starts_with(b"\x89PNG"), "{f}");
+    }
+    // Standard input, one text a line, gives the same answers.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_attn"))
+        .args(["translate", "--checkpoint", dir.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"the 3rd of March 2021\n3.3.2021\n").unwrap();
+    let piped = child.wait_with_output().unwrap();
+    assert_eq!(text(&piped.stdout), text(&o.stdout));
+    // Resuming extends the run; other settings may not change.
+    let o = attn(&["train", "--out", dir.to_str().unwrap(), "--resume", "--steps", "30"]);
+    assert!(o.status.success() && text(&o.stdout).contains("trained 30 steps"), "{}", text(&o.stderr));
+    let o = attn(&["train", "--out", dir.to_str().unwrap(), "--resume", "--lr", "0.1"]);
+    assert!(o.status.code() == Some(1) && text(&o.stderr).contains("--lr"), "{}", text(&o.stderr));
+    let o = train(&dir, &["--steps", "20"]);
+    assert!(
+        o.status.code() == Some(1) && text(&o.stderr).contains("already holds a checkpoint"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn bad_pairs_files_name_the_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[u8], &str); 3] = [
+        ("no-tab.tsv", b"abc\tdef\nno tab here\n", "line 2"),
+        ("empty.tsv", b"", "no SOURCE<TAB>TARGET pairs"),
+        ("long.tsv", b"short\tok\nthis source is far too long for the model's limit\tx\n", "line 2"),
+    ];
+    for (name, content, expected) in cases {
+        let data = tmp.path().join(name);
+        std::fs::write(&data, content).unwrap();
+        let dir = tmp.path().join(format!("model-{name}"));
+        let o = train(&dir, &["--steps", "5", "--max-len", "20", "--data", data.to_str().unwrap()]);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+        assert!(err.contains(name) && err.contains(expected), "{name}: {err}");
+        assert!(!dir.join("config.json").exists(), "{name}: a checkpoint was written");
+    }
+}
+
+#[test]
+fn bad_checkpoints_and_settings_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("missing");
+    let o = attn(&["translate", "--checkpoint", missing.to_str().unwrap(), "x"]);
+    assert!(o.status.code() == Some(1) && text(&o.stderr).contains("no such folder"), "{}", text(&o.stderr));
+    let o = train(&tmp.path().join("m"), &["--steps", "5", "--heads", "3"]);
+    assert!(o.status.code() == Some(1) && text(&o.stderr).contains("--heads"), "{}", text(&o.stderr));
+    let o = train(&tmp.path().join("m"), &["--steps", "0"]);
+    assert!(o.status.code() == Some(1) && text(&o.stderr).contains("--steps"), "{}", text(&o.stderr));
+}
