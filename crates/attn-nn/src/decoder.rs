@@ -11,7 +11,7 @@ use crate::encoder::StackOutput;
 use crate::error::{expect_bld, Result};
 use crate::feedforward::FeedForward;
 use crate::kv_cache::{Cache, KvCache};
-use crate::layer::{residual, LayerConfig, LayerOutput, Run};
+use crate::layer::{residual, stack, LayerConfig, LayerOutput, Run};
 use crate::masks::AttnMasks;
 use crate::mha::{MhaInput, MultiHeadAttention};
 use crate::norm::LayerNorm;
@@ -146,9 +146,7 @@ pub struct TransformerDecoder {
 impl TransformerDecoder {
     /// Loads `layers.{0..num_layers}.*` and, when `final_norm`, `norm.*` under `vb`.
     pub fn new(cfg: &LayerConfig, num_layers: usize, final_norm: bool, vb: VarBuilder) -> Result<Self> {
-        let layers =
-            (0..num_layers).map(|i| DecoderLayer::new(cfg, vb.pp(format!("layers.{i}")))).collect::<Result<_>>()?;
-        let norm = if final_norm { Some(cfg.norm(&vb, "norm")?) } else { None };
+        let (layers, norm) = stack(cfg, num_layers, final_norm, &vb, DecoderLayer::new)?;
         Ok(Self { layers, norm })
     }
 

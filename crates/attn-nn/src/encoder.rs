@@ -8,7 +8,7 @@ use candle_nn::VarBuilder;
 use crate::dropout::Dropout;
 use crate::error::{expect_bld, Result};
 use crate::feedforward::FeedForward;
-use crate::layer::{residual, LayerConfig, LayerOutput, Run};
+use crate::layer::{residual, stack, LayerConfig, LayerOutput, Run};
 use crate::masks::AttnMasks;
 use crate::mha::{MhaInput, MultiHeadAttention};
 use crate::norm::LayerNorm;
@@ -104,9 +104,7 @@ pub struct TransformerEncoder {
 impl TransformerEncoder {
     /// Loads `layers.{0..num_layers}.*` and, when `final_norm`, `norm.*` under `vb`.
     pub fn new(cfg: &LayerConfig, num_layers: usize, final_norm: bool, vb: VarBuilder) -> Result<Self> {
-        let layers =
-            (0..num_layers).map(|i| EncoderLayer::new(cfg, vb.pp(format!("layers.{i}")))).collect::<Result<_>>()?;
-        let norm = if final_norm { Some(cfg.norm(&vb, "norm")?) } else { None };
+        let (layers, norm) = stack(cfg, num_layers, final_norm, &vb, EncoderLayer::new)?;
         Ok(Self { layers, norm })
     }
 

@@ -74,6 +74,20 @@ impl LayerConfig {
     }
 }
 
+/// The layers `layers.{0..num_layers}` under `vb`, built by `layer`, and, when `final_norm`, the
+/// LayerNorm `norm` after them: the weights of PyTorch's `nn.TransformerEncoder` / `Decoder`.
+pub(crate) fn stack<L>(
+    cfg: &LayerConfig,
+    num_layers: usize,
+    final_norm: bool,
+    vb: &VarBuilder,
+    layer: impl Fn(&LayerConfig, VarBuilder) -> Result<L>,
+) -> Result<(Vec<L>, Option<LayerNorm>)> {
+    let layers = (0..num_layers).map(|i| layer(cfg, vb.pp(format!("layers.{i}")))).collect::<Result<_>>()?;
+    let norm = if final_norm { Some(cfg.norm(vb, "norm")?) } else { None };
+    Ok((layers, norm))
+}
+
 /// How a layer call runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Run {
