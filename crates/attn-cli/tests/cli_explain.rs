@@ -1,5 +1,6 @@
 //! `attn explain` end to end: each experiment prints its table and writes its plots into
-//! `--out-dir`; bad arguments are refused before any work, with nothing written.
+//! `--out-dir`; bad arguments are refused before any work, with nothing written. `heads` reads a
+//! tiny checkpoint trained by `attn train` in the test (a few seconds).
 
 use std::process::Command;
 
@@ -62,4 +63,126 @@ fn bad_arguments_are_refused_before_any_work() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.code() == Some(1) && err.contains("--out-dir") && err.contains("a-file"), "{err}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "nothing else was written");
+}
+
+/// The row of `stdout` whose first cells are `key`, as numbers after those cells.
+fn row(stdout: &str, key: &[&str]) -> Vec<f64> {
+    let line = stdout
+        .lines()
+        .find(|line| line.split_whitespace().take(key.len()).eq(key.iter().copied()))
+        .unwrap_or_else(|| panic!("no row {key:?}:\n{stdout}"));
+    line.split_whitespace().skip(key.len()).map(|c| c.parse().unwrap_or(f64::NAN)).collect()
+}
+
+/// Runs `args`, expecting success; returns standard output.
+fn ok(args: &[&str]) -> String {
+    let o = attn(args);
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{args:?}\n{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+    stdout
+}
+
+/// Runs `args`, expecting exit code 1 with an error naming each of `needles`; returns stderr.
+fn refused(args: &[&str], needles: &[&str]) -> String {
+    let o = attn(args);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+    assert!(needles.iter().all(|n| err.contains(n)), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+#[test]
+fn scaling_prints_a_row_per_width_and_draws_three_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("plots");
+    let d = out_dir.to_str().unwrap();
+    let stdout = ok(&["explain", "scaling", "--dims", "4,64,1024", "--trials", "300", "--out-dir", d]);
+    for d_k in ["4", "64", "1024"] {
+        let cells = row(&stdout, &[d_k]);
+        assert_eq!(cells.len(), 8, "{cells:?}");
+        assert!(cells.iter().all(|c| c.is_finite() && *c >= 0.0), "{cells:?}");
+        assert!((cells[1] - 1.0).abs() < 0.2, "var(q·k)/d_k = {}", cells[1]);
+    }
+    let last = row(&stdout, &["1024"]);
+    // Unscaled: nearly one-hot (low entropy) with a vanishing gradient; scaled: neither.
+    assert!(last[2] < 0.5 * last[3] && last[4] < 0.5 * last[5] && last[6] < 1e-2 * last[7], "{last:?}");
+    for f in ["scaling-variance.png", "scaling-entropy.png", "scaling-gradient.png"] {
+        assert!(is_png(&out_dir.join(f)), "{f}");
+    }
+}
+
+#[test]
+fn scaling_refuses_bad_arguments_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("out");
+    let d = d.to_str().unwrap();
+    refused(&["explain", "scaling", "--dims", "8,0", "--out-dir", d], &["--dims", "positive"]);
+    refused(&["explain", "scaling", "--keys", "1", "--out-dir", d], &["--keys"]);
+    refused(&["explain", "scaling", "--trials", "1", "--out-dir", d], &["--trials"]);
+    refused(&["explain", "scaling", "--dims", "1000000", "--out-dir", d], &["Gaussian draws"]);
+    refused(&["explain", "scaling", "--dims", "four", "--out-dir", d], &["--dims", "four"]);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was written");
+}
+
+#[test]
+fn heads_of_a_trained_checkpoint_print_per_head_rows_and_draw_grids() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    let m = model.to_str().unwrap();
+    let flags = ["--steps", "20", "--d-model", "16", "--heads", "2", "--layers", "1", "--ff", "32"];
+    let every = ["--held-out", "20", "--eval-every", "20", "--checkpoint-every", "20"];
+    ok(&[&["train", "--out", m][..], &flags, &every].concat());
+    let out_dir = dir.path().join("heads");
+    let stdout =
+        ok(&["explain", "heads", m, "--samples", "10", "--example", "2", "--out-dir", out_dir.to_str().unwrap()]);
+    for kind in ["encoder", "decoder", "cross"] {
+        for head in ["0", "1"] {
+            let cells = row(&stdout, &[kind, "1", head]);
+            assert_eq!(cells.len(), 2, "{kind} {head}: {cells:?}");
+            assert_eq!(cells[0].is_nan(), kind == "cross", "distance of {kind}: {cells:?}");
+            assert!(cells[1] >= 0.0, "entropy of {kind}: {cells:?}");
+        }
+        let uniform = row(&stdout, &[kind, "uniform"]);
+        assert!(uniform[1] > 0.0, "{uniform:?}");
+        assert!(is_png(&out_dir.join(format!("heads-{kind}-layer1.png"))), "{kind}");
+    }
+    assert!(stdout.contains("10 held-out pairs"), "{stdout}");
+
+    let d = dir.path().join("refused");
+    let d = d.to_str().unwrap();
+    refused(&["explain", "heads", m, "--example", "10", "--samples", "10", "--out-dir", d], &["--example", "10 pairs"]);
+    refused(&["explain", "heads", m, "--samples", "0", "--out-dir", d], &["--samples"]);
+    let missing = dir.path().join("no-model");
+    refused(&["explain", "heads", missing.to_str().unwrap(), "--out-dir", d], &["no-model"]);
+    refused(&["explain", "heads", "--out-dir", d], &["CHECKPOINT"]);
+    assert!(!dir.path().join("refused").exists(), "nothing was written");
+}
+
+#[test]
+fn classify_trains_prints_accuracy_and_draws_its_attention() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("classify");
+    let flags = ["--steps", "40", "--train-size", "200", "--test-size", "100", "--eval-every", "20"];
+    let stdout = ok(&[&["explain", "classify", "--out-dir", out_dir.to_str().unwrap()][..], &flags].concat());
+    for step in ["20", "40"] {
+        let cells = row(&stdout, &[step]);
+        assert_eq!(cells.len(), 3, "{cells:?}");
+        assert!(cells[0] > 0.0 && (0.0..=100.0).contains(&cells[1]) && (0.0..=100.0).contains(&cells[2]), "{cells:?}");
+    }
+    assert!(stdout.contains("test accuracy") && stdout.contains("chance 50%"), "{stdout}");
+    assert!(is_png(&out_dir.join("classify-accuracy.png")) && is_png(&out_dir.join("classify-attention.png")));
+}
+
+#[test]
+fn classify_refuses_bad_arguments_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("out");
+    let d = d.to_str().unwrap();
+    refused(&["explain", "classify", "--min-len", "1", "--out-dir", d], &["--min-len"]);
+    refused(&["explain", "classify", "--max-len", "100000", "--out-dir", d], &["--max-len", "512"]);
+    refused(&["explain", "classify", "--lr", "0", "--out-dir", d], &["--lr"]);
+    refused(&["explain", "classify", "--batch", "0", "--out-dir", d], &["--batch"]);
+    refused(&["explain", "classify", "--steps", "0", "--out-dir", d], &["--steps"]);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was written");
 }

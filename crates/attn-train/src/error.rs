@@ -1,5 +1,6 @@
 //! The training crate's error type: data problems ([`DataError`]), checkpoints that are missing,
-//! truncated or from another configuration, bad settings, and wrapped module and candle failures.
+//! truncated or from another configuration, bad settings, and wrapped module, attention and candle
+//! failures.
 
 use std::path::PathBuf;
 
@@ -35,6 +36,9 @@ pub enum TrainError {
     /// The model refused a call.
     #[error(transparent)]
     Nn(#[from] attn_nn::NnError),
+    /// An attention call (or a mask built for one) was refused.
+    #[error(transparent)]
+    Attn(#[from] attn::AttnLibError),
     /// A candle operation failed.
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),

@@ -6,11 +6,14 @@
 //! - [`trainer`]: the training loop (AdamW from [`optim`], the [`schedule`], the [`loss`]),
 //!   held-out evaluation, checkpoints ([`checkpoint`]) and curves; exactly resumable;
 //! - [`translate`]: greedy translation from a checkpoint and its cross-attention;
+//! - [`experiments`]: the computations of `attn explain` (scaling of dot products, what a trained
+//!   model's heads attend to, a self-attention classifier);
 //! - [`model`], [`settings`], [`task`]: what a run is made of.
 
 pub mod checkpoint;
 pub mod data;
 pub mod error;
+pub mod experiments;
 pub mod loss;
 pub mod model;
 pub mod optim;

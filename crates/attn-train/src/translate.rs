@@ -124,7 +124,7 @@ impl Translator {
 }
 
 /// A token as a label: its character (space shown as `␣`) or a special's name.
-fn token_text(vocab: &Vocab, id: u32) -> String {
+pub(crate) fn token_text(vocab: &Vocab, id: u32) -> String {
     match id {
         vocab::EOS => "</s>".into(),
         vocab::BOS => "<s>".into(),

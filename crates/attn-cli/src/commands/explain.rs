@@ -2,6 +2,9 @@
 //! folder. One submodule per experiment.
 
 mod additive_vs_dot;
+mod classify;
+mod heads;
+mod scaling;
 
 /// Arguments of `attn explain`.
 #[derive(clap::Args, Debug)]
@@ -13,13 +16,22 @@ pub struct Args {
 /// The experiments.
 #[derive(clap::Subcommand, Debug)]
 pub enum Experiment {
+    /// Why q·k is scaled by 1/√d_k: score variance, softmax entropy and gradient over d_k.
+    Scaling(scaling::Args),
     /// Time and memory of additive (Bahdanau) and scaled dot-product attention over lengths.
     AdditiveVsDot(additive_vs_dot::Args),
+    /// What each head of a trained translator attends to: distance and entropy per head, heatmaps.
+    Heads(heads::Args),
+    /// Train a one-head self-attention classifier with padding masks; accuracy and its attention.
+    Classify(classify::Args),
 }
 
 /// Runs the chosen experiment.
 pub fn main(args: Args) -> anyhow::Result<()> {
     match args.experiment {
+        Experiment::Scaling(a) => scaling::main(a),
         Experiment::AdditiveVsDot(a) => additive_vs_dot::main(a),
+        Experiment::Heads(a) => heads::main(a),
+        Experiment::Classify(a) => classify::main(a),
     }
 }

@@ -20,7 +20,7 @@ pub mod calendar;
 pub mod dates;
 pub mod error;
 pub mod pairs;
-mod sample;
+pub(crate) mod sample;
 pub mod vocab;
 
 pub use batch::{Batch, BatchOrder};
