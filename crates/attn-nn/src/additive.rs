@@ -6,7 +6,9 @@
 
 use attn::{Mask, SdpaOptions};
 use candle_core::{Tensor, D};
-use candle_nn::{Linear, Module, VarBuilder};
+use candle_nn::VarBuilder;
+
+use crate::linear::Linear;
 
 use crate::dropout::{Dropout, Mode};
 use crate::error::{expect_bld, NnError, Result};
@@ -81,9 +83,9 @@ impl AdditiveAttention {
             });
         }
         Ok(Self {
-            w_q: candle_nn::linear_no_bias(cfg.query_dim, cfg.hidden, vb.pp("w_q"))?,
-            w_k: candle_nn::linear_no_bias(cfg.key_dim, cfg.hidden, vb.pp("w_k"))?,
-            w_v: candle_nn::linear_no_bias(cfg.hidden, 1, vb.pp("w_v"))?,
+            w_q: Linear::load_no_bias(cfg.query_dim, cfg.hidden, vb.pp("w_q"))?,
+            w_k: Linear::load_no_bias(cfg.key_dim, cfg.hidden, vb.pp("w_k"))?,
+            w_v: Linear::load_no_bias(cfg.hidden, 1, vb.pp("w_v"))?,
             dropout: Dropout::new(cfg.dropout, cfg.seed, &vb.prefix()),
             cfg,
         })

@@ -2,7 +2,9 @@
 //! with PyTorch's names (`linear1`, `linear2`) and activations (`relu`, exact `gelu`).
 
 use candle_core::Tensor;
-use candle_nn::{Linear, Module, VarBuilder};
+use candle_nn::VarBuilder;
+
+use crate::linear::Linear;
 
 use crate::dropout::{Dropout, Mode};
 use crate::error::Result;
@@ -21,7 +23,7 @@ impl Activation {
     /// `x: [..]` → the same shape.
     pub fn forward(self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
-            Activation::Relu => x.relu()?,
+            Activation::Relu => crate::fused::relu(x)?,
             Activation::Gelu => x.gelu_erf()?,
         })
     }
@@ -48,8 +50,8 @@ impl FeedForward {
         vb: VarBuilder,
     ) -> Result<Self> {
         Ok(Self {
-            linear1: candle_nn::linear(d_model, dim_feedforward, vb.pp("linear1"))?,
-            linear2: candle_nn::linear(dim_feedforward, d_model, vb.pp("linear2"))?,
+            linear1: Linear::load(d_model, dim_feedforward, vb.pp("linear1"))?,
+            linear2: Linear::load(dim_feedforward, d_model, vb.pp("linear2"))?,
             activation,
             dropout: Dropout::new(dropout, seed, &format!("{}.ff_dropout", vb.prefix())),
         })

@@ -11,11 +11,12 @@
 
 use attn::{Kernel, SdpaOptions};
 use candle_core::Tensor;
-use candle_nn::{Init, Linear, Module, VarBuilder};
+use candle_nn::{Init, VarBuilder};
 
 use crate::dropout::{Mode, SeedStream};
 use crate::error::{expect_bld, NnError, Result};
 use crate::kv_cache::Cache;
+use crate::linear::Linear;
 use crate::masks::AttnMasks;
 use crate::position::rope::RopeConfig;
 
@@ -219,7 +220,7 @@ impl MultiHeadAttention {
                 Linear::new(out_w, Some(out_b)),
             )
         } else {
-            (None, None, None, candle_nn::linear_no_bias(e, e, vb.pp("out_proj"))?)
+            (None, None, None, Linear::load_no_bias(e, e, vb.pp("out_proj"))?)
         };
         let seeds = SeedStream::new(cfg.seed, &vb.prefix());
         Ok(Self {

@@ -1,8 +1,9 @@
 //! Layer normalisation over the last dimension, PyTorch's `nn.LayerNorm` (`weight`, `bias`, `eps`),
-//! written with differentiable candle ops: candle-nn's `LayerNorm` takes a fused fast path with no
-//! backward for contiguous inputs, which would silently cut gradients.
+//! through this crate's fused op with its own backward ([`crate::fused::layer_norm`]): candle-nn's
+//! `LayerNorm` takes a fused fast path with no backward for contiguous inputs, which would silently
+//! cut gradients.
 
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
 use crate::error::Result;
@@ -27,10 +28,6 @@ impl LayerNorm {
 
     /// `x: [.., D]` → `[.., D]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centred = x.broadcast_sub(&mean)?;
-        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = centred.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        Ok(normed.broadcast_mul(&self.weight)?.broadcast_add(&self.bias)?)
+        Ok(crate::fused::layer_norm(x, &self.weight, &self.bias, self.eps)?)
     }
 }

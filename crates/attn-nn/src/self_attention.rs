@@ -5,7 +5,9 @@
 
 use attn::{Kernel, SdpaOptions};
 use candle_core::Tensor;
-use candle_nn::{Linear, Module, VarBuilder};
+use candle_nn::VarBuilder;
+
+use crate::linear::Linear;
 
 use crate::error::{expect_bld, Result};
 use crate::masks::AttnMasks;
@@ -68,11 +70,7 @@ impl SelfAttention {
     pub fn new(cfg: SelfAttentionConfig, vb: VarBuilder) -> Result<Self> {
         let proj = |out, name| -> Result<Linear> {
             let vb = vb.pp(name);
-            Ok(if cfg.bias {
-                candle_nn::linear(cfg.d_model, out, vb)?
-            } else {
-                candle_nn::linear_no_bias(cfg.d_model, out, vb)?
-            })
+            Ok(if cfg.bias { Linear::load(cfg.d_model, out, vb)? } else { Linear::load_no_bias(cfg.d_model, out, vb)? })
         };
         Ok(Self { w_q: proj(cfg.d_k, "w_q")?, w_k: proj(cfg.d_k, "w_k")?, w_v: proj(cfg.d_v, "w_v")?, cfg })
     }

@@ -10,11 +10,12 @@
 
 use attn::padding_mask;
 use candle_core::{DType, Tensor, D};
-use candle_nn::{Embedding, Linear, Module, VarBuilder};
+use candle_nn::{Embedding, Module, VarBuilder};
 
 use crate::decoder::DecoderCache;
 use crate::error::{NnError, Result};
 use crate::layer::Run;
+use crate::linear::Linear;
 use crate::masks::AttnMasks;
 use crate::position::sinusoidal::PositionalEncoding;
 use crate::transformer::{Seq2SeqMasks, Transformer, TransformerConfig, TransformerOutput};
@@ -101,7 +102,7 @@ impl Seq2Seq {
             src_positions: positions("src_positions")?,
             tgt_positions: positions("tgt_positions")?,
             transformer: Transformer::new(&cfg.transformer, vb.pp("transformer"))?,
-            generator: candle_nn::linear(d, cfg.tgt_vocab, vb.pp("generator"))?,
+            generator: Linear::load(d, cfg.tgt_vocab, vb.pp("generator"))?,
             cfg,
         })
     }
