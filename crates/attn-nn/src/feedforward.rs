@@ -60,6 +60,6 @@ impl FeedForward {
     /// `x: [B, L, d_model]` → `[B, L, d_model]`.
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let h = self.activation.forward(&self.linear1.forward(x)?)?;
-        Ok(self.linear2.forward(&self.dropout.forward(&h, mode)?)?)
+        self.linear2.forward(&self.dropout.forward(&h, mode)?)
     }
 }
