@@ -1,6 +1,7 @@
 //! The `attn` command: parses the command line and hands each subcommand to its module under
 //! `commands/`. Every error, usage errors included, is printed as one line on stderr with exit
-//! code 1, never a panic; `--help` and `--version` print clap's text and exit 0.
+//! code 1, never a panic; `--help` and `--version` print clap's text and exit 0. At start it quiets
+//! candle's element-wise pool and keeps freed buffers in the heap (`attn_nn::memory`).
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -45,6 +46,7 @@ fn quiet_candle_pool() {
 
 fn main() {
     quiet_candle_pool();
+    attn_nn::memory::reuse_freed_buffers();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => match e.kind() {

@@ -46,6 +46,7 @@ pub mod kv_cache;
 pub mod layer;
 pub mod linear;
 pub mod masks;
+pub mod memory;
 pub mod mha;
 pub mod norm;
 pub mod position;
