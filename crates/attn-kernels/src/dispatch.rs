@@ -58,6 +58,13 @@ impl Kernel {
         }
     }
 
+    /// The kernel that computes a call of this one on this CPU: [`Kernel::Auto`] resolves to the
+    /// flash kernel of [`Isa::best`], the others to themselves (an unavailable instruction set is
+    /// refused as in [`Kernel::flash_isa`]).
+    pub fn resolve(self) -> Result<Kernel> {
+        Ok(self.flash_isa()?.map_or(Kernel::Reference, Kernel::Flash))
+    }
+
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
