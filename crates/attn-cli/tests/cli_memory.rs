@@ -8,16 +8,9 @@ mod run_common;
 
 use run_common::*;
 
-/// Runs `sh -c 'ulimit -v 4000000; exec attn ARGS'`.
+/// Runs `attn ARGS` with at most 4 GB of address space.
 fn attn_limited(args: &[&str]) -> Output {
-    Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -v 4000000 && exec \"$@\"")
-        .arg("sh")
-        .arg(env!("CARGO_BIN_EXE_attn"))
-        .args(args)
-        .output()
-        .unwrap()
+    attn_in_shell("ulimit -v 4000000", args)
 }
 
 /// The single `error:` line of a command that must fail with exit code 1.

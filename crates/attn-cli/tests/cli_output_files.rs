@@ -9,18 +9,6 @@ use std::os::unix::fs::PermissionsExt;
 
 use run_common::*;
 
-/// Runs `sh -c 'umask UMASK; exec attn ARGS'`.
-fn attn_with_umask(umask: &str, args: &[&str]) -> Output {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("umask {umask} && exec \"$@\""))
-        .arg("sh")
-        .arg(env!("CARGO_BIN_EXE_attn"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
@@ -31,6 +19,22 @@ fn small_input(dir: &Path) -> PathBuf {
     let input = dir.join("in.safetensors");
     write(&input, &[("q", &t), ("k", &t), ("v", &t)]);
     input
+}
+
+/// A small weights file `w.safetensors` in `dir`, for `attn heatmap`.
+fn weights_input(dir: &Path) -> PathBuf {
+    let w = tensor(&[2, 2], HostData::F32(vec![0.25, 0.75, 0.5, 0.5]));
+    let input = dir.join("w.safetensors");
+    write(&input, &[("weights", &w)]);
+    input
+}
+
+/// The stderr of `attn heatmap INPUT -o OUTPUT`, which must fail with exit code 1.
+fn heatmap_error(input: &Path, output: &Path) -> String {
+    let o = attn_in_shell("true", &["heatmap", input.to_str().unwrap(), "-o", output.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    stderr
 }
 
 /// The names in `dir`, sorted.
@@ -79,16 +83,9 @@ fn run_refuses_to_write_over_any_npy_input() {
 #[test]
 fn heatmap_refuses_to_draw_over_its_input() {
     let dir = tempfile::tempdir().unwrap();
-    let w = tensor(&[2, 2], HostData::F32(vec![0.25, 0.75, 0.5, 0.5]));
-    let input = dir.path().join("w.safetensors");
-    write(&input, &[("weights", &w)]);
+    let input = weights_input(dir.path());
     let before = std::fs::read(&input).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_attn"))
-        .args(["heatmap", input.to_str().unwrap(), "-o", input.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    let stderr = heatmap_error(&input, &input);
     assert!(stderr.contains("is the input file"), "{stderr}");
     assert_eq!(std::fs::read(&input).unwrap(), before);
 }
@@ -97,16 +94,18 @@ fn heatmap_refuses_to_draw_over_its_input() {
 fn outputs_get_the_mode_of_a_plainly_created_file() {
     let dir = tempfile::tempdir().unwrap();
     let input = small_input(dir.path());
-    let w = tensor(&[2, 2], HostData::F32(vec![0.25, 0.75, 0.5, 0.5]));
-    let weights = dir.path().join("w.safetensors");
-    write(&weights, &[("weights", &w)]);
+    let weights = weights_input(dir.path());
     for (umask, want) in [("022", 0o644), ("077", 0o600), ("002", 0o664)] {
         let out = dir.path().join(format!("out-{umask}.safetensors"));
-        let o = attn_with_umask(umask, &["run", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        let o =
+            attn_in_shell(&format!("umask {umask}"), &["run", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(mode(&out), want, "run under umask {umask}");
         let png = dir.path().join(format!("h-{umask}.png"));
-        let o = attn_with_umask(umask, &["heatmap", weights.to_str().unwrap(), "-o", png.to_str().unwrap()]);
+        let o = attn_in_shell(
+            &format!("umask {umask}"),
+            &["heatmap", weights.to_str().unwrap(), "-o", png.to_str().unwrap()],
+        );
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(mode(&png), want, "heatmap under umask {umask}");
     }
@@ -119,7 +118,7 @@ fn an_existing_output_keeps_its_mode_and_is_replaced_whole() {
     let out = out_path(dir.path());
     std::fs::write(&out, b"old contents, longer than nothing").unwrap();
     std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o640)).unwrap();
-    let o = attn_with_umask("022", &["run", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let o = attn_in_shell("umask 022", &["run", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(mode(&out), 0o640);
     let written = read_safetensors(&out).unwrap();
@@ -131,9 +130,7 @@ fn an_existing_output_keeps_its_mode_and_is_replaced_whole() {
 fn an_unwritable_destination_is_named_as_given() {
     let dir = tempfile::tempdir().unwrap();
     let input = small_input(dir.path());
-    let w = tensor(&[2, 2], HostData::F32(vec![0.25, 0.75, 0.5, 0.5]));
-    let weights = dir.path().join("w.safetensors");
-    write(&weights, &[("weights", &w)]);
+    let weights = weights_input(dir.path());
     // A folder that does not exist, and a "folder" that is a file (refused even for root).
     for out in [dir.path().join("missing/out.safetensors"), dir.path().join("in.safetensors/out.safetensors")] {
         let e = run_err(&["-o", out.to_str().unwrap()], &[&input]);
@@ -141,12 +138,7 @@ fn an_unwritable_destination_is_named_as_given() {
         let reason = e.trim_end().strip_prefix(&format!("error: {}: cannot write: ", out.display()));
         assert!(reason.is_some_and(|r| !r.contains('/')), "{e}");
         let png = out.with_extension("png");
-        let o = Command::new(env!("CARGO_BIN_EXE_attn"))
-            .args(["heatmap", weights.to_str().unwrap(), "-o", png.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{stderr}");
+        let stderr = heatmap_error(&weights, &png);
         let (_, reason) = stderr.trim_end().split_once(&format!("{}: cannot write", png.display())).unwrap();
         assert!(!reason.contains('/'), "{stderr}");
     }

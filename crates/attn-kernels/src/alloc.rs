@@ -33,7 +33,7 @@ impl AllocError {
 impl fmt::Display for AllocError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let why = if self.too_large { "more than the address space holds" } else { "allocation failed" };
-        write!(f, "{} {:?} {} need {}: {why}", self.what, self.shape, self.dtype, human_bytes(self.bytes()))
+        write!(f, "{} {:?} {} need {}: {why}", self.what, self.shape, self.dtype, human_bytes(self.bytes(), false))
     }
 }
 
@@ -106,19 +106,25 @@ pub fn collect<T: Elem>(
     Ok(v)
 }
 
-/// `bytes` in decimal units with one decimal (`"14.4 GB"`), as people size memory.
-pub fn human_bytes(bytes: f64) -> String {
-    const UNITS: [&str; 9] = ["B", "kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"];
+/// `bytes` with one decimal in decimal units (`"14.4 GB"`, as memory is sold) or, with `binary`,
+/// binary ones (`"1.5 KiB"`); whole bytes below the first step.
+pub fn human_bytes(bytes: f64, binary: bool) -> String {
+    let (step, units) = if binary {
+        (1024.0, ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"])
+    } else {
+        (1000.0, ["B", "kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"])
+    };
     let mut x = bytes;
     let mut unit = 0;
-    while x >= 999.95 && unit + 1 < UNITS.len() {
-        x /= 1000.0;
+    // Stepping up at `step - 0.05` keeps `999.96` from printing as `1000.0 kB`.
+    while x >= step - 0.05 && unit + 1 < units.len() {
+        x /= step;
         unit += 1;
     }
     if unit == 0 {
         format!("{bytes} B")
     } else {
-        format!("{x:.1} {}", UNITS[unit])
+        format!("{x:.1} {}", units[unit])
     }
 }
 
@@ -127,12 +133,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_read_in_decimal_units() {
-        assert_eq!(human_bytes(0.0), "0 B");
-        assert_eq!(human_bytes(999.0), "999 B");
-        assert_eq!(human_bytes(14.4e9), "14.4 GB");
-        assert_eq!(human_bytes(999_960.0), "1.0 MB");
-        assert_eq!(human_bytes(2f64.powi(63)), "9.2 EB");
+    fn sizes_read_in_decimal_or_binary_units() {
+        assert_eq!(human_bytes(0.0, false), "0 B");
+        assert_eq!(human_bytes(999.0, false), "999 B");
+        assert_eq!(human_bytes(14.4e9, false), "14.4 GB");
+        assert_eq!(human_bytes(999_960.0, false), "1.0 MB");
+        assert_eq!(human_bytes(2f64.powi(63), false), "9.2 EB");
+        assert_eq!(human_bytes(1536.0, true), "1.5 KiB");
+        assert_eq!(human_bytes((3u64 << 30) as f64, true), "3.0 GiB");
+        assert_eq!(human_bytes(1023.0, true), "1023 B");
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod spec;
 
 use anyhow::{bail, Context};
 use attn::{sdpa_full, SdpaOptions};
+use attn_kernels::alloc::human_bytes;
 use attn_kernels::Dims;
 use candle_core::DType;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -254,7 +255,7 @@ fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> S
         row.m.max() * 1e3,
         gflops,
         peak_all.map_or(String::new(), |p| format!(" {:>6.1}", 100.0 * gflops / p)),
-        human_bytes(row.m.extra_bytes),
+        human_bytes(row.m.extra_bytes as f64, true),
         row.m.times.len()
     )
 }
@@ -291,32 +292,4 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         v["pct_of_peak"] = json!(100.0 * row.gflops() / p);
     }
     v
-}
-
-/// `bytes` as B, KiB, MiB or GiB with one decimal.
-fn human_bytes(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB"];
-    let mut x = bytes as f64;
-    let mut unit = 0;
-    while x >= 1024.0 && unit + 1 < units.len() {
-        x /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{x:.1} {}", units[unit])
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::human_bytes;
-
-    #[test]
-    fn bytes_are_readable() {
-        assert_eq!(human_bytes(0), "0 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
-    }
 }
