@@ -35,7 +35,7 @@ fn grad_out_of_the_wrong_shape_or_type_is_refused_before_computing() {
     let want = "in.safetensors: tensor 'grad_out': shape [1, 2, 3, 4], expected [B, Hq, Lq, Dv] = [1, 2, 3, 2]";
     assert!(e.contains(want), "{e}");
     // Refused before the library runs: an option it would refuse is not reached.
-    let e = fails_on(&[("q", &q), ("k", &k), ("v", &v), ("grad_out", &wrong)], &["--dropout", "1.5"]);
+    let e = fails_on(&[("q", &q), ("k", &k), ("v", &v), ("grad_out", &wrong)], &["--scale", "inf"]);
     assert!(e.contains("tensor 'grad_out'"), "{e}");
     let ints = tensor(&[1, 2, 3, 2], HostData::I64(vec![0; 12]));
     let e = fails_on(&[("q", &q), ("k", &k), ("v", &v), ("grad_out", &ints)], &[]);
@@ -83,8 +83,8 @@ fn wrong_dtype_and_negative_key_length() {
 #[test]
 fn bad_option_value() {
     let kv = f32_tensor(&[1, 1, 3, 2], 1);
-    let e = fails_on(&[("q", &kv), ("k", &kv), ("v", &kv)], &["--dropout", "1.5"]);
-    assert!(e.contains("option --dropout: p = 1.5"), "{e}");
+    let e = fails_on(&[("q", &kv), ("k", &kv), ("v", &kv)], &["--scale", "inf"]);
+    assert!(e.contains("option --scale: inf is not finite"), "{e}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 use half::{bf16, f16};
 
+use crate::alloc;
 use crate::error::{AttnError, Result};
 use crate::flash::{self, BackwardTuning, Tuning};
 use crate::grad::{AttnGrads, Saved};
@@ -57,6 +58,13 @@ impl Kernel {
         }
     }
 
+    /// The kernel that computes a call of this one on this CPU: [`Kernel::Auto`] resolves to the
+    /// flash kernel of [`Isa::best`], the others to themselves (an unavailable instruction set is
+    /// refused as in [`Kernel::flash_isa`]).
+    pub fn resolve(self) -> Result<Kernel> {
+        Ok(self.flash_isa()?.map_or(Kernel::Reference, Kernel::Flash))
+    }
+
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -100,10 +108,10 @@ impl<'a> KvView<'a> {
         }
     }
 
-    /// A contiguous `f32` copy, `[B, Hkv, Lk, D]`.
-    pub fn to_f32(&self) -> Vec<f32> {
+    /// A contiguous `f32` copy, `[B, Hkv, Lk, D]`, named `what` if it cannot be allocated.
+    pub fn to_f32(&self, what: &'static str) -> Result<Vec<f32>> {
         let [b, h, l, _] = self.dims();
-        let mut out = Vec::with_capacity(b * h * l * self.dims()[3]);
+        let mut out = alloc::with_capacity(what, &self.dims())?;
         for bi in 0..b {
             for hi in 0..h {
                 for li in 0..l {
@@ -115,7 +123,7 @@ impl<'a> KvView<'a> {
                 }
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -164,12 +172,12 @@ pub fn attention_tuned(
         return widened(k, v, |k, v| reference(q, k, v, params, want_weights));
     };
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
-    Ok(match (k, v) {
+    match (k, v) {
         (KvView::F32(k), KvView::F32(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
         (KvView::F16(k), KvView::F16(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
         (KvView::Bf16(k), KvView::Bf16(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
-        _ => return widened(k, v, |k, v| Ok(flash::forward(isa, q, k, v, &pb, want_weights, tuning))),
-    })
+        _ => widened(k, v, |k, v| flash::forward(isa, q, k, v, &pb, want_weights, tuning)),
+    }
 }
 
 /// Refuses a scale or soft-cap that is finite as given (`f64`) but not in `f32`, where every
@@ -186,9 +194,13 @@ fn fits_f32(params: &AttnParams<f32>) -> Result<()> {
     Ok(())
 }
 
-/// Runs `f` on contiguous `f32` copies of `k` and `v`.
+/// Runs `f` on `k` and `v` as `f32` views: in place when both are stored as `f32`, else on
+/// contiguous `f32` copies.
 fn widened<R>(k: &KvView, v: &KvView, f: impl FnOnce(&View4<f32>, &View4<f32>) -> Result<R>) -> Result<R> {
-    let (kd, vd) = (k.to_f32(), v.to_f32());
+    if let (KvView::F32(k), KvView::F32(v)) = (k, v) {
+        return f(k, v);
+    }
+    let (kd, vd) = (k.to_f32("keys as f32")?, v.to_f32("values as f32")?);
     f(&View4::contiguous("k", &kd, k.dims())?, &View4::contiguous("v", &vd, v.dims())?)
 }
 
@@ -227,10 +239,11 @@ pub fn attention_backward_tuned(
     };
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     saved.check(&pb.dims)?;
-    Ok(match (k, v) {
+    let grads = match (k, v) {
         (KvView::F32(k), KvView::F32(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning),
         (KvView::F16(k), KvView::F16(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning),
         (KvView::Bf16(k), KvView::Bf16(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning),
-        _ => return widened(k, v, |k, v| Ok(flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning))),
-    })
+        _ => return widened(k, v, |k, v| Ok(flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning)?)),
+    };
+    Ok(grads?)
 }

@@ -21,6 +21,10 @@ pub enum AttnError {
     /// A scalar parameter is out of its range (scale not finite, dropout outside [0, 1), ...).
     #[error("{field}: {reason}")]
     Param { field: &'static str, reason: String },
+    /// A buffer sized by the call's shapes (output, weights, gradients, packed keys) cannot be
+    /// allocated.
+    #[error(transparent)]
+    Alloc(#[from] crate::alloc::AllocError),
     /// An output buffer has the wrong length.
     #[error("output {tensor}: length {found}, expected {expected}")]
     Output { tensor: &'static str, expected: usize, found: usize },

@@ -1,6 +1,7 @@
 //! What every backward kernel shares: the gradients' container and the validation of the saved
 //! forward results and the incoming gradient against the call's sizes.
 
+use crate::alloc::{self, AllocError, Elem};
 use crate::error::{AttnError, Result};
 use crate::problem::Dims;
 use crate::view::View4;
@@ -18,15 +19,17 @@ pub struct AttnGrads<T> {
     pub dbias: Option<Vec<T>>,
 }
 
-impl<T: Clone + Default> AttnGrads<T> {
-    /// Zeroed gradients for `d`, with a zeroed `dbias` of `bias_len` elements when given.
-    pub fn zeros(d: &Dims, bias_len: Option<usize>) -> Self {
-        Self {
-            dq: vec![T::default(); d.b * d.hq * d.lq * d.dk],
-            dk: vec![T::default(); d.b * d.hkv * d.lk * d.dk],
-            dv: vec![T::default(); d.b * d.hkv * d.lk * d.dv],
-            dbias: bias_len.map(|n| vec![T::default(); n]),
-        }
+impl<T: Elem + Default> AttnGrads<T> {
+    /// Zeroed gradients for `d`, with a zeroed `dbias` of `bias_len` elements when given,
+    /// allocated fallibly.
+    pub fn zeros(d: &Dims, bias_len: Option<usize>) -> std::result::Result<Self, AllocError> {
+        let zeros = |what, shape: &[usize]| alloc::filled(what, shape, T::default());
+        Ok(Self {
+            dq: zeros("gradient dq", &[d.b, d.hq, d.lq, d.dk])?,
+            dk: zeros("gradient dk", &[d.b, d.hkv, d.lk, d.dk])?,
+            dv: zeros("gradient dv", &[d.b, d.hkv, d.lk, d.dv])?,
+            dbias: bias_len.map(|n| zeros("gradient dbias", &[n])).transpose()?,
+        })
     }
 }
 

@@ -4,9 +4,11 @@
 //! - [`reference`](mod@reference): the readable oracle, generic over `f32`/`f64`.
 //! - [`flash`]: the fast tiled kernel, with micro-kernels per instruction set ([`Isa`], whose
 //!   availability on this CPU is checked in one place, [`Isa::is_available`]).
+//! - [`alloc`]: fallible allocation of every buffer sized by the caller's shapes ([`AllocError`]).
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
 //!   into a [`Problem`] by every kernel.
 
+pub mod alloc;
 pub mod dispatch;
 pub mod dropout;
 pub mod error;
@@ -20,6 +22,7 @@ pub mod reference;
 pub mod rng;
 pub mod view;
 
+pub use alloc::AllocError;
 pub use dispatch::{attention, attention_backward, attention_backward_tuned, attention_tuned, Kernel, KvView};
 pub use dropout::Dropout;
 pub use error::{AttnError, Result};

@@ -43,6 +43,18 @@ impl Dims {
     pub fn group(&self) -> usize {
         self.hq / self.hkv
     }
+    /// Shape of the output, `[B, Hq, Lq, Dv]`.
+    pub fn out_shape(&self) -> [usize; 4] {
+        [self.b, self.hq, self.lq, self.dv]
+    }
+    /// Shape of the log-sum-exp, `[B, Hq, Lq]`.
+    pub fn lse_shape(&self) -> [usize; 3] {
+        [self.b, self.hq, self.lq]
+    }
+    /// Shape of the weights, `[B, Hq, Lq, Lk]`.
+    pub fn weights_shape(&self) -> [usize; 4] {
+        [self.b, self.hq, self.lq, self.lk]
+    }
     /// Elements of the output `[B, Hq, Lq, Dv]`.
     pub fn out_len(&self) -> usize {
         self.b * self.hq * self.lq * self.dv

@@ -40,7 +40,13 @@ impl SplitMix64 {
 
     /// `n` values uniform in `[lo, hi)`.
     pub fn uniform(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..n).map(|_| lo + (hi - lo) * self.unit_f32()).collect()
+        self.uniform_iter(lo, hi).take(n).collect()
+    }
+
+    /// The endless stream of values uniform in `[lo, hi)` that [`uniform`](Self::uniform) takes
+    /// from.
+    pub fn uniform_iter(&mut self, lo: f32, hi: f32) -> impl Iterator<Item = f32> + '_ {
+        std::iter::repeat_with(move || lo + (hi - lo) * self.unit_f32())
     }
 }
 

@@ -33,6 +33,7 @@ kernel_tests! {
     dropout_mean => check_dropout_mean,
     empty => check_empty,
     errors => check_errors,
+    too_large => check_too_large,
     weights => check_weights,
 }
 

@@ -10,6 +10,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use attn_kernels::alloc;
 use attn_kernels::{attention, attention_backward, AttnGrads, KvView, Problem, Saved, View4};
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
 
@@ -74,8 +75,13 @@ pub(crate) fn forward(
     let mut s = saved.lock().unwrap_or_else(|e| e.into_inner());
     match (out, s.error.take()) {
         (_, Some(e)) => Err(e),
-        (out, None) => Ok((out?, s.lse.clone(), s.weights.take())),
+        (out, None) => Ok((out?, copy_lse(&s.lse)?, s.weights.take())),
     }
+}
+
+/// A copy of the log-sum-exp the op keeps, allocated fallibly.
+fn copy_lse(lse: &[f32]) -> Result<Vec<f32>> {
+    Ok(alloc::collect("log-sum-exp", &[lse.len()], lse.iter().copied())?)
 }
 
 /// The CPU storage of a tensor the op received.
@@ -127,7 +133,7 @@ impl SdpaOp {
         let kv = self.kv(s2c, l2, s3c, l3)?;
         let out = view4::<f32>("out", cpu(&os)?, ol)?;
         let dout = view4::<f32>("grad_out", cpu(&gs)?, gl)?;
-        let lse = self.saved.lock().unwrap_or_else(|e| e.into_inner()).lse.clone();
+        let lse = copy_lse(&self.saved.lock().unwrap_or_else(|e| e.into_inner()).lse)?;
         let host = self.opts.kernel_params::<f32>()?;
         let params = host.attn_params()?;
         let want_dbias = matches!(self.args, Args::Packed { .. });

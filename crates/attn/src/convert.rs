@@ -6,9 +6,11 @@
 //! `f16` or `bf16` (the kernels accumulate in `f32`), and converted to `f32` when `f64`. A tensor
 //! whose last dimension is strided is made contiguous; other strides are used as they are.
 
+use attn_kernels::alloc::{self, Elem};
 use attn_kernels::{KvView, View4};
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, DType, Layout, Tensor, WithDType};
+use candle_core::{CpuStorage, DType, Device, Layout, Tensor, WithDType};
+use half::{bf16, f16};
 
 use crate::error::{AttnLibError, Result};
 
@@ -79,8 +81,17 @@ pub(crate) fn float_values<T: WithDType>(name: &'static str, t: &Tensor) -> Resu
     Ok(t.flatten_all()?.to_dtype(T::DTYPE)?.to_vec1::<T>()?)
 }
 
-/// A CPU tensor of `shape` from kernel output, cast to `dtype`.
-pub(crate) fn to_tensor(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
-    let t = Tensor::from_vec(data, shape, &candle_core::Device::Cpu)?;
-    Ok(if dtype == DType::F32 { t } else { t.to_dtype(dtype)? })
+/// A CPU tensor of `shape` from kernel output `what`, cast to the float type `dtype` (the copy
+/// allocated fallibly).
+pub(crate) fn to_tensor(what: &'static str, data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    fn cast<T: Elem + WithDType>(what: &'static str, data: &[f32], shape: &[usize], f: fn(f32) -> T) -> Result<Tensor> {
+        let cast = alloc::collect(what, shape, data.iter().map(|&x| f(x)))?;
+        Ok(Tensor::from_vec(cast, shape, &Device::Cpu)?)
+    }
+    match dtype {
+        DType::F16 => cast(what, &data, shape, f16::from_f32),
+        DType::BF16 => cast(what, &data, shape, bf16::from_f32),
+        DType::F64 => cast(what, &data, shape, f64::from),
+        _ => Ok(Tensor::from_vec(data, shape, &Device::Cpu)?),
+    }
 }

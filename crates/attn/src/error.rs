@@ -51,5 +51,13 @@ pub enum AttnLibError {
     Candle(#[from] candle_core::Error),
 }
 
+impl From<attn_kernels::AllocError> for AttnLibError {
+    /// A buffer too large to allocate, reported like the kernels' own:
+    /// `AttnLibError::Kernel(AttnError::Alloc(..))`.
+    fn from(e: attn_kernels::AllocError) -> Self {
+        AttnLibError::Kernel(e.into())
+    }
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T> = std::result::Result<T, AttnLibError>;

@@ -8,6 +8,7 @@
 //! - [`Mask`], [`padding_mask`], [`key_lengths_from_tokens`]: building masks.
 //! - [`heatmap`]: drawing weights as pictures.
 //! - [`random`]: seeded random tensors for examples.
+//! - [`write_file`]: writing a file whole or not at all, with a plainly created file's mode.
 //!
 //! Errors are [`AttnLibError`] values (wrapping candle's and the kernels' errors); bad shapes,
 //! dtypes or devices never panic.
@@ -31,6 +32,7 @@ mod params;
 mod picture;
 pub mod random;
 pub mod sdpa;
+pub mod write_file;
 
 pub use attn_kernels::{Align, Dropout, Kernel, Window};
 pub use error::{AttnLibError, Result};

@@ -69,8 +69,10 @@ pub fn sdpa_full(q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) -> Resu
     let out = if single_head { out.squeeze(1)? } else { out };
     Ok(SdpaOutput {
         out: if dtype == DType::F32 { out } else { out.to_dtype(dtype)? },
-        lse: to_tensor(lse, &drop_head(vec![b, hq, lq]), DType::F32)?,
-        weights: weights.map(|w| to_tensor(w, &drop_head(vec![b, hq, lq, lk]), dtype)).transpose()?,
+        lse: to_tensor("log-sum-exp", lse, &drop_head(vec![b, hq, lq]), DType::F32)?,
+        weights: weights
+            .map(|w| to_tensor("attention weights", w, &drop_head(vec![b, hq, lq, lk]), dtype))
+            .transpose()?,
     })
 }
 

@@ -4,7 +4,10 @@
 //! `--backward` times forward plus backward instead (see the `backward` submodule), `--peak` adds the
 //! machine's FMA peak. Output is a table, or one JSON object per line with
 //! `--json`. The library's own work around the kernel (checks, views, wrapping the results in
-//! tensors) costs microseconds and allocates no copy of the inputs or outputs.
+//! tensors) costs microseconds and allocates no copy of the inputs or outputs. While a shape is
+//! timed, a spinner on stderr (hidden when stderr is not a terminal) counts its calls.
+
+use std::time::Duration;
 
 mod backward;
 mod inputs;
@@ -12,14 +15,17 @@ mod peak;
 mod spec;
 
 use anyhow::{bail, Context};
-use attn::sdpa_full;
+use attn::{sdpa_full, SdpaOptions};
+use attn_kernels::alloc::human_bytes;
 use attn_kernels::Dims;
 use candle_core::DType;
+use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 pub use spec::FLOP_RULE;
 
-use super::sdpa_flags::{align_name, named_values, SdpaFlags};
+use super::sdpa_flags::{align_name, named_values, number_in, SdpaFlags};
+use super::threads::Threads;
 use crate::measure::{self, Budget, Measurement};
 use inputs::KV_DTYPES;
 use peak::Peak;
@@ -32,34 +38,34 @@ pub struct Args {
     #[arg(long = "shape", value_name = "B,H,Lq,D")]
     pub shapes: Vec<String>,
     /// Key/value length Lk (default Lq).
-    #[arg(long, value_name = "Lk")]
+    #[arg(long, value_name = "Lk", allow_negative_numbers = true)]
     pub kv_len: Option<usize>,
     /// Key/value heads Hkv (default H; H must be a multiple), for grouped-query attention.
-    #[arg(long, value_name = "Hkv")]
+    #[arg(long, value_name = "Hkv", allow_negative_numbers = true)]
     pub kv_heads: Option<usize>,
     /// Value head dimension Dv (default D).
-    #[arg(long, value_name = "Dv")]
+    #[arg(long, value_name = "Dv", allow_negative_numbers = true)]
     pub dv: Option<usize>,
     #[command(flatten)]
     pub sdpa: SdpaFlags,
     /// Storage type of keys and values (queries and output are f32).
     #[arg(long, default_value = "f32", value_parser = named_values(&KV_DTYPES, |d: DType| d.as_str()))]
     pub kv_dtype: DType,
-    /// Threads of the rayon pool the call runs in (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threads: Threads,
     /// Untimed calls before timing.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     pub warmup: usize,
     /// Most timed calls per shape.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
     pub iters: usize,
     /// Stop timing a shape once this many seconds were spent and 3 calls made ("inf": always
     /// make --iters calls).
-    #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+    #[arg(long, default_value_t = 1.0, value_name = "SECONDS", allow_negative_numbers = true,
+          value_parser = parse_budget)]
     pub budget: f64,
     /// Seed of the random inputs (`--seed` is the dropout seed).
-    #[arg(long, default_value_t = 0x5eed)]
+    #[arg(long, default_value_t = 0x5eed, allow_negative_numbers = true)]
     pub data_seed: u64,
     /// Print one JSON object per shape per line instead of a table.
     #[arg(long)]
@@ -106,45 +112,28 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if args.iters == 0 {
         bail!("--iters is 0, expected at least 1");
     }
-    if args.budget.is_nan() || args.budget < 0.0 {
-        bail!("--budget is {}, expected a number of seconds >= 0", args.budget);
-    }
-    let threads = match args.threads {
-        Some(0) => bail!("--threads is 0, expected at least 1"),
-        Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("building the thread pool")?;
+    let threads = args.threads.get();
+    let pool = args.threads.pool()?;
 
     let peak = if args.peak { Some(peak::measure(threads)) } else { None };
     if let Some(p) = peak {
         print_peak(&args, p, threads);
     }
-    if !args.json && !cases.is_empty() {
-        if args.backward {
-            let path = if args.autograd { "through candle autograd" } else { "by the kernels directly" };
-            println!("forward (with log-sum-exp) + backward per call, {path}; {BACKWARD_FLOPS}");
-        }
-        println!("{}", header(peak.flatten().is_some()));
-    }
-    let budget = Budget { warmup: args.warmup, iters: args.iters, seconds: args.budget };
     let opts = args.sdpa.options();
-    for dims in cases {
+    for (i, dims) in cases.into_iter().enumerate() {
         let shape = || format!("--shape {}", spec::shape_text(&dims));
-        let data = inputs::Inputs::random(dims, args.kv_dtype, args.data_seed).with_context(shape)?;
-        let m = if args.backward {
-            let grad_out = backward::grad_out(dims, args.data_seed).with_context(shape)?;
-            if args.autograd {
-                let t = backward::Trainable::new(&data, grad_out).with_context(shape)?;
-                measure::measure(budget, || pool.install(|| t.step(&opts)))
-            } else {
-                let h = backward::HostCase::new(&data, dims, &grad_out).with_context(shape)?;
-                measure::measure(budget, || pool.install(|| h.step(&opts)))
+        let m = measure_case(&args, &pool, &opts, dims).with_context(shape)?;
+        if i == 0 && !args.json {
+            // After the first shape was measured, so that a refused shape prints nothing.
+            if let Some(dropout) = args.sdpa.dropout_text() {
+                println!("{dropout}");
             }
-        } else {
-            measure::measure(budget, || Ok(pool.install(|| sdpa_full(&data.q, &data.k, &data.v, &opts))?))
+            if args.backward {
+                let path = if args.autograd { "through candle autograd" } else { "by the kernels directly" };
+                println!("forward (with log-sum-exp) + backward per call, {path}; {BACKWARD_FLOPS}");
+            }
+            println!("{}", header(peak.flatten().is_some()));
         }
-        .with_context(shape)?;
         let forward_flops = spec::flops(&dims, &opts);
         let flops = if args.backward { spec::with_backward(forward_flops) } else { forward_flops };
         let row = Row { dims, flops, m };
@@ -156,6 +145,50 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Times one shape as `args` say, in `pool`, with a spinner counting the calls.
+fn measure_case(args: &Args, pool: &rayon::ThreadPool, opts: &SdpaOptions, dims: Dims) -> anyhow::Result<Measurement> {
+    let budget = Budget { warmup: args.warmup, iters: args.iters, seconds: args.budget };
+    let data = inputs::Inputs::random(dims, args.kv_dtype, args.data_seed)?;
+    let bar = progress(&format!("--shape {}", spec::shape_text(&dims)));
+    let started = || bar.inc(1);
+    let m = if args.backward {
+        let grad_out = backward::grad_out(dims, args.data_seed)?;
+        if args.autograd {
+            let t = backward::Trainable::new(&data, grad_out)?;
+            measure::measure(budget, || {
+                started();
+                pool.install(|| t.step(opts))
+            })
+        } else {
+            let h = backward::HostCase::new(&data, dims, &grad_out)?;
+            measure::measure(budget, || {
+                started();
+                pool.install(|| h.step(opts))
+            })
+        }
+    } else {
+        measure::measure(budget, || {
+            started();
+            Ok(pool.install(|| sdpa_full(&data.q, &data.k, &data.v, opts))?)
+        })
+    };
+    bar.finish_and_clear();
+    m
+}
+
+fn parse_budget(s: &str) -> Result<f64, String> {
+    number_in(s, |x: f64| x >= 0.0, "[0, inf]")
+}
+
+/// A spinner on stderr counting the calls started for `shape` (warm-up included), with the time
+/// spent; hidden when stderr is not a terminal.
+fn progress(shape: &str) -> ProgressBar {
+    let style = ProgressStyle::with_template("{spinner} {msg}: {pos} calls, {elapsed}").expect("the template is valid");
+    let bar = ProgressBar::new_spinner().with_style(style).with_message(shape.to_string());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
 }
 
 fn print_peak(args: &Args, peak: Option<Peak>, threads: usize) {
@@ -183,7 +216,7 @@ const BACKWARD_FLOPS: &str = "FLOPs = 3.5 x forward (backward counted as 2.5 x f
 
 fn header(with_peak: bool) -> String {
     format!(
-        "{:<16} {:>7} {:>4} {:>4} {:<14} {:>7} {:>4} {:<14} {:>3} {:>11} {:>11} {:>11} {:>9}{} {:>10} {:>5}",
+        "{:<16} {:>7} {:>4} {:>4} {:<14} {:>7} {:>4} {:<21} {:>3} {:>11} {:>11} {:>11} {:>9}{} {:>10} {:>5}",
         "shape B,H,Lq,D",
         "Lk",
         "Hkv",
@@ -207,7 +240,7 @@ fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> S
     let d = row.dims;
     let gflops = row.gflops();
     format!(
-        "{:<16} {:>7} {:>4} {:>4} {:<14} {:>7} {:>4} {:<14} {:>3} {:>11.4} {:>11.4} {:>11.4} {:>9.2}{} {:>10} {:>5}",
+        "{:<16} {:>7} {:>4} {:>4} {:<14} {:>7} {:>4} {:<21} {:>3} {:>11.4} {:>11.4} {:>11.4} {:>9.2}{} {:>10} {:>5}",
         spec::shape_text(&d),
         d.lk,
         d.hkv,
@@ -215,14 +248,14 @@ fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> S
         args.sdpa.band_text(),
         args.sdpa.softcap.map_or("-".to_string(), |c| c.to_string()),
         args.kv_dtype.as_str(),
-        args.sdpa.kernel.name(),
+        args.sdpa.kernel_text(),
         threads,
         row.m.median() * 1e3,
         row.m.min() * 1e3,
         row.m.max() * 1e3,
         gflops,
         peak_all.map_or(String::new(), |p| format!(" {:>6.1}", 100.0 * gflops / p)),
-        human_bytes(row.m.extra_bytes),
+        human_bytes(row.m.extra_bytes as f64, true),
         row.m.times.len()
     )
 }
@@ -235,6 +268,7 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         "kv_heads": d.hkv,
         "dv": d.dv,
         "kernel": args.sdpa.kernel.name(),
+        "kernel_resolved": args.sdpa.kernel.resolve().map(|k| k.name()).ok(),
         "threads": threads,
         "kv_dtype": args.kv_dtype.as_str(),
         "causal": args.sdpa.causal,
@@ -243,6 +277,7 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         "scale": args.sdpa.scale,
         "softcap": args.sdpa.softcap,
         "dropout": args.sdpa.dropout,
+        "seed": args.sdpa.options().dropout.map(|d| d.seed),
         "backward": args.backward,
         "autograd": args.autograd,
         "median_s": row.m.median(),
@@ -257,32 +292,4 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         v["pct_of_peak"] = json!(100.0 * row.gflops() / p);
     }
     v
-}
-
-/// `bytes` as B, KiB, MiB or GiB with one decimal.
-fn human_bytes(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB"];
-    let mut x = bytes as f64;
-    let mut unit = 0;
-    while x >= 1024.0 && unit + 1 < units.len() {
-        x /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{x:.1} {}", units[unit])
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::human_bytes;
-
-    #[test]
-    fn bytes_are_readable() {
-        assert_eq!(human_bytes(0), "0 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
-    }
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use attn::heatmap::{draw_head_grid, draw_heatmap, HeatmapStyle};
 
-use crate::io::{read_safetensors, IoError, IoErrorKind};
+use crate::io::{check_not_an_input, read_safetensors, IoError, IoErrorKind};
 use select::{pick, Heads};
 
 /// Arguments of `attn heatmap`.
@@ -50,6 +50,7 @@ pub struct Args {
 
 /// Runs `attn heatmap`.
 pub fn main(args: Args) -> Result<()> {
+    check_not_an_input(&args.output, [args.input.as_path()])?;
     let file = args.input.display().to_string();
     let name = args.tensor.as_str();
     let mut tensors = read_safetensors(&args.input)?;

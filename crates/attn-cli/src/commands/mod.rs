@@ -1,5 +1,5 @@
-//! One module per subcommand, each with its clap `Args` and a `main`, and the attention flags that
-//! `run` and `bench` share.
+//! One module per subcommand, each with its clap `Args` and a `main`, and the flags several share:
+//! the attention flags of `run` and `bench`, `--threads` and `--out-dir`.
 
 pub mod bench;
 pub mod demo;
@@ -8,5 +8,6 @@ pub mod heatmap;
 pub mod out_dir;
 pub mod run;
 pub mod sdpa_flags;
+pub mod threads;
 pub mod train;
 pub mod translate;

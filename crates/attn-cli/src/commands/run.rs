@@ -3,16 +3,19 @@
 //! shared attention flags, and writes `out`, `lse` (and `weights`) to a safetensors file; with
 //! `grad_out`, also the gradients `dq`, `dk`, `dv` (and `dbias`) through the library's autograd
 //! (`loss = Σ out·grad_out`, `loss.backward()`). Every refusal is one line naming the file, the
-//! tensor and what was expected versus found, and comes before anything is computed or written.
+//! tensor and what was expected versus found, and comes before anything is computed or written;
+//! so does the refusal of an output that is one of the inputs. The work runs in a pool of
+//! `--threads` threads; the output line names the kernel `auto` resolved to and the dropout seed.
 
 mod inputs;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
 use super::sdpa_flags::SdpaFlags;
-use crate::io::{write_safetensors, HostTensor, IoError};
+use super::threads::Threads;
+use crate::io::{check_not_an_input, write_safetensors, HostTensor, IoError};
 use inputs::Inputs;
 
 /// Arguments of `attn run`.
@@ -59,16 +62,29 @@ pub struct Args {
     /// Also write the attention weights (before dropout).
     #[arg(long)]
     pub weights: bool,
+    #[command(flatten)]
+    pub threads: Threads,
+}
+
+impl Args {
+    /// Every input file named on the command line.
+    fn input_files(&self) -> impl Iterator<Item = &Path> {
+        let npy = [&self.q, &self.k, &self.v, &self.mask, &self.bias, &self.key_lengths, &self.grad_out];
+        std::iter::once(&self.input).chain(npy).filter_map(|p| p.as_deref())
+    }
 }
 
 /// Runs `attn run`.
 pub fn main(args: Args) -> Result<()> {
+    check_not_an_input(&args.output, args.input_files())?;
+    let pool = args.threads.pool()?;
     let inputs = match &args.input {
         Some(path) => Inputs::from_safetensors(path)?,
         None => Inputs::from_npy(&args)?,
     };
     let described = inputs.describe();
-    let result = inputs.into_call(args.sdpa.options().return_weights(args.weights))?.run()?;
+    let call = inputs.into_call(args.sdpa.options().return_weights(args.weights))?;
+    let result = pool.install(|| call.run())?;
     let file = args.output.display().to_string();
     let mut named = vec![("out", &result.sdpa.out), ("lse", &result.sdpa.lse)];
     if let Some(w) = &result.sdpa.weights {
@@ -77,14 +93,15 @@ pub fn main(args: Args) -> Result<()> {
     named.extend(result.grads.iter().map(|(n, t)| (*n, t)));
     let tensors = named
         .into_iter()
-        .map(|(n, t)| Ok((n, HostTensor::from_f32_tensor(t).map_err(|kind| IoError::tensor(&file, n, kind))?)))
+        .map(|(n, t)| Ok((n, HostTensor::from_f32_tensor(t, n).map_err(|kind| IoError::tensor(&file, n, kind))?)))
         .collect::<Result<Vec<_>, IoError>>()?;
     let refs: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
     write_safetensors(&args.output, &refs)?;
     let shapes: Vec<String> = tensors.iter().map(|(n, t)| format!("{n} {:?}", t.shape)).collect();
+    let dropout = args.sdpa.dropout_text().map_or(String::new(), |d| format!(", {d}"));
     println!(
-        "{described} -> {} kernel -> {} written to {}",
-        args.sdpa.kernel.name(),
+        "{described} -> {} kernel{dropout} -> {} written to {}",
+        args.sdpa.kernel_text(),
         shapes.join(", "),
         args.output.display()
     );

@@ -1,7 +1,12 @@
 //! The attention flags `attn run` and `attn bench` share (causal, align, window, scale, softcap,
 //! dropout, seed, kernel), flattened into both commands' arguments, and their one conversion into
-//! [`attn::SdpaOptions`]; also the parser of flags naming one of a fixed set of values (`--align`,
-//! `bench --kv-dtype`).
+//! [`attn::SdpaOptions`] and into the words `run` and `bench` report them in; also the parsers of
+//! flags naming one of a fixed set of values (`--align`, `bench --kv-dtype`) and of numbers with a
+//! range, which take negative numbers so that they can say the range instead of clap's
+//! "unexpected argument".
+
+use std::fmt::Display;
+use std::str::FromStr;
 
 use attn::{Align, Dropout, Kernel, SdpaOptions, Window};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
@@ -21,14 +26,14 @@ pub struct SdpaFlags {
     /// Score multiplier (default `1/sqrt(D)`).
     #[arg(long, allow_hyphen_values = true)]
     pub scale: Option<f64>,
-    /// Logit soft-capping C: scores become C·tanh(s/C) (Gemma 2 uses 50).
-    #[arg(long, value_name = "C")]
+    /// Logit soft-capping C > 0: scores become C·tanh(s/C) (Gemma 2 uses 50).
+    #[arg(long, value_name = "C", allow_negative_numbers = true, value_parser = parse_softcap)]
     pub softcap: Option<f64>,
-    /// Dropout probability on the attention weights, in `[0, 1)`.
-    #[arg(long)]
+    /// Dropout probability on the attention weights, in `[0, 1)`; without --seed the seed is 0.
+    #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = parse_dropout)]
     pub dropout: Option<f32>,
     /// Seed of the dropout generator (default 0).
-    #[arg(long, requires = "dropout")]
+    #[arg(long, requires = "dropout", allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Kernel: reference, auto, flash-avx512, flash-avx2 or flash-portable.
     #[arg(long, default_value = "auto")]
@@ -45,10 +50,26 @@ impl SdpaFlags {
             align: self.align,
             window: self.window,
             softcap: self.softcap,
-            dropout: self.dropout.map(|p| Dropout { p, seed: self.seed.unwrap_or(0) }),
+            dropout: self.dropout.map(|p| Dropout { p, seed: self.seed.unwrap_or(DEFAULT_SEED) }),
             kernel: self.kernel,
             ..SdpaOptions::default()
         }
+    }
+
+    /// The kernel as reported: its name, and for `auto` the kernel it resolves to on this CPU,
+    /// such as `auto (flash-avx512)`.
+    pub fn kernel_text(&self) -> String {
+        match (self.kernel, self.kernel.resolve()) {
+            (Kernel::Auto, Ok(resolved)) => format!("auto ({})", resolved.name()),
+            (kernel, _) => kernel.name().to_string(),
+        }
+    }
+
+    /// Dropout as reported, `dropout 0.1, seed 7`, with `(default)` after a seed not given;
+    /// `None` without dropout.
+    pub fn dropout_text(&self) -> Option<String> {
+        let seed = self.seed.map_or(format!("{DEFAULT_SEED} (default)"), |s| s.to_string());
+        self.dropout.map(|p| format!("dropout {p}, seed {seed}"))
     }
 
     /// The causal/window band as a short text: `full`, or those of `causal`, `window L,R`
@@ -70,6 +91,37 @@ impl SdpaFlags {
         }
         parts.join(" ")
     }
+}
+
+/// The dropout seed without `--seed`.
+const DEFAULT_SEED: u64 = 0;
+
+/// `Ok` when `ok`, else the message that `value` is outside `range` (in interval notation).
+pub(super) fn in_range(value: impl Display, ok: bool, range: &str) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{value} is outside {range}"))
+    }
+}
+
+/// Parses a number of type `T` for which `ok` holds, else says it is outside `range`.
+pub(super) fn number_in<T: FromStr + Copy + Display>(
+    s: &str,
+    ok: impl Fn(T) -> bool,
+    range: &str,
+) -> Result<T, String> {
+    let x: T = s.trim().parse().map_err(|_| format!("'{s}' is not a number"))?;
+    in_range(x, ok(x), range)?;
+    Ok(x)
+}
+
+fn parse_softcap(s: &str) -> Result<f64, String> {
+    number_in(s, |c: f64| c.is_finite() && c > 0.0, "(0, inf)")
+}
+
+fn parse_dropout(s: &str) -> Result<f32, String> {
+    number_in(s, |p: f32| Dropout { p, seed: DEFAULT_SEED }.validate().is_ok(), "[0, 1)")
 }
 
 /// Every alignment, in `--align`'s order.
@@ -167,7 +219,17 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused() {
-        for bad in [&["--window", "3"][..], &["--window", "-2,0"], &["--align", "middle"], &["--seed", "1"]] {
+        let bad_values: [&[&str]; 8] = [
+            &["--window", "3"],
+            &["--window", "-2,0"],
+            &["--align", "middle"],
+            &["--seed", "1"],
+            &["--softcap", "0"],
+            &["--softcap", "inf"],
+            &["--dropout", "1"],
+            &["--dropout", "NaN"],
+        ];
+        for bad in bad_values {
             assert!(Cli::try_parse_from([&["attn"], bad].concat()).is_err(), "{bad:?}");
         }
     }

@@ -14,6 +14,8 @@ use attn_train::settings::{TaskSpec, TrainSettings};
 use attn_train::trainer::{Observer, Outcome, StepReport, Trainer};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::threads::Threads;
+
 /// Arguments of `attn train`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -78,9 +80,8 @@ pub struct Args {
     /// Steps between checkpoints.
     #[arg(long, default_value_t = 500)]
     pub checkpoint_every: u64,
-    /// Threads (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub threads: Threads,
 }
 
 /// Settings a resumed run takes from its checkpoint instead.
@@ -156,7 +157,7 @@ impl Bar {
 }
 
 pub fn main(args: Args) -> anyhow::Result<()> {
-    let pool = rayon_pool(args.threads)?;
+    let pool = args.threads.pool()?;
     let mut trainer = if args.resume {
         Trainer::resume(&args.out, args.steps)?
     } else {
@@ -209,16 +210,4 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// A rayon pool of `threads` threads (all cores by default).
-fn rayon_pool(threads: Option<usize>) -> anyhow::Result<rayon::ThreadPool> {
-    let mut b = rayon::ThreadPoolBuilder::new();
-    if let Some(n) = threads {
-        if n == 0 {
-            anyhow::bail!("--threads must be positive");
-        }
-        b = b.num_threads(n);
-    }
-    b.build().context("cannot start the thread pool")
 }

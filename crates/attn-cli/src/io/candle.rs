@@ -1,8 +1,9 @@
 //! File tensors as candle tensors for the `attn` library, and back: floats keep their element
 //! type (so `f16`/`bf16` keys and values reach the kernels as stored), boolean masks become `U8`,
-//! and results come back as `F32` host tensors.
+//! and results come back as `F32` host tensors. Copies are allocated fallibly.
 
-use candle_core::{Device, Tensor, WithDType};
+use attn_kernels::alloc::{self, Elem};
+use candle_core::{Device, Storage, Tensor, WithDType};
 
 use super::error::IoErrorKind;
 use super::tensor::{HostData, HostTensor, BOOLEANS, FLOATS};
@@ -24,17 +25,30 @@ impl HostTensor {
     pub fn into_mask_tensor(self) -> Result<Tensor, IoErrorKind> {
         let shape = self.shape;
         match self.data {
-            HostData::Bool(v) => cpu_tensor(v.into_iter().map(u8::from).collect(), &shape),
+            HostData::Bool(v) => cpu_tensor(alloc::collect("mask as u8", &shape, v.into_iter().map(u8::from))?, &shape),
             HostData::U8(v) => cpu_tensor(v, &shape),
             other => Err(IoErrorKind::Dtype { found: other.dtype().name().into(), expected: BOOLEANS.into() }),
         }
     }
 
-    /// An `F32` candle tensor of any shape, copied to host memory.
-    pub fn from_f32_tensor(t: &Tensor) -> Result<HostTensor, IoErrorKind> {
-        let data = t.flatten_all().and_then(|flat| flat.to_vec1::<f32>()).map_err(candle_error)?;
-        Ok(HostTensor { shape: t.dims().to_vec(), data: HostData::F32(data) })
+    /// An `F32` candle tensor of any shape, copied to host memory; `what` names the copy if it
+    /// cannot be allocated.
+    pub fn from_f32_tensor(t: &Tensor, what: &'static str) -> Result<HostTensor, IoErrorKind> {
+        Ok(HostTensor { shape: t.dims().to_vec(), data: HostData::F32(tensor_values(t, what)?) })
     }
+}
+
+/// The row-major elements of the CPU tensor `t`, whose element type must be `T`, copied into a
+/// vector allocated fallibly (`what` names it in the error).
+pub fn tensor_values<T: WithDType + Elem>(t: &Tensor, what: &'static str) -> Result<Vec<T>, IoErrorKind> {
+    let t = if t.is_contiguous() { t.clone() } else { t.contiguous().map_err(candle_error)? };
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        return Err(IoErrorKind::Value(format!("{what}: not on the CPU")));
+    };
+    let all = cpu.as_slice::<T>().map_err(candle_error)?;
+    let values = &all[layout.start_offset()..][..t.elem_count()];
+    Ok(alloc::collect(what, t.dims(), values.iter().copied())?)
 }
 
 fn cpu_tensor<T: WithDType>(data: Vec<T>, shape: &[usize]) -> Result<Tensor, IoErrorKind> {
@@ -58,7 +72,7 @@ mod tests {
         assert_eq!((c.dims(), c.dtype()), (&[2, 1][..], candle_core::DType::F16));
         let m = HostTensor::new(vec![3], HostData::Bool(vec![true, false, true])).unwrap();
         assert_eq!(m.into_mask_tensor().unwrap().to_vec1::<u8>().unwrap(), [1, 0, 1]);
-        let back = HostTensor::from_f32_tensor(&Tensor::new(&[[1.5f32, -2.0]], &Device::Cpu).unwrap()).unwrap();
+        let back = HostTensor::from_f32_tensor(&Tensor::new(&[[1.5f32, -2.0]], &Device::Cpu).unwrap(), "out").unwrap();
         assert_eq!(back, HostTensor { shape: vec![1, 2], data: HostData::F32(vec![1.5, -2.0]) });
     }
 
@@ -68,6 +82,8 @@ mod tests {
         assert_eq!(ints().into_float_tensor().unwrap_err().to_string(), "dtype I32, expected F16, BF16, F32 or F64");
         assert_eq!(ints().into_mask_tensor().unwrap_err().to_string(), "dtype I32, expected BOOL or U8");
         let f64s = Tensor::new(&[1.0f64], &Device::Cpu).unwrap();
-        assert!(HostTensor::from_f32_tensor(&f64s).is_err());
+        assert!(HostTensor::from_f32_tensor(&f64s, "out").is_err());
+        let strided = Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &Device::Cpu).unwrap().t().unwrap();
+        assert_eq!(tensor_values::<f32>(&strided, "out").unwrap(), [1.0, 3.0, 2.0, 4.0]);
     }
 }

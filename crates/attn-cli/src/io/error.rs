@@ -83,6 +83,12 @@ pub enum IoErrorKind {
     /// A required tensor is absent.
     #[error("missing; found {found}")]
     Missing { found: String },
+    /// A buffer sized by a tensor's shape cannot be allocated.
+    #[error(transparent)]
+    Alloc(#[from] attn_kernels::AllocError),
+    /// The output would replace an input of the same command.
+    #[error("is the input file {input}; choose another --output")]
+    OverwritesInput { input: String },
     /// A tensor name the command does not accept.
     #[error("unknown tensor name, accepted names are {accepted}")]
     Unknown { accepted: String },

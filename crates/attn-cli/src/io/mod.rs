@@ -6,6 +6,8 @@
 //!   tensors for the `attn` library.
 //! - safetensors: [`read_safetensors`], [`parse_safetensors`], [`write_safetensors`].
 //! - NumPy `.npy`: [`read_npy`], [`parse_npy`], [`write_npy`].
+//! - Whole files: [`write_file`] (whole or not at all, every writer goes through it) and
+//!   [`check_not_an_input`] (no output over an input).
 
 mod candle;
 mod error;
@@ -15,7 +17,9 @@ mod npy_header;
 mod safetensors;
 mod tensor;
 
+pub use candle::tensor_values;
 pub use error::{IoError, IoErrorKind};
+pub use file::{check_not_an_input, write_file};
 pub use npy::{parse_npy, read_npy, write_npy};
 pub use npy_header::{parse_header as parse_npy_header, NpyHeader};
 pub use safetensors::{parse_safetensors, read_safetensors, write_safetensors, MAX_HEADER};

@@ -14,7 +14,7 @@
 use std::path::Path;
 
 use super::error::{IoError, IoErrorKind};
-use super::file::read_checked;
+use super::file::{read_checked, write_file};
 use super::npy_header::parse_header;
 use super::tensor::{checked_bytes, DType, HostData, HostTensor};
 
@@ -81,8 +81,8 @@ pub fn parse_npy(file: &str, bytes: &[u8]) -> Result<HostTensor, IoError> {
     Ok(HostTensor { shape: header.shape, data })
 }
 
-/// Writes `tensor` to the `.npy` file `path` (version 1.0, or 2.0 for headers over 64 KiB);
-/// BF16 has no `.npy` type code and is refused.
+/// Writes `tensor` to the `.npy` file `path` (version 1.0, or 2.0 for headers over 64 KiB), whole
+/// or not at all through [`write_file`]; BF16 has no `.npy` type code and is refused.
 pub fn write_npy(path: &Path, tensor: &HostTensor) -> Result<(), IoError> {
     let file = path.display().to_string();
     let dtype = tensor.data.dtype();
@@ -109,8 +109,10 @@ pub fn write_npy(path: &Path, tensor: &HostTensor) -> Result<(), IoError> {
         bytes.extend((header.len() as u32).to_le_bytes());
     }
     bytes.extend(header.as_bytes());
-    bytes.extend(tensor.data.to_le_bytes());
-    std::fs::write(path, bytes).map_err(|e| IoError::file(file, IoErrorKind::Write(e.to_string())))
+    write_file(path, |w| {
+        w.write_all(&bytes)?;
+        tensor.data.write_le(w)
+    })
 }
 
 fn descr_dtype(descr: &str) -> Result<DType, IoErrorKind> {

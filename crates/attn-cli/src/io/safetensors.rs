@@ -1,8 +1,11 @@
 //! The safetensors format: an 8-byte little-endian header length, a JSON header mapping tensor
 //! names to `{dtype, shape, data_offsets}`, then the data section. Reading is done here with
 //! every field checked (each error names the tensor and the expected versus found values) and
-//! nothing allocated from a header number before it is checked against the file; writing uses the
-//! `safetensors` crate.
+//! nothing allocated from a header number before it is checked against the file. Writing makes the
+//! header here and streams each tensor's bytes into [`write_file`] (whole or not at all, with a
+//! plainly created file's mode): the `safetensors` crate's writers either hold a second copy of
+//! every tensor in memory (`serialize`) or create the file with mode 0600 and name their temporary
+//! file in errors (`serialize_to_file`).
 //!
 //! The `safetensors` crate (0.8) does not parse for us because `SafeTensors::deserialize` accepts
 //! files that `tests/io_safetensors.rs` requires refused: `name_given_twice` (its header map keeps
@@ -10,17 +13,15 @@
 //! its refusals also name neither the tensor nor the numbers, which messages on top could not
 //! recover (`shape_product_overflows`, `byte_length_mismatch`, `offsets_beyond_data`).
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 
-use safetensors::{Dtype, View};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 
 use super::error::{IoError, IoErrorKind};
-use super::file::read_checked;
+use super::file::{read_checked, write_file};
 use super::tensor::{checked_bytes, DType, HostData, HostTensor};
 
 /// Bytes of the header-length prefix.
@@ -85,18 +86,28 @@ pub fn parse_safetensors(file: &str, bytes: &[u8]) -> Result<BTreeMap<String, Ho
         .collect()
 }
 
-/// Writes `tensors` (name, tensor) to the safetensors file `path`; names must be distinct.
+/// Writes `tensors` (name, tensor) to the safetensors file `path`, their data in the order given;
+/// names must be distinct.
 pub fn write_safetensors(path: &Path, tensors: &[(&str, &HostTensor)]) -> Result<(), IoError> {
-    let file = path.display().to_string();
-    let mut views = BTreeMap::new();
+    let mut header = Map::new();
+    let mut offset = 0;
     for (name, t) in tensors {
-        let view = Encoded { dtype: st_dtype(t.data.dtype()), shape: &t.shape, bytes: t.data.to_le_bytes() };
-        if views.insert(name.to_string(), view).is_some() {
-            return Err(IoError::tensor(&file, *name, IoErrorKind::Write("name given twice".into())));
+        let end = offset + t.data.len() * t.data.dtype().size();
+        let entry = json!({"dtype": t.dtype_name(), "shape": t.shape, "data_offsets": [offset, end]});
+        if header.insert(name.to_string(), entry).is_some() {
+            let file = path.display().to_string();
+            return Err(IoError::tensor(file, *name, IoErrorKind::Write("name given twice".into())));
         }
+        offset = end;
     }
-    safetensors::serialize_to_file(&views, None, path)
-        .map_err(|e| IoError::file(file, IoErrorKind::Write(e.to_string())))
+    let mut text = Value::Object(header).to_string();
+    // Padded with spaces to a multiple of 8 bytes, so the data starts aligned.
+    text.extend(std::iter::repeat_n(' ', text.len().next_multiple_of(8) - text.len()));
+    write_file(path, |w| {
+        w.write_all(&(text.len() as u64).to_le_bytes())?;
+        w.write_all(text.as_bytes())?;
+        tensors.iter().try_for_each(|(_, t)| t.data.write_le(w))
+    })
 }
 
 /// The top-level entries of a header object, in file order. A parsed JSON map keeps only the last
@@ -222,40 +233,5 @@ fn json_kind(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
-    }
-}
-
-/// A tensor encoded for the `safetensors` crate's writer.
-struct Encoded<'a> {
-    dtype: Dtype,
-    shape: &'a [usize],
-    bytes: Vec<u8>,
-}
-
-impl View for &Encoded<'_> {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
-fn st_dtype(d: DType) -> Dtype {
-    match d {
-        DType::F16 => Dtype::F16,
-        DType::Bf16 => Dtype::BF16,
-        DType::F32 => Dtype::F32,
-        DType::F64 => Dtype::F64,
-        DType::Bool => Dtype::BOOL,
-        DType::U8 => Dtype::U8,
-        DType::I32 => Dtype::I32,
-        DType::I64 => Dtype::I64,
     }
 }

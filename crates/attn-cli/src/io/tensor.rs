@@ -1,10 +1,18 @@
 //! The in-memory tensor both file formats read into and write from: a shape and a typed,
 //! contiguous, row-major element vector, with the element-type table and the little-endian byte
-//! codec the formats share.
+//! codec the formats share. Element vectors and their copies are allocated fallibly (a tensor too
+//! large for memory is an error naming its size), and writing streams the bytes in blocks
+//! instead of holding a second copy of the tensor.
 
+use std::io::{self, Write};
+
+use attn_kernels::alloc::{self, Elem};
 use half::{bf16, f16};
 
 use super::error::IoErrorKind;
+
+/// Elements encoded per block when writing.
+const BLOCK: usize = 1 << 14;
 
 /// The float element types, for messages.
 pub(super) const FLOATS: &str = "F16, BF16, F32 or F64";
@@ -130,24 +138,22 @@ impl HostData {
     /// Decodes little-endian `bytes` whose length is a multiple of `dtype.size()`. Boolean bytes
     /// must be 0 or 1.
     pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> Result<HostData, IoErrorKind> {
-        fn decode<T, const N: usize>(bytes: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
-            bytes
-                .chunks_exact(N)
-                .map(|c| {
-                    let mut a = [0u8; N];
-                    a.copy_from_slice(c);
-                    f(a)
-                })
-                .collect()
+        fn decode<T: Elem, const N: usize>(bytes: &[u8], f: fn([u8; N]) -> T) -> Result<Vec<T>, IoErrorKind> {
+            let values = bytes.chunks_exact(N).map(|c| {
+                let mut a = [0u8; N];
+                a.copy_from_slice(c);
+                f(a)
+            });
+            Ok(alloc::collect("tensor data", &[bytes.len() / N], values)?)
         }
         Ok(match dtype {
-            DType::F16 => HostData::F16(decode(bytes, f16::from_le_bytes)),
-            DType::Bf16 => HostData::Bf16(decode(bytes, bf16::from_le_bytes)),
-            DType::F32 => HostData::F32(decode(bytes, f32::from_le_bytes)),
-            DType::F64 => HostData::F64(decode(bytes, f64::from_le_bytes)),
-            DType::I32 => HostData::I32(decode(bytes, i32::from_le_bytes)),
-            DType::I64 => HostData::I64(decode(bytes, i64::from_le_bytes)),
-            DType::U8 => HostData::U8(bytes.to_vec()),
+            DType::F16 => HostData::F16(decode(bytes, f16::from_le_bytes)?),
+            DType::Bf16 => HostData::Bf16(decode(bytes, bf16::from_le_bytes)?),
+            DType::F32 => HostData::F32(decode(bytes, f32::from_le_bytes)?),
+            DType::F64 => HostData::F64(decode(bytes, f64::from_le_bytes)?),
+            DType::I32 => HostData::I32(decode(bytes, i32::from_le_bytes)?),
+            DType::I64 => HostData::I64(decode(bytes, i64::from_le_bytes)?),
+            DType::U8 => HostData::U8(decode(bytes, u8::from_le_bytes)?),
             DType::Bool => {
                 if let Some(at) = bytes.iter().position(|&b| b > 1) {
                     return Err(IoErrorKind::Value(format!(
@@ -155,23 +161,40 @@ impl HostData {
                         bytes[at]
                     )));
                 }
-                HostData::Bool(bytes.iter().map(|&b| b == 1).collect())
+                HostData::Bool(decode(bytes, |[b]| b == 1)?)
             }
         })
     }
 
-    /// The elements as little-endian bytes (booleans as 0 or 1).
-    pub fn to_le_bytes(&self) -> Vec<u8> {
-        match self {
-            HostData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            HostData::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            HostData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            HostData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            HostData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            HostData::U8(v) => v.clone(),
-            HostData::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
+    /// Writes the elements to `w` as little-endian bytes (booleans as 0 or 1), a block at a time.
+    pub fn write_le(&self, w: &mut dyn Write) -> io::Result<()> {
+        fn put<T: Copy, const N: usize>(v: &[T], f: fn(T) -> [u8; N], w: &mut dyn Write) -> io::Result<()> {
+            let mut buf = Vec::with_capacity(BLOCK * N);
+            for block in v.chunks(BLOCK) {
+                buf.clear();
+                buf.extend(block.iter().flat_map(|&x| f(x)));
+                w.write_all(&buf)?;
+            }
+            Ok(())
         }
+        match self {
+            HostData::F16(v) => put(v, f16::to_le_bytes, w),
+            HostData::Bf16(v) => put(v, bf16::to_le_bytes, w),
+            HostData::F32(v) => put(v, f32::to_le_bytes, w),
+            HostData::F64(v) => put(v, f64::to_le_bytes, w),
+            HostData::I32(v) => put(v, i32::to_le_bytes, w),
+            HostData::I64(v) => put(v, i64::to_le_bytes, w),
+            HostData::U8(v) => w.write_all(v),
+            HostData::Bool(v) => put(v, |b| [u8::from(b)], w),
+        }
+    }
+
+    /// The elements as little-endian bytes (booleans as 0 or 1), as [`write_le`](Self::write_le)
+    /// writes them.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        self.write_le(&mut bytes).expect("writing to memory does not fail");
+        bytes
     }
 }
 
@@ -209,22 +232,26 @@ impl HostTensor {
         self.data.len()
     }
 
-    /// The elements converted to `f32`; only floating-point tensors.
+    /// The elements converted to `f32` (a new vector, allocated fallibly); only floating-point
+    /// tensors.
     pub fn to_f32_vec(&self) -> Result<Vec<f32>, IoErrorKind> {
+        let copy = |values: &mut dyn Iterator<Item = f32>| Ok(alloc::collect("tensor as f32", &self.shape, values)?);
         match &self.data {
-            HostData::F16(v) => Ok(v.iter().map(|x| x.to_f32()).collect()),
-            HostData::Bf16(v) => Ok(v.iter().map(|x| x.to_f32()).collect()),
-            HostData::F32(v) => Ok(v.clone()),
-            HostData::F64(v) => Ok(v.iter().map(|&x| x as f32).collect()),
+            HostData::F16(v) => copy(&mut v.iter().map(|x| x.to_f32())),
+            HostData::Bf16(v) => copy(&mut v.iter().map(|x| x.to_f32())),
+            HostData::F32(v) => copy(&mut v.iter().copied()),
+            HostData::F64(v) => copy(&mut v.iter().map(|&x| x as f32)),
             _ => Err(self.wrong_dtype(FLOATS)),
         }
     }
 
-    /// The elements as booleans; BOOL tensors, or U8 with non-zero meaning `true`.
+    /// The elements as booleans (a new vector, allocated fallibly); BOOL tensors, or U8 with
+    /// non-zero meaning `true`.
     pub fn to_bool_vec(&self) -> Result<Vec<bool>, IoErrorKind> {
+        let copy = |values: &mut dyn Iterator<Item = bool>| Ok(alloc::collect("tensor as bool", &self.shape, values)?);
         match &self.data {
-            HostData::Bool(v) => Ok(v.clone()),
-            HostData::U8(v) => Ok(v.iter().map(|&x| x != 0).collect()),
+            HostData::Bool(v) => copy(&mut v.iter().copied()),
+            HostData::U8(v) => copy(&mut v.iter().map(|&x| x != 0)),
             _ => Err(self.wrong_dtype(BOOLEANS)),
         }
     }

@@ -46,6 +46,19 @@ pub fn f32_of(t: &HostTensor) -> Vec<f32> {
     t.to_f32_vec().unwrap()
 }
 
+/// Runs `attn ARGS` (any subcommand) through `sh -c 'SETUP && exec attn ARGS'`, for shell-only
+/// settings such as the umask or `ulimit`.
+pub fn attn_in_shell(setup: &str, args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("{setup} && exec \"$@\""))
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_attn"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 /// Inputs and the options the CLI should have derived from its flags and files.
 pub struct Case<'a> {
     q: &'a HostTensor,

@@ -80,6 +80,7 @@ mod workspace;
 
 use rayon::prelude::*;
 
+use crate::error::Result;
 use crate::isa::Isa;
 use crate::problem::Problem;
 use crate::reference::AttnOutput;
@@ -97,7 +98,8 @@ type BlockFn<E> = unsafe fn(&Ctx<E>, Option<&[f32]>, &Job, Outs, &mut Work);
 
 /// Flash attention with instruction set `isa` (which must be available). `q: [B, Hq, Lq, Dk]`,
 /// `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`, validated into `pb`; returns `out: [B, Hq, Lq, Dv]`,
-/// `lse: [B, Hq, Lq]` and, with `want_weights`, the weights `[B, Hq, Lq, Lk]`.
+/// `lse: [B, Hq, Lq]` and, with `want_weights`, the weights `[B, Hq, Lq, Lk]`; refuses buffers
+/// too large to allocate.
 pub(crate) fn forward<E: KvElem>(
     isa: Isa,
     q: &View4<f32>,
@@ -106,24 +108,22 @@ pub(crate) fn forward<E: KvElem>(
     pb: &Problem<f32>,
     want_weights: bool,
     tuning: Tuning,
-) -> AttnOutput<f32> {
+) -> Result<AttnOutput<f32>> {
     assert!(isa.is_available(), "flash kernel entered without {isa:?} support");
     let (run, w) = entry::of::<E>(isa);
     let cx = Ctx { pb, q: *q, k: *k, v: *v };
     let d = pb.dims;
-    let mut out = vec![0.0f32; d.out_len()];
-    let mut lse = vec![f32::NEG_INFINITY; d.lse_len()];
-    let mut weights = want_weights.then(|| vec![0.0f32; d.weights_len()]);
-    if d.out_len() == 0 && d.lse_len() == 0 {
-        return AttnOutput { out, lse, weights };
+    let AttnOutput { mut out, mut lse, mut weights } = AttnOutput::alloc(&d, want_weights, 0.0, f32::NEG_INFINITY)?;
+    if out.is_empty() && lse.is_empty() {
+        return Ok(AttnOutput { out, lse, weights });
     }
     let plan = Plan::new(&d, w, want_weights, tuning, rayon::current_num_threads());
     let plen = plan.panel_len;
     let mut outs = Rest { o: &mut out, lse: &mut lse, w: weights.as_deref_mut() };
     for chunk in plan.chunks(d.hkv) {
         let first = chunk[0].b * d.hkv + chunk[0].kvh;
-        let mut panels =
-            workspace::take(if plan.decode { 0 } else { plen * plan.heads_per_chunk.min(d.b * d.hkv - first) });
+        let heads = if plan.decode { 0 } else { plan.heads_per_chunk.min(d.b * d.hkv - first) };
+        let mut panels = workspace::take(&[heads, plen])?;
         panels.par_chunks_mut(plen.max(1)).enumerate().for_each(|(x, p)| {
             let hh = first + x;
             pack::pack_keys(k, hh / d.hkv, hh % d.hkv, 0..d.lk, w, p);
@@ -137,11 +137,11 @@ pub(crate) fn forward<E: KvElem>(
             });
         } else {
             // SAFETY: as above.
-            unsafe { split::run_split(&cx, run, &panels_of, chunk_outs, plan.shards, d.lk, d.dv) };
+            unsafe { split::run_split(&cx, run, &panels_of, chunk_outs, plan.shards, d.lk, d.dv) }?;
         }
         workspace::give(panels);
     }
-    AttnOutput { out, lse, weights }
+    Ok(AttnOutput { out, lse, weights })
 }
 
 isa_entries!(run(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work));

@@ -7,9 +7,10 @@ use std::ops::Range;
 use super::simd::KvElem;
 use crate::view::View4;
 
-/// Floats needed for the panels of `lk` keys of dimension `dk` with vector width `w`.
+/// Floats needed for the panels of `lk` keys of dimension `dk` with vector width `w`
+/// (`usize::MAX` when that overflows, which no buffer can hold).
 pub fn panel_len(lk: usize, dk: usize, w: usize) -> usize {
-    lk.div_ceil(2 * w) * 2 * w * dk
+    (lk.div_ceil(2 * w) * 2 * w).saturating_mul(dk)
 }
 
 /// Packs rows `keys` of head `(b, h)` of `k` (keys, or values in the backward) into `out`

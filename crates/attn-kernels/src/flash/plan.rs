@@ -79,7 +79,8 @@ impl Plan {
             None => (JOBS_PER_THREAD * threads).div_ceil(jobs.len()).min(d.lk / MIN_SHARD_KEYS).max(1),
         };
         let panel_len = pack::panel_len(d.lk, d.dk, w);
-        let heads_per_chunk = if decode { d.b * d.hkv } else { (PACK_BUDGET / (panel_len * 4).max(1)).max(1) };
+        let heads_per_chunk =
+            if decode { d.b * d.hkv } else { (PACK_BUDGET / panel_len.saturating_mul(4).max(1)).max(1) };
         Plan { decode, jobs, shards, panel_len, heads_per_chunk }
     }
 
@@ -93,7 +94,8 @@ impl Plan {
 /// Every job of the path over all keys, in order of `(b, kvh)`.
 fn jobs(d: &Dims, decode: bool) -> Vec<Job> {
     let g = d.group();
-    let block_rows = if d.lk * (d.dk + d.dv) * 4 > L2_HALF { BLOCK_ROWS_STREAMING } else { BLOCK_ROWS };
+    let head_bytes = d.lk.saturating_mul(d.dk + d.dv).saturating_mul(4);
+    let block_rows = if head_bytes > L2_HALF { BLOCK_ROWS_STREAMING } else { BLOCK_ROWS };
     (0..d.b)
         .flat_map(|b| (0..d.hkv).map(move |kvh| (b, kvh)))
         .flat_map(|(b, kvh)| -> Vec<Job> {

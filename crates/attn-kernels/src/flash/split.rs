@@ -9,10 +9,12 @@ use super::block::{Ctx, Job, Outs, Rest, Work};
 use super::plan::shard_ranges;
 use super::simd::KvElem;
 use super::BlockFn;
+use crate::alloc::{self, AllocError};
 use crate::merge::merge_row;
 
 /// Runs each of `jobs` (with its output rows) as `shards` key ranges of `0..lk` into temporary
-/// partials `[rows, dv]`, then merges them into the jobs' outputs.
+/// partials `[rows, dv]`, then merges them into the jobs' outputs; refuses partials too large to
+/// allocate.
 ///
 /// # Safety
 /// This CPU has the instruction set of `run` (one of the entry points), and `panels_of` gives each
@@ -26,11 +28,11 @@ pub(super) unsafe fn run_split<'p, E: KvElem>(
     shards: usize,
     lk: usize,
     dv: usize,
-) {
+) -> Result<(), AllocError> {
     let rows: usize = jobs.iter().map(|(j, _)| j.rows()).sum();
     let ranges = shard_ranges(lk, shards);
-    let mut po = vec![0.0f32; ranges.len() * rows * dv];
-    let mut pl = vec![f32::NEG_INFINITY; ranges.len() * rows];
+    let mut po = alloc::filled("split-KV partial outputs", &[ranges.len(), rows, dv], 0.0f32)?;
+    let mut pl = alloc::filled("split-KV partial log-sum-exps", &[ranges.len(), rows], f32::NEG_INFINITY)?;
     let mut rest = Rest { o: &mut po, lse: &mut pl, w: None };
     let mut tasks = Vec::new();
     for r in &ranges {
@@ -57,4 +59,5 @@ pub(super) unsafe fn run_split<'p, E: KvElem>(
             merge_row(parts, &mut o.o[r * dv..(r + 1) * dv], &mut o.lse[r]);
         }
     });
+    Ok(())
 }

@@ -4,16 +4,19 @@
 
 use std::sync::Mutex;
 
+use crate::alloc::{self, AllocError};
+
 /// Buffers kept between calls.
 const KEPT: usize = 2;
 
 static FREE: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
 
-/// A buffer of `len` floats (contents unspecified but initialised).
-pub fn take(len: usize) -> Vec<f32> {
+/// A buffer of the floats of `shape` (contents unspecified but initialised), or the error for
+/// packed keys of that shape.
+pub fn take(shape: &[usize]) -> Result<Vec<f32>, AllocError> {
     let mut v = FREE.lock().map(|mut f| f.pop()).ok().flatten().unwrap_or_default();
-    v.resize(len, 0.0);
-    v
+    alloc::resize(&mut v, "packed keys", shape, 0.0)?;
+    Ok(v)
 }
 
 /// Returns a buffer to the cache (dropped if the cache is full).

@@ -16,6 +16,7 @@
 //! `lse` is −∞ (fully masked) contributes nothing.
 
 use super::{dot, row_scores, Real, Score};
+use crate::alloc;
 use crate::error::Result;
 use crate::grad::{AttnGrads, Saved};
 use crate::problem::{AttnParams, Problem};
@@ -38,11 +39,11 @@ pub fn reference_backward<T: Real>(
     saved.check(&d)?;
     let (lse, dout) = (saved.lse, &saved.dout);
     let bias_len = params.mask.bias.filter(|_| want_dbias).map(|b| b.data().len());
-    let mut g = AttnGrads::zeros(&d, bias_len);
-    let mut scores: Vec<Option<Score<T>>> = vec![None; d.lk];
+    let mut g = AttnGrads::zeros(&d, bias_len)?;
+    let mut scores: Vec<Option<Score<T>>> = alloc::filled("scores of a row", &[d.lk], None)?;
     // `A_ij`, `dA_ij` and `z_j` of the allowed keys of one row.
-    let mut a = vec![T::zero(); d.lk];
-    let mut da = vec![T::zero(); d.lk];
+    let mut a = alloc::filled("weights of a row", &[d.lk], T::zero())?;
+    let mut da = alloc::filled("weight gradients of a row", &[d.lk], T::zero())?;
     for b in 0..d.b {
         for h in 0..d.hq {
             let kvh = h / d.group();

@@ -2,6 +2,7 @@
 //! one query row at a time (steps 1 to 5 there), in the caller's precision.
 
 use super::{row_scores, AttnOutput, Real, Score};
+use crate::alloc;
 use crate::error::Result;
 use crate::problem::{AttnParams, Problem};
 use crate::view::View4;
@@ -18,10 +19,9 @@ pub fn reference<T: Real>(
 ) -> Result<AttnOutput<T>> {
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     let d = pb.dims;
-    let mut out = vec![T::zero(); d.out_len()];
-    let mut lse = vec![T::neg_infinity(); d.lse_len()];
-    let mut weights = want_weights.then(|| vec![T::zero(); d.weights_len()]);
-    let mut scores: Vec<Option<Score<T>>> = vec![None; d.lk];
+    let AttnOutput { mut out, mut lse, mut weights } =
+        AttnOutput::alloc(&d, want_weights, T::zero(), T::neg_infinity())?;
+    let mut scores: Vec<Option<Score<T>>> = alloc::filled("scores of a row", &[d.lk], None)?;
     for b in 0..d.b {
         for h in 0..d.hq {
             let kvh = h / d.group();

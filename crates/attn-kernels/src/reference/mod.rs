@@ -19,7 +19,8 @@
 
 use num_traits::{Float, FromPrimitive};
 
-use crate::problem::Problem;
+use crate::alloc::{self, AllocError, Elem};
+use crate::problem::{Dims, Problem};
 use crate::view::View4;
 
 pub mod backward;
@@ -29,7 +30,7 @@ pub use backward::reference_backward;
 pub use forward::reference;
 
 /// Element types the reference runs in.
-pub trait Real: Float + FromPrimitive + Default + Send + Sync + std::fmt::Debug + 'static {}
+pub trait Real: Float + FromPrimitive + Default + Elem + Send + Sync + std::fmt::Debug + 'static {}
 impl Real for f32 {}
 impl Real for f64 {}
 
@@ -42,6 +43,27 @@ pub struct AttnOutput<T> {
     pub lse: Vec<T>,
     /// Softmax weights before dropout, `[B, Hq, Lq, Lk]`, when asked for.
     pub weights: Option<Vec<T>>,
+}
+
+impl<T: Elem> AttnOutput<T> {
+    /// The result buffers of a call of sizes `d`, allocated fallibly (weights first, the largest):
+    /// output and weights `zero`, log-sum-exp `lse`.
+    pub(crate) fn alloc(d: &Dims, want_weights: bool, zero: T, lse: T) -> Result<Self, AllocError> {
+        let weights = if want_weights {
+            Some(alloc::filled("attention weights", &d.weights_shape(), zero.clone())?)
+        } else {
+            None
+        };
+        Ok(Self {
+            out: alloc::filled("attention output", &d.out_shape(), zero)?,
+            lse: alloc::filled("log-sum-exp", &d.lse_shape(), lse)?,
+            weights,
+        })
+    }
+}
+
+impl<T: Real> Elem for Option<Score<T>> {
+    const NAME: &'static str = "score";
 }
 
 /// A score of an allowed key: `s` after scaling, soft-capping and bias, and `ds/dx`, the

@@ -6,7 +6,8 @@
 //!   the oracle assertion;
 //! - `mask_rules`: an independent statement of the mask rules (written from the documented
 //!   semantics, not from `mask.rs`);
-//! - `kernels`: the `kernel_tests!` macro that turns one check into one `#[test]` per kernel.
+//! - `kernels`: the `kernel_tests!` macro that turns one check into one `#[test]` per kernel, and
+//!   `isa_test!`, which marks the tests of an instruction set this machine lacks ignored.
 
 // Each test binary uses its own subset of these helpers and of their re-exports.
 #![allow(dead_code, unused_imports, unused_macros)]
@@ -21,6 +22,6 @@ mod run;
 pub use case::{dims, Case};
 pub use dense::{broadcast_shape, Dense, SHAPE_CODES};
 pub use generator::{random_bias, random_keep, Rng};
-pub use kernels::for_kernel;
-pub(crate) use kernels::kernel_tests;
+pub use kernels::{assert_available, for_kernel};
+pub(crate) use kernels::{isa_test, kernel_tests};
 pub use run::{assert_bit_identical, assert_oracle, Oracle};

@@ -1,6 +1,8 @@
 //! Empty sizes (which must work) and invalid calls (which must return the right [`AttnError`]).
 
-use attn_kernels::{AttnError, AttnOutput, Dropout, Kernel, KvView, View4};
+use attn_kernels::{
+    attention, attention_backward, AttnError, AttnOutput, AttnParams, Dropout, Kernel, KvView, Saved, View4,
+};
 
 use crate::common::{dims, Case, Dense};
 
@@ -118,4 +120,26 @@ pub fn check_errors(kernel: Kernel) {
         let case = Case { key_lengths: Some(lengths), ..plain.clone() };
         expect_error(kernel, "key_lengths", &case, good, dim_mismatch("key_lengths", "batch", 2, found));
     }
+}
+
+/// Results no address space can hold are refused with [`AttnError::Alloc`] naming the buffer,
+/// forward and backward: the inputs are stride-0 views of one element, so only the shapes are huge.
+pub fn check_too_large(kernel: Kernel) {
+    let one = [0.5f32];
+    let column = |name, len| View4::strided(name, &one, [1, 1, len, 1], [0, 0, 0]).unwrap();
+    let too_large = |what: &str, r: Result<(), AttnError>| match r {
+        Err(AttnError::Alloc(e)) if e.too_large && e.what == what => {}
+        other => panic!("{} {what}: expected an allocation error, got {other:?}", kernel.name()),
+    };
+    // Weights [1, 1, 2^20, 2^41] f32: 2^63 bytes.
+    let (q, kv) = (column("q", 1 << 20), KvView::F32(column("k", 1 << 41)));
+    let params = AttnParams::default();
+    too_large("attention weights", attention(kernel, &q, &kv, &kv, &params, true).map(drop));
+    // Output [1, 1, 2^61, 1] f32.
+    let (q, kv) = (column("q", 1 << 61), KvView::F32(column("k", 1)));
+    too_large("attention output", attention(kernel, &q, &kv, &kv, &params, false).map(drop));
+    // Key gradient [1, 1, 2^61, 1] f32, for a forward of one query row.
+    let (q, kv) = (column("q", 1), KvView::F32(column("k", 1 << 61)));
+    let saved = Saved { out: column("out", 1), lse: &one, dout: column("grad_out", 1) };
+    too_large("gradient dk", attention_backward(kernel, &q, &kv, &kv, &saved, &params, false).map(drop));
 }

@@ -1,6 +1,6 @@
 //! Writing pictures: a figure is rendered in memory onto a plotters backend chosen by the path
-//! (SVG when it ends in `.svg`, any case; PNG otherwise) and only then written, so a failure leaves
-//! no file behind. Text uses the embedded font ([`font`]). Heatmaps and line charts both go through
+//! (SVG when it ends in `.svg`, any case; PNG otherwise) and only then written, whole or not at
+//! all, by [`write_atomically`], so a failure leaves no file behind. Text uses the embedded font ([`font`]). Heatmaps and line charts both go through
 //! [`write`].
 
 pub(crate) mod font;
@@ -11,6 +11,8 @@ use image::codecs::png::PngEncoder;
 use image::{ColorType, ImageEncoder};
 use plotters::coord::Shift;
 use plotters::prelude::{BitMapBackend, DrawingArea, DrawingBackend, IntoDrawingArea, SVGBackend};
+
+use crate::write_file::write_atomically;
 
 /// A figure that can draw itself on any plotters backend.
 pub(crate) trait Render {
@@ -46,5 +48,5 @@ pub(crate) fn write(path: &Path, pic: &impl Render) -> Result<(), String> {
             .map_err(|e| format!("cannot encode the PNG: {e}"))?;
         (png, "PNG")
     };
-    std::fs::write(path, bytes).map_err(|e| format!("cannot write the {kind} file: {e}"))
+    write_atomically(path, |w| w.write_all(&bytes)).map_err(|e| format!("cannot write the {kind} file: {}", e.source))
 }

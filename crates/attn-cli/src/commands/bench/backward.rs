@@ -17,6 +17,7 @@ use candle_core::{DType, Tensor, Var};
 use half::{bf16, f16};
 
 use super::inputs::Inputs;
+use crate::io::{tensor_values, IoErrorKind};
 use crate::measure::Held;
 
 /// The output gradient of a case: `[B, Hq, Lq, Dv]` uniform in `[-1, 1)` from `seed` (a stream
@@ -33,12 +34,12 @@ enum HostKv {
 }
 
 impl HostKv {
-    fn of(t: &Tensor) -> candle_core::Result<Self> {
-        let flat = t.flatten_all()?;
+    /// The elements of `t` (stored as `f32`, `f16` or `bf16`), copied.
+    fn of(t: &Tensor, what: &'static str) -> Result<Self, IoErrorKind> {
         Ok(match t.dtype() {
-            DType::F16 => HostKv::F16(flat.to_vec1()?),
-            DType::BF16 => HostKv::Bf16(flat.to_vec1()?),
-            _ => HostKv::F32(flat.to_dtype(DType::F32)?.to_vec1()?),
+            DType::F16 => HostKv::F16(tensor_values(t, what)?),
+            DType::BF16 => HostKv::Bf16(tensor_values(t, what)?),
+            _ => HostKv::F32(tensor_values(t, what)?),
         })
     }
 
@@ -77,13 +78,13 @@ impl Held for KernelStep {
 
 impl HostCase {
     /// `data` and the output gradient `grad_out` copied to host memory.
-    pub fn new(data: &Inputs, dims: Dims, grad_out: &Tensor) -> candle_core::Result<Self> {
+    pub fn new(data: &Inputs, dims: Dims, grad_out: &Tensor) -> Result<Self, IoErrorKind> {
         Ok(Self {
             dims,
-            q: data.q.flatten_all()?.to_vec1()?,
-            k: HostKv::of(&data.k)?,
-            v: HostKv::of(&data.v)?,
-            grad_out: grad_out.flatten_all()?.to_vec1()?,
+            q: tensor_values(&data.q, "q")?,
+            k: HostKv::of(&data.k, "k")?,
+            v: HostKv::of(&data.v, "v")?,
+            grad_out: tensor_values(grad_out, "grad_out")?,
         })
     }
 

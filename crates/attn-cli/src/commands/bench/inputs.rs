@@ -1,7 +1,7 @@
 //! Seeded random inputs for one benchmark case as candle tensors for `attn::sdpa_full`: `f32`
 //! queries, keys and values stored as `--kv-dtype` says (`f32`, `f16` or `bf16`).
 
-use attn::random::uniform;
+use attn::random::uniform_as;
 use attn_kernels::Dims;
 use candle_core::{DType, Tensor};
 
@@ -20,14 +20,16 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    /// Draws the tensors of `dims` from `seed`, keys and values stored as `kv_dtype`.
+    /// Draws the tensors of `dims` from `seed`, keys and values stored as `kv_dtype`; a shape too
+    /// large for memory is an error naming its size.
     pub fn random(dims: Dims, kv_dtype: DType, seed: u64) -> attn::Result<Self> {
         let d = dims;
-        let draw = |shape: [usize; 4], stream: u64| uniform(&shape, -1.0, 1.0, seed.wrapping_add(stream));
+        let draw =
+            |shape: [usize; 4], stream: u64, dtype| uniform_as(&shape, -1.0, 1.0, seed.wrapping_add(stream), dtype);
         Ok(Self {
-            q: draw([d.b, d.hq, d.lq, d.dk], 0)?,
-            k: draw([d.b, d.hkv, d.lk, d.dk], 1)?.to_dtype(kv_dtype)?,
-            v: draw([d.b, d.hkv, d.lk, d.dv], 2)?.to_dtype(kv_dtype)?,
+            q: draw([d.b, d.hq, d.lq, d.dk], 0, DType::F32)?,
+            k: draw([d.b, d.hkv, d.lk, d.dk], 1, kv_dtype)?,
+            v: draw([d.b, d.hkv, d.lk, d.dv], 2, kv_dtype)?,
         })
     }
 }

@@ -217,6 +217,8 @@ impl Call {
     fn error(&self, e: AttnLibError) -> anyhow::Error {
         let tensor = match &e {
             AttnLibError::Kernel(AttnError::Param { .. }) => return anyhow!("option --{e}"),
+            // Names its buffer and size, which no input file holds.
+            AttnLibError::Kernel(AttnError::Alloc(_)) => return anyhow!("{e}"),
             AttnLibError::Kernel(
                 AttnError::DimMismatch { tensor, .. }
                 | AttnError::Layout { tensor, .. }

@@ -28,6 +28,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::simd::KvElem;
+use crate::alloc::{self, AllocError};
 use crate::grad::{AttnGrads, Saved};
 use crate::problem::Problem;
 use crate::view::View4;
@@ -114,7 +115,7 @@ pub struct BackwardTuning {
 }
 
 /// Gradients with instruction set `isa` (which must be available) of the call validated into
-/// `pb`; `saved` was checked against `pb.dims`.
+/// `pb`; `saved` was checked against `pb.dims`. Refuses gradients too large to allocate.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward<E: KvElem>(
     isa: Isa,
@@ -125,14 +126,14 @@ pub(crate) fn backward<E: KvElem>(
     pb: &Problem<f32>,
     want_dbias: bool,
     tuning: BackwardTuning,
-) -> AttnGrads<f32> {
+) -> Result<AttnGrads<f32>, AllocError> {
     assert!(isa.is_available(), "flash backward entered without {isa:?} support");
     let (run, _) = entry::of::<E>(isa);
     let d = pb.dims;
     let bias_len = pb.elem.bias.filter(|_| want_dbias).map(|b| b.data.len());
-    let mut g = AttnGrads::zeros(&d, bias_len);
+    let mut g = AttnGrads::zeros(&d, bias_len)?;
     if d.b == 0 || d.lq == 0 || d.lk == 0 {
-        return g;
+        return Ok(g);
     }
     let units = d.b * d.hkv;
     let head_dq = d.group() * d.lq * d.dk;
@@ -148,7 +149,8 @@ pub(crate) fn backward<E: KvElem>(
             .min(DQ_PARTIAL_BUDGET / (units * head_dq * 4).max(1))
             .max(1)
     };
-    let mut partials = vec![0.0f32; if shards > 1 { shards * units * head_dq } else { 0 }];
+    let partial_shape = if shards > 1 { [shards, units, head_dq] } else { [0; 3] };
+    let mut partials = alloc::filled("dq partials of key shards", &partial_shape, 0.0f32)?;
     let dq_target: &mut [f32] = if shards > 1 { &mut partials } else { &mut g.dq };
     {
         let cx = BwdCtx {
@@ -182,7 +184,7 @@ pub(crate) fn backward<E: KvElem>(
             }
         });
     }
-    g
+    Ok(g)
 }
 
 isa_entries!(run_job(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork));
