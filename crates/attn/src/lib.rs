@@ -6,7 +6,7 @@
 //! - [`SdpaOptions::kernel_params`]: the same options as `attn_kernels` parameters, for calling the
 //!   kernels directly.
 //! - [`Mask`], [`padding_mask`], [`key_lengths_from_tokens`]: building masks.
-//! - [`heatmap`]: drawing weights as pictures.
+//! - [`heatmap`]: drawing weights as pictures; [`picture::PictureFormat`]: the format a path names.
 //! - [`random`]: seeded random tensors for examples.
 //!
 //! Errors are [`AttnLibError`] values (wrapping candle's and the kernels' errors); bad shapes,
@@ -48,7 +48,7 @@ pub mod heatmap;
 pub mod mask;
 pub mod options;
 mod params;
-mod picture;
+pub mod picture;
 pub mod random;
 pub mod sdpa;
 

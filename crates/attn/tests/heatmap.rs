@@ -1,8 +1,10 @@
-//! Heatmap drawing: PNG and SVG output, what the pictures contain, and input errors.
+//! Heatmap drawing: PNG, SVG and JPEG output by extension, what the pictures contain, and input
+//! errors.
 
 use std::path::{Path, PathBuf};
 
 use attn::heatmap::{draw_head_grid, draw_heatmap, HeatmapError, HeatmapStyle};
+use attn::picture::PictureFormat;
 
 /// Viridis at the bottom and top of the scale.
 const VIRIDIS_LOW: [u8; 3] = [68, 1, 84];
@@ -115,11 +117,24 @@ fn grid_png_is_larger_than_one_panel() {
 }
 
 #[test]
-fn path_without_svg_extension_gets_png() {
-    let path = out("no_extension");
-    draw_heatmap(&path, &[0.5, 0.5], 1, 2, &HeatmapStyle::default()).unwrap();
-    let (w, h) = png_ihdr_size(&std::fs::read(&path).unwrap());
-    assert!(w > 0 && h > 0);
+fn extension_decides_the_format_and_unknown_ones_are_refused() {
+    let png = out("upper.PNG");
+    draw_heatmap(&png, &[0.5, 0.5], 1, 2, &HeatmapStyle::default()).unwrap();
+    let size = read_png(&png).dimensions();
+    for name in ["cells.jpg", "cells.JPEG"] {
+        let jpeg = out(name);
+        draw_heatmap(&jpeg, &[0.5, 0.5], 1, 2, &HeatmapStyle::default()).unwrap();
+        let bytes = std::fs::read(&jpeg).unwrap();
+        let img = image::load_from_memory_with_format(&bytes, image::ImageFormat::Jpeg).unwrap();
+        assert_eq!((img.width(), img.height()), size, "{name}: same picture as the PNG");
+    }
+    for (name, found) in [("no_extension", "no picture extension"), ("cells.gif", "unknown picture extension '.gif'")] {
+        let path = out(name);
+        let r = reason(draw_heatmap(&path, &[0.5, 0.5], 1, 2, &HeatmapStyle::default()), &path);
+        assert!(r.contains(found) && r.contains(".png, .svg, .jpg or .jpeg"), "{r}");
+    }
+    assert_eq!(PictureFormat::from_path(Path::new("a.b.Svg")), Ok(PictureFormat::Svg));
+    assert_eq!(PictureFormat::from_path(Path::new("jpg")).unwrap_err().found, None);
 }
 
 #[test]

@@ -1,14 +1,16 @@
 //! `attn heatmap`: reads attention weights from a safetensors file (such as the output of
 //! `attn run --weights`), picks one batch entry and one head (or every head, one panel each), labels
-//! the axes with tokens when given, and draws a PNG (or SVG when the output ends in `.svg`). Every
-//! refusal is one line naming the file, the tensor and what was expected versus found.
+//! the axes with tokens when given, and draws a PNG, SVG or JPEG by the output's extension (any other
+//! is refused before the input is read). Every refusal is one line naming the file, the tensor and
+//! what was expected versus found.
 
 mod select;
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use attn::heatmap::{draw_head_grid, draw_heatmap, HeatmapStyle};
+use attn::picture::PictureFormat;
 
 use crate::io::{read_safetensors, IoError, IoErrorKind};
 use select::{pick, Heads};
@@ -19,7 +21,7 @@ pub struct Args {
     /// Safetensors file holding the weights: `[Lq, Lk]`, `[H, Lq, Lk]` or `[B, H, Lq, Lk]`, any
     /// float type (e.g. the output of `attn run --weights`).
     pub input: PathBuf,
-    /// Output picture: PNG, or SVG when the name ends in `.svg`.
+    /// Output picture, in the format its extension names: `.png`, `.svg`, `.jpg` or `.jpeg`.
     #[arg(short, long)]
     pub output: PathBuf,
     /// Name of the tensor to draw.
@@ -50,6 +52,7 @@ pub struct Args {
 
 /// Runs `attn heatmap`.
 pub fn main(args: Args) -> Result<()> {
+    PictureFormat::from_path(&args.output).map_err(|e| anyhow!("-o {}: {e}", args.output.display()))?;
     let file = args.input.display().to_string();
     let name = args.tensor.as_str();
     let mut tensors = read_safetensors(&args.input)?;

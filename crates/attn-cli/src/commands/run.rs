@@ -1,9 +1,11 @@
 //! `attn run`: reads `q`, `k`, `v` (and optionally `mask`, `bias`, `key_lengths`, `grad_out`) from
-//! one safetensors file or from `.npy` files, computes attention with [`attn::sdpa_full`] under the
-//! shared attention flags, and writes `out`, `lse` (and `weights`) to a safetensors file; with
-//! `grad_out`, also the gradients `dq`, `dk`, `dv` (and `dbias`) through the library's autograd
-//! (`loss = Σ out·grad_out`, `loss.backward()`). Every refusal is one line naming the file, the
-//! tensor and what was expected versus found, and comes before anything is computed or written.
+//! one safetensors file or `.npz` archive, or from `.npy` files, computes attention with
+//! [`attn::sdpa_full`] under the shared attention flags, and writes `out`, `lse` (and `weights`) to
+//! a safetensors file or `.npz` archive, as the output's extension says; with `grad_out`, also the
+//! gradients `dq`, `dk`, `dv` (and `dbias`) through the library's autograd (`loss = Σ out·grad_out`,
+//! `loss.backward()`). Every refusal is one line naming the file, the tensor and what was expected
+//! versus found, and comes before anything is computed or written (the output's extension is
+//! checked before the inputs are read).
 
 mod inputs;
 
@@ -12,19 +14,21 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::sdpa_flags::SdpaFlags;
-use crate::io::{write_safetensors, HostTensor, IoError};
+use crate::io::{write_tensors, HostTensor, IoError, TensorFormat};
 use inputs::Inputs;
 
 /// Arguments of `attn run`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Safetensors file holding `q: [B, Hq, Lq, D]`, `k: [B, Hkv, Lk, D]`, `v: [B, Hkv, Lk, Dv]`
+    /// Safetensors file or `.npz` archive (`np.savez(f, q=q, k=k, v=v)`, compressed or not) holding
+    /// `q: [B, Hq, Lq, D]`, `k: [B, Hkv, Lk, D]`, `v: [B, Hkv, Lk, Dv]`
     /// and optionally `mask` (BOOL/U8, broadcastable to `[B, Hq, Lq, Lk]`), `bias` (float,
     /// broadcastable), `key_lengths` (I32/I64, `[B]`) and `grad_out` (float, `[B, Hq, Lq, Dv]`:
     /// the gradient of the output, which asks for the gradients).
     #[arg(required_unless_present = "q", conflicts_with = "q")]
     pub input: Option<PathBuf>,
-    /// Output safetensors file: `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]`, with `--weights`
+    /// Output file, in the format its extension names: `.safetensors`/`.st` or `.npz` (one
+    /// `NAME.npy` member per tensor, for `np.load`). It holds `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]`, with `--weights`
     /// `weights: [B, Hq, Lq, Lk]` and, when `grad_out` is given, `dq: [B, Hq, Lq, D]`,
     /// `dk: [B, Hkv, Lk, D]`, `dv: [B, Hkv, Lk, Dv]` and with a bias `dbias` (the bias's shape),
     /// all F32. The gradients are those of `Σ out·grad_out` through the library's autograd, by the
@@ -63,8 +67,9 @@ pub struct Args {
 
 /// Runs `attn run`.
 pub fn main(args: Args) -> Result<()> {
+    let format = TensorFormat::for_output(&args.output)?;
     let inputs = match &args.input {
-        Some(path) => Inputs::from_safetensors(path)?,
+        Some(path) => Inputs::from_file(path)?,
         None => Inputs::from_npy(&args)?,
     };
     let described = inputs.describe();
@@ -80,7 +85,7 @@ pub fn main(args: Args) -> Result<()> {
         .map(|(n, t)| Ok((n, HostTensor::from_f32_tensor(t).map_err(|kind| IoError::tensor(&file, n, kind))?)))
         .collect::<Result<Vec<_>, IoError>>()?;
     let refs: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
-    write_safetensors(&args.output, &refs)?;
+    write_tensors(&args.output, format, &refs)?;
     let shapes: Vec<String> = tensors.iter().map(|(n, t)| format!("{n} {:?}", t.shape)).collect();
     println!(
         "{described} -> {} kernel -> {} written to {}",

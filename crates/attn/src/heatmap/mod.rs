@@ -1,5 +1,6 @@
-//! Attention heatmaps: one `[Lq, Lk]` weight matrix, or a grid with one panel per head, written as PNG
-//! (or SVG when the path ends in `.svg`).
+//! Attention heatmaps: one `[Lq, Lk]` weight matrix, or a grid with one panel per head, written as PNG,
+//! SVG or JPEG by the path's extension ([`PictureFormat::from_path`](crate::picture::PictureFormat::from_path);
+//! any other extension is refused before anything is drawn).
 //!
 //! Rows run top to bottom from query 0, columns left to right from key 0. Colours follow viridis on a
 //! scale from `min(0, smallest weight)` to `max(0, largest weight)`, shown by a colour bar with tick
@@ -21,6 +22,7 @@ mod validate;
 
 use std::path::Path;
 
+use crate::picture::PictureFormat;
 use scale::ColorScale;
 
 /// Labels and title of a heatmap.
@@ -44,9 +46,9 @@ pub struct HeatmapError {
     pub reason: String,
 }
 
-/// Draws one heatmap of `weights: [Lq, Lk]` (row-major) to `path` (PNG, or SVG when it ends in `.svg`).
+/// Draws one heatmap of `weights: [Lq, Lk]` (row-major) to `path` (PNG, SVG or JPEG by extension).
 ///
-/// Fails, writing nothing, when `lq` or `lk` is 0, `weights.len() != lq * lk`, a label list has the
+/// Fails, writing nothing, when the extension is not `.png`, `.svg`, `.jpg` or `.jpeg`, `lq` or `lk` is 0, `weights.len() != lq * lk`, a label list has the
 /// wrong length, or the file cannot be written.
 pub fn draw_heatmap(
     path: &Path,
@@ -58,11 +60,11 @@ pub fn draw_heatmap(
     draw_figure(path, weights, None, lq, lk, style)
 }
 
-/// Draws a grid with one panel per head of `weights: [H, Lq, Lk]` (row-major) to `path` (PNG, or SVG
-/// when it ends in `.svg`).
+/// Draws a grid with one panel per head of `weights: [H, Lq, Lk]` (row-major) to `path` (PNG, SVG or
+/// JPEG by extension).
 ///
 /// Panels are titled `head h`, laid out in a near-square grid and share one colour scale. Fails, writing
-/// nothing, when `heads`, `lq` or `lk` is 0, `weights.len() != heads * lq * lk`, a label list has the
+/// nothing, when the extension is not a picture's, `heads`, `lq` or `lk` is 0, `weights.len() != heads * lq * lk`, a label list has the
 /// wrong length, the picture would be unreasonably large, or the file cannot be written.
 pub fn draw_head_grid(
     path: &Path,
@@ -85,10 +87,11 @@ fn draw_figure(
     style: &HeatmapStyle,
 ) -> Result<(), HeatmapError> {
     let fail = |reason: String| HeatmapError { path: path.display().to_string(), reason };
+    let format = PictureFormat::from_path(path).map_err(|e| fail(e.to_string()))?;
     validate::check(weights, heads, lq, lk, style).map_err(fail)?;
     crate::picture::font::ensure_registered().map_err(fail)?; // the layout measures text
     let scale = ColorScale::from_weights(weights);
     let has_non_finite = weights.iter().any(|w| !w.is_finite());
     let figure = layout::Figure::new(heads, lq, lk, style, &scale, has_non_finite).map_err(fail)?;
-    crate::picture::write(path, &draw::Picture { fig: &figure, weights, scale: &scale }).map_err(fail)
+    crate::picture::write(path, format, &draw::Picture { fig: &figure, weights, scale: &scale }).map_err(fail)
 }

@@ -1,5 +1,5 @@
 //! The inputs of `attn run`: each tensor with the file it came from, read from one safetensors
-//! file or from `.npy` files, checked for its role and converted into the `attn` library's call;
+//! file or `.npz` archive, or from `.npy` files, checked for its role and converted into the `attn` library's call;
 //! the library's refusals are reported naming the file of the tensor concerned. With `grad_out`
 //! the call also runs backward through candle's autograd: `q`, `k`, `v` and the bias become
 //! `Var`s and `Σ out·grad_out` is differentiated.
@@ -12,7 +12,7 @@ use attn_kernels::AttnError;
 use candle_core::{DType, Tensor, Var};
 
 use super::Args;
-use crate::io::{read_npy, read_safetensors, HostData, HostTensor, IoError, IoErrorKind};
+use crate::io::{read_npy, read_tensors, HostData, HostTensor, IoError, IoErrorKind};
 
 /// Tensor names accepted in the input file.
 const ACCEPTED: [&str; 7] = ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out"];
@@ -43,13 +43,18 @@ pub(super) struct Inputs {
 }
 
 impl Inputs {
-    /// Every tensor of the safetensors file `path`, which must hold `q`, `k` and `v` and nothing
-    /// but [`ACCEPTED`] names.
-    pub(super) fn from_safetensors(path: &Path) -> Result<Self, IoError> {
+    /// Every tensor of the safetensors file or `.npz` archive `path`, which must hold `q`, `k` and
+    /// `v` and nothing but [`ACCEPTED`] names. A `.npy` file is refused pointing to `--q`/`--k`/`--v`.
+    pub(super) fn from_file(path: &Path) -> anyhow::Result<Self> {
         let file = path.display().to_string();
-        let mut map = read_safetensors(path)?;
+        let mut map = read_tensors(path).map_err(|e| match e.kind {
+            IoErrorKind::SingleArray => anyhow!(
+                "{e}; pass .npy files with --q, --k, --v (and --mask, --bias, --key-lengths, --grad-out) instead"
+            ),
+            _ => e.into(),
+        })?;
         if let Some(name) = map.keys().find(|n| !ACCEPTED.contains(&n.as_str())) {
-            return Err(IoError::tensor(&file, name, IoErrorKind::Unknown { accepted: ACCEPTED.join(", ") }));
+            return Err(IoError::tensor(&file, name, IoErrorKind::Unknown { accepted: ACCEPTED.join(", ") }).into());
         }
         let present: Vec<String> = map.keys().cloned().collect();
         let found = if present.is_empty() { "no tensors".to_string() } else { present.join(", ") };
