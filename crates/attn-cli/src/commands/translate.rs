@@ -64,6 +64,7 @@ fn draw_alignment(path: &Path, text: &str, a: &Aligned) -> anyhow::Result<Vec<Pa
         title: Some(title),
         query_labels: Some(a.output_tokens.clone()),
         key_labels: Some(a.source_tokens.clone()),
+        ..Default::default()
     };
     let mut written = Vec::new();
     let mut average = vec![0f32; lt * ls];
@@ -72,6 +73,7 @@ fn draw_alignment(path: &Path, text: &str, a: &Aligned) -> anyhow::Result<Vec<Pa
         draw_head_grid(
             &file,
             weights,
+            None,
             a.heads,
             lt,
             ls,
@@ -88,6 +90,7 @@ fn draw_alignment(path: &Path, text: &str, a: &Aligned) -> anyhow::Result<Vec<Pa
     draw_heatmap(
         &file,
         &average,
+        None,
         lt,
         ls,
         &style(format!("cross-attention averaged over heads and layers: {text:?} → {:?}", a.output)),

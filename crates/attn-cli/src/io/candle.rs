@@ -30,6 +30,13 @@ impl HostTensor {
         }
     }
 
+    /// A `U8` keep-mask candle tensor (such as [`attn::SdpaOptions::keep_mask`]'s) as a BOOL
+    /// tensor of the same shape, non-zero = true.
+    pub fn from_keep_tensor(t: &Tensor) -> Result<HostTensor, IoErrorKind> {
+        let data = t.flatten_all().and_then(|flat| flat.to_vec1::<u8>()).map_err(candle_error)?;
+        Ok(HostTensor { shape: t.dims().to_vec(), data: HostData::Bool(data.into_iter().map(|x| x != 0).collect()) })
+    }
+
     /// An `F32` candle tensor of any shape, copied to host memory.
     pub fn from_f32_tensor(t: &Tensor) -> Result<HostTensor, IoErrorKind> {
         let data = t.flatten_all().and_then(|flat| flat.to_vec1::<f32>()).map_err(candle_error)?;
@@ -60,6 +67,8 @@ mod tests {
         assert_eq!(m.into_mask_tensor().unwrap().to_vec1::<u8>().unwrap(), [1, 0, 1]);
         let back = HostTensor::from_f32_tensor(&Tensor::new(&[[1.5f32, -2.0]], &Device::Cpu).unwrap()).unwrap();
         assert_eq!(back, HostTensor { shape: vec![1, 2], data: HostData::F32(vec![1.5, -2.0]) });
+        let keep = HostTensor::from_keep_tensor(&Tensor::new(&[[0u8], [3]], &Device::Cpu).unwrap()).unwrap();
+        assert_eq!(keep, HostTensor { shape: vec![2, 1], data: HostData::Bool(vec![false, true]) });
     }
 
     #[test]

@@ -179,6 +179,8 @@ pub(super) struct Call {
 pub(super) struct RunOutput {
     /// `out`, `lse` and the weights when asked.
     pub sdpa: SdpaOutput,
+    /// With the weights, the keep-mask `[B, Hq, Lq, Lk]` (`U8`) of the cells masking set to 0.
+    pub keep: Option<Tensor>,
     /// `dq`, `dk`, `dv` and `dbias` (with a bias) as F32 when `grad_out` is given, else empty.
     pub grads: Vec<(&'static str, Tensor)>,
 }
@@ -188,9 +190,17 @@ impl Call {
     /// candle's autograd (the library's backward, by the same kernel and dropout seed); a refusal
     /// is one line naming the file of the tensor concerned, or the option.
     pub(super) fn run(&self) -> anyhow::Result<RunOutput> {
+        let keep = match self.opts.return_weights {
+            true => {
+                // `q` and `k` have rank 4 here: `[B, Hq, Lq]` of `q`, then `Lk` of `k`.
+                let (q, lk) = (self.q.dims(), self.k.dims()[2]);
+                Some(self.opts.keep_mask(q[0], q[1], q[2], lk).map_err(|e| self.error(e))?)
+            }
+            false => None,
+        };
         let Some(grad_out) = &self.grad_out else {
             let sdpa = sdpa_full(&self.q, &self.k, &self.v, &self.opts).map_err(|e| self.error(e))?;
-            return Ok(RunOutput { sdpa, grads: Vec::new() });
+            return Ok(RunOutput { sdpa, keep, grads: Vec::new() });
         };
         let var = |t: &Tensor| Var::from_tensor(t).map_err(|e| self.candle_error(e));
         let (q, k, v) = (var(&self.q)?, var(&self.k)?, var(&self.v)?);
@@ -208,7 +218,7 @@ impl Call {
                 Ok((name, grad.to_dtype(DType::F32).map_err(|e| self.candle_error(e))?))
             })
             .collect::<anyhow::Result<_>>()?;
-        Ok(RunOutput { sdpa, grads })
+        Ok(RunOutput { sdpa, keep, grads })
     }
 
     /// A candle error while computing, as one line naming `q`'s file; a library refusal inside
