@@ -1,9 +1,9 @@
 //! `attn heatmap`: reads attention weights from a safetensors file or `.npz` archive (such as the
 //! output of `attn run --weights`), with the file's `mask` marking masked cells when it has one,
-//! picks one batch entry and one head (or every head, one panel each), labels
-//! the axes with tokens when given, and draws a PNG, SVG or JPEG by the output's extension (any other
-//! is refused before the input is read). Every refusal is one line naming the file, the tensor and
-//! what was expected versus found.
+//! picks one batch entry and one head (or every head, one panel each), labels the axes with tokens
+//! when given, and draws a PNG, SVG or JPEG by the output's extension (any other is refused before
+//! the input is read). Every refusal is one line naming the file, the tensor and what was expected
+//! versus found.
 
 mod select;
 

@@ -1,12 +1,12 @@
 //! `attn run`: reads `q`, `k`, `v` (and optionally `mask`, `bias`, `key_lengths`, `grad_out`) from
 //! one safetensors file or `.npz` archive, or from `.npy` files, computes attention with
-//! [`attn::sdpa_full`] under the shared attention flags, and writes `out`, `lse` (and `weights`) to
-//! a safetensors file or `.npz` archive, as the output's extension says (with the weights, also
-//! the keep-mask `mask` of the cells masking set to 0); with `grad_out`, also the
-//! gradients `dq`, `dk`, `dv` (and `dbias`) through the library's autograd (`loss = Σ out·grad_out`,
-//! `loss.backward()`). Every refusal is one line naming the file, the tensor and what was expected
-//! versus found, and comes before anything is computed or written (the output's extension is
-//! checked before the inputs are read).
+//! [`attn::sdpa_full`] under the shared attention flags, and writes `out`, `lse` (and `weights`
+//! with the keep-mask `mask` of the cells masking set to 0) to a safetensors file or `.npz`
+//! archive, as the output's extension says; with `grad_out`, also the gradients `dq`, `dk`, `dv`
+//! (and `dbias`) through the library's autograd (`loss = Σ out·grad_out`, `loss.backward()`).
+//! Every refusal is one line naming the file, the tensor and what was expected versus found, and
+//! comes before anything is computed or written (the output's extension is checked before the
+//! inputs are read).
 
 mod inputs;
 
@@ -29,14 +29,15 @@ pub struct Args {
     #[arg(required_unless_present = "q", conflicts_with = "q")]
     pub input: Option<PathBuf>,
     /// Output file, in the format its extension names: `.safetensors`/`.st` or `.npz` (one
-    /// `NAME.npy` member per tensor, for `np.load`). It holds `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]`, with `--weights`
-    /// `weights: [B, Hq, Lq, Lk]` and, when `grad_out` is given, `dq: [B, Hq, Lq, D]`,
-    /// `dk: [B, Hkv, Lk, D]`, `dv: [B, Hkv, Lk, Dv]` and with a bias `dbias` (the bias's shape),
-    /// all F32, and with `--weights` also `mask: [B, Hq, Lq, Lk]` (BOOL, true where the query may
-    /// attend the key: mask, key lengths, causal band, window and −∞ bias together), which
-    /// `attn heatmap` uses to draw masked cells apart from small weights. The gradients are those of `Σ out·grad_out` through the library's autograd, by the
-    /// backward of `--kernel`, with dropout replayed from `--seed`; `dk`, `dv` and `dbias` come in
-    /// the stored precision of `k`, `v` and the bias.
+    /// `NAME.npy` member per tensor, for `np.load`). It holds `out: [B, Hq, Lq, Dv]` and
+    /// `lse: [B, Hq, Lq]`; with `--weights` also `weights: [B, Hq, Lq, Lk]` and
+    /// `mask: [B, Hq, Lq, Lk]` (BOOL, true where the query may attend the key: mask, key lengths,
+    /// causal band, window and −∞ bias together, which `attn heatmap` uses to draw masked cells
+    /// apart from small weights); when `grad_out` is given, `dq: [B, Hq, Lq, D]`, `dk: [B, Hkv, Lk, D]`,
+    /// `dv: [B, Hkv, Lk, Dv]` and with a bias `dbias` (the bias's shape). All floats are F32. The
+    /// gradients are those of `Σ out·grad_out` through the library's autograd, by the backward of
+    /// `--kernel`, with dropout replayed from `--seed`; `dk`, `dv` and `dbias` come in the stored
+    /// precision of `k`, `v` and the bias.
     #[arg(short, long)]
     pub output: PathBuf,
     /// `.npy` file of `q: [B, Hq, Lq, D]`, instead of INPUT.

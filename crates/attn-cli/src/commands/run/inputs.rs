@@ -1,6 +1,7 @@
 //! The inputs of `attn run`: each tensor with the file it came from, read from one safetensors
-//! file or `.npz` archive, or from `.npy` files, checked for its role and converted into the `attn` library's call;
-//! the library's refusals are reported naming the file of the tensor concerned. With `grad_out`
+//! file or `.npz` archive, or from `.npy` files, checked for its role and converted into the
+//! `attn` library's call; the library's refusals are reported naming the file of the tensor
+//! concerned. With `grad_out`
 //! the call also runs backward through candle's autograd: `q`, `k`, `v` and the bias become
 //! `Var`s and `Σ out·grad_out` is differentiated.
 
