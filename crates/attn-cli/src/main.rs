@@ -18,11 +18,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run attention on tensors stored in a safetensors file (or .npy files).
+    /// Run attention on tensors stored in a safetensors or .npz file (or .npy files).
     Run(Box<commands::run::Args>),
     /// Walk through worked examples on built-in data and draw a heatmap.
     Demo(commands::demo::Args),
-    /// Draw attention weights as a heatmap (PNG, or SVG by file name).
+    /// Draw attention weights as a heatmap (PNG, SVG or JPEG by extension).
     Heatmap(commands::heatmap::Args),
     /// Benchmark a kernel on a shape and report time, GFLOP/s and memory.
     Bench(commands::bench::Args),

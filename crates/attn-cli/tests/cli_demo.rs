@@ -1,6 +1,6 @@
 //! `attn demo` end to end: the worked example's numbers, recomputed here in `f64` from the
 //! formula, appear in order; the padded batch shows zero weights on padded keys; the heatmap
-//! PNG is written.
+//! PNGs are written, the padded batch's with its padded keys drawn as masked.
 
 use std::process::Command;
 
@@ -80,12 +80,22 @@ fn demo_prints_the_worked_example_and_writes_a_heatmap() {
         assert!(stdout.contains(shape), "shape {shape} missing in:\n{stdout}");
     }
 
-    // Step 3: the heatmap PNG.
-    let png = out_dir.join("attn-demo-heatmap.png");
-    let bytes = std::fs::read(&png).unwrap();
-    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{} is not a PNG", png.display());
-    assert!(stdout.contains(&png.display().to_string()));
+    // Step 3: the heatmap PNGs; the padded batch's shows its 2 padded keys × 5 queries × 2 heads
+    // as masked cells (light grey), which example 1's, with nothing masked, does not have (a few
+    // anti-aliased text pixels may share the colour).
+    let masked_px = |name: &str| {
+        let png = out_dir.join(name);
+        assert!(stdout.contains(&png.display().to_string()), "{name} not reported in:\n{stdout}");
+        let img = image::load_from_memory_with_format(&std::fs::read(&png).unwrap(), image::ImageFormat::Png);
+        img.unwrap().to_rgb8().pixels().filter(|p| p.0 == MASKED).count()
+    };
+    assert!(masked_px("attn-demo-heatmap.png") < 500);
+    let masked = masked_px("attn-demo-padded.png");
+    assert!(masked > 20 * 500, "{masked} masked px for 20 masked cells");
 }
+
+/// Fill colour of masked heatmap cells.
+const MASKED: [u8; 3] = [228, 228, 228];
 
 #[test]
 fn demo_writes_its_heatmap_where_the_user_is_and_checks_out_dir_first() {

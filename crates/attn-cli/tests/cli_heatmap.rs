@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use attn_cli::io::{read_safetensors, write_safetensors, HostData, HostTensor};
+use attn_cli::io::{read_safetensors, read_tensors, write_safetensors, HostData, HostTensor};
 use attn_kernels::rng::SplitMix64;
 use half::{bf16, f16};
 
@@ -174,7 +174,7 @@ fn bad_requests_are_one_line_errors_naming_file_tensor_expected_and_found() {
     let d = dir.path();
     let run_out = run_weights(d, 4, 4);
     let f = s(&run_out);
-    refused(d, &[f, "--tensor", "attn"], &[f, "tensor 'attn'", "missing", "lse, out, weights"]);
+    refused(d, &[f, "--tensor", "attn"], &[f, "tensor 'attn'", "missing", "lse, mask, out, weights"]);
     refused(d, &[f, "--batch", "2"], &[f, "tensor 'weights'", "--batch 2", "[2, 3, 4, 4]", "0 to 1"]);
     refused(d, &[f, "--head", "3"], &[f, "tensor 'weights'", "--head 3", "0 to 2"]);
     refused(d, &[f, "--tokens", "a b c"], &[f, "tensor 'weights'", "--tokens has 3 tokens", "Lq = Lk = 4"]);
@@ -221,6 +221,64 @@ fn bad_requests_are_one_line_errors_naming_file_tensor_expected_and_found() {
 
     let absent = d.join("absent.safetensors");
     refused(d, &[s(&absent)], &[s(&absent), "cannot read"]);
+}
+
+#[test]
+fn masked_cells_are_drawn_apart_from_zero_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("qkv.safetensors");
+    let t = |seed| tensor(&[1, 2, 4, 8], HostData::F32(values(64, seed)));
+    write_safetensors(&input, &[("q", &t(1)), ("k", &t(2)), ("v", &t(3))]).unwrap();
+    for name in ["causal.safetensors", "causal.npz"] {
+        let output = dir.path().join(name);
+        stdout_of(&attn(&["run", s(&input), "-o", s(&output), "--weights", "--causal"]));
+        let svg = dir.path().join(format!("{name}.svg"));
+        stdout_of(&attn(&["heatmap", s(&output), "--head", "1", "-o", s(&svg)]));
+        let texts = svg_texts(&svg);
+        // The 6 cells above the diagonal are masked: no value, and a legend entry, where they
+        // were drawn as "0.00" like weights that happen to be tiny.
+        assert!(texts.iter().any(|t| t == "masked"), "{name}: no 'masked' legend in {texts:?}");
+        assert!(!texts.iter().any(|t| t == "0.00"), "{name}: {texts:?}");
+        let w = read_tensors(&output).unwrap()["weights"].to_f32_vec().unwrap();
+        let cells = cell_texts(&w, [1, 2, 4, 4], 0, 1);
+        for (at, cell) in cells.iter().enumerate().filter(|(at, _)| at % 4 <= at / 4) {
+            assert!(texts.contains(cell), "{name}: kept cell {at} ({cell}) not among {texts:?}");
+        }
+    }
+    // Without a mask in the file the same weights show their zeros.
+    let bare = dir.path().join("bare.safetensors");
+    let weights = read_safetensors(&dir.path().join("causal.safetensors")).unwrap().remove("weights").unwrap();
+    write_safetensors(&bare, &[("weights", &weights)]).unwrap();
+    let svg = dir.path().join("bare.svg");
+    stdout_of(&attn(&["heatmap", s(&bare), "-o", s(&svg)]));
+    let texts = svg_texts(&svg);
+    assert_eq!(texts.iter().filter(|t| *t == "0.00").count(), 6, "{texts:?}");
+    assert!(!texts.iter().any(|t| t == "masked"), "{texts:?}");
+}
+
+#[test]
+fn tensors_other_than_weights_get_neutral_axis_titles() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = run_weights(dir.path(), 4, 4);
+    let svg = dir.path().join("out.svg");
+    stdout_of(&attn(&["heatmap", s(&output), "--tensor", "out", "-o", s(&svg)]));
+    let texts = svg_texts(&svg);
+    assert!(texts.iter().any(|t| t == "Row") && texts.iter().any(|t| t == "Column"), "{texts:?}");
+    assert!(!texts.iter().any(|t| t == "Key" || t == "Query" || t == "masked"), "{texts:?}");
+    let weights = dir.path().join("weights.svg");
+    stdout_of(&attn(&["heatmap", s(&output), "-o", s(&weights)]));
+    let texts = svg_texts(&weights);
+    assert!(texts.iter().any(|t| t == "Key") && texts.iter().any(|t| t == "Query"), "{texts:?}");
+}
+
+#[test]
+fn a_mask_that_does_not_fit_the_weights_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("w.safetensors");
+    let weights = tensor(&[2, 3], HostData::F32(vec![0.5; 6]));
+    let mask = tensor(&[2], HostData::Bool(vec![true, false]));
+    write_safetensors(&file, &[("weights", &weights), ("mask", &mask)]).unwrap();
+    refused(dir.path(), &[s(&file)], &[s(&file), "tensor 'mask'", "[2]", "[2, 3]"]);
 }
 
 #[test]

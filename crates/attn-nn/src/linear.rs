@@ -23,8 +23,9 @@ impl Linear {
         Self { weight, bias }
     }
 
-    /// Loads `weight` and `bias` under `vb` (created, from a `VarMap`, with PyTorch's
-    /// initialisation, as `candle_nn::linear` does).
+    /// Loads `weight` and `bias` under `vb` (created, from a `VarMap`, with `candle_nn::linear`'s
+    /// initialisation: Kaiming-normal weights, std `√(2/in)`, where PyTorch draws uniformly within
+    /// `±1/√in`; biases uniform within `±1/√in` as in PyTorch).
     pub fn load(in_dim: usize, out_dim: usize, vb: VarBuilder) -> Result<Self> {
         Ok(candle_nn::linear(in_dim, out_dim, vb)?.into())
     }

@@ -1,6 +1,7 @@
 //! Line charts of experiment results and training curves: several named series of `(x, y)` points
-//! on shared axes, linear or base-10 logarithmic, written as PNG (or SVG when the path ends in
-//! `.svg`) with the embedded font, so drawing needs no system fonts. Nothing is written on failure.
+//! on shared axes, linear or base-10 logarithmic, written as PNG, SVG or JPEG by the path's extension
+//! ([`PictureFormat::from_path`]) with the embedded font, so drawing needs no system fonts. Nothing is
+//! written on failure, and an unknown extension is refused before anything is drawn.
 //!
 //! Logarithmic axes plot `log10` of the values with ticks labelled in the original units; points
 //! that are not finite, or not positive on a logarithmic axis, are left out of their line.
@@ -15,7 +16,7 @@ use plotters::prelude::{
 use plotters::style::Color;
 
 use crate::picture::font::FAMILY;
-use crate::picture::{write, Render};
+use crate::picture::{write, PictureFormat, Render};
 
 /// One named line.
 #[derive(Debug, Clone)]
@@ -53,10 +54,11 @@ pub struct ChartError {
     pub reason: String,
 }
 
-/// Draws `chart` to `path` (800×500 pixels). Fails, writing nothing, when no series has a
-/// drawable point or the file cannot be written.
+/// Draws `chart` to `path` (800×500 pixels). Fails, writing nothing, when the extension is not
+/// `.png`, `.svg`, `.jpg` or `.jpeg`, no series has a drawable point or the file cannot be written.
 pub fn draw_lines(path: &Path, chart: &LineChart) -> Result<(), ChartError> {
     let fail = |reason: String| ChartError { path: path.display().to_string(), reason };
+    let format = PictureFormat::from_path(path).map_err(|e| fail(e.to_string()))?;
     let lines: Vec<Vec<(f64, f64)>> =
         chart.series.iter().map(|s| s.points.iter().filter_map(|&p| chart.place(p)).collect()).collect();
     let all: Vec<(f64, f64)> = lines.iter().flatten().copied().collect();
@@ -70,7 +72,7 @@ pub fn draw_lines(path: &Path, chart: &LineChart) -> Result<(), ChartError> {
     };
     let x = span(&mut all.iter().map(|p| p.0));
     let y = span(&mut all.iter().map(|p| p.1));
-    write(path, &Picture { chart, lines, x, y }).map_err(fail)
+    write(path, format, &Picture { chart, lines, x, y }).map_err(fail)
 }
 
 impl LineChart {

@@ -6,7 +6,7 @@
 //! - [`SdpaOptions::kernel_params`]: the same options as `attn_kernels` parameters, for calling the
 //!   kernels directly.
 //! - [`Mask`], [`padding_mask`], [`key_lengths_from_tokens`]: building masks.
-//! - [`heatmap`]: drawing weights as pictures.
+//! - [`heatmap`]: drawing weights as pictures; [`picture::PictureFormat`]: the format a path names.
 //! - [`random`]: seeded random tensors for examples.
 //! - [`write_file`]: writing a file whole or not at all, with a plainly created file's mode.
 //!
@@ -20,6 +20,26 @@
 //! assert_eq!(out.dims(), &[1, 2, 4, 8]);
 //! # Ok::<(), attn::AttnLibError>(())
 //! ```
+//!
+//! The README's library example, on a padded batch of two token rows (the example's text lives
+//! in `doc/library-example.rs`; `tests/readme.rs` checks that README.md quotes it word for word,
+//! and this doctest compiles it with warnings, unused code included, denied):
+//!
+#![doc = concat!(
+    "```\n",
+    "# #![deny(warnings, unused)]\n",
+    "# use candle_core::{Device, Tensor};\n",
+    "# let uniform = |shape: &[usize], seed| attn::random::uniform(shape, -1.0, 1.0, seed);\n",
+    "# let (q, k, v) = (uniform(&[2, 4, 6, 8], 1)?, uniform(&[2, 4, 6, 8], 2)?, uniform(&[2, 4, 6, 8], 3)?);\n",
+    "# let token_ids = Tensor::new(&[[5u32, 7, 9, 0, 0, 0], [3, 4, 0, 0, 0, 0]], &Device::Cpu)?;\n",
+    include_str!("../doc/library-example.rs"),
+    "# assert_eq!((out.dims(), o.dims(), lse.dims()), (&[2, 4, 6, 8][..], &[2, 4, 6, 8][..], &[2, 4, 6][..]));\n",
+    "# // Padded keys (token id 0) get weight 0: three in row 0, four in row 1.\n",
+    "# let padded = w.eq(0f32)?.to_dtype(candle_core::DType::F32)?.sum_all()?.to_scalar::<f32>()?;\n",
+    "# assert_eq!(padded, (4 * 6 * (3 + 4)) as f32);\n",
+    "# Ok::<(), attn::AttnLibError>(())\n",
+    "```",
+)]
 
 mod autograd;
 pub mod chart;
@@ -29,7 +49,7 @@ pub mod heatmap;
 pub mod mask;
 pub mod options;
 mod params;
-mod picture;
+pub mod picture;
 pub mod random;
 pub mod sdpa;
 pub mod write_file;

@@ -3,10 +3,11 @@
 //! kernels read (keep flags; bias values in the kernel's float type `T`), and the parameters then
 //! borrow from that copy. [`sdpa_full`](crate::sdpa_full) computes through it, and so does any
 //! caller of `attn_kernels` that starts from options (a test running the `f64` reference kernel,
-//! say).
+//! say). [`SdpaOptions::keep_mask`] spells out, through the same conversion, which query may
+//! attend which key.
 
-use attn_kernels::{AttnParams, Broadcast, MaskSpec};
-use candle_core::WithDType;
+use attn_kernels::{AttnParams, Broadcast, MaskSpec, Problem};
+use candle_core::{Device, Tensor, WithDType};
 
 use crate::convert::float_values;
 use crate::error::{AttnLibError, Result};
@@ -38,6 +39,35 @@ impl SdpaOptions {
             None => None,
         };
         Ok(KernelParams { opts: self, keep, bias })
+    }
+}
+
+impl SdpaOptions {
+    /// The keep-mask `[B, Hq, Lq, Lk]` these options amount to for `q: [B, Hq, Lq, ·]` and keys
+    /// `[B, ·, Lk, ·]`, as a `U8` CPU tensor (1 = the query may attend the key): the causal band or
+    /// window under the alignment, the key lengths, the boolean mask and the bias's `−∞` entries
+    /// together. Its zeros are the cells whose weight masking sets to 0, as opposed to a weight that
+    /// is merely tiny; dropout is not part of it. Fails as the call itself would on a mask, bias or
+    /// key lengths that do not fit the sizes.
+    pub fn keep_mask(&self, b: usize, hq: usize, lq: usize, lk: usize) -> Result<Tensor> {
+        let host = self.kernel_params::<f32>()?;
+        let params = host.attn_params()?;
+        // One key/value head of width 1: only the sizes the masks depend on matter.
+        let p = Problem::new([b, hq, lq, 1], [b, 1, lk, 1], [b, 1, lk, 1], &params)?;
+        let n = [b, hq, lq, lk].iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
+            AttnLibError::Value { field: "keep_mask", reason: format!("[{b}, {hq}, {lq}, {lk}] overflows") }
+        })?;
+        let mut keep = vec![0u8; n];
+        for (row, flags) in keep.chunks_mut(lk.max(1)).take(b * hq * lq).enumerate() {
+            let (bi, h, i) = (row / (hq * lq), row / lq % hq, row % lq);
+            let (lo, hi) = p.key_range(bi, i);
+            for (j, flag) in flags.iter_mut().enumerate().take(hi).skip(lo) {
+                let kept = p.elem.keep.is_none_or(|m| m.at(bi, h, i, j));
+                let finite_bias = p.elem.bias.is_none_or(|x| x.at(bi, h, i, j) != f32::NEG_INFINITY);
+                *flag = u8::from(kept && finite_bias);
+            }
+        }
+        Ok(Tensor::from_vec(keep, (b, hq, lq, lk), &Device::Cpu)?)
     }
 }
 

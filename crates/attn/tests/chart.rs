@@ -44,3 +44,16 @@ fn nothing_drawable_is_refused_and_nothing_written() {
     let err = draw_lines(&dir.path().join("missing/c.png"), &chart(false, vec![(1.0, 1.0)])).unwrap_err();
     assert!(err.to_string().contains("cannot write"), "{err}");
 }
+
+#[test]
+fn extension_decides_the_format_and_unknown_ones_are_refused_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let jpeg = dir.path().join("c.jpeg");
+    draw_lines(&jpeg, &chart(false, vec![(1.0, 1.0), (2.0, 3.0)])).unwrap();
+    assert!(std::fs::read(&jpeg).unwrap().starts_with(b"\xff\xd8\xff"), "not a JPEG");
+    // The extension is refused before the series are looked at (they have nothing drawable here).
+    let tiff = dir.path().join("c.tiff");
+    let err = draw_lines(&tiff, &chart(true, vec![(1.0, -1.0)])).unwrap_err().to_string();
+    assert!(err.contains("c.tiff") && err.contains("'.tiff', expected .png, .svg, .jpg or .jpeg"), "{err}");
+    assert!(!tiff.exists());
+}

@@ -188,3 +188,49 @@ fn bad_masks_are_refused() {
     let b = Mask::keep(Tensor::ones((4, 3), DType::U8, &Device::Cpu).unwrap());
     assert!(matches!(a.and(&b).unwrap_err(), AttnLibError::Candle(_)));
 }
+
+#[test]
+fn keep_mask_is_the_rule_of_every_mask_together() {
+    let cpu = &Device::Cpu;
+    // Key 1 blocked for batch 1, key 3 of query 2 given a -inf bias, window (1, 1) bottom-right
+    // aligned, and key lengths 5 and 3.
+    let block: Vec<u8> = (0..B * LK).map(|i| u8::from(i == LK + 1)).collect();
+    let mut bias = vec![0f32; LQ * LK];
+    bias[2 * LK + 3] = f32::NEG_INFINITY;
+    bias[LK + 2] = -1e30; // query 1, key 2: very negative but finite, so not masked
+    let opts = SdpaOptions::default()
+        .mask(Mask::block(Tensor::from_vec(block, (B, 1, 1, LK), cpu).unwrap()))
+        .bias(Tensor::from_vec(bias, (LQ, LK), cpu).unwrap())
+        .window(Some(1), Some(1))
+        .align(Align::BottomRight)
+        .key_lengths(vec![5, 3]);
+    let keep = opts.keep_mask(B, H, LQ, LK).unwrap();
+    assert_eq!((keep.dims(), keep.dtype()), (&[B, H, LQ, LK][..], DType::U8));
+    let keep = keep.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+    for (b, key_length) in [5, 3].into_iter().enumerate() {
+        for h in 0..H {
+            for i in 0..LQ {
+                for j in 0..LK {
+                    let centre = (i + LK - LQ) as isize;
+                    let rule = (j as isize - centre).abs() <= 1
+                        && j < key_length
+                        && !(b == 1 && j == 1)
+                        && !(i == 2 && j == 3);
+                    let at = ((b * H + h) * LQ + i) * LK + j;
+                    assert_eq!(keep[at], u8::from(rule), "b {b} h {h} query {i} key {j}");
+                }
+            }
+        }
+    }
+    // Its zeros are weights of exactly 0; the one other weight of 0, query 1's key 2 in batch 0,
+    // underflowed under its finite bias (in batch 1 it is the row's only key, so its weight is 1).
+    let (q, k, v) = inputs(40);
+    let w = weights(&q, &k, &v, &opts);
+    for (at, (&kept, &w)) in keep.iter().zip(&w).enumerate() {
+        let underflow = at / (LQ * LK) < H && at % (LQ * LK) == LK + 2;
+        assert_eq!(kept == 1, w != 0.0 || underflow, "cell {at}: keep {kept}, weight {w}");
+        assert!(!underflow || (kept == 1 && w == 0.0), "cell {at}: keep {kept}, weight {w}");
+    }
+    let wrong = SdpaOptions::default().key_lengths(vec![1, 2, 3]);
+    assert!(wrong.keep_mask(B, H, LQ, LK).is_err(), "key lengths of the wrong batch are refused");
+}

@@ -3,13 +3,14 @@
 //!    weights and outputs), once unscaled and once scaled by `1/√d_k`;
 //! 2. a padded batch with a padding mask built from token ids, showing shapes and zero weights on
 //!    the padded keys;
-//! 3. a heatmap PNG of example 1's scaled weights.
+//! 3. heatmap PNGs of example 1's scaled weights and of example 2's first batch entry, whose
+//!    padded keys are drawn as masked (hatched grey), not as weights of 0.
 
 use super::out_dir::OutDir;
 
 use anyhow::Context;
-use attn::heatmap::{draw_heatmap, HeatmapStyle};
-use attn::{padding_mask, random::uniform, sdpa_full, SdpaOptions};
+use attn::heatmap::{draw_heatmap, draw_tensor, HeatmapStyle};
+use attn::{padding_mask, random::uniform, sdpa_full, Mask, SdpaOptions};
 use candle_core::{Device, Tensor};
 
 /// Arguments of `attn demo`.
@@ -19,14 +20,15 @@ pub struct Args {
     pub out: OutDir,
 }
 
-/// Runs `attn demo`: prints the worked examples and writes `attn-demo-heatmap.png`.
+/// Runs `attn demo`: prints the worked examples and writes `attn-demo-heatmap.png` and
+/// `attn-demo-padded.png`.
 pub fn main(args: Args) -> anyhow::Result<()> {
     let dir = args.out.prepare()?;
     let weights = worked_example()?;
     println!();
-    padded_batch()?;
+    let padded = padded_batch()?;
     println!();
-    write_heatmap(&weights, dir)
+    write_heatmaps(&weights, &padded, dir)
 }
 
 const TOKENS: [&str; 3] = ["x1", "x2", "x3"];
@@ -67,8 +69,18 @@ fn worked_example() -> anyhow::Result<Vec<f32>> {
     Ok(scaled_weights)
 }
 
+/// Example 2's first batch entry, for its heatmap.
+struct Padded {
+    /// Weights `[H, Lq, Lk]`.
+    weights: Tensor,
+    /// The padding mask `[1, 1, Lk]`.
+    mask: Mask,
+    /// The key token ids, as labels.
+    keys: Vec<String>,
+}
+
 /// Example 2: a padded batch through a padding mask.
-fn padded_batch() -> anyhow::Result<()> {
+fn padded_batch() -> anyhow::Result<Padded> {
     let (b, h, lq, lk, d_k, d_v) = (2, 2, 5, 7, 64, 128);
     println!("== 2. A padded batch: B = {b}, H = {h}, Lq = {lq}, Lk = {lk}, d_k = {d_k}, d_v = {d_v} ==");
     let pad_id = 0u32;
@@ -95,21 +107,32 @@ fn padded_batch() -> anyhow::Result<()> {
     println!("weights of batch 0, head 0, query 0 (keys 6 and 7 are padding):");
     print_row("", &first.to_vec1::<f32>()?);
     println!("  row sum = {:.4}", first.sum_all()?.to_scalar::<f32>()?);
-    Ok(())
+    let key_ids = tokens.get(0)?.to_vec1::<u32>()?;
+    let keys = key_ids.iter().map(|&t| if t == pad_id { "<pad>".to_string() } else { t.to_string() }).collect();
+    Ok(Padded { weights: weights.get(0)?, mask: Mask::keep(mask.tensor().get(0)?), keys })
 }
 
-/// Step 3: the heatmap of example 1's scaled weights.
-fn write_heatmap(weights: &[f32], dir: &std::path::Path) -> anyhow::Result<()> {
-    println!("== 3. Heatmap of example 1's weights (scale 1/√3) ==");
+/// Step 3: the heatmaps of example 1's scaled weights and of example 2's first batch entry.
+fn write_heatmaps(weights: &[f32], padded: &Padded, dir: &std::path::Path) -> anyhow::Result<()> {
+    println!("== 3. Heatmaps of example 1's weights (scale 1/√3) and of example 2's batch entry 0 ==");
     let path = dir.join("attn-demo-heatmap.png");
     let labels: Vec<String> = TOKENS.iter().map(|s| s.to_string()).collect();
     let style = HeatmapStyle {
         title: Some("softmax(Q·Kᵀ/√3), worked example".into()),
         query_labels: Some(labels.clone()),
         key_labels: Some(labels),
+        ..Default::default()
     };
-    draw_heatmap(&path, weights, TOKENS.len(), TOKENS.len(), &style)?;
+    draw_heatmap(&path, weights, None, TOKENS.len(), TOKENS.len(), &style)?;
     println!("heatmap written to {}", path.display());
+    let path = dir.join("attn-demo-padded.png");
+    let style = HeatmapStyle {
+        title: Some("padded batch, entry 0: the padded keys are masked".into()),
+        key_labels: Some(padded.keys.clone()),
+        ..Default::default()
+    };
+    draw_tensor(&path, &padded.weights, Some(&padded.mask), &style)?;
+    println!("heatmap with the padded keys masked written to {}", path.display());
     Ok(())
 }
 

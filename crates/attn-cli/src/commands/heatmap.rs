@@ -1,28 +1,34 @@
-//! `attn heatmap`: reads attention weights from a safetensors file (such as the output of
-//! `attn run --weights`), picks one batch entry and one head (or every head, one panel each), labels
-//! the axes with tokens when given, and draws a PNG (or SVG when the output ends in `.svg`). Every
-//! refusal is one line naming the file, the tensor and what was expected versus found.
+//! `attn heatmap`: reads attention weights from a safetensors file or `.npz` archive (such as the
+//! output of `attn run --weights`), with the file's `mask` marking masked cells when it has one,
+//! picks one batch entry and one head (or every head, one panel each), labels the axes with tokens
+//! when given, and draws a PNG, SVG or JPEG by the output's extension (any other is refused before
+//! the input is read). Every refusal is one line naming the file, the tensor and what was expected
+//! versus found.
 
 mod select;
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use attn::heatmap::{draw_head_grid, draw_heatmap, HeatmapStyle};
+use attn::picture::PictureFormat;
 
-use crate::io::{check_not_an_input, read_safetensors, IoError, IoErrorKind};
-use select::{pick, Heads};
+use crate::io::{check_not_an_input, read_tensors, IoError, IoErrorKind};
+use select::{keep_flags, pick, Heads};
 
 /// Arguments of `attn heatmap`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Safetensors file holding the weights: `[Lq, Lk]`, `[H, Lq, Lk]` or `[B, H, Lq, Lk]`, any
-    /// float type (e.g. the output of `attn run --weights`).
+    /// Safetensors file or `.npz` archive holding the weights: `[Lq, Lk]`, `[H, Lq, Lk]` or
+    /// `[B, H, Lq, Lk]`, any float type (e.g. the output of `attn run --weights`), and optionally
+    /// `mask` (BOOL/U8, true = may attend, broadcastable to the weights, as `attn run --weights`
+    /// writes it): its masked cells are drawn hatched grey, apart from weights that are merely 0.
     pub input: PathBuf,
-    /// Output picture: PNG, or SVG when the name ends in `.svg`.
+    /// Output picture, in the format its extension names: `.png`, `.svg`, `.jpg` or `.jpeg`.
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Name of the tensor to draw.
+    /// Name of the tensor to draw. Only `weights` is drawn with the file's `mask` and the axis
+    /// titles Query and Key; any other tensor gets Row and Column.
     #[arg(long, default_value = "weights")]
     pub tensor: String,
     /// Batch entry to draw (rank 4 tensors).
@@ -50,15 +56,19 @@ pub struct Args {
 
 /// Runs `attn heatmap`.
 pub fn main(args: Args) -> Result<()> {
+    PictureFormat::from_path(&args.output).map_err(|e| anyhow!("-o {}: {e}", args.output.display()))?;
     check_not_an_input(&args.output, [args.input.as_path()])?;
     let file = args.input.display().to_string();
     let name = args.tensor.as_str();
-    let mut tensors = read_safetensors(&args.input)?;
+    let mut tensors = read_tensors(&args.input)?;
     let Some(tensor) = tensors.remove(name) else {
         return Err(missing(&file, name, tensors.keys()).into());
     };
+    let weights = name == "weights";
+    let mask = tensors.remove("mask").filter(|_| weights);
+    let keep = mask.map(|m| keep_flags(&file, m, &tensor.shape)).transpose()?;
     let heads = if args.all_heads { Heads::All } else { Heads::One(args.head.unwrap_or(0)) };
-    let picked = pick(&file, name, &tensor, args.batch, heads)?;
+    let picked = pick(&file, name, &tensor, keep.as_deref(), args.batch, heads)?;
     let (query_labels, key_labels) =
         labels(&args, picked.lq, picked.lk).map_err(|kind| IoError::tensor(&file, name, kind))?;
     let place = if picked.place.is_empty() { String::new() } else { format!(", {}", picked.place) };
@@ -66,11 +76,14 @@ pub fn main(args: Args) -> Result<()> {
         title: Some(args.title.clone().unwrap_or_else(|| format!("{name}{place}"))),
         query_labels,
         key_labels,
+        row_title: (!weights).then(|| "Row".into()),
+        column_title: (!weights).then(|| "Column".into()),
     };
+    let keep = picked.keep.as_deref();
     if args.all_heads {
-        draw_head_grid(&args.output, &picked.data, picked.heads, picked.lq, picked.lk, &style)?;
+        draw_head_grid(&args.output, &picked.data, keep, picked.heads, picked.lq, picked.lk, &style)?;
     } else {
-        draw_heatmap(&args.output, &picked.data, picked.lq, picked.lk, &style)?;
+        draw_heatmap(&args.output, &picked.data, keep, picked.lq, picked.lk, &style)?;
     }
     println!("heatmap of {file} tensor '{name}' {:?}{place} written to {}", tensor.shape, args.output.display());
     Ok(())

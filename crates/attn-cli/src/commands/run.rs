@@ -1,10 +1,12 @@
 //! `attn run`: reads `q`, `k`, `v` (and optionally `mask`, `bias`, `key_lengths`, `grad_out`) from
-//! one safetensors file or from `.npy` files, computes attention with [`attn::sdpa_full`] under the
-//! shared attention flags, and writes `out`, `lse` (and `weights`) to a safetensors file; with
-//! `grad_out`, also the gradients `dq`, `dk`, `dv` (and `dbias`) through the library's autograd
-//! (`loss = Σ out·grad_out`, `loss.backward()`). Every refusal is one line naming the file, the
-//! tensor and what was expected versus found, and comes before anything is computed or written;
-//! so does the refusal of an output that is one of the inputs. The work runs in a pool of
+//! one safetensors file or `.npz` archive, or from `.npy` files, computes attention with
+//! [`attn::sdpa_full`] under the shared attention flags, and writes `out`, `lse` (and `weights`
+//! with the keep-mask `mask` of the cells masking set to 0) to a safetensors file or `.npz`
+//! archive, as the output's extension says; with `grad_out`, also the gradients `dq`, `dk`, `dv`
+//! (and `dbias`) through the library's autograd (`loss = Σ out·grad_out`, `loss.backward()`).
+//! Every refusal is one line naming the file, the tensor and what was expected versus found, and
+//! comes before anything is computed or written (the output's extension is checked before the
+//! inputs are read), as is an output that is one of the inputs. The work runs in a pool of
 //! `--threads` threads; the output line names the kernel `auto` resolved to and the dropout seed.
 
 mod inputs;
@@ -15,24 +17,29 @@ use anyhow::Result;
 
 use super::sdpa_flags::SdpaFlags;
 use super::threads::Threads;
-use crate::io::{check_not_an_input, write_safetensors, HostTensor, IoError};
+use crate::io::{check_not_an_input, write_tensors, HostTensor, IoError, TensorFormat};
 use inputs::Inputs;
 
 /// Arguments of `attn run`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Safetensors file holding `q: [B, Hq, Lq, D]`, `k: [B, Hkv, Lk, D]`, `v: [B, Hkv, Lk, Dv]`
+    /// Safetensors file or `.npz` archive (`np.savez(f, q=q, k=k, v=v)`, compressed or not) holding
+    /// `q: [B, Hq, Lq, D]`, `k: [B, Hkv, Lk, D]`, `v: [B, Hkv, Lk, Dv]`
     /// and optionally `mask` (BOOL/U8, broadcastable to `[B, Hq, Lq, Lk]`), `bias` (float,
     /// broadcastable), `key_lengths` (I32/I64, `[B]`) and `grad_out` (float, `[B, Hq, Lq, Dv]`:
     /// the gradient of the output, which asks for the gradients).
     #[arg(required_unless_present = "q", conflicts_with = "q")]
     pub input: Option<PathBuf>,
-    /// Output safetensors file: `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]`, with `--weights`
-    /// `weights: [B, Hq, Lq, Lk]` and, when `grad_out` is given, `dq: [B, Hq, Lq, D]`,
-    /// `dk: [B, Hkv, Lk, D]`, `dv: [B, Hkv, Lk, Dv]` and with a bias `dbias` (the bias's shape),
-    /// all F32. The gradients are those of `Σ out·grad_out` through the library's autograd, by the
-    /// backward of `--kernel`, with dropout replayed from `--seed`; `dk`, `dv` and `dbias` come in
-    /// the stored precision of `k`, `v` and the bias.
+    /// Output file, in the format its extension names: `.safetensors`/`.st` or `.npz` (one
+    /// `NAME.npy` member per tensor, for `np.load`). It holds `out: [B, Hq, Lq, Dv]` and
+    /// `lse: [B, Hq, Lq]`; with `--weights` also `weights: [B, Hq, Lq, Lk]` and
+    /// `mask: [B, Hq, Lq, Lk]` (BOOL, true where the query may attend the key: mask, key lengths,
+    /// causal band, window and −∞ bias together, which `attn heatmap` uses to draw masked cells
+    /// apart from small weights); when `grad_out` is given, `dq: [B, Hq, Lq, D]`, `dk: [B, Hkv, Lk, D]`,
+    /// `dv: [B, Hkv, Lk, Dv]` and with a bias `dbias` (the bias's shape). All floats are F32. The
+    /// gradients are those of `Σ out·grad_out` through the library's autograd, by the backward of
+    /// `--kernel`, with dropout replayed from `--seed`; `dk`, `dv` and `dbias` come in the stored
+    /// precision of `k`, `v` and the bias.
     #[arg(short, long)]
     pub output: PathBuf,
     /// `.npy` file of `q: [B, Hq, Lq, D]`, instead of INPUT.
@@ -76,10 +83,11 @@ impl Args {
 
 /// Runs `attn run`.
 pub fn main(args: Args) -> Result<()> {
+    let format = TensorFormat::for_output(&args.output)?;
     check_not_an_input(&args.output, args.input_files())?;
     let pool = args.threads.pool()?;
     let inputs = match &args.input {
-        Some(path) => Inputs::from_safetensors(path)?,
+        Some(path) => Inputs::from_file(path)?,
         None => Inputs::from_npy(&args)?,
     };
     let described = inputs.describe();
@@ -91,12 +99,16 @@ pub fn main(args: Args) -> Result<()> {
         named.push(("weights", w));
     }
     named.extend(result.grads.iter().map(|(n, t)| (*n, t)));
-    let tensors = named
+    let mut tensors = named
         .into_iter()
         .map(|(n, t)| Ok((n, HostTensor::from_f32_tensor(t, n).map_err(|kind| IoError::tensor(&file, n, kind))?)))
         .collect::<Result<Vec<_>, IoError>>()?;
+    if let Some(keep) = &result.keep {
+        tensors
+            .push(("mask", HostTensor::from_keep_tensor(keep, "mask").map_err(|kind| IoError::tensor(&file, "mask", kind))?));
+    }
     let refs: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
-    write_safetensors(&args.output, &refs)?;
+    write_tensors(&args.output, format, &refs)?;
     let shapes: Vec<String> = tensors.iter().map(|(n, t)| format!("{n} {:?}", t.shape)).collect();
     let dropout = args.sdpa.dropout_text().map_or(String::new(), |d| format!(", {d}"));
     println!(

@@ -6,8 +6,9 @@
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use anyhow::{anyhow, Context};
 use attn::heatmap::{draw_head_grid, draw_heatmap, HeatmapStyle};
+use attn::picture::PictureFormat;
 use attn_train::translate::{Aligned, Translator};
 
 /// Arguments of `attn translate`.
@@ -16,7 +17,8 @@ pub struct Args {
     /// The folder `attn train --out` wrote.
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Draw the first text's cross-attention (PNG, or SVG by extension).
+    /// Draw the first text's cross-attention, in the format the extension names: `.png`, `.svg`,
+    /// `.jpg` or `.jpeg` (checked before the checkpoint is loaded).
     #[arg(long, value_name = "FILE.png")]
     pub heatmap: Option<PathBuf>,
     /// Texts to translate (default: one per line of standard input).
@@ -24,6 +26,9 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> anyhow::Result<()> {
+    if let Some(path) = &args.heatmap {
+        PictureFormat::from_path(path).map_err(|e| anyhow!("--heatmap {}: {e}", path.display()))?;
+    }
     let translator = Translator::load(&args.checkpoint)?;
     let texts = if args.texts.is_empty() {
         std::io::stdin().lock().lines().collect::<Result<Vec<_>, _>>().context("cannot read standard input")?
@@ -42,10 +47,10 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `FILE-<suffix>.<ext>` next to `path`.
+/// `FILE-<suffix>.<ext>` next to `path` (whose picture extension has been checked).
 fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let stem = path.file_stem().map_or_else(|| "attention".into(), |s| s.to_string_lossy().into_owned());
-    let ext = path.extension().map_or_else(|| "png".into(), |e| e.to_string_lossy().into_owned());
+    let ext = path.extension().unwrap_or_default().to_string_lossy();
     path.with_file_name(format!("{stem}-{suffix}.{ext}"))
 }
 
@@ -59,6 +64,7 @@ fn draw_alignment(path: &Path, text: &str, a: &Aligned) -> anyhow::Result<Vec<Pa
         title: Some(title),
         query_labels: Some(a.output_tokens.clone()),
         key_labels: Some(a.source_tokens.clone()),
+        ..Default::default()
     };
     let mut written = Vec::new();
     let mut average = vec![0f32; lt * ls];
@@ -67,6 +73,7 @@ fn draw_alignment(path: &Path, text: &str, a: &Aligned) -> anyhow::Result<Vec<Pa
         draw_head_grid(
             &file,
             weights,
+            None,
             a.heads,
             lt,
             ls,
@@ -83,6 +90,7 @@ fn draw_alignment(path: &Path, text: &str, a: &Aligned) -> anyhow::Result<Vec<Pa
     draw_heatmap(
         &file,
         &average,
+        None,
         lt,
         ls,
         &style(format!("cross-attention averaged over heads and layers: {text:?} → {:?}", a.output)),

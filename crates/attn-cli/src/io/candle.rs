@@ -31,6 +31,14 @@ impl HostTensor {
         }
     }
 
+    /// A `U8` keep-mask candle tensor (such as [`attn::SdpaOptions::keep_mask`]'s) as a BOOL
+    /// tensor of the same shape, non-zero = true; `what` names the copy if it cannot be allocated.
+    pub fn from_keep_tensor(t: &Tensor, what: &'static str) -> Result<HostTensor, IoErrorKind> {
+        let data = tensor_values::<u8>(t, what)?;
+        let keep = alloc::collect(what, t.dims(), data.iter().map(|&x| x != 0))?;
+        Ok(HostTensor { shape: t.dims().to_vec(), data: HostData::Bool(keep) })
+    }
+
     /// An `F32` candle tensor of any shape, copied to host memory; `what` names the copy if it
     /// cannot be allocated.
     pub fn from_f32_tensor(t: &Tensor, what: &'static str) -> Result<HostTensor, IoErrorKind> {
@@ -74,6 +82,8 @@ mod tests {
         assert_eq!(m.into_mask_tensor().unwrap().to_vec1::<u8>().unwrap(), [1, 0, 1]);
         let back = HostTensor::from_f32_tensor(&Tensor::new(&[[1.5f32, -2.0]], &Device::Cpu).unwrap(), "out").unwrap();
         assert_eq!(back, HostTensor { shape: vec![1, 2], data: HostData::F32(vec![1.5, -2.0]) });
+        let keep = HostTensor::from_keep_tensor(&Tensor::new(&[[0u8], [3]], &Device::Cpu).unwrap(), "mask").unwrap();
+        assert_eq!(keep, HostTensor { shape: vec![2, 1], data: HostData::Bool(vec![false, true]) });
     }
 
     #[test]

@@ -92,4 +92,13 @@ pub enum IoErrorKind {
     /// A tensor name the command does not accept.
     #[error("unknown tensor name, accepted names are {accepted}")]
     Unknown { accepted: String },
+    /// A `.npy` file (one unnamed array) where a file of named tensors is expected.
+    #[error("a .npy file holds one unnamed array, expected a safetensors or .npz file of named tensors")]
+    SingleArray,
+    /// A `.npz` archive whose zip structure or members are unusable.
+    #[error("malformed .npz archive: {0}")]
+    Archive(String),
+    /// An output path whose extension names no format the command writes.
+    #[error("{0}")]
+    Format(String),
 }

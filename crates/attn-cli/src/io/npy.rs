@@ -18,7 +18,8 @@ use super::file::{read_checked, write_file};
 use super::npy_header::parse_header;
 use super::tensor::{checked_bytes, DType, HostData, HostTensor};
 
-const MAGIC: &[u8; 6] = b"\x93NUMPY";
+/// The first bytes of every `.npy` file.
+pub(super) const MAGIC: &[u8; 6] = b"\x93NUMPY";
 /// Magic, version and a 2-byte header length: the shortest possible prefix.
 const MIN_PREFIX: usize = 10;
 /// `.npy` type codes of the accepted element types.
@@ -85,10 +86,19 @@ pub fn parse_npy(file: &str, bytes: &[u8]) -> Result<HostTensor, IoError> {
 /// or not at all through [`write_file`]; BF16 has no `.npy` type code and is refused.
 pub fn write_npy(path: &Path, tensor: &HostTensor) -> Result<(), IoError> {
     let file = path.display().to_string();
+    let bytes = npy_bytes(tensor).map_err(|kind| IoError::file(file, kind))?;
+    write_file(path, |w| w.write_all(&bytes))
+}
+
+/// The bytes of `tensor` as a `.npy` file (version 1.0, or 2.0 for headers over 64 KiB); BF16
+/// has no `.npy` type code and is refused.
+pub(super) fn npy_bytes(tensor: &HostTensor) -> Result<Vec<u8>, IoErrorKind> {
     let dtype = tensor.data.dtype();
-    let descr = DESCRS.iter().find(|(_, d)| *d == dtype).map(|(s, _)| *s).ok_or_else(|| {
-        IoError::file(&file, IoErrorKind::Dtype { found: dtype.name().into(), expected: descr_list() })
-    })?;
+    let descr = DESCRS
+        .iter()
+        .find(|(_, d)| *d == dtype)
+        .map(|(s, _)| *s)
+        .ok_or_else(|| IoErrorKind::Dtype { found: dtype.name().into(), expected: descr_list() })?;
     let dims: Vec<String> = tensor.shape.iter().map(usize::to_string).collect();
     let shape = match dims.len() {
         1 => format!("({},)", dims[0]),
@@ -109,10 +119,8 @@ pub fn write_npy(path: &Path, tensor: &HostTensor) -> Result<(), IoError> {
         bytes.extend((header.len() as u32).to_le_bytes());
     }
     bytes.extend(header.as_bytes());
-    write_file(path, |w| {
-        w.write_all(&bytes)?;
-        tensor.data.write_le(w)
-    })
+    tensor.data.write_le(&mut bytes).map_err(|e| IoErrorKind::Write(e.to_string()))?;
+    Ok(bytes)
 }
 
 fn descr_dtype(descr: &str) -> Result<DType, IoErrorKind> {

@@ -138,10 +138,16 @@ impl<'a> Case<'a> {
         let mut expected =
             vec![("out", vec![b, hq, lq, dv], r64.out, r32.out), ("lse", vec![b, hq, lq], r64.lse, r32.lse)];
         if weights {
+            // The masked cells are those the reference gives weight 0 (the seeded inputs are too
+            // small for an unmasked weight to underflow).
+            let keep: Vec<bool> = r64.weights.as_ref().unwrap().iter().map(|&w| w != 0.0).collect();
+            let want = HostTensor::new(vec![b, hq, lq, lk], HostData::Bool(keep)).unwrap();
+            assert_eq!(result.get("mask"), Some(&want), "mask: the cells the reference masks");
             expected.push(("weights", vec![b, hq, lq, lk], r64.weights.unwrap(), r32.weights.unwrap()));
         }
-        let written: Vec<_> = result.keys().filter(|n| !GRADIENTS.contains(&n.as_str())).collect();
+        let written: Vec<_> = result.keys().filter(|n| !GRADIENTS.contains(&n.as_str()) && *n != "mask").collect();
         assert_eq!(written.len(), expected.len(), "tensors written: {:?}", result.keys().collect::<Vec<_>>());
+        assert_eq!(result.contains_key("mask"), weights, "mask is written exactly with --weights");
         for (name, shape, want64, want32) in expected {
             let got = &result[name];
             assert_eq!(got.shape, shape, "{name} shape");

@@ -1,4 +1,6 @@
-//! Rendering of a laid-out heatmap figure onto a plotters drawing area (any backend).
+//! Rendering of a laid-out heatmap figure onto a plotters drawing area (any backend): viridis
+//! cells, grey crossed-out non-finite cells, light grey hatched masked cells, axes, colour bar and
+//! legend.
 
 use std::ops::Range;
 
@@ -10,14 +12,18 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontTransform;
 
 use super::layout::{
-    Bar, Figure, BAR_W, FONT_AXIS, FONT_PANEL_TITLE, FONT_TICK, FONT_TITLE, GAP, LEGEND_BOX, LEGEND_TEXT, TICK_LEN,
+    Bar, Figure, LegendEntry, BAR_W, FONT_AXIS, FONT_PANEL_TITLE, FONT_TICK, FONT_TITLE, GAP, LEGEND_BOX, TICK_LEN,
 };
-use super::scale::{text_color_on, value_text, ColorScale, NON_FINITE};
+use super::scale::{text_color_on, value_text, ColorScale, MASKED, NON_FINITE};
 use crate::picture::font::FAMILY;
 use crate::picture::Render;
 
 /// Colour of frames and tick marks.
 const AXIS_COLOR: RGBColor = RGBColor(70, 70, 70);
+/// Colour of the hatching of masked cells.
+const HATCH_COLOR: RGBColor = RGBColor(150, 150, 150);
+/// Pixels between hatching lines.
+const HATCH_STEP: i32 = 6;
 
 /// What one drawn block shows.
 #[derive(Debug, Clone, Copy)]
@@ -26,12 +32,16 @@ enum Block {
     Finite(f64),
     /// The first non-finite weight among the covered cells.
     NonFinite(f32),
+    /// Every covered cell is masked.
+    Masked,
 }
 
-/// A laid-out heatmap figure with its weights `[heads, Lq, Lk]` and colour scale.
+/// A laid-out heatmap figure with its values `[heads, Lq, Lk]`, their keep flags (same layout,
+/// `false` = masked) and colour scale.
 pub(super) struct Picture<'a> {
     pub(super) fig: &'a Figure,
-    pub(super) weights: &'a [f32],
+    pub(super) values: &'a [f32],
+    pub(super) keep: Option<&'a [bool]>,
     pub(super) scale: &'a ColorScale,
 }
 
@@ -41,34 +51,27 @@ impl Render for Picture<'_> {
     }
 
     fn render<DB: DrawingBackend>(&self, area: &DrawingArea<DB, Shift>) -> Result<(), String> {
-        figure(area, self.fig, self.weights, self.scale)
+        drawn(area.fill(&WHITE))?;
+        let fig = self.fig;
+        if let Some((title, center)) = &fig.title {
+            text(area, title, *center, FONT_TITLE, BLACK, centered(), false)?;
+        }
+        let per_head = self.values.len() / fig.heads;
+        for (h, head) in self.values.chunks(per_head).enumerate() {
+            let keep = self.keep.map(|k| &k[h * per_head..(h + 1) * per_head]);
+            panel(area, fig, h, head, keep, self.scale)?;
+        }
+        color_bar(area, &fig.bar, self.scale)
     }
 }
 
-/// Draws `fig` for `weights: [heads, Lq, Lk]` with colours from `scale`.
-fn figure<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    fig: &Figure,
-    weights: &[f32],
-    scale: &ColorScale,
-) -> Result<(), String> {
-    drawn(area.fill(&WHITE))?;
-    if let Some((title, center)) = &fig.title {
-        text(area, title, *center, FONT_TITLE, BLACK, centered(), false)?;
-    }
-    let per_head = weights.len() / fig.heads;
-    for (h, head) in weights.chunks(per_head).enumerate() {
-        panel(area, fig, h, head, scale)?;
-    }
-    color_bar(area, &fig.bar, scale)
-}
-
-/// Draws the panel of head `h` showing `weights: [Lq, Lk]`.
+/// Draws the panel of head `h` showing `values: [Lq, Lk]` with keep flags `keep: [Lq, Lk]`.
 fn panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     fig: &Figure,
     h: usize,
-    weights: &[f32],
+    values: &[f32],
+    keep: Option<&[bool]>,
     scale: &ColorScale,
 ) -> Result<(), String> {
     let p = &fig.panel;
@@ -83,7 +86,7 @@ fn panel<DB: DrawingBackend>(
         let y0 = py + bi as i32 * p.y.block_px as i32;
         for bj in 0..p.x.blocks {
             let x0 = px + bj as i32 * p.x.block_px as i32;
-            let block = block_value(weights, p.x.n, p.y.block_cells(bi), p.x.block_cells(bj));
+            let block = block_value(values, keep, p.x.n, p.y.block_cells(bi), p.x.block_cells(bj));
             cell(area, (x0, y0), (p.x.block_px, p.y.block_px), block, p.value_font, scale)?;
         }
     }
@@ -109,17 +112,24 @@ fn panel<DB: DrawingBackend>(
 
     let x_labels_h = if p.x_rotated { p.x.label_w } else { FONT_TICK as u32 } as i32;
     let key_y = py + ht + tick + gap + x_labels_h + gap + FONT_AXIS as i32 / 2;
-    text(area, "Key", (px + w / 2, key_y), FONT_AXIS, BLACK, centered(), false)?;
+    let (row_title, column_title) = &fig.axis_titles;
+    text(area, column_title, (px + w / 2, key_y), FONT_AXIS, BLACK, centered(), false)?;
     let query_x = origin.0 + FONT_AXIS as i32 / 2;
-    text(area, "Query", (query_x, py + ht / 2), FONT_AXIS, BLACK, centered(), true)
+    text(area, row_title, (query_x, py + ht / 2), FONT_AXIS, BLACK, centered(), true)
 }
 
-/// What the block covering `rows × cols` of `weights: [Lq, lk]` shows.
-fn block_value(weights: &[f32], lk: usize, rows: Range<usize>, cols: Range<usize>) -> Block {
+/// What the block covering `rows × cols` of `values: [Lq, lk]` shows: the mean of its kept cells,
+/// the first kept non-finite value, or masked when no cell is kept.
+fn block_value(values: &[f32], keep: Option<&[bool]>, lk: usize, rows: Range<usize>, cols: Range<usize>) -> Block {
     let mut sum = 0.0;
     let mut count = 0usize;
     for i in rows {
-        for &w in &weights[i * lk + cols.start..i * lk + cols.end] {
+        for j in cols.clone() {
+            let at = i * lk + j;
+            if keep.is_some_and(|k| !k[at]) {
+                continue;
+            }
+            let w = values[at];
             if !w.is_finite() {
                 return Block::NonFinite(w);
             }
@@ -127,11 +137,15 @@ fn block_value(weights: &[f32], lk: usize, rows: Range<usize>, cols: Range<usize
             count += 1;
         }
     }
-    Block::Finite(sum / count.max(1) as f64)
+    match count {
+        0 => Block::Masked,
+        n => Block::Finite(sum / n as f64),
+    }
 }
 
 /// Fills one block at `(x0, y0)` of size `(bw, bh)`, writing its value when `value_font` is set and
-/// crossing it out when it is non-finite and no value is written.
+/// crossing it out when it is non-finite and no value is written; a masked block is hatched and
+/// shows no value.
 fn cell<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     (x0, y0): (i32, i32),
@@ -144,6 +158,10 @@ fn cell<DB: DrawingBackend>(
     let (fill, value) = match block {
         Block::Finite(v) => (scale.color(v), v as f32),
         Block::NonFinite(v) => (NON_FINITE, v),
+        Block::Masked => {
+            drawn(area.draw(&Rectangle::new([(x0, y0), (x1, y1)], MASKED.filled())))?;
+            return if bw.min(bh) >= 6 { hatch(area, (x0, y0), (x1, y1)) } else { Ok(()) };
+        }
     };
     drawn(area.draw(&Rectangle::new([(x0, y0), (x1, y1)], fill.filled())))?;
     if let Some(size) = value_font {
@@ -156,7 +174,8 @@ fn cell<DB: DrawingBackend>(
     }
 }
 
-/// Draws the colour bar with its ticks and, when needed, the non-finite legend entry.
+/// Draws the colour bar with its ticks and, when needed, the legend entries for non-finite and
+/// masked cells.
 fn color_bar<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, bar: &Bar, scale: &ColorScale) -> Result<(), String> {
     let (x, top, h) = (bar.x, bar.top, bar.height as i32);
     let span = f64::from((h - 1).max(1));
@@ -173,12 +192,37 @@ fn color_bar<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, bar: &Bar, scale
         let at = (right + (TICK_LEN + GAP) as i32, y);
         text(area, label, at, FONT_TICK, BLACK, Pos::new(HPos::Left, VPos::Center), false)?;
     }
-    if let Some(ly) = bar.legend_top {
+    for &(entry, ly) in &bar.legend {
         let (x1, y1) = (x + LEGEND_BOX as i32, ly + LEGEND_BOX as i32);
-        drawn(area.draw(&Rectangle::new([(x, ly), (x1, y1)], NON_FINITE.filled())))?;
-        cross(area, (x, ly), (x1, y1))?;
+        let fill = if entry == LegendEntry::Masked { MASKED } else { NON_FINITE };
+        drawn(area.draw(&Rectangle::new([(x, ly), (x1, y1)], fill.filled())))?;
+        match entry {
+            LegendEntry::NonFinite => cross(area, (x, ly), (x1, y1))?,
+            LegendEntry::Masked => hatch(area, (x, ly), (x1, y1))?,
+        }
         let at = (x1 + GAP as i32, ly + LEGEND_BOX as i32 / 2);
-        text(area, LEGEND_TEXT, at, FONT_TICK, BLACK, Pos::new(HPos::Left, VPos::Center), false)?;
+        text(area, entry.text(), at, FONT_TICK, BLACK, Pos::new(HPos::Left, VPos::Center), false)?;
+    }
+    Ok(())
+}
+
+/// Diagonal hatching, lines rising to the right `HATCH_STEP` pixels apart, inside the box from
+/// `(x0, y0)` to `(x1, y1)` (exclusive).
+fn hatch<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    (x0, y0): (i32, i32),
+    (x1, y1): (i32, i32),
+) -> Result<(), String> {
+    // Line `s` joins the points `u + v = s`, with `u` rightwards from `x0` and `v` upwards from
+    // the bottom row, clipped to the box.
+    let (w, h, bottom) = (x1 - x0 - 1, y1 - y0 - 1, y1 - 1);
+    let mut s = HATCH_STEP / 2;
+    while s < w + h {
+        let (u_end, v_end) = (s.min(w), s.min(h));
+        let from = (x0 + s - v_end, bottom - v_end);
+        let to = (x0 + u_end, bottom - (s - u_end));
+        drawn(area.draw(&PathElement::new(vec![from, to], HATCH_COLOR)))?;
+        s += HATCH_STEP;
     }
     Ok(())
 }

@@ -11,7 +11,7 @@ use crate::picture::font::text_size;
 pub(super) const FONT_TITLE: f64 = 20.0;
 /// Font size of the `head h` panel titles.
 pub(super) const FONT_PANEL_TITLE: f64 = 16.0;
-/// Font size of the axis titles `Key` and `Query`.
+/// Font size of the axis titles (`Key` and `Query` by default).
 pub(super) const FONT_AXIS: f64 = 15.0;
 /// Font size of tick labels.
 pub(super) const FONT_TICK: f64 = 12.0;
@@ -21,10 +21,8 @@ pub(super) const TICK_LEN: u32 = 4;
 pub(super) const GAP: u32 = 6;
 /// Width of the colour bar.
 pub(super) const BAR_W: u32 = 18;
-/// Side of the non-finite legend box.
+/// Side of a legend entry's box.
 pub(super) const LEGEND_BOX: u32 = 12;
-/// Text of the non-finite legend entry.
-pub(super) const LEGEND_TEXT: &str = "NaN / inf";
 
 const MARGIN: u32 = 16;
 const PANEL_GAP: u32 = 24;
@@ -198,6 +196,42 @@ impl Panel {
     }
 }
 
+/// An entry of the legend under the colour bar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LegendEntry {
+    /// Cells holding NaN or ±inf.
+    NonFinite,
+    /// Masked cells.
+    Masked,
+}
+
+impl LegendEntry {
+    /// The entry's text.
+    pub(super) fn text(self) -> &'static str {
+        match self {
+            LegendEntry::NonFinite => "NaN / inf",
+            LegendEntry::Masked => "masked",
+        }
+    }
+}
+
+/// Which legend entries a figure needs.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Legend {
+    /// Some kept cell is NaN or ±inf.
+    pub non_finite: bool,
+    /// Some cell is masked.
+    pub masked: bool,
+}
+
+impl Legend {
+    /// The entries needed, top to bottom.
+    fn entries(self) -> Vec<LegendEntry> {
+        let wanted = [(self.non_finite, LegendEntry::NonFinite), (self.masked, LegendEntry::Masked)];
+        wanted.into_iter().filter_map(|(needed, entry)| needed.then_some(entry)).collect()
+    }
+}
+
 /// Placement of the colour bar.
 #[derive(Debug, Clone)]
 pub(super) struct Bar {
@@ -209,8 +243,8 @@ pub(super) struct Bar {
     pub height: u32,
     /// Tick values and texts.
     pub ticks: Vec<(f64, String)>,
-    /// Top of the non-finite legend entry, when there are non-finite weights.
-    pub legend_top: Option<i32>,
+    /// The legend entries needed, each with its top edge.
+    pub legend: Vec<(LegendEntry, i32)>,
 }
 
 /// Whole figure: title, panels in a grid, colour bar.
@@ -224,6 +258,8 @@ pub(super) struct Figure {
     pub panel_titles: bool,
     /// Figure title and the centre of its band.
     pub title: Option<(String, (i32, i32))>,
+    /// Titles of the row and column axes.
+    pub axis_titles: (String, String),
     /// Colour bar.
     pub bar: Bar,
     /// Width and height in pixels.
@@ -240,7 +276,7 @@ impl Figure {
         lk: usize,
         style: &HeatmapStyle,
         scale: &ColorScale,
-        has_non_finite: bool,
+        legend: Legend,
     ) -> Result<Self, String> {
         let n_panels = heads.unwrap_or(1);
         let cols = (n_panels as f64).sqrt().ceil().max(1.0) as usize;
@@ -265,16 +301,19 @@ impl Figure {
 
         let ticks = scale.ticks();
         let tick_w = ticks.iter().try_fold(0, |w, (_, t)| Ok::<_, String>(w.max(text_size(t, FONT_TICK)?.0)))?;
-        let legend_w = LEGEND_BOX + GAP + text_size(LEGEND_TEXT, FONT_TICK)?.0;
+        let entries = legend.entries();
+        let legend_w = entries
+            .iter()
+            .try_fold(0, |w, e| Ok::<_, String>(w.max(LEGEND_BOX + GAP + text_size(e.text(), FONT_TICK)?.0)))?;
         let bar_col_w = BAR_GAP + (BAR_W + TICK_LEN + GAP + tick_w).max(legend_w);
         let bar_top = u64::from(MARGIN + title_h + panel.title_h);
         let bar_bottom = u64::from(MARGIN + title_h) + grid_h - u64::from(panel.bottom_h);
         let bar_h = (bar_bottom - bar_top).max(u64::from(MIN_BAR_H));
         let legend_top = bar_top + bar_h + u64::from(FONT_TICK as u32 + 2 * GAP);
-        let bar_end = if has_non_finite {
-            legend_top + u64::from(LEGEND_BOX)
-        } else {
-            bar_top + bar_h + u64::from(FONT_TICK as u32)
+        let entry_top = |i: usize| legend_top + i as u64 * u64::from(LEGEND_BOX + GAP);
+        let bar_end = match entries.len() {
+            0 => bar_top + bar_h + u64::from(FONT_TICK as u32),
+            n => entry_top(n - 1) + u64::from(LEGEND_BOX),
         };
 
         let width = (u64::from(MARGIN) + grid_w + u64::from(bar_col_w + MARGIN)).max(u64::from(title_w + 2 * MARGIN));
@@ -291,12 +330,16 @@ impl Figure {
             heads: n_panels,
             panel_titles: heads.is_some(),
             title: style.title.clone().map(|t| (t, ((width / 2) as i32, (MARGIN + title_h / 2) as i32))),
+            axis_titles: (
+                style.row_title.clone().unwrap_or_else(|| "Query".into()),
+                style.column_title.clone().unwrap_or_else(|| "Key".into()),
+            ),
             bar: Bar {
                 x: bar_x,
                 top: bar_top as i32,
                 height: bar_h as u32,
                 ticks,
-                legend_top: has_non_finite.then_some(legend_top as i32),
+                legend: entries.iter().enumerate().map(|(i, &e)| (e, entry_top(i) as i32)).collect(),
             },
             size: (width as u32, height as u32),
             cols,

@@ -5,6 +5,8 @@ use plotters::style::{RGBColor, BLACK, WHITE};
 
 /// Fill colour of cells holding NaN or ±inf (not part of viridis).
 pub(super) const NON_FINITE: RGBColor = RGBColor(150, 150, 150);
+/// Fill colour of masked cells, under their hatching (not part of viridis).
+pub(super) const MASKED: RGBColor = RGBColor(228, 228, 228);
 
 /// Linear map from `[lo, hi]` (with `lo <= 0 <= hi` and `lo < hi`) onto viridis.
 #[derive(Debug, Clone, Copy)]

@@ -1,16 +1,12 @@
-//! Input checks for heatmaps: sizes, weight count and label counts.
+//! Input checks for heatmaps: sizes, value and keep-flag counts, label counts.
 
-use super::HeatmapStyle;
+use super::{Cells, HeatmapStyle};
 
-/// Checks `weights: [heads, lq, lk]` (`heads` is `None` for a single `[lq, lk]` matrix) and the label
-/// counts in `style`; the error says what is wrong, with expected and found values.
-pub(super) fn check(
-    weights: &[f32],
-    heads: Option<usize>,
-    lq: usize,
-    lk: usize,
-    style: &HeatmapStyle,
-) -> Result<(), String> {
+/// Checks `cells` (values `[heads, lq, lk]`, `heads` being `None` for a single `[lq, lk]` matrix,
+/// and keep flags of the same length) and the label counts in `style`; the error says what is
+/// wrong, with expected and found values.
+pub(super) fn check(cells: &Cells, style: &HeatmapStyle) -> Result<(), String> {
+    let Cells { values: weights, keep, heads, lq, lk } = *cells;
     if heads == Some(0) {
         return Err("heads is 0: there are no heads to draw".into());
     }
@@ -29,6 +25,9 @@ pub(super) fn check(
         h.checked_mul(lq).and_then(|n| n.checked_mul(lk)).ok_or_else(|| format!("{shape} overflows usize"))?;
     if weights.len() != expected {
         return Err(format!("weights has {} values, expected {shape} = {expected}", weights.len()));
+    }
+    if let Some(keep) = keep.filter(|k| k.len() != expected) {
+        return Err(format!("keep has {} flags, expected {shape} = {expected}", keep.len()));
     }
     check_labels("query_labels", style.query_labels.as_deref(), "lq", lq)?;
     check_labels("key_labels", style.key_labels.as_deref(), "lk", lk)

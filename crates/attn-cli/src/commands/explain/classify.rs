@@ -98,8 +98,13 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let class = |c: u32| classify::CLASSES[c as usize];
     let attention = dir.join("classify-attention.png");
     let title = format!("attention on test sequence 0 ({}, predicted {})", class(a.example.label), class(a.predicted));
-    let style = HeatmapStyle { title: Some(title), query_labels: Some(tokens.clone()), key_labels: Some(tokens) };
-    draw_heatmap(&attention, &a.weights, a.example.tokens.len(), a.example.tokens.len(), &style)?;
+    let style = HeatmapStyle {
+        title: Some(title),
+        query_labels: Some(tokens.clone()),
+        key_labels: Some(tokens),
+        ..Default::default()
+    };
+    draw_heatmap(&attention, &a.weights, None, a.example.tokens.len(), a.example.tokens.len(), &style)?;
     println!("wrote {} and {}", curves.display(), attention.display());
     Ok(())
 }

@@ -70,9 +70,10 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             title: Some(title),
             query_labels: Some(grid.query_tokens.clone()),
             key_labels: Some(grid.key_tokens.clone()),
+            ..Default::default()
         };
         let (lq, lk) = (grid.query_tokens.len(), grid.key_tokens.len());
-        draw_head_grid(&path, &grid.weights, report.heads, lq, lk, &style)?;
+        draw_head_grid(&path, &grid.weights, None, report.heads, lq, lk, &style)?;
         written.push(path.display().to_string());
     }
     println!("wrote {}", written.join(", "));

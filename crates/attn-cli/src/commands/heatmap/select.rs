@@ -1,6 +1,7 @@
 //! What `attn heatmap` draws out of a weights tensor: one batch entry and one head (or all heads)
-//! of a rank 2 `[Lq, Lk]`, 3 `[H, Lq, Lk]` or 4 `[B, H, Lq, Lk]` float tensor, as `f32`. Each
-//! refusal names the file, the tensor and what was expected versus found.
+//! of a rank 2 `[Lq, Lk]`, 3 `[H, Lq, Lk]` or 4 `[B, H, Lq, Lk]` float tensor, as `f32`, with the
+//! same cells of a keep-mask broadcast to the tensor's shape. Each refusal names the file, the
+//! tensor and what was expected versus found.
 
 use crate::io::{HostTensor, IoError, IoErrorKind};
 
@@ -18,6 +19,8 @@ pub(super) enum Heads {
 pub(super) struct Picked {
     /// `[heads, lq, lk]`, row-major.
     pub data: Vec<f32>,
+    /// The keep flags of the same cells (`false` = masked), when a mask was given.
+    pub keep: Option<Vec<bool>>,
     /// Number of matrices in `data` (1 unless all heads were asked for).
     pub heads: usize,
     /// Query rows per matrix.
@@ -33,7 +36,15 @@ const LAYOUTS: [&str; 3] = ["[Lq, Lk]", "[H, Lq, Lk]", "[B, H, Lq, Lk]"];
 
 /// Picks batch entry `batch` and `heads` of tensor `name` of `file`; `t` is `[Lq, Lk]` (batch and
 /// head must then be 0), `[H, Lq, Lk]` (batch must be 0) or `[B, H, Lq, Lk]`, of any float type.
-pub(super) fn pick(file: &str, name: &str, t: &HostTensor, batch: usize, heads: Heads) -> Result<Picked, IoError> {
+/// `keep`, when given, holds one flag per element of `t` (see [`keep_flags`]).
+pub(super) fn pick(
+    file: &str,
+    name: &str,
+    t: &HostTensor,
+    keep: Option<&[bool]>,
+    batch: usize,
+    heads: Heads,
+) -> Result<Picked, IoError> {
     let fail = |kind| IoError::tensor(file, name, kind);
     let shape = t.shape.as_slice();
     let (b, h, lq, lk) = match *shape {
@@ -78,6 +89,7 @@ pub(super) fn pick(file: &str, name: &str, t: &HostTensor, batch: usize, heads: 
     let matrix = lq * lk;
     let start = (batch * h + first) * matrix;
     let data = values[start..start + count * matrix].to_vec();
+    let keep = keep.map(|k| k[start..start + count * matrix].to_vec());
     let mut parts = Vec::new();
     if shape.len() == 4 {
         parts.push(format!("batch {batch}"));
@@ -88,5 +100,17 @@ pub(super) fn pick(file: &str, name: &str, t: &HostTensor, batch: usize, heads: 
             Heads::All => format!("all {h} heads"),
         });
     }
-    Ok(Picked { data, heads: count, lq, lk, place: parts.join(", ") })
+    Ok(Picked { data, keep, heads: count, lq, lk, place: parts.join(", ") })
+}
+
+/// The keep flags (`true` = may attend) of the mask tensor `mask` of `file` (BOOL or U8)
+/// broadcast, right-aligned, to `shape`, row-major.
+pub(super) fn keep_flags(file: &str, mask: HostTensor, shape: &[usize]) -> Result<Vec<bool>, IoError> {
+    let fail = |kind| IoError::tensor(file, "mask", kind);
+    let found = mask.shape.clone();
+    let broadcast = mask.into_mask_tensor().map_err(fail)?.broadcast_as(shape).map_err(|_| {
+        fail(IoErrorKind::Shape { found, expected: format!("broadcastable to the weights' shape {shape:?}") })
+    })?;
+    let flags = broadcast.flatten_all().and_then(|f| f.to_vec1::<u8>());
+    Ok(flags.map_err(|e| fail(IoErrorKind::Value(format!("candle: {e}"))))?.into_iter().map(|x| x != 0).collect())
 }

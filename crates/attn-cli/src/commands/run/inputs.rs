@@ -1,6 +1,7 @@
 //! The inputs of `attn run`: each tensor with the file it came from, read from one safetensors
-//! file or from `.npy` files, checked for its role and converted into the `attn` library's call;
-//! the library's refusals are reported naming the file of the tensor concerned. With `grad_out`
+//! file or `.npz` archive, or from `.npy` files, checked for its role and converted into the
+//! `attn` library's call; the library's refusals are reported naming the file of the tensor
+//! concerned. With `grad_out`
 //! the call also runs backward through candle's autograd: `q`, `k`, `v` and the bias become
 //! `Var`s and `Σ out·grad_out` is differentiated.
 
@@ -12,7 +13,7 @@ use attn_kernels::AttnError;
 use candle_core::{DType, Tensor, Var};
 
 use super::Args;
-use crate::io::{read_npy, read_safetensors, HostData, HostTensor, IoError, IoErrorKind};
+use crate::io::{read_npy, read_tensors, HostData, HostTensor, IoError, IoErrorKind};
 
 /// Tensor names accepted in the input file.
 const ACCEPTED: [&str; 7] = ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out"];
@@ -43,13 +44,18 @@ pub(super) struct Inputs {
 }
 
 impl Inputs {
-    /// Every tensor of the safetensors file `path`, which must hold `q`, `k` and `v` and nothing
-    /// but [`ACCEPTED`] names.
-    pub(super) fn from_safetensors(path: &Path) -> Result<Self, IoError> {
+    /// Every tensor of the safetensors file or `.npz` archive `path`, which must hold `q`, `k` and
+    /// `v` and nothing but [`ACCEPTED`] names. A `.npy` file is refused pointing to `--q`/`--k`/`--v`.
+    pub(super) fn from_file(path: &Path) -> anyhow::Result<Self> {
         let file = path.display().to_string();
-        let mut map = read_safetensors(path)?;
+        let mut map = read_tensors(path).map_err(|e| match e.kind {
+            IoErrorKind::SingleArray => anyhow!(
+                "{e}; pass .npy files with --q, --k, --v (and --mask, --bias, --key-lengths, --grad-out) instead"
+            ),
+            _ => e.into(),
+        })?;
         if let Some(name) = map.keys().find(|n| !ACCEPTED.contains(&n.as_str())) {
-            return Err(IoError::tensor(&file, name, IoErrorKind::Unknown { accepted: ACCEPTED.join(", ") }));
+            return Err(IoError::tensor(&file, name, IoErrorKind::Unknown { accepted: ACCEPTED.join(", ") }).into());
         }
         let present: Vec<String> = map.keys().cloned().collect();
         let found = if present.is_empty() { "no tensors".to_string() } else { present.join(", ") };
@@ -174,6 +180,8 @@ pub(super) struct Call {
 pub(super) struct RunOutput {
     /// `out`, `lse` and the weights when asked.
     pub sdpa: SdpaOutput,
+    /// With the weights, the keep-mask `[B, Hq, Lq, Lk]` (`U8`) of the cells masking set to 0.
+    pub keep: Option<Tensor>,
     /// `dq`, `dk`, `dv` and `dbias` (with a bias) as F32 when `grad_out` is given, else empty.
     pub grads: Vec<(&'static str, Tensor)>,
 }
@@ -183,9 +191,17 @@ impl Call {
     /// candle's autograd (the library's backward, by the same kernel and dropout seed); a refusal
     /// is one line naming the file of the tensor concerned, or the option.
     pub(super) fn run(&self) -> anyhow::Result<RunOutput> {
+        let keep = match self.opts.return_weights {
+            true => {
+                // `q` and `k` have rank 4 here: `[B, Hq, Lq]` of `q`, then `Lk` of `k`.
+                let (q, lk) = (self.q.dims(), self.k.dims()[2]);
+                Some(self.opts.keep_mask(q[0], q[1], q[2], lk).map_err(|e| self.error(e))?)
+            }
+            false => None,
+        };
         let Some(grad_out) = &self.grad_out else {
             let sdpa = sdpa_full(&self.q, &self.k, &self.v, &self.opts).map_err(|e| self.error(e))?;
-            return Ok(RunOutput { sdpa, grads: Vec::new() });
+            return Ok(RunOutput { sdpa, keep, grads: Vec::new() });
         };
         let var = |t: &Tensor| Var::from_tensor(t).map_err(|e| self.candle_error(e));
         let (q, k, v) = (var(&self.q)?, var(&self.k)?, var(&self.v)?);
@@ -203,7 +219,7 @@ impl Call {
                 Ok((name, grad.to_dtype(DType::F32).map_err(|e| self.candle_error(e))?))
             })
             .collect::<anyhow::Result<_>>()?;
-        Ok(RunOutput { sdpa, grads })
+        Ok(RunOutput { sdpa, keep, grads })
     }
 
     /// A candle error while computing, as one line naming `q`'s file; a library refusal inside
