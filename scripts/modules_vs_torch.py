@@ -16,8 +16,8 @@ more than it saves on small tensors). For each module the two are timed in alter
 the table the median over rounds and the ratio torch time / attn time (>= 1: attn is as fast).
 
 With --profile, the Rust side of each module is then run once more under `perf record` and the
-split of its time is printed (gemm, attention kernel, element-wise, allocation and page faults,
-thread sync; see scripts/perf_split.py).
+split of its CPU time is printed (gemm, attention kernel, element-wise, allocation and page
+faults, thread sync; see scripts/rust_side.py).
 
 Setup:  pip install -r scripts/requirements.txt      (PyTorch, CPU build is enough)
         cargo build --release -p attn-nn --example bench_modules
@@ -30,14 +30,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import perf_split  # noqa: E402
+import rust_side  # noqa: E402
 
 MODULES = {"encoder-layer": 512, "transformer": 256}  # module -> default sequence length
 
@@ -96,16 +94,8 @@ def time_torch(torch, s, reps, warmup):
     return statistics.median(times)
 
 
-def rust_env(threads, candle_threads):
-    return {**os.environ, "RAYON_NUM_THREADS": str(threads), "CANDLE_NUM_THREADS": str(candle_threads)}
-
-
 def time_attn(binary, s, reps, warmup, env):
-    cmd = [binary, *s.args(), "--warmup", str(warmup), "--iters", str(reps)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        sys.exit(f"error: {' '.join(cmd)} failed: {done.stderr.strip()}")
-    row = json.loads(done.stdout.strip().splitlines()[-1])
+    row = rust_side.run_json([binary, *s.args(), "--warmup", str(warmup), "--iters", str(reps)], env)
     if (row["batch"], row["len"], row["d_model"]) != (s.batch, s.len, s.d_model):
         sys.exit(f"error: {binary} ran {row}, not {s.label()}")
     return row["median_s"]
@@ -113,13 +103,9 @@ def time_attn(binary, s, reps, warmup, env):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bench", default="target/release/examples/bench_modules",
-                   help="path to the bench_modules example binary")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    rust_side.add_options(p, "bench_modules", cores)
     p.add_argument("--modules", nargs="+", choices=list(MODULES), default=list(MODULES))
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-                   help="threads for both (default: all this process may use)")
-    p.add_argument("--candle-threads", type=int, default=1,
-                   help="CANDLE_NUM_THREADS of the Rust side (default 1, as the attn binary)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--len", type=int, help="sequence length (default: 512 encoder layer, 256 Transformer)")
     p.add_argument("--d-model", type=int, default=512)
@@ -129,23 +115,12 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per module")
     p.add_argument("--reps", type=int, default=5, help="timed calls per round")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per round (attn: at least 1)")
-    p.add_argument("--profile", action="store_true", help="then profile the Rust side with perf")
-    p.add_argument("--json-out", help="also write the results to this JSON file")
     a = p.parse_args()
-    sizes = [a.threads, a.candle_threads, a.batch, a.d_model, a.heads, a.ff, a.layers, a.rounds, a.reps]
+    sizes = [a.batch, a.d_model, a.heads, a.ff, a.layers, a.rounds, a.reps]
     if min(sizes) < 1 or a.warmup < 0 or (a.len is not None and a.len < 1) or a.d_model % a.heads:
-        sys.exit("error: sizes, threads, --rounds and --reps must be >= 1, --warmup >= 0, "
-                 "--heads must divide --d-model")
-    if not os.access(a.bench, os.X_OK):
-        sys.exit(f"error: --bench {a.bench} is not an executable "
-                 "(cargo build --release -p attn-nn --example bench_modules)")
-    try:
-        import torch
-    except ImportError:
-        sys.exit("error: PyTorch is missing: pip install -r scripts/requirements.txt")
-    torch.set_num_threads(a.threads)
+        sys.exit("error: sizes, --rounds and --reps must be >= 1, --warmup >= 0, --heads must divide --d-model")
+    torch, env = rust_side.start(a, "cargo build --release -p attn-nn --example bench_modules")
     torch.manual_seed(0)
-    env = rust_env(a.threads, a.candle_threads)
 
     print(f"threads={a.threads} candle_threads={a.candle_threads} rounds={a.rounds} reps={a.reps} "
           f"warmup={a.warmup} torch={torch.__version__} forward+backward, d_model {a.d_model}, "
@@ -164,15 +139,12 @@ def main():
         results.append(row)
         print(f"{s.label():<30} {row['torch_ms']:>10.1f} {row['attn_ms']:>10.1f} {row['ratio']:>10.2f}", flush=True)
     if a.profile:
-        with tempfile.TemporaryDirectory() as tmp:
-            for row in results:
-                s = Sizes(row["module"], a)
-                data = os.path.join(tmp, f"{s.module}.perf.data")
-                out = perf_split.record([a.bench, *s.args(), "--warmup", "1", "--iters", str(a.reps)], env, data)
-                run = json.loads(out.strip().splitlines()[-1])
-                print(f"\nwhere attn's CPU time goes, {s.label()}: perf over building the module "
-                      f"({run['setup_s']:.2f} s), 1 untimed and {a.reps} timed calls ({sum(run['times_s']):.2f} s)")
-                row["profile"] = perf_split.print_split(perf_split.read_samples(data), top=12)
+        for row in results:
+            s = Sizes(row["module"], a)
+            row["profile"] = rust_side.profile(
+                [a.bench, *s.args(), "--warmup", "1", "--iters", str(a.reps)], env,
+                lambda r: (f"where attn's CPU time goes, {s.label()}: perf over building the module "
+                           f"({r['setup_s']:.2f} s), 1 untimed and {a.reps} timed calls ({sum(r['times_s']):.2f} s)"))
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump({"threads": a.threads, "candle_threads": a.candle_threads, "torch": torch.__version__,

@@ -24,7 +24,7 @@ CANDLE_NUM_THREADS=--candle-threads (1, as `attn train` runs) for the Rust side.
 (attn, torch, attn, torch, ...), each a fresh model trained on the K batches; steps per second
 count the steps after the first --warmup. The ratio is torch time / attn time per step (>= 1:
 attn trains as fast). With --profile, the Rust side then runs once more under `perf record`
-and the split of its time is printed (see scripts/perf_split.py).
+and the split of its CPU time is printed (see scripts/rust_side.py).
 
 Setup:  pip install -r scripts/requirements.txt      (PyTorch, CPU build is enough)
         cargo build --release -p attn-train --example train_steps
@@ -37,23 +37,19 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import perf_split  # noqa: E402
+import rust_side  # noqa: E402
 
 
 def run_attn(binary, steps, warmup, env, export=None):
     """The example's JSON report of one run of `steps` steps (exporting the batches first)."""
     cmd = [binary, "--steps", str(steps), "--warmup", str(warmup)] + (["--export", export] if export else [])
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        sys.exit(f"error: {' '.join(cmd)} failed: {done.stderr.strip()}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return rust_side.run_json(cmd, env)
 
 
 def load_batches(torch, path, steps):
@@ -150,28 +146,14 @@ def train_torch(torch, batches, lrs, model, train, pad, warmup):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bench", default="target/release/examples/train_steps",
-                   help="path to the train_steps example binary")
-    p.add_argument("--threads", type=int, default=2, help="threads for both (default 2)")
-    p.add_argument("--candle-threads", type=int, default=1,
-                   help="CANDLE_NUM_THREADS of the Rust side (default 1, as attn train)")
+    rust_side.add_options(p, "train_steps", 2)
     p.add_argument("--steps", type=int, default=40, help="training steps per round (the first K batches)")
     p.add_argument("--warmup", type=int, default=5, help="steps per round left out of steps per second")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds")
-    p.add_argument("--profile", action="store_true", help="then profile the Rust side with perf")
-    p.add_argument("--json-out", help="also write the results to this JSON file")
     a = p.parse_args()
-    if min(a.threads, a.candle_threads, a.rounds) < 1 or not 0 <= a.warmup < a.steps:
-        sys.exit("error: --threads, --candle-threads and --rounds must be >= 1, 0 <= --warmup < --steps")
-    if not os.access(a.bench, os.X_OK):
-        sys.exit(f"error: --bench {a.bench} is not an executable "
-                 "(cargo build --release -p attn-train --example train_steps)")
-    try:
-        import torch
-    except ImportError:
-        sys.exit("error: PyTorch is missing: pip install -r scripts/requirements.txt")
-    torch.set_num_threads(a.threads)
-    env = {**os.environ, "RAYON_NUM_THREADS": str(a.threads), "CANDLE_NUM_THREADS": str(a.candle_threads)}
+    if a.rounds < 1 or not 0 <= a.warmup < a.steps:
+        sys.exit("error: --rounds must be >= 1, 0 <= --warmup < --steps")
+    torch, env = rust_side.start(a, "cargo build --release -p attn-train --example train_steps")
 
     attn_sps, torch_sps, attn_runs, torch_losses = [], [], [], None
     with tempfile.TemporaryDirectory() as tmp:
@@ -190,13 +172,12 @@ def main():
             torch_losses = torch_losses or losses
             attn_sps.append(attn_runs[-1]["steps_per_s"])
             print(f"round {r + 1}: torch {sps:.2f} steps/s, attn {attn_sps[-1]:.2f} steps/s", flush=True)
-        if a.profile:
-            data = os.path.join(tmp, "train.perf.data")
-            out = perf_split.record([a.bench, "--steps", str(a.steps), "--warmup", str(a.warmup)], env, data)
-            run = json.loads(out.strip().splitlines()[-1])
-            print(f"\nwhere attn's CPU time goes: perf over setting up the run ({run['setup_s']:.2f} s) and "
-                  f"{a.steps} training steps ({sum(run['step_s']):.2f} s)")
-            profile = perf_split.print_split(perf_split.read_samples(data), top=15)
+    profile = None
+    if a.profile:
+        profile = rust_side.profile(
+            [a.bench, "--steps", str(a.steps), "--warmup", str(a.warmup)], env,
+            lambda r: (f"where attn's CPU time goes: perf over setting up the run ({r['setup_s']:.2f} s) and "
+                       f"{a.steps} training steps ({sum(r['step_s']):.2f} s)"), top=15)
     t, s = statistics.median(torch_sps), statistics.median(attn_sps)
     print(f"\n{'':<6} {'steps/s':>8} {'ms/step':>8}\n{'torch':<6} {t:>8.2f} {1e3 / t:>8.1f}\n{'attn':<6} {s:>8.2f} "
           f"{1e3 / s:>8.1f}\ntorch time / attn time: {s / t:.2f}")
@@ -211,7 +192,7 @@ def main():
                        "steps": a.steps, "warmup": a.warmup, "model": model, "train": train,
                        "torch_steps_per_s": torch_sps, "attn_steps_per_s": attn_sps, "ratio": s / t,
                        "torch_losses": torch_losses, "attn_losses": attn_runs[0]["loss"],
-                       "profile": profile if a.profile else None}, f, indent=2)
+                       "profile": profile}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@
 //!
 //! Threads: candle's matrix products and the attention kernels use `RAYON_NUM_THREADS` (default:
 //! all cores); candle's element-wise pool uses `CANDLE_NUM_THREADS`, 1 unless given, as in the
-//! `attn` binary (whose `quiet_candle_pool` says why).
+//! `attn` binary (see [`attn_nn::threads`]). Freed buffers stay in the heap for reuse, as in the
+//! binary too ([`attn_nn::memory`]).
 //!
 //! ```sh
 //! RAYON_NUM_THREADS=2 cargo run --release -p attn-train --example train_steps -- \
@@ -51,9 +52,8 @@ struct Args {
 }
 
 fn main() {
-    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        std::env::set_var("CANDLE_NUM_THREADS", "1");
-    }
+    attn_nn::threads::quiet_candle_pool();
+    attn_nn::memory::reuse_freed_buffers();
     if let Err(e) = run(Args::parse()) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Where a program's CPU time goes, from `perf record -g` samples: the share of samples in each
-of these classes.
+"""The Rust side of the comparisons with PyTorch (modules_vs_torch.py, train_vs_torch.py): the
+options and checks they share, running an example binary for its JSON report under the same
+thread count as PyTorch, and profiling it: where its CPU time goes, from `perf record -g`
+samples, as the share of samples in each of these classes.
 
   gemm         candle's matrix products (the `gemm` crates)
   attention    our attention kernels (`attn_kernels::`)
@@ -20,17 +22,20 @@ time: a thread blocked off-CPU is not counted, a spinning one is (rayon spins be
 Symbols come from the binary's debug info (the workspace builds release with `debug = 1`);
 kernel symbols need root or `kernel.kptr_restrict=0`.
 
-Used by modules_vs_torch.py and train_vs_torch.py with --profile; alone, it classifies a
-recording:   perf record -e cpu-clock -g -o perf.data -- PROGRAM ...
-             python scripts/perf_split.py perf.data [--top 15]
+Alone, it classifies a recording:
+    perf record -e cpu-clock -g -o perf.data -- PROGRAM ...
+    python scripts/rust_side.py perf.data [--top 15]
 Setup: `apt-get install linux-perf` (Debian) or `linux-tools-$(uname -r)` (Ubuntu).
 """
 
 import argparse
+import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 CLASSES = ["gemm", "attention", "element-wise", "alloc+faults", "sync", "other"]
 
@@ -123,6 +128,51 @@ def print_split(samples, top):
         short = symbol if len(symbol) <= 90 else symbol[:87] + "..."
         print(f"  {percent:6.2f}%  {c:<13} {short}")
     return shares
+
+
+def add_options(p, bench, threads):
+    """The options every comparison has: the binary, threads, candle's pool, profile, JSON."""
+    p.add_argument("--bench", default=f"target/release/examples/{bench}", help=f"path to the {bench} example binary")
+    p.add_argument("--threads", type=int, default=threads, help=f"threads for both (default {threads})")
+    p.add_argument("--candle-threads", type=int, default=1,
+                   help="CANDLE_NUM_THREADS of the Rust side (default 1, as the attn binary runs)")
+    p.add_argument("--profile", action="store_true", help="then profile the Rust side with perf")
+    p.add_argument("--json-out", help="also write the results to this JSON file")
+
+
+def start(a, build):
+    """Checks the shared options; returns PyTorch (on `a.threads` threads) and the Rust side's
+    environment: RAYON_NUM_THREADS (candle's matrix products, our kernels) and
+    CANDLE_NUM_THREADS (candle's element-wise pool)."""
+    if a.threads < 1 or a.candle_threads < 1:
+        sys.exit("error: --threads and --candle-threads must be >= 1")
+    if not os.access(a.bench, os.X_OK):
+        sys.exit(f"error: --bench {a.bench} is not an executable ({build})")
+    try:
+        import torch
+    except ImportError:
+        sys.exit("error: PyTorch is missing: pip install -r scripts/requirements.txt")
+    torch.set_num_threads(a.threads)
+    env = {**os.environ, "RAYON_NUM_THREADS": str(a.threads), "CANDLE_NUM_THREADS": str(a.candle_threads)}
+    return torch, env
+
+
+def run_json(cmd, env):
+    """The last line of `cmd`'s standard output as JSON; exits naming the command if it fails."""
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd)} failed: {done.stderr.strip()}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def profile(cmd, env, title, top=12):
+    """Runs `cmd` under perf, prints `title(report)` for its JSON report and the split of its CPU
+    time; returns the shares (percent per class)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "perf.data")
+        report = json.loads(record(cmd, env, data).strip().splitlines()[-1])
+        print(f"\n{title(report)}")
+        return print_split(read_samples(data), top)
 
 
 def main():
