@@ -61,8 +61,9 @@ fn main() {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    if args.steps == 0 || args.warmup >= args.steps {
-        bail!("--steps {} must be positive and larger than --warmup {}", args.steps, args.warmup);
+    let total = TrainSettings::default().steps;
+    if args.steps == 0 || args.warmup >= args.steps || args.steps > total {
+        bail!("--steps {} must be larger than --warmup {} and at most the run's {total}", args.steps, args.warmup);
     }
     let setup = std::time::Instant::now();
     let run = tempfile::tempdir().context("creating a temporary run folder")?;
