@@ -1,7 +1,8 @@
 //! The `attn` command: parses the command line and hands each subcommand to its module under
 //! `commands/`. Every error, usage errors included, is printed as one line on stderr with exit
 //! code 1, never a panic; `--help` and `--version` print clap's text and exit 0. At start it quiets
-//! candle's element-wise pool and keeps freed buffers in the heap (`attn_nn::memory`).
+//! candle's element-wise pool (`attn_nn::threads`) and keeps freed buffers in the heap
+//! (`attn_nn::memory`).
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -34,18 +35,8 @@ enum Command {
     Translate(commands::translate::Args),
 }
 
-/// candle's element-wise thread pool spins while it waits for work; on the small tensors of the
-/// modules and the translator that costs several times the work itself on a 2-core machine
-/// (measured: 20 training steps in 16.5 s with it, 3.7 s without). Matrix products and the
-/// attention kernels keep their own threads. A user's own `CANDLE_NUM_THREADS` wins.
-fn quiet_candle_pool() {
-    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        std::env::set_var("CANDLE_NUM_THREADS", "1");
-    }
-}
-
 fn main() {
-    quiet_candle_pool();
+    attn_nn::threads::quiet_candle_pool();
     attn_nn::memory::reuse_freed_buffers();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

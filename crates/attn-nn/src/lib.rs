@@ -52,6 +52,7 @@ pub mod norm;
 pub mod position;
 pub mod self_attention;
 pub mod seq2seq;
+pub mod threads;
 pub mod transformer;
 
 pub use additive::{AdditiveAttention, AdditiveAttentionConfig, AdditiveOutput};

@@ -21,10 +21,7 @@ pub fn reuse_freed_buffers() -> bool {
         const TRIM_THRESHOLD: libc::c_int = 1 << 30;
         // SAFETY: `mallopt` only changes allocator parameters; it is safe to call at any time,
         // including while other threads allocate (glibc takes its own locks).
-        unsafe {
-            libc::mallopt(libc::M_MMAP_MAX, 0) == 1
-                && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-        }
+        unsafe { libc::mallopt(libc::M_MMAP_MAX, 0) == 1 && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {

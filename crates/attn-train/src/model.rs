@@ -27,6 +27,13 @@ pub struct ModelConfig {
     pub vocab: usize,
 }
 
+impl Default for ModelConfig {
+    /// `attn train`'s defaults; `vocab` is 0 until the task sets it.
+    fn default() -> Self {
+        Self { d_model: 64, heads: 4, layers: 2, ff: 256, dropout: 0.1, max_len: 48, vocab: 0 }
+    }
+}
+
 impl ModelConfig {
     /// Refuses sizes the model cannot be built with, naming the flag.
     pub fn check(&self) -> Result<()> {

@@ -1,6 +1,8 @@
 //! The learning-rate schedule: linear warm-up to the peak over `warmup` steps, then cosine decay to
 //! `floor · peak` at the last step.
 
+use crate::settings::TrainSettings;
+
 /// Warm-up then cosine decay.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Schedule {
@@ -15,6 +17,12 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// The schedule of a training run: warm-up and peak from `train`, decay to a tenth of the
+    /// peak at its last step.
+    pub fn of_run(train: &TrainSettings) -> Self {
+        Self { peak: train.lr, warmup: train.warmup, total: train.steps, floor: 0.1 }
+    }
+
     /// The rate of step `step` (0-based).
     pub fn lr(&self, step: u64) -> f64 {
         if step < self.warmup {

@@ -43,6 +43,25 @@ pub struct TrainSettings {
     pub checkpoint_every: u64,
 }
 
+impl Default for TrainSettings {
+    /// `attn train`'s defaults: the dates task, 2500 steps of 64 sequences.
+    fn default() -> Self {
+        Self {
+            task: TaskSpec::Dates,
+            steps: 2500,
+            batch: 64,
+            lr: 2e-3,
+            warmup: 200,
+            clip: 1.0,
+            weight_decay: 0.01,
+            seed: 0,
+            held_out: 1000,
+            eval_every: 250,
+            checkpoint_every: 500,
+        }
+    }
+}
+
 impl TrainSettings {
     /// Refuses unusable settings, naming the flag.
     pub fn check(&self) -> Result<()> {

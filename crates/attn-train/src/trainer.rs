@@ -184,7 +184,6 @@ impl Trainer {
     /// the end and when stopped.
     pub fn run(&mut self, observer: &mut dyn Observer, stop: &AtomicBool) -> Result<Outcome> {
         let train = self.manifest().train.clone();
-        let schedule = Schedule { peak: train.lr, warmup: train.warmup, total: train.steps, floor: 0.1 };
         let first = self.manifest().step;
         observer.started(first, train.steps);
         let mut interval = (0.0, 0u64);
@@ -194,7 +193,7 @@ impl Trainer {
                 self.save(observer)?;
                 return Ok(Outcome::Stopped(step));
             }
-            let report = self.step(step, &schedule, &train)?;
+            let report = self.step()?;
             interval = (interval.0 + report.loss, interval.1 + 1);
             if (step + 1) % LOSS_EVERY == 0 {
                 self.flush_loss(&mut interval);
@@ -214,10 +213,26 @@ impl Trainer {
         Ok(Outcome::Finished)
     }
 
-    /// One optimiser step on batch `step`.
-    fn step(&mut self, step: u64, schedule: &Schedule, train: &TrainSettings) -> Result<StepReport> {
+    /// The padded batch of training step `step` (0-based): what [`Trainer::step`] trains on at
+    /// that step, a pure function of the seed and `step`.
+    pub fn batch(&self, step: u64) -> Result<Batch> {
+        Ok(Batch::new(&self.task.batch(step, self.manifest().train.batch), self.translator.vocab(), &Device::Cpu)?)
+    }
+
+    /// The model and vocabulary being trained.
+    pub fn translator(&self) -> &Translator {
+        &self.translator
+    }
+
+    /// Makes the run's next step, step `k = manifest().step`, and nothing else (no evaluation, no
+    /// checkpoint): forward on [`Trainer::batch`]`(k)` with step `k`'s dropout, masked
+    /// cross-entropy, backward, gradient clipping and an AdamW update at the schedule's rate.
+    pub fn step(&mut self) -> Result<StepReport> {
         let start = Instant::now();
-        let batch = Batch::new(&self.task.batch(step, train.batch), self.translator.vocab(), &Device::Cpu)?;
+        let step = self.manifest().step;
+        let train = &self.manifest().train;
+        let (total, clip, lr) = (train.steps, train.clip, Schedule::of_run(train).lr(step));
+        let batch = self.batch(step)?;
         let logits = self.translator.model().forward(&batch.src, &batch.tgt_in, Run::train_step(step))?.out; // [B, Lt, V]
         let (loss, _) = masked_cross_entropy(&logits, &batch.tgt_out, vocab::PAD)?;
         let loss_value = f64::from(loss.to_scalar::<f32>()?);
@@ -228,13 +243,12 @@ impl Trainer {
             });
         }
         let mut grads = loss.backward()?;
-        let grad_norm = clip_grad_norm(&self.vars, &mut grads, train.clip)?;
-        let lr = schedule.lr(step);
+        let grad_norm = clip_grad_norm(&self.vars, &mut grads, clip)?;
         self.opt.step(&grads, lr)?;
         self.translator.manifest_mut().step = step + 1;
         Ok(StepReport {
             done: step + 1,
-            total: train.steps,
+            total,
             loss: loss_value,
             lr,
             grad_norm,

@@ -5,7 +5,10 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use attn_nn::Run;
 use attn_train::checkpoint::{self, Evaluation};
+use attn_train::data::vocab;
+use attn_train::loss::masked_cross_entropy;
 use attn_train::model::ModelConfig;
 use attn_train::settings::{TaskSpec, TrainSettings};
 use attn_train::trainer::{Observer, Outcome, StepReport, Trainer};
@@ -93,6 +96,28 @@ fn loss_falls_and_checkpoints_are_written() {
     // A fresh run refuses to overwrite the checkpoint.
     let err = Trainer::start(dir.path(), tiny(), settings(60)).err().unwrap().to_string();
     assert!(err.contains("already holds a checkpoint") && err.contains("--resume"), "{err}");
+}
+
+/// `Trainer::step` trains on `Trainer::batch(k)` at step `k` (the batches `train_steps` exports
+/// for the PyTorch comparison): its loss is that batch's loss through the model as it stands, with
+/// step `k`'s dropout, and not the loss of the next batch.
+#[test]
+fn a_step_trains_on_the_batch_of_its_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut trainer = Trainer::start(dir.path(), tiny(), settings(10)).unwrap();
+    let loss_of = |trainer: &Trainer, k: u64, batch: u64| {
+        let b = trainer.batch(batch).unwrap();
+        let logits = trainer.translator().model().forward(&b.src, &b.tgt_in, Run::train_step(k)).unwrap().out;
+        let (loss, _) = masked_cross_entropy(&logits, &b.tgt_out, vocab::PAD).unwrap();
+        (f64::from(loss.to_scalar::<f32>().unwrap()), b.src_tokens + b.tgt_tokens)
+    };
+    for k in 0..4 {
+        let (expected, tokens) = loss_of(&trainer, k, k);
+        let (next, _) = loss_of(&trainer, k, k + 1);
+        assert_ne!(expected, next, "batches {k} and {} differ", k + 1);
+        let r = trainer.step().unwrap();
+        assert_eq!((r.done, r.loss, r.tokens), (k + 1, expected, tokens), "step {k}");
+    }
 }
 
 #[test]

@@ -36,49 +36,49 @@ pub struct Args {
     #[arg(long)]
     pub steps: Option<u64>,
     /// Sequences per step.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = TrainSettings::default().batch)]
     pub batch: usize,
     /// Model width.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = ModelConfig::default().d_model)]
     pub d_model: usize,
     /// Encoder layers and decoder layers (each).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = ModelConfig::default().layers)]
     pub layers: usize,
     /// Attention heads.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = ModelConfig::default().heads)]
     pub heads: usize,
     /// Feed-forward width.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = ModelConfig::default().ff)]
     pub ff: usize,
     /// Dropout.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = ModelConfig::default().dropout)]
     pub dropout: f32,
     /// Longest sequence in positions (characters + 1).
-    #[arg(long, default_value_t = 48)]
+    #[arg(long, default_value_t = ModelConfig::default().max_len)]
     pub max_len: usize,
     /// Peak learning rate (after warm-up).
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = TrainSettings::default().lr)]
     pub lr: f64,
     /// Warm-up steps.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = TrainSettings::default().warmup)]
     pub warmup: u64,
     /// Global gradient-norm limit.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = TrainSettings::default().clip)]
     pub clip: f64,
     /// AdamW weight decay.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = TrainSettings::default().weight_decay)]
     pub weight_decay: f64,
     /// Seed of initialisation, data order and dropout.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = TrainSettings::default().seed)]
     pub seed: u64,
     /// Held-out pairs for exact-match evaluation.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = TrainSettings::default().held_out)]
     pub held_out: usize,
     /// Steps between evaluations.
-    #[arg(long, default_value_t = 250)]
+    #[arg(long, default_value_t = TrainSettings::default().eval_every)]
     pub eval_every: u64,
     /// Steps between checkpoints.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = TrainSettings::default().checkpoint_every)]
     pub checkpoint_every: u64,
     #[command(flatten)]
     pub threads: Threads,
@@ -104,9 +104,6 @@ const RESUME_CONFLICTS: [&str; 17] = [
     "eval_every",
     "checkpoint_every",
 ];
-
-/// Default total steps of a fresh run.
-const DEFAULT_STEPS: u64 = 2500;
 
 /// The built-in tasks.
 #[derive(clap::ValueEnum, Debug, Clone, Copy)]
@@ -176,7 +173,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         };
         let settings = TrainSettings {
             task,
-            steps: args.steps.unwrap_or(DEFAULT_STEPS),
+            steps: args.steps.unwrap_or(TrainSettings::default().steps),
             batch: args.batch,
             lr: args.lr,
             warmup: args.warmup,
