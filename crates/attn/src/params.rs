@@ -54,10 +54,7 @@ impl SdpaOptions {
         let params = host.attn_params()?;
         // One key/value head of width 1: only the sizes the masks depend on matter.
         let p = Problem::new([b, hq, lq, 1], [b, 1, lk, 1], [b, 1, lk, 1], &params)?;
-        let n = [b, hq, lq, lk].iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
-            AttnLibError::Value { field: "keep_mask", reason: format!("[{b}, {hq}, {lq}, {lk}] overflows") }
-        })?;
-        let mut keep = vec![0u8; n];
+        let mut keep = attn_kernels::alloc::filled("keep mask", &[b, hq, lq, lk], 0u8)?;
         for (row, flags) in keep.chunks_mut(lk.max(1)).take(b * hq * lq).enumerate() {
             let (bi, h, i) = (row / (hq * lq), row / lq % hq, row % lq);
             let (lo, hi) = p.key_range(bi, i);

@@ -56,8 +56,8 @@ pub struct Args {
 
 /// Runs `attn heatmap`.
 pub fn main(args: Args) -> Result<()> {
-    PictureFormat::from_path(&args.output).map_err(|e| anyhow!("-o {}: {e}", args.output.display()))?;
     check_not_an_input(&args.output, [args.input.as_path()])?;
+    PictureFormat::from_path(&args.output).map_err(|e| anyhow!("-o {}: {e}", args.output.display()))?;
     let file = args.input.display().to_string();
     let name = args.tensor.as_str();
     let mut tensors = read_tensors(&args.input)?;

@@ -83,8 +83,8 @@ impl Args {
 
 /// Runs `attn run`.
 pub fn main(args: Args) -> Result<()> {
-    let format = TensorFormat::for_output(&args.output)?;
     check_not_an_input(&args.output, args.input_files())?;
+    let format = TensorFormat::for_output(&args.output)?;
     let pool = args.threads.pool()?;
     let inputs = match &args.input {
         Some(path) => Inputs::from_file(path)?,
@@ -104,8 +104,10 @@ pub fn main(args: Args) -> Result<()> {
         .map(|(n, t)| Ok((n, HostTensor::from_f32_tensor(t, n).map_err(|kind| IoError::tensor(&file, n, kind))?)))
         .collect::<Result<Vec<_>, IoError>>()?;
     if let Some(keep) = &result.keep {
-        tensors
-            .push(("mask", HostTensor::from_keep_tensor(keep, "mask").map_err(|kind| IoError::tensor(&file, "mask", kind))?));
+        tensors.push((
+            "mask",
+            HostTensor::from_keep_tensor(keep, "mask").map_err(|kind| IoError::tensor(&file, "mask", kind))?,
+        ));
     }
     let refs: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
     write_tensors(&args.output, format, &refs)?;

@@ -191,17 +191,18 @@ impl Call {
     /// candle's autograd (the library's backward, by the same kernel and dropout seed); a refusal
     /// is one line naming the file of the tensor concerned, or the option.
     pub(super) fn run(&self) -> anyhow::Result<RunOutput> {
-        let keep = match self.opts.return_weights {
-            true => {
-                // `q` and `k` have rank 4 here: `[B, Hq, Lq]` of `q`, then `Lk` of `k`.
-                let (q, lk) = (self.q.dims(), self.k.dims()[2]);
-                Some(self.opts.keep_mask(q[0], q[1], q[2], lk).map_err(|e| self.error(e))?)
+        // After the attention, whose weights are larger: a call too large fails on those first.
+        let keep = || -> anyhow::Result<Option<Tensor>> {
+            if !self.opts.return_weights {
+                return Ok(None);
             }
-            false => None,
+            // `q` and `k` have rank 4 here: `[B, Hq, Lq]` of `q`, then `Lk` of `k`.
+            let (q, lk) = (self.q.dims(), self.k.dims()[2]);
+            Ok(Some(self.opts.keep_mask(q[0], q[1], q[2], lk).map_err(|e| self.error(e))?))
         };
         let Some(grad_out) = &self.grad_out else {
             let sdpa = sdpa_full(&self.q, &self.k, &self.v, &self.opts).map_err(|e| self.error(e))?;
-            return Ok(RunOutput { sdpa, keep, grads: Vec::new() });
+            return Ok(RunOutput { sdpa, keep: keep()?, grads: Vec::new() });
         };
         let var = |t: &Tensor| Var::from_tensor(t).map_err(|e| self.candle_error(e));
         let (q, k, v) = (var(&self.q)?, var(&self.k)?, var(&self.v)?);
@@ -219,7 +220,7 @@ impl Call {
                 Ok((name, grad.to_dtype(DType::F32).map_err(|e| self.candle_error(e))?))
             })
             .collect::<anyhow::Result<_>>()?;
-        Ok(RunOutput { sdpa, keep, grads })
+        Ok(RunOutput { sdpa, keep: keep()?, grads })
     }
 
     /// A candle error while computing, as one line naming `q`'s file; a library refusal inside

@@ -18,10 +18,7 @@
 //!   causal shards balanced), each shard accumulates into its own `dq` partial, and the partials
 //!   are summed afterwards — all cores stay busy even for one head;
 //! - `dbias` (only when asked for) may be shared by many jobs through broadcasting, so each tile
-//!   adds its `dS` under one lock (an `O(tile)` addition after `O(tile · D)` of arithmetic), into
-//!   `f64` sums rounded to `f32` at the end: a broadcast bias sums `dS` over up to `B·H·Lq` rows,
-//!   and `f32` sums in the order the jobs happen to finish lose accuracy with the count and
-//!   change from run to run.
+//!   adds its `dS` under one lock (an `O(tile)` addition after `O(tile · D)` of arithmetic).
 
 mod tile;
 
@@ -91,7 +88,7 @@ pub(super) struct BwdCtx<'a, E> {
     pub dq: Disjoint<'a>,
     pub dk: Disjoint<'a>,
     pub dv: Disjoint<'a>,
-    pub dbias: Option<Mutex<&'a mut [f64]>>,
+    pub dbias: Option<Mutex<&'a mut [f32]>>,
     /// Key shards per key/value head.
     pub shards: usize,
     /// Forced transposition plan ([`BackwardTuning::whole_heads`]).
@@ -155,7 +152,6 @@ pub(crate) fn backward<E: KvElem>(
     let partial_shape = if shards > 1 { [shards, units, head_dq] } else { [0; 3] };
     let mut partials = alloc::filled("dq partials of key shards", &partial_shape, 0.0f32)?;
     let dq_target: &mut [f32] = if shards > 1 { &mut partials } else { &mut g.dq };
-    let mut dbias_sums = bias_len.map(|n| alloc::filled("dbias sums (f64)", &[n], 0.0f64)).transpose()?;
     {
         let cx = BwdCtx {
             pb,
@@ -168,7 +164,7 @@ pub(crate) fn backward<E: KvElem>(
             dq: Disjoint::new(dq_target),
             dk: Disjoint::new(&mut g.dk),
             dv: Disjoint::new(&mut g.dv),
-            dbias: dbias_sums.as_deref_mut().map(Mutex::new),
+            dbias: g.dbias.as_deref_mut().map(Mutex::new),
             shards,
             whole_heads: tuning.whole_heads,
         };
@@ -179,9 +175,6 @@ pub(crate) fn backward<E: KvElem>(
             // SAFETY: `isa` is available (asserted above).
             unsafe { run(&cx, &job, w) }
         });
-    }
-    if let (Some(out), Some(sums)) = (g.dbias.as_mut(), dbias_sums) {
-        out.iter_mut().zip(sums).for_each(|(o, s)| *o = s as f32);
     }
     if shards > 1 {
         g.dq.par_chunks_mut(head_dq).enumerate().for_each(|(u, out)| {

@@ -275,7 +275,7 @@ unsafe fn tile<S: Simd, E: KvElem>(
         for r in 0..nr {
             let base = b * st[0] + h * st[1] + (i0 + r) * st[2];
             for (c, &ds) in w.dp[r * LDB..r * LDB + n].iter().enumerate() {
-                gb[base + (j0 + c) * st[3]] += f64::from(ds);
+                gb[base + (j0 + c) * st[3]] += ds;
             }
         }
     }
