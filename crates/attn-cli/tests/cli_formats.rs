@@ -16,15 +16,7 @@ fn fixture(name: &str) -> PathBuf {
 /// Runs `attn ARGS`, which must fail with exit code 1 and one `error:` line containing every
 /// string of `wanted`; returns that line.
 fn refused(args: &[&str], wanted: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_attn")).args(args).output().unwrap();
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(1), "{args:?}: stderr {stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{args:?}: stderr {stderr}");
-    assert!(stderr.starts_with("error: ") && !stderr.contains("panicked"), "{args:?}: stderr {stderr}");
-    for w in wanted {
-        assert!(stderr.contains(w), "{args:?}: {w:?} not in {stderr}");
-    }
-    stderr
+    assert_refused(args, Command::new(env!("CARGO_BIN_EXE_attn")).args(args).output().unwrap(), wanted)
 }
 
 fn s(p: &Path) -> &str {

@@ -10,6 +10,8 @@ use attn_cli::io::{read_safetensors, read_tensors, write_safetensors, HostData, 
 use attn_kernels::rng::SplitMix64;
 use half::{bf16, f16};
 
+mod run_common;
+
 /// Seeded values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
     SplitMix64::new(seed).uniform(n, -1.0, 1.0)
@@ -157,14 +159,7 @@ fn all_heads_draws_one_panel_per_head_with_query_and_key_tokens() {
 /// string of `wanted`, without writing OUT.
 fn refused(dir: &Path, args: &[&str], wanted: &[&str]) {
     let out_file = dir.join("refused.png");
-    let out = attn(&[&["heatmap"], args, &["-o", s(&out_file)]].concat());
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(1), "{args:?}: stderr {stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{args:?}: stderr {stderr}");
-    assert!(stderr.starts_with("error: ") && !stderr.contains("panicked"), "{args:?}: stderr {stderr}");
-    for w in wanted {
-        assert!(stderr.contains(w), "{args:?}: {w:?} not in {stderr}");
-    }
+    run_common::assert_refused(args, attn(&[&["heatmap"], args, &["-o", s(&out_file)]].concat()), wanted);
     assert!(!out_file.exists(), "{args:?} wrote {}", out_file.display());
 }
 

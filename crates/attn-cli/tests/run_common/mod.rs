@@ -234,3 +234,16 @@ pub fn fails_on(tensors: &[(&str, &HostTensor)], extra: &[&str]) -> String {
     assert!(!out.exists(), "output written despite the error");
     e
 }
+
+/// Checks that `out`, the result of `attn ARGS`, is a refusal: exit code 1 and one `error:` line
+/// (no panic) containing every string of `wanted`; returns that line.
+pub fn assert_refused(args: &[&str], out: Output, wanted: &[&str]) -> String {
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{args:?}: stderr {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{args:?}: stderr {stderr}");
+    assert!(stderr.starts_with("error: ") && !stderr.contains("panicked"), "{args:?}: stderr {stderr}");
+    for w in wanted {
+        assert!(stderr.contains(w), "{args:?}: {w:?} not in {stderr}");
+    }
+    stderr
+}
