@@ -1,8 +1,7 @@
 //! The `attn` command: parses the command line and hands each subcommand to its module under
 //! `commands/`. Every error, usage errors included, is printed as one line on stderr with exit
-//! code 1, never a panic; `--help` and `--version` print clap's text and exit 0. At start it quiets
-//! candle's element-wise pool (`attn_nn::threads`) and keeps freed buffers in the heap
-//! (`attn_nn::memory`).
+//! code 1, never a panic; `--help` and `--version` print clap's text and exit 0. At start
+//! `attn_nn::process::setup` quiets candle's element-wise pool and keeps freed buffers in the heap.
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -36,8 +35,7 @@ enum Command {
 }
 
 fn main() {
-    attn_nn::threads::quiet_candle_pool();
-    attn_nn::memory::reuse_freed_buffers();
+    attn_nn::process::setup();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => match e.kind() {

@@ -79,8 +79,7 @@ enum Model {
 }
 
 fn main() {
-    attn_nn::threads::quiet_candle_pool();
-    attn_nn::memory::reuse_freed_buffers();
+    attn_nn::process::setup();
     if let Err(e) = run(Args::parse()) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

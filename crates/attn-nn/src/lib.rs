@@ -50,6 +50,7 @@ pub mod memory;
 pub mod mha;
 pub mod norm;
 pub mod position;
+pub mod process;
 pub mod self_attention;
 pub mod seq2seq;
 pub mod threads;

@@ -52,8 +52,7 @@ struct Args {
 }
 
 fn main() {
-    attn_nn::threads::quiet_candle_pool();
-    attn_nn::memory::reuse_freed_buffers();
+    attn_nn::process::setup();
     if let Err(e) = run(Args::parse()) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
