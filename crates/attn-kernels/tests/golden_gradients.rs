@@ -40,35 +40,16 @@ fn load_all() -> Vec<Fixture> {
 /// One check of one fixture.
 type FixtureCheck<'a> = &'a dyn Fn(&Fixture) -> Result<(), String>;
 
-/// Checks known to fail, by the start of their failure message, left out of the kernels' verdicts
-/// and asserted on their own by the ignored test `known_failures` (which the runner's summary
-/// counts as ignored, with the reason): with K/V stored as bf16, the AVX-512 backward's `dbias` of
-/// `bias_rank1` (a `[Lk]` bias, whose exact gradient sums `dS` over every row) misses the rule by
-/// 3–8% (2.6e-6 against a bound of 2.5e-6) on an AMD Zen 5; the AVX2 and portable paths pass.
-/// Summing `dbias` in `f64` did not help (2.70e-6), so the error is in the per-element `dS`.
-const KNOWN_FAILURES: &[&str] =
-    &["bias_rank1.safetensors: flash-avx512 (bf16 K/V): dbias", "bias_rank1.safetensors: auto (bf16 K/V): dbias"];
-
-fn is_known(failure: &str) -> bool {
-    KNOWN_FAILURES.iter().any(|k| failure.starts_with(k))
-}
-
-/// Runs every check on every fixture and fails with every failure listed (known failures too when
-/// `with_known`).
-fn check_all_of(checks: &[FixtureCheck], with_known: bool) {
+/// Runs every check on every fixture and fails with every failure listed.
+fn check_all(checks: &[FixtureCheck]) {
     let fixtures = load_all();
     let failures: Vec<String> = checks
         .iter()
         .flat_map(|check| fixtures.iter().filter_map(|fx| check(fx).err()))
         .flat_map(|f| f.lines().map(str::to_string).collect::<Vec<_>>())
-        .filter(|f| with_known || !is_known(f))
         .collect();
     let runs = checks.len() * fixtures.len();
     assert!(failures.is_empty(), "{} of {runs} fixture checks failed:\n{}", failures.len(), failures.join("\n"));
-}
-
-fn check_all(checks: &[FixtureCheck]) {
-    check_all_of(checks, false);
 }
 
 fn grads_of(fx: &Fixture) -> Result<&Grads, String> {
@@ -328,12 +309,6 @@ golden_gradient_tests! {
     golden_grads_flash_avx512 [avx512] => Kernel::Flash(Isa::Avx512),
     golden_grads_flash_avx2 [avx2] => Kernel::Flash(Isa::Avx2),
     golden_grads_flash_portable => Kernel::Flash(Isa::Portable),
-}
-
-#[test]
-#[ignore = "known failure on AVX-512: bias_rank1 bf16 dbias misses the rule by 3-8% (see KNOWN_FAILURES)"]
-fn known_failures() {
-    check_all_of(&[&|fx| check_kernel_bf16(Kernel::Auto, fx)], true);
 }
 
 #[test]

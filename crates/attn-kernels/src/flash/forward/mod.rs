@@ -5,10 +5,10 @@
 //! and writes the normalised probabilities.
 //!
 //! Scores stay in natural units and are scaled after the dot product, like the formula; the
-//! exponential is taken as `exp2((s − m)·log2 e)` so its argument is rounded relative to
-//! `s − m`, not to `s`. Tiles outside every row's band are never visited. The path is chosen by
-//! whether `panels` is given: packed keys (prefill, queries stored transposed per micro-kernel
-//! call, tiles aligned to the panel width) or keys read in place (decode).
+//! exponential of `s − m` is taken to about 1 ulp (`simd::exp`) and the output divided by the
+//! denominator. Tiles outside every row's band are never visited. The path is chosen by whether
+//! `panels` is given: packed keys (prefill, queries stored transposed per micro-kernel call, tiles
+//! aligned to the panel width) or keys read in place (decode).
 
 pub(super) mod accumulate;
 pub(super) mod softmax;
@@ -74,8 +74,9 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
             continue;
         }
         outs.lse[r] = m + l.ln();
-        let inv = 1.0 / l;
-        outs.o[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|x| *x *= inv);
+        // One rounding per element: `x·(1/l)` takes two, and their bias along the row showed in
+        // `Δ = dO·O` of the backward (a `[Lk]` bias's gradient, which sums `Δ`'s errors over rows).
+        outs.o[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|x| *x /= l);
     }
     if let Some(wt) = outs.weights {
         for (j0, n) in tiles() {

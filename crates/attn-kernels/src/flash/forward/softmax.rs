@@ -4,10 +4,8 @@
 //! ([`write_weights`]); both built on the vector row maximum and row exponential. One path: every
 //! row runs the same vector loop over the tile's padded width.
 
-use std::f32::consts::LOG2_E;
-
 use crate::flash::block::{Ctx, Job, Work, LDS};
-use crate::flash::simd::{KvElem, Simd};
+use crate::flash::simd::{exp, KvElem, Simd};
 
 /// Online-softmax step for one tile of keys `j0..j0+n`: new running maxima, rescaled output rows
 /// `o: [rows, Dv]` and denominators, and the tile's probabilities `exp(s − m)` in place of the
@@ -77,7 +75,7 @@ unsafe fn row_max<S: Simd>(row: &[f32]) -> f32 {
     }
 }
 
-/// `row[c] = exp(row[c] − m)`, computed as `exp2((row[c] − m)·log2 e)`, in place; returns the sum.
+/// `row[c] = exp(row[c] − m)` in place; returns the sum.
 ///
 /// # Safety
 /// The CPU supports `S`'s instruction set, and `row.len()` is a multiple of `S::W`.
@@ -87,10 +85,9 @@ pub(in crate::flash) unsafe fn exp_row<S: Simd>(row: &mut [f32], m: f32) -> f32 
     // vectors inside `row`, whose length is a multiple of `S::W`.
     unsafe {
         let neg = S::splat(-m);
-        let log2e = S::splat(LOG2_E);
         let mut acc = S::splat(0.0);
         for c in (0..row.len()).step_by(S::W) {
-            let p = S::exp2(S::mul(S::add(S::load(row.as_ptr().add(c)), neg), log2e));
+            let p = exp::<S>(S::add(S::load(row.as_ptr().add(c)), neg));
             S::store(row.as_mut_ptr().add(c), p);
             acc = S::add(acc, p);
         }
@@ -115,10 +112,10 @@ pub(super) unsafe fn write_weights<S: Simd>(w: &Work, rows: usize, j0: usize, n:
         // SAFETY: the CPU supports `S` (the caller's contract); `buf` holds `width`, a multiple
         // of `S::W`.
         unsafe { exp_row::<S>(&mut buf, w.m[r]) };
-        let inv = 1.0 / w.l[r];
+        let l = w.l[r];
         let scores = &w.s[r * LDS..];
         for ((x, &p), &s) in wt[r * lk + j0..r * lk + j0 + n].iter_mut().zip(&buf).zip(scores) {
-            *x = if s == f32::NEG_INFINITY { 0.0 } else { p * inv };
+            *x = if s == f32::NEG_INFINITY { 0.0 } else { p / l };
         }
     }
 }

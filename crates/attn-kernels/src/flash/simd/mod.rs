@@ -1,7 +1,7 @@
 //! The vector operations the flash kernel is written in, as one trait ([`Simd`]) with three
 //! implementations: AVX-512F (16 lanes) and AVX2+FMA+F16C (8 lanes) in `x86`, and a portable one
 //! (8 lanes of plain Rust) in `portable`; the vector functions built on them, written once, in
-//! `math` (`Simd::exp2`'s polynomial and [`tanh`], for soft-capping); and the storage types of
+//! `math` ([`exp`] and [`tanh`], for soft-capping); and the storage types of
 //! keys and values ([`KvElem`]: f32, f16, bf16), widened to f32 on load.
 //!
 //! Every method is `#[inline(always)]` and `unsafe`: the x86 implementations may only run on a CPU
@@ -17,8 +17,7 @@ mod x86;
 
 use half::{bf16, f16};
 
-use math::exp2_poly;
-pub use math::tanh;
+pub use math::{exp, tanh};
 pub use portable::Portable;
 #[cfg(target_arch = "x86_64")]
 pub use x86::{Avx2, Avx512};
@@ -70,6 +69,11 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// # Safety
     /// The CPU has `Self`'s instruction set.
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    /// `c − a·b`, fused.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn fnma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `a / b`.
     ///
     /// # Safety
@@ -121,19 +125,14 @@ pub trait Simd: Copy + Send + Sync + 'static {
         unsafe { [Self::reduce_sum(v[0]), Self::reduce_sum(v[1]), Self::reduce_sum(v[2]), Self::reduce_sum(v[3])] }
     }
 
-    /// `2^x` to about 1 ulp; `x` is clamped to `[-127, 127]` (so `-∞` gives 0) and NaN stays NaN.
+    /// `p·2^n` for lanes holding integers `n` in `[-127, 127]` (`-127` gives 0).
     ///
     /// # Safety
     /// The CPU has `Self`'s instruction set.
     #[inline(always)]
-    unsafe fn exp2(x: Self::V) -> Self::V {
+    unsafe fn ldexp(p: Self::V, n: Self::V) -> Self::V {
         // SAFETY: forwarded from the caller.
-        unsafe {
-            let x = Self::min(Self::splat(127.0), Self::max(Self::splat(-127.0), x));
-            let n = Self::round(x);
-            let f = Self::add(x, Self::mul(n, Self::splat(-1.0)));
-            Self::mul(exp2_poly::<Self>(f), Self::pow2i(n))
-        }
+        unsafe { Self::mul(p, Self::pow2i(n)) }
     }
 }
 

@@ -59,6 +59,10 @@ impl Simd for Portable {
         std::array::from_fn(|i| a[i] + b[i])
     }
     #[inline(always)]
+    unsafe fn fnma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        std::array::from_fn(|i| (c[i] as f64 - a[i] as f64 * b[i] as f64) as f32)
+    }
+    #[inline(always)]
     unsafe fn div(a: Self::V, b: Self::V) -> Self::V {
         std::array::from_fn(|i| a[i] / b[i])
     }

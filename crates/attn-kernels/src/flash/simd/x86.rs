@@ -1,4 +1,4 @@
-//! The x86 implementations of [`Simd`]: [`Avx512`] (AVX-512F, 16 lanes, `scalef` for `exp2`) and
+//! The x86 implementations of [`Simd`]: [`Avx512`] (AVX-512F, 16 lanes, `scalef` for `ldexp`) and
 //! [`Avx2`] (AVX2 with FMA and F16C, 8 lanes), each method one or a few intrinsics. Compiled only
 //! on x86-64; which one runs is decided by the entry point after `Isa::is_available`.
 
@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
-use super::{exp2_poly, Simd};
+use super::Simd;
 
 /// AVX-512F, 16 lanes.
 #[derive(Clone, Copy)]
@@ -65,6 +65,11 @@ impl Simd for Avx512 {
         unsafe { _mm512_add_ps(a, b) }
     }
     #[inline(always)]
+    unsafe fn fnma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_fnmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
     unsafe fn div(a: __m512, b: __m512) -> __m512 {
         // SAFETY: AVX-512F is present (the caller's contract).
         unsafe { _mm512_div_ps(a, b) }
@@ -117,16 +122,13 @@ impl Simd for Avx512 {
             out
         }
     }
-    /// `2^x` as `p(f)·2^n` with `scalef`, which also does the range handling: `x` is clamped
-    /// below at −160 so `−∞` gives exactly 0, and large `x` overflows to `+∞`.
     #[inline(always)]
-    unsafe fn exp2(x: __m512) -> __m512 {
+    unsafe fn ldexp(p: __m512, n: __m512) -> __m512 {
         // SAFETY: AVX-512F is present (the caller's contract).
         unsafe {
-            let x = _mm512_max_ps(_mm512_set1_ps(-160.0), x);
-            let n = Self::round(x);
-            let p = exp2_poly::<Self>(_mm512_sub_ps(x, n));
-            _mm512_scalef_ps(p, n)
+            // `n = −127` gives 0, as `pow2i` does; `scalef` alone would give a subnormal.
+            let live = _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(n, _mm512_set1_ps(-127.0));
+            _mm512_maskz_scalef_ps(live, p, n)
         }
     }
     #[inline(always)]
@@ -191,6 +193,11 @@ impl Simd for Avx2 {
     unsafe fn add(a: __m256, b: __m256) -> __m256 {
         // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
         unsafe { _mm256_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn fnma(a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe { _mm256_fnmadd_ps(a, b, c) }
     }
     #[inline(always)]
     unsafe fn div(a: __m256, b: __m256) -> __m256 {
