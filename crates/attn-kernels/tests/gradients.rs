@@ -3,13 +3,15 @@
 //! the gradient oracle rule (factor 3) — tile edges, `Lq ≠ Lk`, `Dk ≠ Dv`, decode shapes, every
 //! mask kind and alignment, bias gradients in every broadcast shape, soft-capping, negative
 //! scales, grouped-query heads, half-precision K/V, dropout replay, fully masked rows, non-finite
-//! masked keys, NaN propagation, empty sizes and malformed inputs.
+//! masked keys, NaN propagation, empty sizes and malformed inputs; and the backward after each
+//! forward path.
 
 mod common;
 mod gradients_parts;
 
 use attn_kernels::{Align, BackwardTuning, Dropout, Kernel, KvView, Saved, View4, Window};
 use common::{broadcast_shape, dims, kernel_tests, random_bias, random_keep, Case, Rng, SHAPE_CODES};
+use gradients_parts::consistency::check_forward_path_consistency;
 use gradients_parts::finite_diff::assert_finite_differences;
 use gradients_parts::harness::{assert_grads, check_grads, grads, grads64, grads_kv, out_dims, random_dout};
 
@@ -50,6 +52,7 @@ fn reference_matches_finite_differences() {
 
 kernel_tests! {
     shapes => check_shapes,
+    forward_path_consistency => check_forward_path_consistency,
     masks => check_masks,
     bias_grads => check_bias_grads,
     softcap_scale => check_softcap_scale,

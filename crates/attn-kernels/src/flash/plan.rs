@@ -67,10 +67,9 @@ pub(super) struct Plan {
 impl Plan {
     /// The plan for sizes `d` with key panels of `2·w` keys on `threads` threads.
     pub(super) fn new(d: &Dims, w: usize, want_weights: bool, tuning: Tuning, threads: usize) -> Plan {
-        let g = d.group();
         let decode = match tuning.path {
             Some(p) => p == Path::Decode,
-            None => g * d.lq <= DECODE_ROWS,
+            None => decodes(d),
         };
         let jobs = jobs(d, decode);
         let shards = match tuning.shards {
@@ -89,6 +88,11 @@ impl Plan {
         let chunk_of = move |j: &Job| (j.b * hkv + j.kvh) / self.heads_per_chunk;
         self.jobs.chunk_by(move |a, b| chunk_of(a) == chunk_of(b))
     }
+}
+
+/// Whether a call of sizes `d` takes the decode path when no path is forced.
+pub(super) fn decodes(d: &Dims) -> bool {
+    d.group() * d.lq <= DECODE_ROWS
 }
 
 /// Every job of the path over all keys, in order of `(b, kvh)`.

@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use super::block::{rows_per_call, with_rows, Ctx, Job, Work, LDS};
+use super::block::{rows_per_call, with_rows, Ctx, Job, Work, DECODE_ROWS_PER_CALL, LDS};
 use super::micro::{qk_panel, qk_rows};
 use super::simd::{tanh, KvElem, Simd};
 use crate::problem::Problem;
@@ -97,7 +97,7 @@ pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
                 let kt = k.as_ptr().add(j0 * ldk);
                 let mut r0 = 0;
                 while r0 < rows {
-                    let nr = 4.min(rows - r0);
+                    let nr = DECODE_ROWS_PER_CALL.min(rows - r0);
                     with_rows!(
                         nr,
                         qk_rows::<S, E; >(qp.add(r0 * dk), dk, kt, ldk, n, dk, scale, sp.add(r0 * LDS), LDS)

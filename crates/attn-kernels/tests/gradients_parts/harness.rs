@@ -3,8 +3,8 @@
 //! precision's forward, and the gradient oracle check of all four gradients.
 
 use attn_kernels::{
-    attention, attention_backward_tuned, reference, reference_backward, AttnGrads, BackwardTuning, Kernel, KvView,
-    Saved, View4,
+    attention_backward_tuned, attention_tuned, reference, reference_backward, AttnGrads, BackwardTuning, Kernel,
+    KvView, Saved, Tuning, View4,
 };
 use attn_testkit::oracle::{self, GRADIENT_FACTOR};
 
@@ -43,9 +43,9 @@ pub fn out_dims(case: &Case) -> [usize; 4] {
 /// The flash backward's plans that [`check_grads`] forces besides the automatic one: keys in
 /// one shard or split (with `dq` partials), queries transposed per head or per tile.
 pub const FORCED_BACKWARD_PLANS: [BackwardTuning; 3] = [
-    BackwardTuning { shards: Some(1), whole_heads: Some(true) },
-    BackwardTuning { shards: Some(3), whole_heads: Some(false) },
-    BackwardTuning { shards: Some(2), whole_heads: Some(true) },
+    BackwardTuning { shards: Some(1), whole_heads: Some(true), forward_path: None },
+    BackwardTuning { shards: Some(3), whole_heads: Some(false), forward_path: None },
+    BackwardTuning { shards: Some(2), whole_heads: Some(true), forward_path: None },
 ];
 
 /// `kernel`'s forward then backward on `f32` K/V (the reference kernel is naive32).
@@ -65,7 +65,8 @@ pub fn grads_tuned(
     grads_kv(case, kernel, tuning, &KvView::F32(k), &KvView::F32(v), dout)
 }
 
-/// `kernel`'s forward then backward with K/V in any storage type.
+/// `kernel`'s forward (on the path `tuning.forward_path` when given) then backward with K/V in
+/// any storage type.
 pub fn grads_kv(
     case: &Case,
     kernel: Kernel,
@@ -76,7 +77,7 @@ pub fn grads_kv(
 ) -> attn_kernels::Result<AttnGrads<f32>> {
     let params = case.params(case.bias.as_ref().map(|m| &m.data[..]));
     let q = View4::contiguous("q", &case.q, case.q_dims())?;
-    let fwd = attention(kernel, &q, k, v, &params, false)?;
+    let fwd = attention_tuned(kernel, Tuning { path: tuning.forward_path, shards: None }, &q, k, v, &params, false)?;
     let out = View4::contiguous("out", &fwd.out, out_dims(case))?;
     let dout = View4::contiguous("grad_out", dout, out_dims(case))?;
     attention_backward_tuned(kernel, tuning, &q, k, v, &Saved { out, lse: &fwd.lse, dout }, &params, true)

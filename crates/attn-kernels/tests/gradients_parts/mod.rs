@@ -1,2 +1,3 @@
+pub mod consistency;
 pub mod finite_diff;
 pub mod harness;

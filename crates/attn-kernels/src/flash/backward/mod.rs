@@ -27,6 +27,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
+use super::plan::{self, Path};
 use super::simd::KvElem;
 use crate::alloc::{self, AllocError};
 use crate::grad::{AttnGrads, Saved};
@@ -93,6 +94,11 @@ pub(super) struct BwdCtx<'a, E> {
     pub shards: usize,
     /// Forced transposition plan ([`BackwardTuning::whole_heads`]).
     pub whole_heads: Option<bool>,
+    /// Whether the forward scored the keys with the decode path's `qk_rows` (else the prefill
+    /// path's `qk_panel`): the backward scores them the same way, so `S` is bit for bit the
+    /// forward's and `P = exp(S − lse)` matches its log-sum-exp. A score rounded differently by
+    /// one ulp of `|S|` shifts a whole row's `P` by that much relative (`|S|·ε`, several ulp).
+    pub decode_scores: bool,
 }
 
 /// One job: key/value head `(b, kvh)`, key blocks `shard, shard + S, shard + 2S, …`.
@@ -112,6 +118,10 @@ pub struct BackwardTuning {
     /// Force transposing each job's queries and output gradients once for all its key blocks
     /// (`true`) or tile by tile (`false`).
     pub whole_heads: Option<bool>,
+    /// The path the forward was forced to take ([`Tuning::path`](super::Tuning::path)); `None`:
+    /// its automatic choice. The scores are recomputed with that path's arithmetic (see
+    /// [`BwdCtx::decode_scores`]).
+    pub forward_path: Option<Path>,
 }
 
 /// Gradients with instruction set `isa` (which must be available) of the call validated into
@@ -167,6 +177,7 @@ pub(crate) fn backward<E: KvElem>(
             dbias: g.dbias.as_deref_mut().map(Mutex::new),
             shards,
             whole_heads: tuning.whole_heads,
+            decode_scores: tuning.forward_path.map_or(plan::decodes(&d), |p| p == Path::Decode),
         };
         let jobs: Vec<BwdJob> = (0..shards)
             .flat_map(|shard| (0..units).map(move |u| BwdJob { b: u / d.hkv, kvh: u % d.hkv, shard }))

@@ -1,7 +1,8 @@
 //! One backward job: for each of its key blocks, every tile of [`TILE_ROWS`] query rows that can
 //! see the block goes through
-//! 1. `S = scale·Q·Kᵀ` (soft-capped, biased, masked to −∞ like the forward) and
-//!    `dP̄ = dO·Vᵀ`, both with the forward's `qk_panel` micro-kernel on packed key/value panels;
+//! 1. `S = scale·Q·Kᵀ` (soft-capped, biased, masked to −∞ like the forward) with the
+//!    micro-kernel the forward scored with (`qk_panel` on packed key panels, or `qk_rows` on keys
+//!    in place after a decode-path forward), and `dP̄ = dO·Vᵀ` with `qk_panel` on packed values;
 //! 2. `P = exp(S − lse)`, dropout replayed (`P̄ = z·P`, `dP = z·dP̄`),
 //!    `dS = P∘(dP − Δ)` (0 wherever `S` is masked, whatever `dP̄` holds), added into `dbias`,
 //!    and `dX = scale·dS·(1 − tanh²)` through the soft-cap;
@@ -10,10 +11,10 @@
 //!    at a time, skipping the rows that mask them.
 
 use super::{BwdCtx, BwdJob, KEY_BLOCK, TILE_ROWS};
-use crate::flash::block::{head, rows_per_call, with_rows};
+use crate::flash::block::{head, rows_per_call, with_rows, DECODE_ROWS_PER_CALL};
 use crate::flash::forward::accumulate::pv_block;
 use crate::flash::forward::softmax::exp_row;
-use crate::flash::micro::qk_panel;
+use crate::flash::micro::{qk_panel, qk_rows};
 use crate::flash::pack::{pack_keys, panel_len};
 use crate::flash::scores::{all_finite, mask_row};
 use crate::flash::simd::{KvElem, Simd};
@@ -222,9 +223,22 @@ unsafe fn tile<S: Simd, E: KvElem>(
         transpose_chunks(nr, d.dv, rq, |r| cx.dout.row(b, h, i0 + r), &mut w.dot);
         (0, 0)
     };
-    // SAFETY: buffers sized by `run_job`; CPU supports `S`.
+    // SAFETY: buffers sized by `run_job`; CPU supports `S`; rows `i0..i0+nr` and keys
+    // `j0..j0+n` exist.
     unsafe {
-        panel_product::<S>(&w.qt[qt..], &w.kp, d.dk, nr, np, pb.scale as f32, &mut w.s);
+        if cx.decode_scores {
+            let (qb, ldq) = head(&cx.q, b, h);
+            let (kb, ldk) = head(&cx.k, b, job.kvh);
+            let (qb, kb, sp) = (qb.as_ptr().add(i0 * ldq), kb.as_ptr().add(j0 * ldk), w.s.as_mut_ptr());
+            let mut r0 = 0;
+            while r0 < nr {
+                let m = DECODE_ROWS_PER_CALL.min(nr - r0);
+                with_rows!(m, qk_rows::<S, E; >(qb.add(r0 * ldq), ldq, kb, ldk, n, d.dk, pb.scale as f32, sp.add(r0 * LDB), LDB));
+                r0 += m;
+            }
+        } else {
+            panel_product::<S>(&w.qt[qt..], &w.kp, d.dk, nr, np, pb.scale as f32, &mut w.s);
+        }
         panel_product::<S>(&w.dot[dot..], &w.vp, d.dv, nr, np, 1.0, &mut w.dp);
     }
     let row0 = (b * d.hq + h) * d.lq + i0;

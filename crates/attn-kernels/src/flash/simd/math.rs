@@ -110,7 +110,8 @@ mod tests {
                 Func::Tanh => (-12.0, 12.0),
             };
             let dense = (0..=240_000).map(|i| lo + (hi - lo) * i as f64 / 240_000.0);
-            let tiny = (0..=600).flat_map(|i| [10f64.powf(-30.0 + i as f64 * 0.05), -(10f64.powf(-30.0 + i as f64 * 0.05))]);
+            let tiny =
+                (0..=600).flat_map(|i| [10f64.powf(-30.0 + i as f64 * 0.05), -(10f64.powf(-30.0 + i as f64 * 0.05))]);
             dense.chain(tiny).map(|x| x as f32).collect()
         }
 
