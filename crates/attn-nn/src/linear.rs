@@ -1,7 +1,8 @@
 //! PyTorch's `nn.Linear` (`weight: [out, in]`, optional `bias: [out]`) with the leading dimensions
 //! folded into one before the product. candle-nn's `Linear` broadcasts the weight over the batch
 //! instead: one product per batch entry, and in the backward a weight gradient per batch entry
-//! that is then summed. Folded, the forward is one matrix product and each gradient one more.
+//! that is then summed. Folded, the forward is one matrix product and each gradient one more; the
+//! bias is added by [`crate::fused::add_bias`], whose gradient is one pass over the rows.
 
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
@@ -49,7 +50,7 @@ impl Linear {
         let rows = lead.iter().product::<usize>();
         let y = x.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?; // [rows, out]
         let y = match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
+            Some(b) => crate::fused::add_bias(&y, b)?,
             None => y,
         };
         Ok(y.reshape([lead, &[self.weight.dim(0)?]].concat())?)

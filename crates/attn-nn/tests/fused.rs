@@ -1,8 +1,9 @@
 //! The fused operations against the same formulas composed from candle's differentiable ops, in
 //! `f64`: forward values and every gradient, plus ReLU's PyTorch semantics (zero gradient at 0,
-//! NaN kept) and the scheduling-independence of LayerNorm's weight gradient.
+//! NaN kept) and the scheduling-independence of the sums over rows in LayerNorm's and the bias's
+//! gradients.
 
-use attn_nn::fused::{layer_norm, relu};
+use attn_nn::fused::{add_bias, layer_norm, relu};
 use attn_nn::Linear;
 use candle_core::{DType, Device, Tensor, Var, D};
 
@@ -62,19 +63,39 @@ fn layer_norm_reads_strided_and_f32_inputs() {
     assert!(max_diff(&got.to_dtype(DType::F64).unwrap(), &want) < 1e-5);
 }
 
+/// Runs `f` in a rayon pool of `threads` threads.
+fn with_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f)
+}
+
 #[test]
-fn layer_norm_weight_gradient_does_not_depend_on_the_thread_count() {
+fn sums_over_rows_do_not_depend_on_the_thread_count() {
     let (x, w, b, g) = (random(&[700, 32], 8), random(&[32], 9), random(&[32], 10), random(&[700, 32], 11));
-    let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        pool.install(|| {
-            grads(&[x.clone(), w.clone(), b.clone()], &g, |a| layer_norm(&a[0], &a[1], &a[2], 1e-5).unwrap()).1
-        })
-    };
-    let (one, four) = (run(1), run(4));
-    for (a, b) in one.iter().zip(&four) {
-        assert_eq!(max_diff(a, b), 0.0);
+    let args = [x, w, b];
+    let norm = |t| with_threads(t, || grads(&args, &g, |a| layer_norm(&a[0], &a[1], &a[2], 1e-5).unwrap()).1);
+    let bias =
+        |t| with_threads(t, || grads(&[args[0].clone(), args[2].clone()], &g, |a| add_bias(&a[0], &a[1]).unwrap()).1);
+    for (one, four) in [(norm(1), norm(4)), (bias(1), bias(4))] {
+        for (a, b) in one.iter().zip(&four) {
+            assert_eq!(max_diff(a, b), 0.0);
+        }
     }
+}
+
+#[test]
+fn add_bias_matches_broadcast_add_with_gradients() {
+    for shape in [vec![700, 32], vec![2, 3, 5], vec![1, 1]] {
+        let n = *shape.last().unwrap();
+        let (y, b, g) = (random(&shape, 20), random(&[n], 21), random(&shape, 22));
+        let args = [y, b];
+        let (out_f, d_f) = grads(&args, &g, |a| add_bias(&a[0], &a[1]).unwrap());
+        let (out_c, d_c) = grads(&args, &g, |a| a[0].broadcast_add(&a[1]).unwrap());
+        assert_eq!(max_diff(&out_f, &out_c), 0.0, "{shape:?} forward");
+        assert_eq!(max_diff(&d_f[0], &d_c[0]), 0.0, "{shape:?} dy");
+        assert!(max_diff(&d_f[1], &d_c[1]) < 1e-12, "{shape:?} dbias");
+    }
+    let err = add_bias(&random(&[3, 4], 23), &random(&[5], 24)).unwrap_err().to_string();
+    assert!(err.contains("bias [5] must be [4]"), "{err}");
 }
 
 #[test]

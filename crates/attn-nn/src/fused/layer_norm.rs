@@ -12,10 +12,7 @@
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::{contiguous, prepared, with_values, ROWS_PER_TASK};
-
-/// At most this many row groups carry partial `dweight`/`dbias` sums in the backward.
-const MAX_GROUPS: usize = 64;
+use super::{add_partials, contiguous, group_len, prepared, rows_per_task, with_values};
 
 /// `x: [.., D]`, `weight: [D]`, `bias: [D]` → `[.., D]`, normalised over the last dimension with
 /// the biased variance (PyTorch's `nn.LayerNorm`); differentiable in all three.
@@ -41,7 +38,7 @@ fn stats<T: WithDType>(row: &[T], eps: f64) -> (T, T) {
 fn forward<T: WithDType>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
     let d = w.len();
     let mut y = vec![T::zero(); x.len()];
-    y.par_chunks_mut(d * ROWS_PER_TASK).zip(x.par_chunks(d * ROWS_PER_TASK)).for_each(|(ys, xs)| {
+    y.par_chunks_mut(d * rows_per_task(d)).zip(x.par_chunks(d * rows_per_task(d))).for_each(|(ys, xs)| {
         for (yr, xr) in ys.chunks_mut(d).zip(xs.chunks(d)) {
             let (mean, rstd) = stats(xr, eps);
             for (((yv, &xv), &wv), &bv) in yr.iter_mut().zip(xr).zip(w).zip(b) {
@@ -55,8 +52,7 @@ fn forward<T: WithDType>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
 /// `(dx, dweight, dbias)` for `x: [rows·D]`, `w: [D]` and `dy: [rows·D]`.
 fn backward<T: WithDType>(x: &[T], w: &[T], dy: &[T], eps: f64) -> (Vec<T>, Vec<T>, Vec<T>) {
     let d = w.len();
-    let rows = x.len().checked_div(d).unwrap_or(0);
-    let group = (rows.div_ceil(MAX_GROUPS).max(ROWS_PER_TASK) * d).max(1);
+    let group = group_len(x.len(), d);
     let n = T::from_f64(d as f64);
     let mut dx = vec![T::zero(); x.len()];
     let partials: Vec<Vec<T>> = dx
@@ -84,10 +80,7 @@ fn backward<T: WithDType>(x: &[T], w: &[T], dy: &[T], eps: f64) -> (Vec<T>, Vec<
             sums
         })
         .collect();
-    let mut total = vec![T::zero(); 2 * d];
-    for p in &partials {
-        total.iter_mut().zip(p).for_each(|(t, &v)| *t += v);
-    }
+    let mut total = add_partials(partials, 2 * d);
     let db = total.split_off(d);
     (dx, total, db)
 }

@@ -5,22 +5,51 @@
 //!
 //! - [`layer_norm`]: `y = (x − mean) / sqrt(var + eps) · weight + bias` over the last dimension,
 //!   with gradients for `x`, `weight` and `bias`;
-//! - [`relu`]: `max(x, 0)` with PyTorch's gradient (zero where the output is zero, NaN kept).
+//! - [`relu`]: `max(x, 0)` with PyTorch's gradient (zero where the output is zero, NaN kept);
+//! - [`add_bias`]: `y + bias` over the last dimension, whose bias gradient (the column sums of
+//!   `dy`) is one pass over rows, where candle's broadcast gradient is its generic strided sum
+//!   (a sixth of a training step's time).
 //!
-//! Both run on CPU tensors in `f32` or `f64`, read contiguously (the wrappers make their inputs
+//! All run on CPU tensors in `f32` or `f64`, read contiguously (the wrappers make their inputs
 //! contiguous first), and split rows over rayon's threads. Other dtypes are computed in `f32`
 //! through a cast, which candle's autograd differentiates.
 
+mod bias;
 mod layer_norm;
 mod relu;
 
+pub use bias::add_bias;
 pub use layer_norm::layer_norm;
 pub use relu::relu;
 
 use candle_core::{CpuStorage, DType, Layout, Result, Tensor};
 
-/// Rows per rayon task: enough work to pay for a task, small enough to spread `[B·L, D]` rows.
-const ROWS_PER_TASK: usize = 16;
+/// Elements per rayon task: enough work to pay for waking a thread (16 rows of a small model's
+/// width were not: a training step spent a quarter of its time in thread wake-ups).
+const PER_TASK: usize = 1 << 14;
+
+/// Whole rows of `d` elements per rayon task, about [`PER_TASK`] elements.
+fn rows_per_task(d: usize) -> usize {
+    (PER_TASK / d.max(1)).max(1)
+}
+/// At most this many row groups carry partial sums over rows in a backward.
+const MAX_GROUPS: usize = 64;
+
+/// Elements per row group of `len` elements in rows of `d`: a number of groups fixed by the
+/// shape (at most [`MAX_GROUPS`]), so sums over rows do not depend on scheduling.
+fn group_len(len: usize, d: usize) -> usize {
+    let rows = len.checked_div(d).unwrap_or(0);
+    (rows.div_ceil(MAX_GROUPS).max(rows_per_task(d)) * d).max(1)
+}
+
+/// The element-wise sum of the groups' partial sums, in group order.
+fn add_partials<T: candle_core::WithDType>(partials: Vec<Vec<T>>, width: usize) -> Vec<T> {
+    let mut total = vec![T::zero(); width];
+    for p in &partials {
+        total.iter_mut().zip(p).for_each(|(t, &v)| *t += v);
+    }
+    total
+}
 
 /// The contiguous values of `storage` under `layout`, as `T`.
 fn contiguous<'a, T: candle_core::WithDType>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [T]> {

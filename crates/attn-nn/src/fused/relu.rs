@@ -5,10 +5,7 @@
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::{contiguous, prepared, with_values};
-
-/// Elements per rayon task.
-const PER_TASK: usize = 1 << 14;
+use super::{contiguous, prepared, with_values, PER_TASK};
 
 /// `x: [..]` → the same shape, `max(x, 0)` with NaN kept; differentiable.
 pub fn relu(x: &Tensor) -> Result<Tensor> {
