@@ -20,9 +20,6 @@ use crate::view::View4;
 pub const TILE_FLOATS: usize = 8192;
 /// Keys per tile in the decode path.
 pub const DECODE_TILE_KEYS: usize = 256;
-/// Query rows per `qk_rows` call (the decode path's scores; the backward's after a decode-path
-/// forward).
-pub(in crate::flash) const DECODE_ROWS_PER_CALL: usize = 4;
 /// The most keys a tile holds, in either path.
 const MAX_TILE_KEYS: usize = 256;
 const _: () = assert!(DECODE_TILE_KEYS <= MAX_TILE_KEYS);

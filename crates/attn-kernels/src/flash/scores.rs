@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use super::block::{rows_per_call, with_rows, Ctx, Job, Work, DECODE_ROWS_PER_CALL, LDS};
+use super::block::{rows_per_call, with_rows, Ctx, Job, Work, LDS};
 use super::micro::{qk_panel, qk_rows};
 use super::simd::{tanh, KvElem, Simd};
 use crate::problem::Problem;
@@ -94,20 +94,49 @@ pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
             }
             None => {
                 width = n.div_ceil(S::W) * S::W;
-                let kt = k.as_ptr().add(j0 * ldk);
-                let mut r0 = 0;
-                while r0 < rows {
-                    let nr = DECODE_ROWS_PER_CALL.min(rows - r0);
-                    with_rows!(
-                        nr,
-                        qk_rows::<S, E; >(qp.add(r0 * dk), dk, kt, ldk, n, dk, scale, sp.add(r0 * LDS), LDS)
-                    );
-                    r0 += nr;
-                }
+                decode_scores::<S, E>(qp, dk, k.as_ptr().add(j0 * ldk), ldk, n, dk, scale, rows, sp, LDS);
             }
         }
     }
     width
+}
+
+/// Query rows per `qk_rows` call.
+const DECODE_ROWS_PER_CALL: usize = 4;
+
+/// The decode path's scores `scale · q·k` of `rows` query rows (row stride `ldq`) against `n` keys
+/// read in place (`k`, row stride `ldk`), all of length `d`, into `s` (row stride `lds`). Also the
+/// backward's after a decode-path forward, so that its scores are the forward's bit for bit. (Two
+/// keys at a time instead of four on AVX2, to keep the accumulators in its 16 registers, measured
+/// 1.3× slower on the memory-bound decode of 32 query heads on 8 key/value heads, Lk 8192.)
+///
+/// # Safety
+/// The CPU supports `S`'s instruction set; `q` valid for `rows` rows of `d` floats, `k` for `n`
+/// rows of `d` elements, `s` for `rows` rows of `n`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(in crate::flash) unsafe fn decode_scores<S: Simd, E: KvElem>(
+    q: *const f32,
+    ldq: usize,
+    k: *const E,
+    ldk: usize,
+    n: usize,
+    d: usize,
+    scale: f32,
+    rows: usize,
+    s: *mut f32,
+    lds: usize,
+) {
+    let mut r0 = 0;
+    while r0 < rows {
+        let m = DECODE_ROWS_PER_CALL.min(rows - r0);
+        let (q, s) = (q.wrapping_add(r0 * ldq), s.wrapping_add(r0 * lds));
+        // SAFETY: forwarded from the caller; rows `r0..r0+m` exist.
+        unsafe {
+            with_rows!(m, qk_rows::<S, E; >(q, ldq, k, ldk, n, d, scale, s, lds));
+        }
+        r0 += m;
+    }
 }
 
 /// Masks the raw score tile of keys `j0..j0+n` in `w.s` (`width` columns per row, as [`qk_tile`]

@@ -11,12 +11,12 @@
 //!    at a time, skipping the rows that mask them.
 
 use super::{BwdCtx, BwdJob, KEY_BLOCK, TILE_ROWS};
-use crate::flash::block::{head, rows_per_call, with_rows, DECODE_ROWS_PER_CALL};
+use crate::flash::block::{head, rows_per_call, with_rows};
 use crate::flash::forward::accumulate::pv_block;
 use crate::flash::forward::softmax::exp_row;
-use crate::flash::micro::{qk_panel, qk_rows};
+use crate::flash::micro::qk_panel;
 use crate::flash::pack::{pack_keys, panel_len};
-use crate::flash::scores::{all_finite, mask_row};
+use crate::flash::scores::{all_finite, decode_scores, mask_row};
 use crate::flash::simd::{KvElem, Simd};
 
 /// Most bytes of a job's queries and output gradients transposed once for all its key blocks;
@@ -229,13 +229,8 @@ unsafe fn tile<S: Simd, E: KvElem>(
         if cx.decode_scores {
             let (qb, ldq) = head(&cx.q, b, h);
             let (kb, ldk) = head(&cx.k, b, job.kvh);
-            let (qb, kb, sp) = (qb.as_ptr().add(i0 * ldq), kb.as_ptr().add(j0 * ldk), w.s.as_mut_ptr());
-            let mut r0 = 0;
-            while r0 < nr {
-                let m = DECODE_ROWS_PER_CALL.min(nr - r0);
-                with_rows!(m, qk_rows::<S, E; >(qb.add(r0 * ldq), ldq, kb, ldk, n, d.dk, pb.scale as f32, sp.add(r0 * LDB), LDB));
-                r0 += m;
-            }
+            let (qb, kb) = (qb.as_ptr().add(i0 * ldq), kb.as_ptr().add(j0 * ldk));
+            decode_scores::<S, E>(qb, ldq, kb, ldk, n, d.dk, pb.scale as f32, nr, w.s.as_mut_ptr(), LDB);
         } else {
             panel_product::<S>(&w.qt[qt..], &w.kp, d.dk, nr, np, pb.scale as f32, &mut w.s);
         }
