@@ -383,7 +383,7 @@ fn unusable_tensors_are_typed_errors() {
         let err = draw_tensor(&path, values, mask, &HeatmapStyle::default()).unwrap_err();
         assert!(err.to_string().contains("tensor_bad.png"), "{err}");
         assert!(!path.exists());
-        err.kind
+        *err.kind
     };
     let zeros = |shape: &[usize]| Tensor::zeros(shape, DType::F32, cpu).unwrap();
     for shape in [&[4][..], &[2, 1, 3, 3], &[1, 1, 1, 2, 2]] {
@@ -407,5 +407,5 @@ fn unusable_tensors_are_typed_errors() {
     }
     let gif = out("tensor.gif");
     let err = draw_tensor(&gif, &zeros(&[2, 2]), None, &HeatmapStyle::default()).unwrap_err();
-    assert!(matches!(err.kind, HeatmapErrorKind::Format(PictureFormatError { found: Some(ref e) }) if e == "gif"));
+    assert!(matches!(*err.kind, HeatmapErrorKind::Format(PictureFormatError { found: Some(ref e) }) if e == "gif"));
 }

@@ -57,8 +57,9 @@ pub struct HeatmapStyle {
 pub struct HeatmapError {
     /// The output file.
     pub path: String,
-    /// What went wrong.
-    pub kind: HeatmapErrorKind,
+    /// What went wrong (boxed: it may hold a whole [`AttnLibError`], and a `Result` should stay
+    /// small).
+    pub kind: Box<HeatmapErrorKind>,
 }
 
 /// What kept a heatmap from being drawn.
@@ -139,7 +140,7 @@ pub fn draw_tensor(
     mask: Option<&Mask>,
     style: &HeatmapStyle,
 ) -> Result<(), HeatmapError> {
-    let fail = |kind: HeatmapErrorKind| HeatmapError { path: path.display().to_string(), kind };
+    let fail = |kind: HeatmapErrorKind| HeatmapError { path: path.display().to_string(), kind: Box::new(kind) };
     let (heads, lq, lk) = match *values.dims() {
         [lq, lk] => (None, lq, lk),
         [h, lq, lk] | [1, h, lq, lk] => (Some(h), lq, lk),
@@ -181,7 +182,7 @@ fn keep_flags(mask: &Mask, shape: &[usize]) -> Result<Vec<bool>, AttnLibError> {
 
 /// Shared body of the entry points: checks the format and the cells, lays out and writes.
 fn draw_figure(path: &Path, cells: Cells, style: &HeatmapStyle) -> Result<(), HeatmapError> {
-    let fail = |kind: HeatmapErrorKind| HeatmapError { path: path.display().to_string(), kind };
+    let fail = |kind: HeatmapErrorKind| HeatmapError { path: path.display().to_string(), kind: Box::new(kind) };
     let format = PictureFormat::from_path(path).map_err(|e| fail(e.into()))?;
     let draw = |reason: String| fail(HeatmapErrorKind::Draw(reason));
     validate::check(&cells, style).map_err(draw)?;
