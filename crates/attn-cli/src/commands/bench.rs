@@ -70,8 +70,9 @@ pub struct Args {
     /// Print one JSON object per shape per line instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Also measure the FMA peak GFLOP/s of one core and of all threads, and report each shape's
-    /// share of the all-thread peak.
+    /// Also measure the FMA peak GFLOP/s of one core and of all threads, with the kernel's
+    /// instructions (AVX2 when flash-avx2 is forced, else the widest this CPU has), and report each
+    /// shape's share of the all-thread peak.
     #[arg(long)]
     pub peak: bool,
     /// Time forward (with log-sum-exp) plus backward per call: the gradients of q, k and v for a
@@ -115,7 +116,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let threads = args.threads.get();
     let pool = args.threads.pool()?;
 
-    let peak = if args.peak { Some(peak::measure(threads)) } else { None };
+    let peak = if args.peak { Some(peak::measure(threads, args.sdpa.kernel)) } else { None };
     if let Some(p) = peak {
         print_peak(&args, p, threads);
     }

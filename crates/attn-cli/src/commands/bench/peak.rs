@@ -1,8 +1,12 @@
-//! The machine's `f32` FMA peak: a short loop of independent fused multiply-adds (AVX-512 or
-//! AVX2, detected at run time) on one core and on every thread at once, so benchmark results can
-//! be stated as a fraction of what the cores can do. Other CPUs report the peak as unknown.
+//! The machine's `f32` FMA peak: a short loop of independent fused multiply-adds on one core and
+//! on every thread at once, so benchmark results can be stated as a fraction of what the cores
+//! can do. The loop uses the instructions of the kernel being benchmarked: AVX2 when
+//! `flash-avx2` is forced (on an AVX-512 CPU its share of peak is then of AVX2's), otherwise the
+//! widest of AVX-512 and AVX2 detected at run time. Other CPUs report the peak as unknown.
 
 use std::time::Instant;
+
+use attn_kernels::{Isa, Kernel};
 
 /// Measured `f32` FMA peak.
 #[derive(Debug, Clone, Copy)]
@@ -117,10 +121,15 @@ fn fma_avx2(iters: u64) -> f32 {
     lanes.iter().sum()
 }
 
-/// Measures the FMA peak on one thread and on `threads` threads; `None` when this CPU has
-/// neither AVX-512F nor AVX2+FMA. Takes well under a second.
-pub fn measure(threads: usize) -> Option<Peak> {
-    let isa = FmaIsa::detect()?;
+/// Measures the FMA peak of the instructions `kernel` runs on (see the module header), on one
+/// thread and on `threads` threads; `None` when this CPU has neither AVX-512F nor AVX2+FMA. Takes
+/// well under a second.
+pub fn measure(threads: usize, kernel: Kernel) -> Option<Peak> {
+    let isa = match kernel.resolve() {
+        // `resolve` refuses a flash kernel whose instructions this CPU lacks.
+        Ok(Kernel::Flash(Isa::Avx2)) => FmaIsa::Avx2,
+        _ => FmaIsa::detect()?,
+    };
     let mut iters = 1u64 << 14;
     while isa.time(iters, 1) < MIN_SECONDS {
         iters *= 2;
@@ -138,9 +147,21 @@ mod tests {
 
     #[test]
     fn peak_is_positive_when_known() {
-        if let Some(p) = measure(2) {
+        if let Some(p) = measure(2, Kernel::Auto) {
             assert!(p.single_gflops > 0.0 && p.all_gflops > 0.0, "{p:?}");
             assert_eq!(p.threads, 2);
+        }
+    }
+
+    #[test]
+    fn peak_follows_the_forced_instruction_set() {
+        let best = FmaIsa::detect().map(FmaIsa::name);
+        assert_eq!(measure(1, Kernel::Reference).map(|p| p.isa), best);
+        if Isa::Avx2.is_available() {
+            assert_eq!(measure(1, Kernel::Flash(Isa::Avx2)).map(|p| p.isa), Some("avx2"));
+        }
+        if Isa::Avx512.is_available() {
+            assert_eq!(measure(1, Kernel::Flash(Isa::Avx512)).map(|p| p.isa), Some("avx512"));
         }
     }
 }
