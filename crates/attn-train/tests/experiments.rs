@@ -79,12 +79,14 @@ fn head_statistics_are_in_range_and_bounded_by_uniform_attention() {
         };
         assert_eq!((lq, lk), expected, "{:?}", grid.kind);
         assert_eq!(grid.weights.len(), 2 * lq * lk);
-        for (r, row) in grid.weights.chunks(lk).enumerate() {
+        assert_eq!(grid.keep.len(), grid.weights.len());
+        for (r, (row, keep)) in grid.weights.chunks(lk).zip(grid.keep.chunks(lk)).enumerate() {
             let sum: f32 = row.iter().sum();
             assert!((sum - 1.0).abs() < 1e-4, "{:?} row {r} sums to {sum}", grid.kind);
-            if grid.kind == AttentionKind::DecoderSelf {
-                assert!(row[r % lq + 1..].iter().all(|&w| w == 0.0), "causal row {r}: {row:?}");
-            }
+            // The example has no padding: only the decoder's causal mask hides keys.
+            let causal = grid.kind == AttentionKind::DecoderSelf;
+            assert!(keep.iter().enumerate().all(|(j, &k)| k == (!causal || j <= r % lq)), "{:?} row {r}", grid.kind);
+            assert!(row.iter().zip(keep).all(|(&w, &k)| k || w == 0.0), "masked weights of row {r}: {row:?}");
         }
     }
     assert_eq!(report.grids[0].key_tokens.last().unwrap(), "</s>");

@@ -11,7 +11,7 @@
 //! For each kind of attention the report also gives what uniform attention over the same allowed
 //! keys would score (padding excluded, causal for the decoder), the reference a learned head is
 //! read against. One pair's weights per kind and layer come back for drawing, `[H, Lq, Lk]` with
-//! the tokens as labels.
+//! the tokens as labels and which cells the masks allow.
 
 use attn_nn::{NeedWeights, Run};
 use candle_core::Device;
@@ -95,6 +95,10 @@ pub struct ExampleGrid {
     pub layer: usize,
     /// `[H, Lq, Lk]`, row-major.
     pub weights: Vec<f32>,
+    /// `[H, Lq, Lk]` like `weights`: whether the query may attend to the key (false above the
+    /// diagonal of the decoder's causal self-attention and at padding keys), for drawing the
+    /// masked cells as masked rather than as weight 0.
+    pub keep: Vec<bool>,
     /// `Lq` labels.
     pub query_tokens: Vec<String>,
     /// `Lk` labels.
@@ -273,12 +277,18 @@ fn example_grids(translator: &Translator, pair: &Pair) -> Result<Vec<ExampleGrid
     weights(translator, std::slice::from_ref(pair))?
         .into_iter()
         .map(|w| {
+            let (lq, keys) = (w.queries[0].len(), &w.keys[0]);
+            let heads = w.values.len() / (lq * keys.len()).max(1);
+            let keep = (0..heads * lq * keys.len())
+                .map(|x| allowed(w.kind, keys, x / keys.len() % lq, x % keys.len()))
+                .collect();
             Ok(ExampleGrid {
                 kind: w.kind,
                 layer: w.layer,
                 query_tokens: labels(&w.queries[0]),
-                key_tokens: labels(&w.keys[0]),
+                key_tokens: labels(keys),
                 weights: w.values,
+                keep,
             })
         })
         .collect()

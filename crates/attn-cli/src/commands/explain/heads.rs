@@ -73,7 +73,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             ..Default::default()
         };
         let (lq, lk) = (grid.query_tokens.len(), grid.key_tokens.len());
-        draw_head_grid(&path, &grid.weights, None, report.heads, lq, lk, &style)?;
+        draw_head_grid(&path, &grid.weights, Some(&grid.keep), report.heads, lq, lk, &style)?;
         written.push(path.display().to_string());
     }
     println!("wrote {}", written.join(", "));
