@@ -2,7 +2,8 @@
 //! settings and the history of loss and accuracy), `vocab.json`, `model.safetensors` (the weights
 //! by their PyTorch-style names) and `optimizer.safetensors` (AdamW's moments).
 //!
-//! Each file is written to a temporary name and renamed into place, `config.json` last; both
+//! Each file is written whole or not at all (a temporary file renamed into place, as every file
+//! `attn` writes), `config.json` last; both
 //! tensor files also record the step, so a folder whose files come from different saves is
 //! refused rather than silently mixed. Loading checks the format, the step, every weight's name
 //! and shape, and reports a missing, truncated or foreign file by name.
@@ -74,11 +75,12 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
     move |source| TrainError::Io { path: path.to_path_buf(), source }
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same folder.
-fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    write(&tmp)?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+/// Writes `bytes` to `path` whole or not at all ([`attn::write_file::write_atomically`]: a
+/// temporary file in the same folder, flushed to disk, then renamed; new files get the umask's
+/// mode, existing ones keep theirs).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    attn::write_file::write_atomically(path, |w| w.write_all(bytes))
+        .map_err(|e| TrainError::Io { path: e.path, source: e.source })
 }
 
 /// Saves a checkpoint into `dir` (which must exist).
@@ -93,17 +95,14 @@ pub fn save(
     for (name, mut tensors) in [("model.safetensors", weights), ("optimizer.safetensors", optimizer)] {
         tensors.insert(STEP_KEY.into(), step.clone());
         let path = file(dir, name);
-        write_atomic(&path, |tmp| {
-            candle_core::safetensors::save(&tensors, tmp)
-                .map_err(|e| TrainError::Checkpoint(format!("{}: cannot write: {e}", tmp.display())))
-        })?;
+        let bytes = safetensors::serialize(&tensors, None)
+            .map_err(|e| TrainError::Checkpoint(format!("{}: cannot serialise: {e}", path.display())))?;
+        write_atomic(&path, &bytes)?;
     }
-    let path = file(dir, "vocab.json");
-    write_atomic(&path, |tmp| std::fs::write(tmp, vocab.to_json()).map_err(io(tmp)))?;
-    let path = file(dir, "config.json");
+    write_atomic(&file(dir, "vocab.json"), vocab.to_json().as_bytes())?;
     let json = serde_json::to_string_pretty(manifest)
         .map_err(|e| TrainError::Checkpoint(format!("cannot serialise the manifest: {e}")))?;
-    write_atomic(&path, |tmp| std::fs::write(tmp, json).map_err(io(tmp)))
+    write_atomic(&file(dir, "config.json"), json.as_bytes())
 }
 
 /// Reads `config.json` of the checkpoint in `dir`.
