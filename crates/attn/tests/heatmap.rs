@@ -4,9 +4,9 @@
 
 mod heatmap_support;
 
-use attn::heatmap::{draw_head_grid, draw_heatmap, HeatmapStyle};
 use std::path::Path;
 
+use attn::heatmap::{draw_head_grid, draw_heatmap, HeatmapStyle};
 use attn::picture::PictureFormat;
 use heatmap_support::{assert_has, centroid, one_hot, out, read_png, reason, svg_texts, VIRIDIS_HIGH};
 
