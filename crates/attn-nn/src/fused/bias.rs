@@ -56,15 +56,9 @@ impl CustomOp2 for AddBiasOp {
                 l1.dims()
             )));
         }
-        let out = match (s1, s2) {
-            (CpuStorage::F32(_), CpuStorage::F32(_)) => {
-                CpuStorage::F32(forward(contiguous(s1, l1)?, contiguous(s2, l2)?))
-            }
-            (CpuStorage::F64(_), CpuStorage::F64(_)) => {
-                CpuStorage::F64(forward(contiguous(s1, l1)?, contiguous(s2, l2)?))
-            }
-            _ => return Err(candle_core::Error::Msg("add_bias: f32 or f64 operands of one dtype expected".into())),
-        };
+        // `add_bias` gave the bias the input's dtype; `contiguous` refuses any other.
+        let out =
+            per_float!(s1, "add_bias", |T| contiguous::<T>(s1, l1).and_then(|y| Ok(forward(y, contiguous(s2, l2)?))));
         Ok((out, l1.shape().clone()))
     }
 

@@ -118,17 +118,8 @@ impl CustomOp3 for LayerNormOp {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let args = ((s1, l1), (s2, l2), (s3, l3));
-        let y = match s1 {
-            CpuStorage::F32(_) => {
-                let (x, w, b) = operands::<f32>(args.0, args.1, args.2)?;
-                CpuStorage::F32(forward(x, w, b, self.eps))
-            }
-            CpuStorage::F64(_) => {
-                let (x, w, b) = operands::<f64>(args.0, args.1, args.2)?;
-                CpuStorage::F64(forward(x, w, b, self.eps))
-            }
-            _ => return Err(candle_core::Error::Msg("layer_norm: f32 or f64 input expected".into())),
-        };
+        let y = per_float!(s1, "layer_norm", |T| operands::<T>(args.0, args.1, args.2)
+            .map(|(x, w, b)| forward(x, w, b, self.eps)));
         Ok((y, l1.shape().clone()))
     }
 

@@ -14,6 +14,25 @@
 //! contiguous first), and split rows over rayon's threads. Other dtypes are computed in `f32`
 //! through a cast, which candle's autograd differentiates.
 
+/// `per_float!(storage, "op", |T| body)`: `body` (an expression of type `Result<Vec<T>>`) with
+/// `T` the storage's element type, `f32` or `f64`, its result wrapped back into a `CpuStorage`;
+/// any other dtype is an error naming the op. The forwards are written once for both.
+macro_rules! per_float {
+    ($storage:expr, $op:literal, |$t:ident| $body:expr) => {
+        match $storage {
+            candle_core::CpuStorage::F32(_) => {
+                type $t = f32;
+                candle_core::CpuStorage::F32($body?)
+            }
+            candle_core::CpuStorage::F64(_) => {
+                type $t = f64;
+                candle_core::CpuStorage::F64($body?)
+            }
+            _ => return Err(candle_core::Error::Msg(concat!($op, ": f32 or f64 input expected").into())),
+        }
+    };
+}
+
 mod bias;
 mod layer_norm;
 mod relu;

@@ -53,17 +53,7 @@ impl CustomOp1 for ReluOp {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let y = match s {
-            CpuStorage::F32(_) => {
-                let x = contiguous::<f32>(s, l)?;
-                CpuStorage::F32(zip_map(x, x, |x, _| positive(x)))
-            }
-            CpuStorage::F64(_) => {
-                let x = contiguous::<f64>(s, l)?;
-                CpuStorage::F64(zip_map(x, x, |x, _| positive(x)))
-            }
-            _ => return Err(candle_core::Error::Msg("relu: f32 or f64 input expected".into())),
-        };
+        let y = per_float!(s, "relu", |T| contiguous::<T>(s, l).map(|x| zip_map(x, x, |x, _| positive(x))));
         Ok((y, l.shape().clone()))
     }
 
