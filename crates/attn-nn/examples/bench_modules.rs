@@ -78,15 +78,9 @@ enum Model {
     Transformer(Transformer),
 }
 
-fn main() {
+fn main() -> anyhow::Result<()> {
     attn_nn::process::setup();
-    if let Err(e) = run(Args::parse()) {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
-    }
-}
-
-fn run(a: Args) -> anyhow::Result<()> {
+    let a = Args::parse();
     ensure!(a.iters > 0 && a.batch > 0, "--iters and --batch must be positive");
     let setup = std::time::Instant::now();
     let (name, default_len) = match a.module {

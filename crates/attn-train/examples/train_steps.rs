@@ -51,15 +51,9 @@ struct Args {
     export: Option<PathBuf>,
 }
 
-fn main() {
+fn main() -> anyhow::Result<()> {
     attn_nn::process::setup();
-    if let Err(e) = run(Args::parse()) {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
-    }
-}
-
-fn run(args: Args) -> anyhow::Result<()> {
+    let args = Args::parse();
     let total = TrainSettings::default().steps;
     if args.steps == 0 || args.warmup >= args.steps || args.steps > total {
         bail!("--steps {} must be larger than --warmup {} and at most the run's {total}", args.steps, args.warmup);
