@@ -5,9 +5,9 @@
 //!
 //! A block is `nh` query heads of one key/value head group × `ni` consecutive queries (decode
 //! stacks all heads of a group so each key/value row is read once for all of them). Two tile
-//! geometries exist, chosen by whether the keys were packed: packed (prefill) tiles hold
-//! [`TILE_FLOATS`] floats of keys, a multiple of the panel width; unpacked (decode) tiles hold
-//! [`DECODE_TILE_KEYS`] keys.
+//! geometries exist, chosen by whether the keys were packed: packed (prefill) tiles hold about an
+//! L1 data cache of keys ([`tile_floats`]), a multiple of the panel width; unpacked (decode) tiles
+//! hold [`DECODE_TILE_KEYS`] keys.
 
 use std::ops::Range;
 
@@ -15,9 +15,14 @@ use super::simd::Simd;
 use crate::problem::Problem;
 use crate::view::View4;
 
-/// Floats of packed keys per prefill tile (`keys × Dk`), sized so a tile stays in L1 with the
-/// values and scores it meets; keys per tile are a multiple of every ISA's panel width (32).
-pub const TILE_FLOATS: usize = 8192;
+/// Floats of packed keys per prefill tile (`keys × Dk`): as many as this CPU's L1 data cache
+/// holds (8192 for 32 KiB, 12288 for the 48 KiB of a Zen 5), the tile then streaming through L1
+/// with the values and scores it meets. On the Zen 5 the larger tile (and the L2 threshold of
+/// `plan` at half its 1 MiB) measured within the noise of the constants they replace (8192 floats,
+/// 1 MiB), six interleaved rounds of three shapes.
+pub fn tile_floats() -> usize {
+    (super::cache::caches().l1d / 4).clamp(4096, 16384)
+}
 /// Keys per tile in the decode path.
 pub const DECODE_TILE_KEYS: usize = 256;
 /// The most keys a tile holds, in either path.
@@ -28,11 +33,11 @@ const _: () = assert!(DECODE_TILE_KEYS <= MAX_TILE_KEYS);
 /// spending integer instructions (on the vector ports) on `r · stride`.
 pub(super) const LDS: usize = MAX_TILE_KEYS + 32;
 
-/// Keys per tile for head dimension `dk`: [`TILE_FLOATS`] worth of packed keys (a multiple of 32,
-/// at most the largest tile) when `packed`, else [`DECODE_TILE_KEYS`].
+/// Keys per tile for head dimension `dk`: [`tile_floats`] worth of packed keys (a multiple of 32,
+/// every ISA's panel width, at most the largest tile) when `packed`, else [`DECODE_TILE_KEYS`].
 pub(super) fn tile_keys(dk: usize, packed: bool) -> usize {
     if packed {
-        (TILE_FLOATS / dk.max(1)).clamp(32, MAX_TILE_KEYS) / 32 * 32
+        (tile_floats() / dk.max(1)).clamp(32, MAX_TILE_KEYS) / 32 * 32
     } else {
         DECODE_TILE_KEYS
     }

@@ -69,6 +69,7 @@ macro_rules! isa_entries {
 
 mod backward;
 mod block;
+pub mod cache;
 mod forward;
 mod micro;
 mod pack;

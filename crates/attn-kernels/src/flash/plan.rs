@@ -2,7 +2,8 @@
 //! - the path: **decode** (keys read in place, every query head of a group stacked into one job
 //!   per `(b, kvh)`) when a group's query rows, `Hq/Hkv · Lq`, are at most [`DECODE_ROWS`];
 //!   **prefill** otherwise, one job per `(b, h, block of queries)` of [`BLOCK_ROWS`] rows, or
-//!   [`BLOCK_ROWS_STREAMING`] when a head's keys and values outgrow half of L2;
+//!   [`BLOCK_ROWS_STREAMING`] when a head's keys and values outgrow half of this CPU's L2
+//!   (`cache::caches`);
 //! - the packing chunks (prefill): the key/value heads whose packed keys are held at once, as many
 //!   as fit in [`PACK_BUDGET`] bytes (decode packs nothing: one chunk of every head);
 //! - split-KV: when there are fewer than [`JOBS_PER_THREAD`] jobs per thread, each job's keys are
@@ -14,13 +15,11 @@ use super::block::Job;
 use super::pack;
 use crate::problem::Dims;
 
-/// Query rows per prefill job when a head's keys and values fit in half of a 2 MiB L2 cache.
+/// Query rows per prefill job when a head's keys and values fit in half of the L2 cache.
 pub const BLOCK_ROWS: usize = 24;
 /// Query rows per prefill job otherwise, so each pass over the keys and values from L3 serves
 /// more rows.
 pub const BLOCK_ROWS_STREAMING: usize = 96;
-/// Bytes of one head's keys and values above which blocks grow to [`BLOCK_ROWS_STREAMING`].
-const L2_HALF: usize = 1 << 20;
 /// At most this many stacked query rows per key/value head use the decode path.
 pub const DECODE_ROWS: usize = 16;
 /// Bytes of packed keys held at once.
@@ -99,7 +98,7 @@ pub(super) fn decodes(d: &Dims) -> bool {
 fn jobs(d: &Dims, decode: bool) -> Vec<Job> {
     let g = d.group();
     let head_bytes = d.lk.saturating_mul(d.dk + d.dv).saturating_mul(4);
-    let block_rows = if head_bytes > L2_HALF { BLOCK_ROWS_STREAMING } else { BLOCK_ROWS };
+    let block_rows = if head_bytes > super::cache::caches().l2 / 2 { BLOCK_ROWS_STREAMING } else { BLOCK_ROWS };
     (0..d.b)
         .flat_map(|b| (0..d.hkv).map(move |kvh| (b, kvh)))
         .flat_map(|(b, kvh)| -> Vec<Job> {
