@@ -86,7 +86,9 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     if whole {
         for x in 0..g {
             let h = job.kvh * g + x;
-            transpose_chunks(d.lq, d.dk, rq, |r| cx.q.row(job.b, h, r), &mut w.qt[x * d.lq * d.dk..]);
+            if !cx.decode_scores {
+                transpose_chunks(d.lq, d.dk, rq, |r| cx.q.row(job.b, h, r), &mut w.qt[x * d.lq * d.dk..]);
+            }
             transpose_chunks(d.lq, d.dv, rq, |r| cx.dout.row(job.b, h, r), &mut w.dot[x * d.lq * d.dv..]);
         }
     }
@@ -98,7 +100,10 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         let n = KEY_BLOCK.min(d.lk - j0);
         w.kp.resize(panel_len(n, d.dk, S::W), 0.0);
         w.vp.resize(panel_len(n, d.dv, S::W), 0.0);
-        pack_keys(&cx.k, job.b, job.kvh, j0..j0 + n, S::W, &mut w.kp);
+        // Scored in place after a decode-path forward: no packed keys.
+        if !cx.decode_scores {
+            pack_keys(&cx.k, job.b, job.kvh, j0..j0 + n, S::W, &mut w.kp);
+        }
         pack_keys(&cx.v, job.b, job.kvh, j0..j0 + n, S::W, &mut w.vp);
         w.bad_keys.clear();
         w.bad_keys.extend((0..n).filter(|&c| !all_finite(cx.k.row(job.b, job.kvh, j0 + c))));
@@ -219,7 +224,9 @@ unsafe fn tile<S: Simd, E: KvElem>(
         let x = (h - job.kvh * d.group()) * d.lq + i0;
         (x * d.dk, x * d.dv)
     } else {
-        transpose_chunks(nr, d.dk, rq, |r| cx.q.row(b, h, i0 + r), &mut w.qt);
+        if !cx.decode_scores {
+            transpose_chunks(nr, d.dk, rq, |r| cx.q.row(b, h, i0 + r), &mut w.qt);
+        }
         transpose_chunks(nr, d.dv, rq, |r| cx.dout.row(b, h, i0 + r), &mut w.dot);
         (0, 0)
     };
