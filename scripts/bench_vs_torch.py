@@ -32,6 +32,8 @@ import sys
 import time
 import warnings
 
+from rust_side import torch_beside
+
 BACKWARD_SHAPES = [
     "1,8,2048,64",
     "1,8,2048,64:causal",
@@ -174,13 +176,7 @@ def main():
             raise ValueError("dropout=P needs --backward (the forward comparison is without dropout)")
     except ValueError as e:
         sys.exit(f"error: {e}")
-    if not os.access(a.attn, os.X_OK):
-        sys.exit(f"error: --attn {a.attn} is not an executable (cargo build --release -p attn-cli)")
-    try:
-        import torch
-    except ImportError:
-        sys.exit("error: PyTorch is missing: pip install -r scripts/requirements.txt")
-    torch.set_num_threads(a.threads)
+    torch = torch_beside(a.attn, "--attn", "cargo build --release -p attn-cli", a.threads)
     torch.manual_seed(0)
 
     results = []

@@ -140,19 +140,26 @@ def add_options(p, bench, threads):
     p.add_argument("--json-out", help="also write the results to this JSON file")
 
 
+def torch_beside(binary, flag, build, threads):
+    """Exits with a one-line error unless `binary` (given as `flag`) is an executable (built by
+    `build`) and PyTorch imports; returns PyTorch on `threads` threads."""
+    if not os.access(binary, os.X_OK):
+        sys.exit(f"error: {flag} {binary} is not an executable ({build})")
+    try:
+        import torch
+    except ImportError:
+        sys.exit("error: PyTorch is missing: pip install -r scripts/requirements.txt")
+    torch.set_num_threads(threads)
+    return torch
+
+
 def start(a, build):
     """Checks the shared options; returns PyTorch (on `a.threads` threads) and the Rust side's
     environment: RAYON_NUM_THREADS (candle's matrix products, our kernels) and
     CANDLE_NUM_THREADS (candle's element-wise pool)."""
     if a.threads < 1 or a.candle_threads < 1:
         sys.exit("error: --threads and --candle-threads must be >= 1")
-    if not os.access(a.bench, os.X_OK):
-        sys.exit(f"error: --bench {a.bench} is not an executable ({build})")
-    try:
-        import torch
-    except ImportError:
-        sys.exit("error: PyTorch is missing: pip install -r scripts/requirements.txt")
-    torch.set_num_threads(a.threads)
+    torch = torch_beside(a.bench, "--bench", build, a.threads)
     env = {**os.environ, "RAYON_NUM_THREADS": str(a.threads), "CANDLE_NUM_THREADS": str(a.candle_threads)}
     return torch, env
 
