@@ -41,18 +41,36 @@ pub struct Saved<'a, T> {
     pub out: View4<'a, T>,
     /// The forward's log-sum-exp `[B, Hq, Lq]`.
     pub lse: &'a [T],
+    /// The forward's [`lse_residue`](crate::AttnOutput::lse_residue) `[B, Hq, Lq]`, when at hand
+    /// (`None` for a log-sum-exp from elsewhere: the fast backward's probabilities are then off by
+    /// up to half an ulp of `|lse|` relative, a whole row alike). The reference recomputes the
+    /// softmax from the scores and needs neither.
+    pub lse_residue: Option<&'a [T]>,
     /// The gradient of the output, `dO: [B, Hq, Lq, Dv]`.
     pub dout: View4<'a, T>,
 }
 
-impl<T> Saved<'_, T> {
+impl<'a, T: Copy> Saved<'a, T> {
+    /// What the backward needs from `fwd`, whose output has shape `out_dims` (`[B, Hq, Lq, Dv]`),
+    /// and the output's gradient `dout`.
+    pub fn of(fwd: &'a crate::AttnOutput<T>, out_dims: [usize; 4], dout: View4<'a, T>) -> Result<Self> {
+        Ok(Self {
+            out: View4::contiguous("out", &fwd.out, out_dims)?,
+            lse: &fwd.lse,
+            lse_residue: Some(&fwd.lse_residue),
+            dout,
+        })
+    }
+
     /// Checks every part against the call's sizes `d`.
     pub fn check(&self, d: &Dims) -> Result<()> {
-        if self.lse.len() != d.lse_len() {
-            return Err(AttnError::Layout {
-                tensor: "lse",
-                reason: format!("{} elements, expected [B, Hq, Lq] = {}", self.lse.len(), d.lse_len()),
-            });
+        for (name, len) in [("lse", Some(self.lse.len())), ("lse_residue", self.lse_residue.map(<[T]>::len))] {
+            if let Some(len) = len.filter(|&n| n != d.lse_len()) {
+                return Err(AttnError::Layout {
+                    tensor: name,
+                    reason: format!("{len} elements, expected [B, Hq, Lq] = {}", d.lse_len()),
+                });
+            }
         }
         let want = [d.b, d.hq, d.lq, d.dv];
         for (name, v) in [("grad_out", &self.dout), ("out", &self.out)] {

@@ -15,6 +15,7 @@ pub mod error;
 pub mod flash;
 pub mod grad;
 pub mod isa;
+mod lse;
 pub mod mask;
 pub mod merge;
 pub mod problem;

@@ -6,6 +6,7 @@
 //! several workers or machines.
 
 use crate::error::{AttnError, Result};
+use crate::lse::lse_parts;
 
 /// One shard's partial result: `out: [rows, Dv]`, `lse: [rows]` (natural log).
 #[derive(Debug, Clone, Copy)]
@@ -32,32 +33,30 @@ pub fn merge_partials(parts: &[Partial], dv: usize, out: &mut [f32], lse: &mut [
         }
     }
     for r in 0..rows {
-        merge_row(
-            parts.iter().map(|p| (p.lse[r], &p.out[r * dv..(r + 1) * dv])),
-            &mut out[r * dv..(r + 1) * dv],
-            &mut lse[r],
-        );
+        let shards = parts.iter().map(|p| (p.lse[r], 0.0, &p.out[r * dv..(r + 1) * dv]));
+        (lse[r], _) = merge_row(shards, &mut out[r * dv..(r + 1) * dv]);
     }
     Ok(())
 }
 
-/// Merges one row from `(lse_s, O_s)` pairs into `out` and `lse`.
-pub(crate) fn merge_row<'a>(parts: impl Iterator<Item = (f32, &'a [f32])> + Clone, out: &mut [f32], lse: &mut f32) {
-    let m = parts.clone().fold(f32::NEG_INFINITY, |m, (l, _)| if l > m || l.is_nan() { l } else { m });
+/// Merges one row from `(lse_s, residue_s, O_s)` triples (each shard's log-sum-exp is
+/// `lse_s + residue_s`) into `out`; returns the merged log-sum-exp and its residue.
+pub(crate) fn merge_row<'a>(parts: impl Iterator<Item = (f32, f32, &'a [f32])> + Clone, out: &mut [f32]) -> (f32, f32) {
+    let m = parts.clone().fold(f32::NEG_INFINITY, |m, (l, _, _)| if l > m || l.is_nan() { l } else { m });
     out.fill(0.0);
     if m == f32::NEG_INFINITY {
-        *lse = f32::NEG_INFINITY;
-        return;
+        return (f32::NEG_INFINITY, 0.0);
     }
-    let total: f32 = parts.clone().map(|(l, _)| (l - m).exp()).sum();
-    for (l, o) in parts {
+    let weight = |l: f32, lo: f32| ((l - m) + lo).exp();
+    let total: f32 = parts.clone().map(|(l, lo, _)| weight(l, lo)).sum();
+    for (l, lo, o) in parts {
         if l == f32::NEG_INFINITY {
             continue;
         }
-        let wgt = (l - m).exp() / total;
+        let wgt = weight(l, lo) / total;
         for (x, &y) in out.iter_mut().zip(o) {
             *x += wgt * y;
         }
     }
-    *lse = m + total.ln();
+    lse_parts(m, total)
 }

@@ -80,9 +80,9 @@ fn reference_grads<T: Real>(
     let fail = |e: attn_kernels::AttnError| format!("{}: reference: {e}", fx.file);
     let [q, k, v] = fx.views([q, k, v])?;
     let fwd = reference(&q, &k, &v, params, false).map_err(fail)?;
-    let out = View4::contiguous("out", &fwd.out, out_dims(fx)).map_err(fail)?;
     let dout = View4::contiguous("grad_out", dout, out_dims(fx)).map_err(fail)?;
-    reference_backward(&q, &k, &v, &Saved { out, lse: &fwd.lse, dout }, params, true).map_err(fail)
+    let saved = Saved::of(&fwd, out_dims(fx), dout).map_err(fail)?;
+    reference_backward(&q, &k, &v, &saved, params, true).map_err(fail)
 }
 
 /// `kernel`'s forward in `f32` then its backward on that forward's output and log-sum-exp.
@@ -97,9 +97,9 @@ fn kernel_grads(
     let fail = |e: attn_kernels::AttnError| format!("{}: {}: {e}", fx.file, kernel.name());
     let q = View4::contiguous("q", q, fx.q.dims4()).map_err(fail)?;
     let fwd = attention(kernel, &q, k, v, params, false).map_err(fail)?;
-    let out = View4::contiguous("out", &fwd.out, out_dims(fx)).map_err(fail)?;
     let dout = View4::contiguous("grad_out", dout, out_dims(fx)).map_err(fail)?;
-    attention_backward(kernel, &q, k, v, &Saved { out, lse: &fwd.lse, dout }, params, true).map_err(fail)
+    let saved = Saved::of(&fwd, out_dims(fx), dout).map_err(fail)?;
+    attention_backward(kernel, &q, k, v, &saved, params, true).map_err(fail)
 }
 
 /// The oracle's gradients, whoever computed them: the fixture's (PyTorch) or the `f64` reference's.

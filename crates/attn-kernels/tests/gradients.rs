@@ -189,6 +189,19 @@ fn check_dropout_replay(kernel: Kernel) {
         let case = Case { dropout, causal: n == 1, ..Case::new(dims(1, 3, 1, 50, 90, 16, 16), 600 + n as u64) };
         check_grads(kernel, &case, "dropout");
     }
+    // A row that sees one key has softmax 1 whatever its score: `dq` and `dk` are exactly 0, with
+    // dropout as without (the kept weight `1/(1 − p)` scales `dP` and `Δ = dO·O` alike).
+    for p in [0.3f32, 0.6] {
+        let case = Case {
+            dropout: Some(Dropout { p, seed: 77 }),
+            causal: true,
+            scale: Some(2.0),
+            ..Case::new(dims(1, 4, 2, 9, 1, 40, 70), 650)
+        };
+        let g = check_grads(kernel, &case, "dropout, one key per row");
+        let nonzero = g.dq.iter().chain(&g.dk).filter(|&&x| x != 0.0).count();
+        assert_eq!(nonzero, 0, "{} dropout {p}: dq/dk of one-key rows not exactly 0", kernel.name());
+    }
 }
 
 fn check_fully_masked(kernel: Kernel) {
@@ -269,16 +282,23 @@ fn check_empty_and_errors(kernel: Kernel) {
         &q,
         &k,
         &v,
-        &Saved { out, lse: &fwd.lse, dout: bad_dout },
+        &Saved { out, lse: &fwd.lse, lse_residue: None, dout: bad_dout },
         &params,
         false,
     )
     .unwrap_err();
     assert!(err.to_string().contains("grad_out"), "{}: {err}", kernel.name());
     let dout = View4::contiguous("grad_out", &fwd.out, out_dims(&case)).unwrap();
-    let err =
-        attn_kernels::attention_backward(kernel, &q, &k, &v, &Saved { out, lse: &fwd.lse[1..], dout }, &params, false)
-            .unwrap_err();
+    let err = attn_kernels::attention_backward(
+        kernel,
+        &q,
+        &k,
+        &v,
+        &Saved { out, lse: &fwd.lse[1..], lse_residue: None, dout },
+        &params,
+        false,
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("lse"), "{}: {err}", kernel.name());
 }
 
@@ -308,8 +328,7 @@ fn check_strided(kernel: Kernel) {
     let v = KvView::F32(View4::strided("v", &v, case.v_dims(), vs).unwrap());
     let dout = View4::strided("grad_out", &o, out_dims(&case), os).unwrap();
     let fwd = attn_kernels::attention(kernel, &q, &k, &v, &params, false).unwrap();
-    let out = View4::contiguous("out", &fwd.out, out_dims(&case)).unwrap();
-    let got = attn_kernels::attention_backward(kernel, &q, &k, &v, &Saved { out, lse: &fwd.lse, dout }, &params, true)
-        .unwrap();
+    let saved = Saved::of(&fwd, out_dims(&case), dout).unwrap();
+    let got = attn_kernels::attention_backward(kernel, &q, &k, &v, &saved, &params, true).unwrap();
     assert_eq!(got, want, "{}: strided inputs give other gradients than contiguous ones", kernel.name());
 }

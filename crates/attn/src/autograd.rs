@@ -31,6 +31,8 @@ enum Args {
 #[derive(Debug, Default)]
 struct ForwardState {
     lse: Vec<f32>,
+    /// `lse`'s rounding residue, which makes the backward's probabilities as exact as the forward's.
+    lse_residue: Vec<f32>,
     weights: Option<Vec<f32>>,
     /// Why the forward failed, kept typed (candle's error would only carry its text).
     error: Option<AttnLibError>,
@@ -111,7 +113,7 @@ impl SdpaOp {
         let host = self.opts.kernel_params::<f32>()?;
         let params = host.attn_params()?;
         let r = attention(self.opts.kernel, q, &kv[0], &kv[1], &params, self.opts.return_weights)?;
-        Ok((r.out, ForwardState { lse: r.lse, weights: r.weights, error: None }))
+        Ok((r.out, ForwardState { lse: r.lse, lse_residue: r.lse_residue, weights: r.weights, error: None }))
     }
 
     fn run_backward(
@@ -133,7 +135,10 @@ impl SdpaOp {
         let kv = self.kv(s2c, l2, s3c, l3)?;
         let out = view4::<f32>("out", cpu(&os)?, ol)?;
         let dout = view4::<f32>("grad_out", cpu(&gs)?, gl)?;
-        let lse = copy_lse(&self.saved.lock().unwrap_or_else(|e| e.into_inner()).lse)?;
+        let (lse, lse_residue) = {
+            let s = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+            (copy_lse(&s.lse)?, copy_lse(&s.lse_residue)?)
+        };
         let host = self.opts.kernel_params::<f32>()?;
         let params = host.attn_params()?;
         let want_dbias = matches!(self.args, Args::Packed { .. });
@@ -142,7 +147,7 @@ impl SdpaOp {
             &q,
             &kv[0],
             &kv[1],
-            &Saved { out, lse: &lse, dout },
+            &Saved { out, lse: &lse, lse_residue: Some(&lse_residue), dout },
             &params,
             want_dbias,
         )?)

@@ -30,9 +30,9 @@ fn kernel_grads(q: &[f32], k: &[f32], v: &[f32], dims: [usize; 7], opts: &SdpaOp
     let host = opts.kernel_params::<f32>().unwrap();
     let params = host.attn_params().unwrap();
     let fwd = attention(opts.kernel, &qv, &kv, &vv, &params, false).unwrap();
-    let out = View4::contiguous("out", &fwd.out, [b, hq, lq, dv]).unwrap();
     let dout = View4::contiguous("grad_out", dout, [b, hq, lq, dv]).unwrap();
-    attention_backward(opts.kernel, &qv, &kv, &vv, &Saved { out, lse: &fwd.lse, dout }, &params, true).unwrap()
+    let saved = Saved::of(&fwd, [b, hq, lq, dv], dout).unwrap();
+    attention_backward(opts.kernel, &qv, &kv, &vv, &saved, &params, true).unwrap()
 }
 
 fn assert_useful(name: &str, g: &[f32]) {

@@ -100,9 +100,8 @@ impl<'a> Case<'a> {
         let k = View4::contiguous("k", &kd, dims(self.k)).unwrap();
         let v = View4::contiguous("v", &vd, dims(self.v)).unwrap();
         let fwd = reference(&q, &k, &v, &params, false).unwrap();
-        let out = View4::contiguous("out", &fwd.out, dims(dout)).unwrap();
-        let dout = View4::contiguous("grad_out", &gd, dims(dout)).unwrap();
-        reference_backward(&q, &k, &v, &Saved { out, lse: &fwd.lse, dout }, &params, true).unwrap()
+        let saved = Saved::of(&fwd, dims(dout), View4::contiguous("grad_out", &gd, dims(dout)).unwrap()).unwrap();
+        reference_backward(&q, &k, &v, &saved, &params, true).unwrap()
     }
 
     /// Checks the CLI's gradients against the `f64` reference backward under the gradient rule
@@ -201,9 +200,8 @@ pub fn kernel_grads(
     let kv = KvView::F32(View4::contiguous("k", &kd, dims(k)).unwrap());
     let vv = KvView::F32(View4::contiguous("v", &vd, dims(v)).unwrap());
     let fwd = attention(kernel, &qv, &kv, &vv, &params, false).unwrap();
-    let out = View4::contiguous("out", &fwd.out, dims(dout)).unwrap();
-    let dout = View4::contiguous("grad_out", &gd, dims(dout)).unwrap();
-    attention_backward(kernel, &qv, &kv, &vv, &Saved { out, lse: &fwd.lse, dout }, &params, false).unwrap()
+    let saved = Saved::of(&fwd, dims(dout), View4::contiguous("grad_out", &gd, dims(dout)).unwrap()).unwrap();
+    attention_backward(kernel, &qv, &kv, &vv, &saved, &params, false).unwrap()
 }
 
 pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -86,21 +86,25 @@ impl Job {
     }
 }
 
-/// A block's outputs: `o: [rows, Dv]` (zeroed), `lse: [rows]`, `weights: [rows, Lk]` (zeroed).
+/// A block's outputs: `o: [rows, Dv]` (zeroed), `lse: [rows]`, `residue: [rows]`,
+/// `weights: [rows, Lk]` (zeroed).
 pub struct Outs<'o> {
     /// Output rows.
     pub o: &'o mut [f32],
     /// Log-sum-exp per row (natural log).
     pub lse: &'o mut [f32],
+    /// The rounding residue of each `lse`.
+    pub residue: &'o mut [f32],
     /// Weights rows, when asked for.
     pub weights: Option<&'o mut [f32]>,
 }
 
-/// The not yet handed out tail of a call's output buffers `o: [rows, Dv]`, `lse: [rows]` and
-/// `w: [rows, Lk]`, cut into the [`Outs`] of consecutive jobs.
+/// The not yet handed out tail of a call's output buffers `o: [rows, Dv]`, `lse: [rows]`,
+/// `residue: [rows]` and `w: [rows, Lk]`, cut into the [`Outs`] of consecutive jobs.
 pub(super) struct Rest<'o> {
     pub(super) o: &'o mut [f32],
     pub(super) lse: &'o mut [f32],
+    pub(super) residue: &'o mut [f32],
     pub(super) w: Option<&'o mut [f32]>,
 }
 
@@ -109,14 +113,16 @@ impl<'o> Rest<'o> {
     pub(super) fn take(&mut self, rows: usize, dv: usize, lk: usize) -> Outs<'o> {
         let (o, ro) = std::mem::take(&mut self.o).split_at_mut(rows * dv);
         let (l, rl) = std::mem::take(&mut self.lse).split_at_mut(rows);
+        let (res, rres) = std::mem::take(&mut self.residue).split_at_mut(rows);
         self.o = ro;
         self.lse = rl;
+        self.residue = rres;
         let weights = self.w.take().map(|w| {
             let (a, b) = w.split_at_mut(rows * lk);
             self.w = Some(b);
             a
         });
-        Outs { o, lse: l, weights }
+        Outs { o, lse: l, residue: res, weights }
     }
 }
 

@@ -33,7 +33,8 @@ pub(super) unsafe fn run_split<'p, E: KvElem>(
     let ranges = shard_ranges(lk, shards);
     let mut po = alloc::filled("split-KV partial outputs", &[ranges.len(), rows, dv], 0.0f32)?;
     let mut pl = alloc::filled("split-KV partial log-sum-exps", &[ranges.len(), rows], f32::NEG_INFINITY)?;
-    let mut rest = Rest { o: &mut po, lse: &mut pl, w: None };
+    let mut pr = alloc::filled("split-KV partial log-sum-exp residues", &[ranges.len(), rows], 0.0f32)?;
+    let mut rest = Rest { o: &mut po, lse: &mut pl, residue: &mut pr, w: None };
     let mut tasks = Vec::new();
     for r in &ranges {
         for (j, _) in &jobs {
@@ -54,9 +55,9 @@ pub(super) unsafe fn run_split<'p, E: KvElem>(
         for r in 0..job.rows() {
             let parts = (0..ranges.len()).map(|s| {
                 let row = s * rows + off + r;
-                (pl[row], &po[row * dv..(row + 1) * dv])
+                (pl[row], pr[row], &po[row * dv..(row + 1) * dv])
             });
-            merge_row(parts, &mut o.o[r * dv..(r + 1) * dv], &mut o.lse[r]);
+            (o.lse[r], o.residue[r]) = merge_row(parts, &mut o.o[r * dv..(r + 1) * dv]);
         }
     });
     Ok(())

@@ -3,19 +3,28 @@
 //!
 //! For query row `i` of head `h` (reading key/value head `h / (Hq/Hkv)`), with the scores `s_j`
 //! and masks of the forward (masked keys are skipped: their `k_j`, `v_j` are never read and they
-//! get no gradient from this row), `lse_i` the forward's log-sum-exp and `z_j = keep_j / (1 − p)`
-//! the dropout factor replayed from `(seed, b, h, i, j)` (1 without dropout):
-//! 1. `A_ij = exp(s_j − lse_i)` (the softmax), `Ā_ij = z_j · A_ij` (what multiplied `v_j`);
+//! get no gradient from this row) and `z_j = keep_j / (1 − p)` the dropout factor replayed from
+//! `(seed, b, h, i, j)` (1 without dropout):
+//! 1. `A_ij = exp(s_j − m_i) / Σ_j exp(s_j − m_i)` with `m_i = max_j s_j` (the softmax, computed
+//!    again from the row's scores as the forward did, as PyTorch's math path does), `Ā_ij = z_j ·
+//!    A_ij` (what multiplied `v_j`);
 //! 2. `dV_j += Ā_ij · dO_i`;
 //! 3. `dĀ_ij = dO_i · v_j`, `dA_ij = z_j · dĀ_ij`;
 //! 4. `dS_ij = A_ij · (dA_ij − Σ_j A_ij · dA_ij)` — the gradient of the score, and of the bias;
 //! 5. through the soft-cap: `dX_ij = dS_ij · (1 − tanh²(x_ij / cap))`, `x_ij = scale · q_i·k_j`;
 //! 6. `dQ_i += scale · Σ_j dX_ij · k_j`, `dK_j += scale · dX_ij · q_i`.
 //!
-//! `dbias` is `dS` summed over the dimensions along which the bias was broadcast. A row whose
-//! `lse` is −∞ (fully masked) contributes nothing.
+//! `dbias` is `dS` summed over the dimensions along which the bias was broadcast. A row with no
+//! allowed key (fully masked) contributes nothing.
+//!
+//! Why not `A_ij = exp(s_j − lse_i)` from the saved log-sum-exp: `lse_i` rounded to the working
+//! precision is off by up to half an ulp of `|lse_i|`, so every `A_ij` of the row is off by that
+//! much relative and the row no longer sums to 1. Step 4's `Σ_j dS_ij = 0` then fails by
+//! `|lse|·ε·Σ_j A_ij·dA_ij`, which `dQ = Σ_j dS_ij·k_j` and `dbias` do not cancel: with scores in
+//! the hundreds that made the `f32` reference's gradients up to 15× less accurate than the plain
+//! algorithm's. The saved `lse` is only checked for its shape.
 
-use super::{dot, row_scores, Real, Score};
+use super::{dot, row_scores, softmax_stats, Real, Score};
 use crate::alloc;
 use crate::error::Result;
 use crate::grad::{AttnGrads, Saved};
@@ -37,7 +46,7 @@ pub fn reference_backward<T: Real>(
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     let d = pb.dims;
     saved.check(&d)?;
-    let (lse, dout) = (saved.lse, &saved.dout);
+    let dout = &saved.dout;
     let bias_len = params.mask.bias.filter(|_| want_dbias).map(|b| b.data().len());
     let mut g = AttnGrads::zeros(&d, bias_len)?;
     let mut scores: Vec<Option<Score<T>>> = alloc::filled("scores of a row", &[d.lk], None)?;
@@ -49,11 +58,8 @@ pub fn reference_backward<T: Real>(
             let kvh = h / d.group();
             for i in 0..d.lq {
                 let row = (b * d.hq + h) * d.lq + i;
-                let l = lse[row];
-                if l == T::neg_infinity() {
-                    continue;
-                }
                 row_scores(&pb, q, k, [b, h, i], &mut scores);
+                let Some((m, l)) = softmax_stats(&scores) else { continue };
                 let key = pb.dropout.map(|dr| dr.row_key(b, h, i, [d.hq, d.lq]));
                 let doi = dout.row(b, h, i);
                 // Steps 1 to 3.
@@ -64,7 +70,7 @@ pub fn reference_backward<T: Real>(
                         (Some(_), _) => T::zero(),
                         _ => T::one(),
                     };
-                    a[j] = (sc.s - l).exp();
+                    a[j] = (sc.s - m).exp() / l;
                     da[j] = T::zero();
                     // A dropped weight neither reads `v_j` nor sends it a gradient.
                     if z != T::zero() {

@@ -1,9 +1,10 @@
 //! The reference forward: attention computed as the formula in the parent module's header reads,
 //! one query row at a time (steps 1 to 5 there), in the caller's precision.
 
-use super::{row_scores, AttnOutput, Real, Score};
+use super::{row_scores, softmax_stats, AttnOutput, Real, Score};
 use crate::alloc;
 use crate::error::Result;
+use crate::lse::lse_parts;
 use crate::problem::{AttnParams, Problem};
 use crate::view::View4;
 
@@ -19,7 +20,7 @@ pub fn reference<T: Real>(
 ) -> Result<AttnOutput<T>> {
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     let d = pb.dims;
-    let AttnOutput { mut out, mut lse, mut weights } =
+    let AttnOutput { mut out, mut lse, mut lse_residue, mut weights } =
         AttnOutput::alloc(&d, want_weights, T::zero(), T::neg_infinity())?;
     let mut scores: Vec<Option<Score<T>>> = alloc::filled("scores of a row", &[d.lk], None)?;
     for b in 0..d.b {
@@ -29,17 +30,9 @@ pub fn reference<T: Real>(
                 let row = (b * d.hq + h) * d.lq + i;
                 // Steps 1 and 2.
                 row_scores(&pb, q, k, [b, h, i], &mut scores);
-                // Step 3: softmax statistics. NaN wins the maximum so it reaches the output.
-                let m =
-                    scores
-                        .iter()
-                        .flatten()
-                        .fold(T::neg_infinity(), |m, sc| if sc.s > m || sc.s.is_nan() { sc.s } else { m });
-                if m == T::neg_infinity() {
-                    continue;
-                }
-                let l = scores.iter().flatten().fold(T::zero(), |l, sc| l + (sc.s - m).exp());
-                lse[row] = m + l.ln();
+                // Step 3: softmax statistics.
+                let Some((m, l)) = softmax_stats(&scores) else { continue };
+                (lse[row], lse_residue[row]) = lse_parts(m, l);
                 // Steps 3 to 5: weights, dropout, weighted sum of values.
                 let key = pb.dropout.map(|dr| dr.row_key(b, h, i, [d.hq, d.lq]));
                 let oi = &mut out[row * d.dv..(row + 1) * d.dv];
@@ -61,5 +54,5 @@ pub fn reference<T: Real>(
             }
         }
     }
-    Ok(AttnOutput { out, lse, weights })
+    Ok(AttnOutput { out, lse, lse_residue, weights })
 }

@@ -41,6 +41,11 @@ pub struct AttnOutput<T> {
     pub out: Vec<T>,
     /// Natural log-sum-exp of the scores per row, `[B, Hq, Lq]`; −∞ for a fully masked row.
     pub lse: Vec<T>,
+    /// The rounding residue of each `lse` (the exact log-sum-exp is `lse + lse_residue` up to a few
+    /// ulps of `ln Σ exp(s − max)`), `[B, Hq, Lq]`; 0 where `lse` is not finite. Hand it to the
+    /// backward ([`Saved::lse_residue`](crate::Saved)) so that its probabilities are as accurate as
+    /// the forward's.
+    pub lse_residue: Vec<T>,
     /// Softmax weights before dropout, `[B, Hq, Lq, Lk]`, when asked for.
     pub weights: Option<Vec<T>>,
 }
@@ -55,8 +60,9 @@ impl<T: Elem> AttnOutput<T> {
             None
         };
         Ok(Self {
-            out: alloc::filled("attention output", &d.out_shape(), zero)?,
+            out: alloc::filled("attention output", &d.out_shape(), zero.clone())?,
             lse: alloc::filled("log-sum-exp", &d.lse_shape(), lse)?,
+            lse_residue: alloc::filled("log-sum-exp residue", &d.lse_shape(), zero)?,
             weights,
         })
     }
@@ -107,6 +113,16 @@ pub(crate) fn row_scores<T: Real>(
         };
         *s = Some(Score { s: capped + bias.unwrap_or_else(T::zero), dcap });
     }
+}
+
+/// Step 3's statistics of a row's scores: `m = max_j s_j` (NaN wins, so it reaches the output) and
+/// `l = Σ_j exp(s_j − m)`; `None` when no key is allowed or every score is −∞.
+pub(crate) fn softmax_stats<T: Real>(scores: &[Option<Score<T>>]) -> Option<(T, T)> {
+    let m = scores.iter().flatten().fold(T::neg_infinity(), |m, sc| if sc.s > m || sc.s.is_nan() { sc.s } else { m });
+    if m == T::neg_infinity() {
+        return None;
+    }
+    Some((m, scores.iter().flatten().fold(T::zero(), |l, sc| l + (sc.s - m).exp())))
 }
 
 /// `a · b`.

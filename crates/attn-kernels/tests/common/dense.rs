@@ -14,10 +14,13 @@ pub struct Dense<T> {
 impl<T: Copy> Dense<T> {
     /// The element broadcast to target position `[b, h, i, j]` (index 0 on size-1 dimensions).
     pub fn at(&self, idx: [usize; 4]) -> T {
+        self.data[self.offset(idx)]
+    }
+
+    /// The offset into `data` of target position `[b, h, i, j]`.
+    pub fn offset(&self, idx: [usize; 4]) -> usize {
         let rank = self.shape.len();
-        let off =
-            self.shape.iter().enumerate().fold(0, |off, (a, &n)| off * n + if n == 1 { 0 } else { idx[4 - rank + a] });
-        self.data[off]
+        self.shape.iter().enumerate().fold(0, |off, (a, &n)| off * n + if n == 1 { 0 } else { idx[4 - rank + a] })
     }
 }
 

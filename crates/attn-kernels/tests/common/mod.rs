@@ -4,6 +4,7 @@
 //! - `case`: an owned test [`Case`] (inputs plus every option);
 //! - `run`: a case run through a kernel and through `reference::<f64>` / `reference::<f32>`, and
 //!   the oracle assertion;
+//! - `math_path`: a second `f32` baseline written as PyTorch's math path computes attention;
 //! - `mask_rules`: an independent statement of the mask rules (written from the documented
 //!   semantics, not from `mask.rs`);
 //! - `kernels`: the `kernel_tests!` macro that turns one check into one `#[test]` per kernel, and
@@ -17,6 +18,7 @@ mod dense;
 mod generator;
 mod kernels;
 mod mask_rules;
+mod math_path;
 mod run;
 
 pub use case::{dims, Case};
@@ -24,4 +26,5 @@ pub use dense::{broadcast_shape, Dense, SHAPE_CODES};
 pub use generator::{random_bias, random_keep, Rng};
 pub use kernels::{assert_available, for_kernel};
 pub(crate) use kernels::{isa_test, kernel_tests};
-pub use run::{assert_bit_identical, assert_oracle, Oracle};
+pub use math_path::{math_path, MathPath};
+pub use run::{assert_bit_identical, assert_oracle, oracle_verdict, Oracle};

@@ -27,15 +27,19 @@ pub struct Oracle {
 /// Checks `fast` (out, lse and, when present, weights) against `oracle` with the oracle rule;
 /// panics naming `label` and the worst element otherwise.
 pub fn assert_oracle(label: &str, fast: &AttnOutput<f32>, oracle: &Oracle) {
-    let run = |what: &str, f: &[f32], r: &[f64], n: &[f32]| {
-        if let Err(e) = oracle::check(what, f, r, n, OUTPUT_FACTOR) {
-            panic!("{label}: {e}");
-        }
-    };
-    run("out", &fast.out, &oracle.r64.out, &oracle.r32.out);
-    run("lse", &fast.lse, &oracle.r64.lse, &oracle.r32.lse);
-    if let Some(w) = &fast.weights {
-        run("weights", w, oracle.r64.weights.as_ref().unwrap(), oracle.r32.weights.as_ref().unwrap());
+    if let Err(e) = oracle_verdict(fast, oracle) {
+        panic!("{label}: {e}");
+    }
+}
+
+/// [`assert_oracle`]'s verdict: the first result that breaks the rule, described.
+pub fn oracle_verdict(fast: &AttnOutput<f32>, oracle: &Oracle) -> Result<(), String> {
+    let run = |what: &str, f: &[f32], r: &[f64], n: &[f32]| oracle::check(what, f, r, n, OUTPUT_FACTOR);
+    run("out", &fast.out, &oracle.r64.out, &oracle.r32.out)?;
+    run("lse", &fast.lse, &oracle.r64.lse, &oracle.r32.lse)?;
+    match &fast.weights {
+        Some(w) => run("weights", w, oracle.r64.weights.as_ref().unwrap(), oracle.r32.weights.as_ref().unwrap()),
+        None => Ok(()),
     }
 }
 

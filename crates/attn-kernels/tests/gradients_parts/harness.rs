@@ -8,7 +8,7 @@ use attn_kernels::{
 };
 use attn_testkit::oracle::{self, GRADIENT_FACTOR};
 
-use crate::common::{Case, Dense, Rng};
+use crate::common::{math_path, Case, Rng};
 
 /// A random output gradient `dO: [B, Hq, Lq, Dv]` for `case`.
 pub fn random_dout(case: &Case, seed: u64) -> Vec<f32> {
@@ -30,8 +30,7 @@ pub fn grads64(case: &Case, dout: &[f32]) -> AttnGrads<f64> {
     let v = View4::contiguous("v", &v, case.v_dims()).unwrap();
     let dout = View4::contiguous("grad_out", &o, out_dims(case)).unwrap();
     let fwd = reference(&q, &k, &v, &params, false).unwrap();
-    let out = View4::contiguous("out", &fwd.out, out_dims(case)).unwrap();
-    reference_backward(&q, &k, &v, &Saved { out, lse: &fwd.lse, dout }, &params, true).unwrap()
+    reference_backward(&q, &k, &v, &Saved::of(&fwd, out_dims(case), dout).unwrap(), &params, true).unwrap()
 }
 
 /// `[B, Hq, Lq, Dv]`.
@@ -78,14 +77,13 @@ pub fn grads_kv(
     let params = case.params(case.bias.as_ref().map(|m| &m.data[..]));
     let q = View4::contiguous("q", &case.q, case.q_dims())?;
     let fwd = attention_tuned(kernel, Tuning { path: tuning.forward_path, shards: None }, &q, k, v, &params, false)?;
-    let out = View4::contiguous("out", &fwd.out, out_dims(case))?;
     let dout = View4::contiguous("grad_out", dout, out_dims(case))?;
-    attention_backward_tuned(kernel, tuning, &q, k, v, &Saved { out, lse: &fwd.lse, dout }, &params, true)
+    attention_backward_tuned(kernel, tuning, &q, k, v, &Saved::of(&fwd, out_dims(case), dout)?, &params, true)
 }
 
-/// Checks `fast` against the oracle `g64` with `g32` as the baseline, every gradient. `dbias_terms`,
-/// when given, is per `dbias` element the sum of the magnitudes of the `dS` it reduces (see
-/// [`dbias_terms`]).
+/// Checks `fast` against the oracle `g64` with `g32` as the baseline, every gradient; panics
+/// naming `label` and the worst element otherwise. `dbias_terms`, when given, is per `dbias`
+/// element the sum of the magnitudes of the `dS` it reduces (see [`dbias_terms`]).
 pub fn assert_grads(
     label: &str,
     fast: &AttnGrads<f32>,
@@ -93,14 +91,22 @@ pub fn assert_grads(
     g32: &AttnGrads<f32>,
     dbias_terms: Option<&[f64]>,
 ) {
-    let run = |what: &str, f: &[f32], r: &[f64], n: &[f32]| {
-        if let Err(e) = oracle::check(what, f, r, n, GRADIENT_FACTOR) {
-            panic!("{label}: {e}");
-        }
-    };
-    run("dq", &fast.dq, &g64.dq, &g32.dq);
-    run("dk", &fast.dk, &g64.dk, &g32.dk);
-    run("dv", &fast.dv, &g64.dv, &g32.dv);
+    if let Err(e) = grads_verdict(fast, g64, g32, dbias_terms) {
+        panic!("{label}: {e}");
+    }
+}
+
+/// [`assert_grads`]'s verdict: the first gradient that breaks the rule, described.
+pub fn grads_verdict(
+    fast: &AttnGrads<f32>,
+    g64: &AttnGrads<f64>,
+    g32: &AttnGrads<f32>,
+    dbias_terms: Option<&[f64]>,
+) -> Result<(), String> {
+    let run = |what: &str, f: &[f32], r: &[f64], n: &[f32]| oracle::check(what, f, r, n, GRADIENT_FACTOR);
+    run("dq", &fast.dq, &g64.dq, &g32.dq)?;
+    run("dk", &fast.dk, &g64.dk, &g32.dk)?;
+    run("dv", &fast.dv, &g64.dv, &g32.dv)?;
     match (&fast.dbias, &g64.dbias, &g32.dbias) {
         (Some(f), Some(r), Some(n)) => match dbias_terms {
             None => run("dbias", f, r, n),
@@ -108,11 +114,15 @@ pub fn assert_grads(
                 let err = |x: &[f32]| x.iter().zip(r).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
                 let magnitude = terms.iter().fold(0.0f64, |m, &t| m.max(t));
                 let bound = GRADIENT_FACTOR * err(n) + oracle::FLOOR_ULPS * f32::EPSILON as f64 * magnitude;
-                assert!(err(f) <= bound, "{label}: dbias error {} exceeds {bound} (terms up to {magnitude})", err(f));
+                if err(f) <= bound {
+                    Ok(())
+                } else {
+                    Err(format!("dbias error {} exceeds {bound} (terms up to {magnitude})", err(f)))
+                }
             }
         },
-        (None, None, None) => {}
-        _ => panic!("{label}: dbias present in some results only"),
+        (None, None, None) => Ok(()),
+        _ => Err("dbias present in some results only".into()),
     }
 }
 
@@ -135,27 +145,16 @@ pub fn check_grads(kernel: Kernel, case: &Case, what: &str) -> AttnGrads<f32> {
     fast
 }
 
-/// For a bias broadcast along the keys, the sum over each `dbias` element's terms of `|dS|`, else
-/// `None`. Such a `dbias` sums `dS_ij` over the keys of a row, which cancel exactly (softmax does
-/// not change when a row is shifted), so the reference value is ~0 and the rule's floor must be
-/// taken at the magnitude of the terms: any kernel that takes `Σ_j A∘dA` as `dO·O` (FlashAttention's
-/// way, in every fast kernel) leaves the rounding of `O` in each row's sum.
+/// For a bias broadcast along the keys, per `dbias` element the magnitude of the terms it is the
+/// cancellation of ([`MathPath::dbias_terms`] in `f64`), else `None`. Such a `dbias` sums `dS_ij`
+/// over the keys of a row, which cancel exactly (softmax does not change when a row is shifted),
+/// so the reference value is ~0 and the rule's floor must be taken at the magnitude of the terms:
+/// any kernel that takes `Σ_j A∘dA` as `dO·O` (FlashAttention's way, in every fast kernel) leaves
+/// the rounding of `O` and of that dot product in each row's sum.
 pub fn dbias_terms(case: &Case, dout: &[f32]) -> Option<Vec<f64>> {
     let bias = case.bias.as_ref()?;
-    let [b, hq, lq, lk] = case.target();
-    if *bias.shape.last().unwrap() != 1 || lk == 1 {
+    if *bias.shape.last().unwrap() != 1 || case.dims.lk == 1 {
         return None;
     }
-    let full: Vec<f32> =
-        (0..b * hq * lq * lk).map(|x| bias.at([x / (hq * lq * lk), x / (lq * lk) % hq, x / lk % lq, x % lk])).collect();
-    let expanded = Case { bias: Some(Dense { shape: vec![b, hq, lq, lk], data: full }), ..case.clone() };
-    let ds = grads64(&expanded, dout).dbias.unwrap();
-    let rank = bias.shape.len();
-    let mut terms = vec![0.0; bias.data.len()];
-    for (x, g) in ds.iter().enumerate() {
-        let idx = [x / (hq * lq * lk), x / (lq * lk) % hq, x / lk % lq, x % lk];
-        let at = bias.shape.iter().enumerate().fold(0, |o, (a, &n)| o * n + if n == 1 { 0 } else { idx[4 - rank + a] });
-        terms[at] += g.abs();
-    }
-    Some(terms)
+    math_path::<f64>(case, dout).dbias_terms
 }

@@ -97,11 +97,8 @@ impl HostCase {
         let k = self.k.view("k", [d.b, d.hkv, d.lk, d.dk])?;
         let v = self.v.view("v", [d.b, d.hkv, d.lk, d.dv])?;
         let out = attention(opts.kernel, &q, &k, &v, &params, false)?;
-        let saved = Saved {
-            out: View4::contiguous("out", &out.out, [d.b, d.hq, d.lq, d.dv])?,
-            lse: &out.lse,
-            dout: View4::contiguous("grad_out", &self.grad_out, [d.b, d.hq, d.lq, d.dv])?,
-        };
+        let dout = View4::contiguous("grad_out", &self.grad_out, [d.b, d.hq, d.lq, d.dv])?;
+        let saved = Saved::of(&out, [d.b, d.hq, d.lq, d.dv], dout)?;
         let grads = attention_backward(opts.kernel, &q, &k, &v, &saved, &params, false)?;
         Ok(KernelStep { out, grads })
     }

@@ -83,6 +83,8 @@ pub(super) struct BwdCtx<'a, E> {
     pub v: View4<'a, E>,
     pub dout: View4<'a, f32>,
     pub lse: &'a [f32],
+    /// The rounding residue of each `lse`, when given.
+    pub lse_residue: Option<&'a [f32]>,
     /// The forward's output, for `Δ_i = dO_i·O_i`.
     pub out: View4<'a, f32>,
     /// `dq` (one shard) or its partials `[S][B·Hkv][Hq/Hkv · Lq · Dk]`.
@@ -170,6 +172,7 @@ pub(crate) fn backward<E: KvElem>(
             v: *v,
             dout: saved.dout,
             lse: saved.lse,
+            lse_residue: saved.lse_residue,
             out: saved.out,
             dq: Disjoint::new(dq_target),
             dk: Disjoint::new(&mut g.dk),

@@ -2,8 +2,10 @@
 //! see the block goes through
 //! 1. `S = scale·Q·Kᵀ` (soft-capped, biased, masked to −∞ like the forward) with the
 //!    micro-kernel the forward scored with (`qk_panel` on packed key panels, or `qk_rows` on keys
-//!    in place after a decode-path forward), and `dP̄ = dO·Vᵀ` with `qk_panel` on packed values;
-//! 2. `P = exp(S − lse)`, dropout replayed (`P̄ = z·P`, `dP = z·dP̄`),
+//!    in place after a decode-path forward), and `dP̄ = dO·Vᵀ` with `qk_panel` on packed values
+//!    (scaled by dropout's `c`);
+//! 2. `P = exp((S − lse) − lse_residue)`, dropout replayed (`P̄ = z·P`, `dP = keep·dP̄` with `dP̄ = dO·(c·V)`,
+//!    `z = keep·c`, `c = 1/(1 − p)`),
 //!    `dS = P∘(dP − Δ)` (0 wherever `S` is masked, whatever `dP̄` holds), added into `dbias`,
 //!    and `dX = scale·dS·(1 − tanh²)` through the soft-cap;
 //! 3. `dV += P̄ᵀ·dO`, `dK += dXᵀ·Q` into the block's accumulators and `dQ += dX·K`, with the
@@ -105,6 +107,13 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
             pack_keys(&cx.k, job.b, job.kvh, j0..j0 + n, S::W, &mut w.kp);
         }
         pack_keys(&cx.v, job.b, job.kvh, j0..j0 + n, S::W, &mut w.vp);
+        // With dropout, `dP = keep·(dO·(c·V))` with `c = 1/(1 − p)` rounded into each value as
+        // the forward's `O = Σ (c·P)·V` rounded it: a row that sees one key then gets `dP = Δ`
+        // bit for bit and `dS = 0` exactly, as without dropout.
+        if let Some(dr) = cx.pb.dropout {
+            let c = dr.scale();
+            w.vp.iter_mut().for_each(|x| *x *= c);
+        }
         w.bad_keys.clear();
         w.bad_keys.extend((0..n).filter(|&c| !all_finite(cx.k.row(job.b, job.kvh, j0 + c))));
         w.dk.clear();
@@ -253,15 +262,16 @@ unsafe fn tile<S: Simd, E: KvElem>(
         let dcap = pb.softcap.map(|_| &mut w.dcap[r * LDB..(r + 1) * LDB]);
         // SAFETY: `s` holds `LDB`, a multiple of `S::W`; CPU supports `S`.
         let m = unsafe { mask_row::<S>(pb, [b, h, i], s, n, j0, pb.key_range(b, i), dcap) };
-        let lse = cx.lse[row0 + r];
+        let (hi, lo) = (cx.lse[row0 + r], cx.lse_residue.map_or(0.0, |x| x[row0 + r]));
         let p = &mut w.p[r * LDB..(r + 1) * LDB];
-        if m.empty || lse == f32::NEG_INFINITY {
+        if m.empty || hi == f32::NEG_INFINITY {
             s.fill(f32::NEG_INFINITY);
             p.fill(0.0);
         } else {
-            p.copy_from_slice(s);
+            // `exp((s − hi) − lo)`: see `crate::lse`.
+            p.iter_mut().zip(s.iter()).for_each(|(p, &s)| *p = s - hi);
             // SAFETY: `p` holds `LDB`, a multiple of `S::W`.
-            unsafe { exp_row::<S>(p, lse) };
+            unsafe { exp_row::<S>(p, lo) };
         }
         let dp = &mut w.dp[r * LDB..(r + 1) * LDB];
         if let Some(dr) = pb.dropout {
@@ -269,9 +279,9 @@ unsafe fn tile<S: Simd, E: KvElem>(
             let sc = dr.scale();
             let pd = &mut w.pd[r * LDB..(r + 1) * LDB];
             for c in 0..n {
-                let z = if dr.keeps(key, j0 + c) { sc } else { 0.0 };
-                pd[c] = p[c] * z;
-                dp[c] *= z;
+                let keep = if dr.keeps(key, j0 + c) { 1.0 } else { 0.0 };
+                pd[c] = p[c] * (keep * sc);
+                dp[c] *= keep;
             }
         }
         // SAFETY: rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.

@@ -16,6 +16,7 @@ pub(super) mod softmax;
 use super::block::{head, rows_per_call, tile_keys, Ctx, Job, Outs, Work};
 use super::scores::{bad_columns, scores};
 use super::simd::{KvElem, Simd};
+use crate::lse::lse_parts;
 use accumulate::accumulate;
 use softmax::{softmax_update, write_weights};
 
@@ -73,7 +74,7 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
         if m == f32::NEG_INFINITY {
             continue;
         }
-        outs.lse[r] = m + l.ln();
+        (outs.lse[r], outs.residue[r]) = lse_parts(m, l);
         // One rounding per element: `x·(1/l)` takes two, and their bias along the row showed in
         // `Δ = dO·O` of the backward (a `[Lk]` bias's gradient, which sums `Δ`'s errors over rows).
         outs.o[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|x| *x /= l);

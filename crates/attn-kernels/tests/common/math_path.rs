@@ -1,0 +1,106 @@
+//! The plain algorithm written the way PyTorch's math path computes attention (its
+//! `_scaled_dot_product_attention_math` and the autograd formulas of softmax and matmul), in `f32`
+//! or `f64`, its products fused multiply-adds as in the BLAS kernels under PyTorch's matmuls:
+//! every score of a row materialised, masked scores −∞, `P = exp(S − max) / Σ exp(S − max)`,
+//! `O = P̄·V`; backward `dV = P̄ᵀ·dO`, `dP = z ∘ dO·Vᵀ`, `dS = P ∘ (dP − rowsum(P ∘ dP))`,
+//! `dQ = scale·dX·K`, `dK = scale·dXᵀ·Q`. Masks come from [`Case::allowed`] (the independent
+//! statement of the rules), dropout from [`Case::kept`].
+//!
+//! In `f32` it is the baseline the reference kernel must match; in `f64` it also measures, per
+//! `dbias` element, the magnitude of the terms whose cancellation that gradient is (see
+//! [`MathPath::dbias_terms`]).
+
+use attn_kernels::{AttnGrads, Real};
+
+use super::case::Case;
+
+/// The math path's results of one case.
+pub struct MathPath<T> {
+    /// `out: [B, Hq, Lq, Dv]`.
+    pub out: Vec<T>,
+    /// `lse: [B, Hq, Lq]`, −∞ for a fully masked row.
+    pub lse: Vec<T>,
+    /// `dq`, `dk`, `dv` and `dbias` in the bias's shape.
+    pub grads: AttnGrads<T>,
+    /// Per `dbias` element, `Σ A_ij·(z_j·Σ_c |dO_ic·v_jc| + |Δ_i|)` over the scores it sums, `Δ_i =
+    /// Σ_j A_ij·dA_ij`: the size of the products that `dS = A∘(dA − Δ)` subtracts. A bias
+    /// broadcast along the keys has an exact gradient of 0 (softmax ignores a shift of its row),
+    /// so its rounding error is a few ulps of these terms, not of the result.
+    pub dbias_terms: Option<Vec<T>>,
+}
+
+/// The results and gradients of `case` with output gradient `dout: [B, Hq, Lq, Dv]`, computed in
+/// `T`.
+pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
+    let d = case.dims;
+    let t = |x: f32| T::from_f32(x).unwrap();
+    let scale = T::from_f64(case.scale.unwrap_or(1.0 / (d.dk as f64).sqrt())).unwrap();
+    let cap = case.softcap.map(|c| T::from_f64(c).unwrap());
+    let bias_len = case.bias.as_ref().map(|m| m.data.len());
+    let mut g = AttnGrads::<T>::zeros(&d, bias_len).unwrap();
+    let mut terms = bias_len.map(|n| vec![T::zero(); n]);
+    let (mut out, mut lse) = (vec![T::zero(); d.b * d.hq * d.lq * d.dv], vec![T::neg_infinity(); d.lse_len()]);
+    let (mut s, mut dcap) = (vec![T::zero(); d.lk], vec![T::one(); d.lk]);
+    let (mut p, mut dp, mut mag) = (vec![T::zero(); d.lk], vec![T::zero(); d.lk], vec![T::zero(); d.lk]);
+    for (b, h, i) in case.rows() {
+        let kvh = h / d.group();
+        let qi: Vec<T> = case.q[case.row(b, h, i) * d.dk..][..d.dk].iter().map(|&x| t(x)).collect();
+        let doi: Vec<T> = dout[case.row(b, h, i) * d.dv..][..d.dv].iter().map(|&x| t(x)).collect();
+        let krow = |j: usize| -> Vec<T> {
+            case.k[((b * d.hkv + kvh) * d.lk + j) * d.dk..][..d.dk].iter().map(|&x| t(x)).collect()
+        };
+        let vrow = |j: usize| -> Vec<T> {
+            case.v[((b * d.hkv + kvh) * d.lk + j) * d.dv..][..d.dv].iter().map(|&x| t(x)).collect()
+        };
+        for j in 0..d.lk {
+            (s[j], dcap[j]) = (T::neg_infinity(), T::one());
+            if case.allowed(b, h, i, j) {
+                let x = scale * dot(&qi, &krow(j));
+                let (x, c) = cap.map_or((x, T::one()), |c| ((x / c).tanh() * c, T::one() - (x / c).tanh().powi(2)));
+                s[j] = x + case.bias.as_ref().map_or(T::zero(), |m| t(m.at([b, h, i, j])));
+                dcap[j] = c;
+            }
+        }
+        let m = s.iter().fold(T::neg_infinity(), |m, &x| m.max(x));
+        if m == T::neg_infinity() {
+            continue;
+        }
+        s.iter().zip(&mut p).for_each(|(&x, p)| *p = (x - m).exp());
+        let l = p.iter().fold(T::zero(), |a, &x| a + x);
+        p.iter_mut().for_each(|p| *p = *p / l);
+        lse[case.row(b, h, i)] = m + l.ln();
+        let seen: Vec<usize> = (0..d.lk).filter(|&j| p[j] != T::zero()).collect();
+        for &j in &seen {
+            let z = case.dropout.map_or(T::one(), |dr| if case.kept(b, h, i, j) { t(dr.scale()) } else { T::zero() });
+            (dp[j], mag[j]) = (T::zero(), T::zero());
+            if z != T::zero() {
+                let v = vrow(j);
+                dp[j] = z * dot(&doi, &v);
+                axpy(z * p[j], &v, &mut out[case.row(b, h, i) * d.dv..][..d.dv]);
+                mag[j] = z * doi.iter().zip(&v).fold(T::zero(), |a, (&x, &y)| a + (x * y).abs());
+                axpy(z * p[j], &doi, &mut g.dv[((b * d.hkv + kvh) * d.lk + j) * d.dv..][..d.dv]);
+            }
+        }
+        let rowsum = seen.iter().fold(T::zero(), |a, &j| a + p[j] * dp[j]);
+        for &j in &seen {
+            let ds = p[j] * (dp[j] - rowsum);
+            if let (Some(gb), Some(tb), Some(bias)) = (g.dbias.as_mut(), terms.as_mut(), case.bias.as_ref()) {
+                let at = bias.offset([b, h, i, j]);
+                gb[at] = gb[at] + ds;
+                tb[at] = tb[at] + p[j] * (mag[j] + rowsum.abs());
+            }
+            let dx = ds * dcap[j] * scale;
+            axpy(dx, &krow(j), &mut g.dq[case.row(b, h, i) * d.dk..][..d.dk]);
+            axpy(dx, &qi, &mut g.dk[((b * d.hkv + kvh) * d.lk + j) * d.dk..][..d.dk]);
+        }
+    }
+    MathPath { out, lse, grads: g, dbias_terms: terms }
+}
+
+fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    a.iter().zip(b).fold(T::zero(), |acc, (&x, &y)| x.mul_add(y, acc))
+}
+
+fn axpy<T: Real>(alpha: T, x: &[T], y: &mut [T]) {
+    y.iter_mut().zip(x).for_each(|(y, &x)| *y = alpha.mul_add(x, *y));
+}
