@@ -63,7 +63,10 @@ fn bad_inputs_are_refused_with_the_input() {
     let m = mha(MultiHeadAttentionConfig::new(8, 2)).unwrap();
     let x = uniform(&[2, 3, 8], 1);
     input_error(m.forward(MhaInput::self_attention(&uniform(&[2, 3, 6], 2))), "query");
-    input_error(m.forward(MhaInput::self_attention(&uniform(&[3, 8], 2))), "query");
+    input_error(m.forward(MhaInput::self_attention(&uniform(&[1, 2, 3, 8], 2))), "query");
+    // Unbatched `[L, E]` queries are taken, but then the keys must be unbatched too.
+    let unbatched = uniform(&[3, 8], 2);
+    input_error(m.forward(MhaInput::new(&unbatched, &x, &x)), "key");
     input_error(m.forward(MhaInput::new(&x, &uniform(&[2, 4, 7], 3), &uniform(&[2, 4, 8], 4))), "key");
     input_error(m.forward(MhaInput::new(&x, &uniform(&[1, 4, 8], 3), &uniform(&[1, 4, 8], 4))), "key/value");
     input_error(m.forward(MhaInput::new(&x, &uniform(&[2, 4, 8], 3), &uniform(&[2, 5, 8], 4))), "key/value");
@@ -107,4 +110,22 @@ fn layers_refuse_inputs_of_the_wrong_width() {
     let layer = EncoderLayer::new(&cfg, fresh().1).unwrap();
     let err = layer.forward(&uniform(&[2, 3, 5], 1), &AttnMasks::default(), Run::eval()).unwrap_err();
     assert!(matches!(err, NnError::Input { module: "EncoderLayer", input: "src", .. }), "{err}");
+}
+
+/// An `f64` input to `f32` weights is a typed error naming the module, the input and both dtypes,
+/// not candle's matrix-product failure.
+#[test]
+fn an_input_of_another_dtype_than_the_weights_is_named() {
+    let m = mha(MultiHeadAttentionConfig::new(8, 2)).unwrap();
+    let x = uniform(&[2, 3, 8], 1).to_dtype(DType::F64).unwrap();
+    let msg = m.forward(MhaInput::self_attention(&x)).unwrap_err().to_string();
+    for part in ["MultiHeadAttention", "query", "F64", "F32"] {
+        assert!(msg.contains(part), "`{part}` missing from: {msg}");
+    }
+    assert!(!msg.contains("candle"), "a raw candle error: {msg}");
+    let layer = EncoderLayer::new(&LayerConfig { dim_feedforward: 16, ..LayerConfig::new(8, 2) }, fresh().1).unwrap();
+    let msg = layer.forward(&x, &AttnMasks::default(), Run::eval()).unwrap_err().to_string();
+    for part in ["EncoderLayer", "src", "F64", "F32"] {
+        assert!(msg.contains(part), "`{part}` missing from: {msg}");
+    }
 }
