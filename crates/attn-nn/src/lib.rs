@@ -40,6 +40,11 @@
 //! let layer = load::strict("layer.safetensors", DType::F32, &Device::Cpu, |vb| EncoderLayer::new(&cfg, vb))?;
 //! # Ok(()) }
 //! ```
+//!
+//! The candle crates this one is built on are re-exported ([`candle_core`], [`candle_nn`]), so a
+//! crate using attn-nn can use the same versions without naming them in its own `Cargo.toml`.
+
+pub use {candle_core, candle_nn};
 
 pub mod additive;
 pub mod decoder;

@@ -2,7 +2,7 @@
 //! key padding mask, an attention mask (boolean or additive) and causality. They are typed
 //! ([`attn::Mask`] carries its polarity), so PyTorch's "true = masked" module masks
 //! ([`Mask::block`]) and SDPA's "true = may attend" masks ([`Mask::keep`], [`attn::padding_mask`])
-//! cannot be confused. [`AttnMasks::options`] turns them into the one [`SdpaOptions`] of the call.
+//! cannot be confused. Each module turns them into the one [`SdpaOptions`] of its call.
 
 use attn::{Align, Mask, Polarity, SdpaOptions};
 use candle_core::Tensor;
