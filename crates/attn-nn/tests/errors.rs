@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use attn::Mask;
 use attn_nn::{
     AdditiveAttention, AdditiveAttentionConfig, AttnMask, AttnMasks, EncoderLayer, LayerConfig, MhaInput,
-    MultiHeadAttention, MultiHeadAttentionConfig, NnError, RopeConfig, Run,
+    MultiHeadAttention, MultiHeadAttentionConfig, NnError, RopeConfig, Run, Seq2Seq, Seq2SeqConfig, TransformerConfig,
 };
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -49,6 +49,11 @@ fn bad_configs_are_refused_with_the_field() {
         fresh().1,
     );
     assert!(matches!(additive, Err(NnError::Config { field: "dropout", .. })));
+    let mut transformer = TransformerConfig::new(8, 2);
+    transformer.layer.batch_first = false;
+    let cfg = Seq2SeqConfig { src_vocab: 5, tgt_vocab: 5, pad_id: 0, max_len: 8, transformer };
+    let seq2seq = Seq2Seq::new(cfg, fresh().1);
+    assert!(matches!(seq2seq, Err(NnError::Config { module: "Seq2Seq", .. })), "{seq2seq:?}");
 }
 
 fn input_error(r: Result<attn_nn::MhaOutput, NnError>, input: &str) {
