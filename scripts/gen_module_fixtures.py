@@ -22,7 +22,7 @@ Each module case becomes `crates/attn-nn/tests/fixtures/<name>.safetensors` hold
   token ids (`src`, `tgt` of the Seq2Seq case, padding id 0);
 - `mask.<name>`: masks as PyTorch took them, BOOL with the polarity given in the metadata (`block`:
   true = may NOT attend, PyTorch's module convention; `keep`: true = may attend, SDPA's) or F64
-  additive (`0` / finite bias / `-inf`). Names are PyTorch's arguments: `key_padding_mask`,
+  additive (`0` / finite bias / `-inf`; key padding masks too). Names are PyTorch's arguments: `key_padding_mask`,
   `attn_mask`, `src_key_padding_mask`, `tgt_mask`, `tgt_key_padding_mask`,
   `memory_key_padding_mask`. No query row is fully masked (PyTorch gives NaN there);
 - `out` (F64): the module's output; `weights` (F64) when the case asks for attention weights;
@@ -30,7 +30,7 @@ Each module case becomes `crates/attn-nn/tests/fixtures/<name>.safetensors` hold
   "<name>/grad_out"), and the float64 autograd gradients of `(out * grad_out).sum()` with respect to
   every float input (`grad.input.<name>`) and every parameter (`grad.param.<name>`);
 - metadata (strings): `name`, `module` (which Rust module: `mha`, `encoder_layer`,
-  `decoder_layer`, `transformer`, `seq2seq`, `self_attention`, `additive`), `config` (JSON: the
+  `decoder_layer`, `transformer`, `seq2seq`, `self_attention`, `additive`, `layer_norm`), `config` (JSON: the
   module's configuration under the Rust config's field names, plus the call's flags:
   `need_weights` "averaged" / "per_head" / null (a boolean for single-head self-attention),
   `causal` / `src_is_causal` / `tgt_is_causal`),
@@ -39,9 +39,15 @@ Each module case becomes `crates/attn-nn/tests/fixtures/<name>.safetensors` hold
 Position helper cases (`module` = `alibi` or `sinusoidal`) hold only `out` (and `slopes` for
 ALiBi) and their `config`; they have no parameters, inputs or gradients.
 
-Every module runs in eval mode with dropout 0 and `batch_first=True`; inputs require grad and grad
-is enabled, so PyTorch's fused fast paths (which skip the masks' NaN handling and nested tensors)
-are never taken. Where a PyTorch module gets a causal flag (`is_causal`, `tgt_is_causal`: only a
+`state_dicts/<name>.safetensors` are whole float32 state dicts as a PyTorch user saves them
+(`safetensors.torch.save_file(module.state_dict(), path)`), for `crates/attn-nn/tests/loading.rs`.
+
+Every module runs in eval mode with dropout 0, `batch_first=True` unless its config says
+`batch_first: false` (inputs `[L, B, E]`; inputs of rank 2 are unbatched); inputs require grad and
+grad is enabled, so PyTorch's fused fast paths (which skip the masks' NaN handling and nested
+tensors) are never taken. Config fields added after the first fixtures (`add_bias_kv`,
+`add_zero_attn`, `batch_first`, a layer's `bias`) appear only in the cases that set them; the Rust
+harness reads an absent one as PyTorch's value in those first fixtures (false, false, true, true). Where a PyTorch module gets a causal flag (`is_causal`, `tgt_is_causal`: only a
 hint there) it also gets the matching boolean mask; the fixture then stores the flag, not the mask.
 """
 
@@ -56,6 +62,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import nn
 
 from gen_fixtures import save_sorted
@@ -176,6 +183,62 @@ def mha_float_mask_nobias(g: torch.Generator) -> Built:
                  {"attn_mask": attn_mask})
 
 
+def mha_bias_kv_causal(g: torch.Generator) -> Built:
+    """`add_bias_kv`: learned rows `bias_k`/`bias_v` appended after the projected keys and values,
+    which every query may attend (PyTorch pads the masks with a zero column); causal self-attention
+    (given to PyTorch as its boolean mask) with key padding; per-head weights over Lk + 1 keys."""
+    e, h, length = 16, 4, 5
+    m = nn.MultiheadAttention(e, h, add_bias_kv=True, batch_first=True)
+    randomize(m, g)
+    x = randn(g, BATCH, length, e)
+    kpm = padding([5, 3], length)
+
+    def run():
+        return m(x, x, x, key_padding_mask=kpm, attn_mask=causal_block(length), need_weights=True,
+                 average_attn_weights=False)
+
+    cfg = mha_config(e, h, add_bias_kv=True, causal=True, need_weights="per_head")
+    return Built(m, cfg, run, {"x": x}, {"key_padding_mask": kpm}, {"key_padding_mask": "block"})
+
+
+def mha_zero_attn_seq_first(g: torch.Generator) -> Built:
+    """`add_zero_attn` (a zero key and value appended per head), `batch_first=False` ([L, B, E]
+    inputs), cross-attention under an additive float key padding mask [B, Lk] with -inf entries;
+    head-averaged weights over Lk + 1 keys."""
+    e, h, lq, lk = 12, 3, 4, 6
+    m = nn.MultiheadAttention(e, h, add_zero_attn=True)
+    randomize(m, g)
+    query, key, value = randn(g, lq, BATCH, e), randn(g, lk, BATCH, e), randn(g, lk, BATCH, e)
+    kpm = torch.randn(BATCH, lk, generator=g, dtype=F64)
+    kpm[1, 4:] = -math.inf
+
+    def run():
+        return m(query, key, value, key_padding_mask=kpm, need_weights=True, average_attn_weights=True)
+
+    cfg = mha_config(e, h, add_zero_attn=True, batch_first=False, need_weights="averaged")
+    return Built(m, cfg, run, {"query": query, "key": key, "value": value}, {"key_padding_mask": kpm})
+
+
+def mha_unbatched_bias_kv_zero_attn(g: torch.Generator) -> Built:
+    """Unbatched inputs (query [Lq, E], key [Lk, kdim], value [Lk, vdim]) with `add_bias_kv` and
+    `add_zero_attn`, a boolean key padding mask [Lk] and an additive per-head attention mask
+    [H, Lq, Lk]; per-head weights [H, Lq, Lk + 2]."""
+    e, h, kdim, vdim, lq, lk = 16, 2, 10, 6, 3, 5
+    m = nn.MultiheadAttention(e, h, add_bias_kv=True, add_zero_attn=True, kdim=kdim, vdim=vdim)
+    randomize(m, g)
+    query, key, value = randn(g, lq, e), randn(g, lk, kdim), randn(g, lk, vdim)
+    kpm = torch.tensor([False, False, True, False, True])
+    attn_mask = torch.randn(h, lq, lk, generator=g, dtype=F64)
+
+    def run():
+        return m(query, key, value, key_padding_mask=kpm, attn_mask=attn_mask, need_weights=True,
+                 average_attn_weights=False)
+
+    cfg = mha_config(e, h, kdim=kdim, vdim=vdim, add_bias_kv=True, add_zero_attn=True, need_weights="per_head")
+    return Built(m, cfg, run, {"query": query, "key": key, "value": value},
+                 {"key_padding_mask": kpm, "attn_mask": attn_mask}, {"key_padding_mask": "block"})
+
+
 # --- Grouped-query attention (no PyTorch module: written with the Rust module's names) ---------------------
 
 def rope(x: torch.Tensor, base: float) -> torch.Tensor:
@@ -270,6 +333,34 @@ def decoder_causal_padding(g: torch.Generator) -> Built:
                  dict.fromkeys(masks, "block"))
 
 
+def encoder_no_bias_seq_first(g: torch.Generator) -> Built:
+    """`bias=False` (no Linear, attention or LayerNorm biases), `batch_first=False` ([L, B, E]),
+    pre-norm, source key padding."""
+    cfg = layer_config(16, 4, 32, bias=False, batch_first=False, norm_first=True)
+    m = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, bias=False, norm_first=True)
+    randomize(m, g)
+    src = randn(g, 6, BATCH, 16)
+    kpm = padding([6, 4], 6, left=[0, 1])
+    return Built(m, cfg, lambda: (m(src, src_key_padding_mask=kpm), None), {"src": src},
+                 {"src_key_padding_mask": kpm}, {"src_key_padding_mask": "block"})
+
+
+def decoder_no_bias_unbatched(g: torch.Generator) -> Built:
+    """`bias=False` decoder layer on unbatched inputs (tgt [Lt, E], memory [Ls, E]): causal
+    target, memory key padding [Ls]."""
+    cfg = layer_config(16, 2, 24, bias=False, tgt_is_causal=True)
+    m = nn.TransformerDecoderLayer(16, 2, 24, dropout=0.0, bias=False, batch_first=True)
+    randomize(m, g)
+    tgt, memory = randn(g, 4, 16), randn(g, 6, 16)
+    mkpm = padding([4], 6)[0]
+
+    def run():
+        return m(tgt, memory, tgt_mask=causal_block(4), tgt_is_causal=True, memory_key_padding_mask=mkpm), None
+
+    return Built(m, cfg, run, {"tgt": tgt, "memory": memory}, {"memory_key_padding_mask": mkpm},
+                 {"memory_key_padding_mask": "block"})
+
+
 def transformer_masks(src_len: list[int], ls: int, tgt_len: list[int], lt: int) -> dict[str, torch.Tensor]:
     """nn.Transformer's key padding masks for right-padded source and target rows."""
     src_pad = padding(src_len, ls)
@@ -277,19 +368,29 @@ def transformer_masks(src_len: list[int], ls: int, tgt_len: list[int], lt: int) 
             "memory_key_padding_mask": src_pad.clone()}
 
 
-def transformer(g: torch.Generator) -> Built:
-    """nn.Transformer, 2 + 2 layers: source/target/memory padding, causal target."""
-    d, nhead, ff, ls, lt = 16, 2, 32, 7, 5
-    cfg = layer_config(d, nhead, ff, num_encoder_layers=2, num_decoder_layers=2, tgt_is_causal=True)
-    m = nn.Transformer(d, nhead, 2, 2, ff, dropout=0.0, batch_first=True)
-    randomize(m, g)
-    src, tgt = randn(g, BATCH, ls, d), randn(g, BATCH, lt, d)
-    masks = transformer_masks([7, 4], ls, [3, 5], lt)
+def transformer_case(d: int, nhead: int, ff: int, layers: int, src_len: list[int], tgt_len: list[int],
+                     **options) -> Callable[[torch.Generator], Built]:
+    """nn.Transformer with `layers` + `layers` layers and `options` (`bias`, `batch_first`, both in
+    the config only when given): source/target/memory padding of rows `src_len`/`tgt_len`, causal
+    target."""
+    def build(g: torch.Generator) -> Built:
+        ls, lt = max(src_len), max(tgt_len)
+        cfg = layer_config(d, nhead, ff, num_encoder_layers=layers, num_decoder_layers=layers, tgt_is_causal=True,
+                           **options)
+        batch_first = options.get("batch_first", True)
+        m = nn.Transformer(d, nhead, layers, layers, ff, dropout=0.0, batch_first=batch_first,
+                           bias=options.get("bias", True))
+        randomize(m, g)
+        shape = (lambda n: (BATCH, n, d)) if batch_first else (lambda n: (n, BATCH, d))
+        src, tgt = randn(g, *shape(ls)), randn(g, *shape(lt))
+        masks = transformer_masks(src_len, ls, tgt_len, lt)
 
-    def run():
-        return m(src, tgt, tgt_mask=causal_block(lt), tgt_is_causal=True, **masks), None
+        def run():
+            return m(src, tgt, tgt_mask=causal_block(lt), tgt_is_causal=True, **masks), None
 
-    return Built(m, cfg, run, {"src": src, "tgt": tgt}, masks, dict.fromkeys(masks, "block"))
+        return Built(m, cfg, run, {"src": src, "tgt": tgt}, masks, dict.fromkeys(masks, "block"))
+
+    return build
 
 
 def sinusoidal_table(max_len: int, d: int) -> torch.Tensor:
@@ -394,19 +495,35 @@ def additive(g: torch.Generator) -> Built:
                  {"key_padding_mask": kpm}, {"key_padding_mask": "block"})
 
 
+def layer_norm_no_affine(g: torch.Generator) -> Built:
+    """nn.LayerNorm without affine parameters (`elementwise_affine=False`)."""
+    m = nn.LayerNorm(10, eps=1e-5, elementwise_affine=False)
+    x = randn(g, BATCH, 3, 10)
+    return Built(m, dict(dim=10, eps=1e-5, elementwise_affine=False, bias=True), lambda: (m(x), None), {"x": x})
+
+
 MODULE_CASES: dict[str, tuple[str, Callable[[torch.Generator], Built]]] = {
     "mha_self_padding": ("mha", mha_self_padding),
     "mha_cross_kdim_vdim": ("mha", mha_cross_kdim_vdim),
     "mha_float_mask_nobias": ("mha", mha_float_mask_nobias),
+    "mha_bias_kv_causal": ("mha", mha_bias_kv_causal),
+    "mha_zero_attn_seq_first": ("mha", mha_zero_attn_seq_first),
+    "mha_unbatched_bias_kv_zero_attn": ("mha", mha_unbatched_bias_kv_zero_attn),
     "gqa_causal": ("mha", gqa_case(32, 4, 2, None)),
     "gqa_rope_mqa": ("mha", gqa_case(32, 4, 1, 10000.0)),
     "encoder_post_relu_padding": ("encoder_layer", encoder_post_relu_padding),
     "encoder_pre_gelu_causal": ("encoder_layer", encoder_pre_gelu_causal),
     "decoder_causal_padding": ("decoder_layer", decoder_causal_padding),
-    "transformer": ("transformer", transformer),
+    "encoder_no_bias_seq_first": ("encoder_layer", encoder_no_bias_seq_first),
+    "decoder_no_bias_unbatched": ("decoder_layer", decoder_no_bias_unbatched),
+    "transformer": ("transformer", transformer_case(16, 2, 32, 2, [7, 4], [3, 5])),
+    # bias=False drops the final norms' biases too.
+    "transformer_no_bias_seq_first": ("transformer", transformer_case(8, 2, 16, 1, [5, 3], [4, 2], bias=False,
+                                                                      batch_first=False)),
     "seq2seq": ("seq2seq", seq2seq),
     "self_attention": ("self_attention", self_attention),
     "additive": ("additive", additive),
+    "layer_norm_no_affine": ("layer_norm", layer_norm_no_affine),
 }
 
 
@@ -438,6 +555,35 @@ POSITION_CASES: dict[str, tuple[str, Callable[[], tuple[dict, dict[str, torch.Te
     "alibi_6": ("alibi", lambda: alibi(6, 3, 5, "bottom_right")),
     "sinusoidal": ("sinusoidal", lambda: (dict(max_len=10, d=16), {"out": sinusoidal_table(10, 16)})),
 }
+
+
+# --- Whole state dicts -----------------------------------------------------------------------------------------
+
+STATE_DICT_DIR = OUT_DIR / "state_dicts"
+
+
+def state_dict_modules() -> dict[str, nn.Module]:
+    """Modules whose state dicts `crates/attn-nn/tests/loading.rs` loads as a PyTorch user saves them."""
+    return {
+        "encoder_layer": nn.TransformerEncoderLayer(16, 4, 32, batch_first=True),
+        "mha_add_bias_kv": nn.MultiheadAttention(16, 4, add_bias_kv=True, batch_first=True),
+    }
+
+
+def write_state_dicts() -> int:
+    """Each module of `state_dict_modules`, randomized, saved in float32 with
+    `safetensors.torch.save_file(module.state_dict(), path)`; returns the bytes written."""
+    STATE_DICT_DIR.mkdir(parents=True, exist_ok=True)
+    for stale in STATE_DICT_DIR.glob("*.safetensors"):
+        stale.unlink()
+    total = 0
+    for name, module in state_dict_modules().items():
+        randomize(module, seeded(f"state_dict/{name}"))
+        path = STATE_DICT_DIR / f"{name}.safetensors"
+        save_file({n: t.float().contiguous() for n, t in module.state_dict().items()}, path)
+        total += path.stat().st_size
+        print(f"state_dicts/{name:21s} {'state dict':16s} {path.stat().st_size:8d} B")
+    return total
 
 
 # --- Writing ---------------------------------------------------------------------------------------------------
@@ -499,7 +645,9 @@ def main() -> None:
         size = write(name, kind, config, tensors, {})
         total += size
         print(f"{name:32s} {kind:16s} {size:8d} B")
-    print(f"{len(MODULE_CASES) + len(POSITION_CASES)} fixtures, {total} bytes in {OUT_DIR}")
+    total += write_state_dicts()
+    print(f"{len(MODULE_CASES) + len(POSITION_CASES)} fixtures and {len(state_dict_modules())} state dicts, "
+          f"{total} bytes in {OUT_DIR}")
     assert total <= MAX_TOTAL_BYTES, f"fixtures take {total} bytes, budget {MAX_TOTAL_BYTES}"
 
 

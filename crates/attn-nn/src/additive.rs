@@ -11,7 +11,7 @@ use candle_nn::VarBuilder;
 use crate::linear::Linear;
 
 use crate::dropout::{Dropout, Mode};
-use crate::error::{expect_bld, NnError, Result};
+use crate::error::{expect_bld, expect_dtype, NnError, Result};
 use crate::masks::AttnMasks;
 
 const MODULE: &str = "AdditiveAttention";
@@ -102,8 +102,10 @@ impl AdditiveAttention {
         masks: &AttnMasks,
         mode: Mode,
     ) -> Result<AdditiveOutput> {
-        let (b, lq) = expect_bld(MODULE, "query", query, self.cfg.query_dim)?;
-        let (kb, lk) = expect_bld(MODULE, "key", key, self.cfg.key_dim)?;
+        let dtype = self.w_v.weight().dtype();
+        let (b, lq) = expect_bld(MODULE, "query", query, self.cfg.query_dim, dtype)?;
+        let (kb, lk) = expect_bld(MODULE, "key", key, self.cfg.key_dim, dtype)?;
+        expect_dtype(MODULE, "value", value, dtype)?;
         let (vb, lv, _) = value.dims3().map_err(|_| NnError::Input {
             module: MODULE,
             input: "value",
@@ -123,7 +125,7 @@ impl AdditiveAttention {
         let features = fq.broadcast_add(&fk)?.tanh()?; // [B, Lq, Lk, h]
         let scores = self.w_v.forward(&features)?.squeeze(D::Minus1)?; // [B, Lq, Lk]
 
-        let opts = masks.options(MODULE, SdpaOptions::default(), [b, 1, lq, lk], false)?;
+        let opts = masks.options(MODULE, SdpaOptions::default(), [b, 1, lq, lk], false, 0)?;
         let causal = if masks.causal { Some(Mask::causal(lq, lk)?) } else { None };
         let keep = [opts.mask, causal].into_iter().flatten().try_fold(None::<Mask>, |acc, m| -> Result<_> {
             Ok(Some(match acc {

@@ -1,17 +1,18 @@
-//! The Transformer decoder: [`DecoderLayer`] (PyTorch `nn.TransformerDecoderLayer`, batch first:
-//! masked self-attention, cross-attention over the encoder memory, feed-forward, each in a residual
-//! block with LayerNorm), the stack [`TransformerDecoder`] and the per-layer caches of
-//! incremental decoding ([`DecoderCache`]).
+//! The Transformer decoder: [`DecoderLayer`] (PyTorch `nn.TransformerDecoderLayer`: masked
+//! self-attention, cross-attention over the encoder memory, feed-forward, each in a residual block
+//! with LayerNorm; batch first by default, sequence first or unbatched as configured), the stack
+//! [`TransformerDecoder`] and the per-layer caches of incremental decoding ([`DecoderCache`]).
 
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
 use crate::dropout::Dropout;
 use crate::encoder::StackOutput;
-use crate::error::{expect_bld, Result};
+use crate::error::Result;
 use crate::feedforward::FeedForward;
 use crate::kv_cache::{Cache, KvCache};
 use crate::layer::{residual, stack, LayerConfig, LayerOutput, Run};
+use crate::layout::SeqInputs;
 use crate::masks::AttnMasks;
 use crate::mha::{MhaInput, MultiHeadAttention};
 use crate::norm::LayerNorm;
@@ -50,7 +51,7 @@ impl DecoderCache {
 }
 
 /// One decoder layer. Weights: `self_attn.*`, `multihead_attn.*`, `linear1.*`, `linear2.*`,
-/// `norm1.*`, `norm2.*`, `norm3.*`.
+/// `norm1.*`, `norm2.*`, `norm3.*` (no biases without `cfg.bias`).
 ///
 /// ```
 /// use attn_nn::{AttnMasks, DecoderLayer, LayerConfig, NeedWeights, Run};
@@ -73,6 +74,7 @@ pub struct DecoderLayer {
     norms: [LayerNorm; 3],
     dropouts: [Dropout; 3],
     norm_first: bool,
+    inputs: SeqInputs,
 }
 
 impl DecoderLayer {
@@ -81,17 +83,19 @@ impl DecoderLayer {
         Ok(Self {
             self_attn: cfg.attention(vb.pp("self_attn"))?,
             multihead_attn: cfg.attention(vb.pp("multihead_attn"))?,
-            ff: FeedForward::new(cfg.d_model, cfg.dim_feedforward, cfg.activation, cfg.dropout, cfg.seed, vb.clone())?,
+            ff: FeedForward::new(cfg, vb.clone())?,
             norms: [cfg.norm(&vb, "norm1")?, cfg.norm(&vb, "norm2")?, cfg.norm(&vb, "norm3")?],
             dropouts: [cfg.dropout(&vb, "dropout1"), cfg.dropout(&vb, "dropout2"), cfg.dropout(&vb, "dropout3")],
             norm_first: cfg.norm_first,
+            inputs: cfg.inputs("DecoderLayer", &vb),
         })
     }
 
     /// `tgt: [B, Lt, d_model]` (with `cache`: the new positions only), `memory: [B, Ls, d_model]`
-    /// → `[B, Lt, d_model]` and, when asked, the self- and cross-attention weights.
-    /// `tgt_masks` apply to self-attention (usually causal + target padding), `memory_masks` to
-    /// cross-attention (usually the source padding).
+    /// (both `[L, B, d_model]` with `batch_first` off, or unbatched `[L, d_model]`) → `tgt`'s shape
+    /// and, when asked, the self- and cross-attention weights. `tgt_masks` apply to
+    /// self-attention (usually causal + target padding), `memory_masks` to cross-attention
+    /// (usually the source padding).
     pub fn forward(
         &self,
         tgt: &Tensor,
@@ -101,9 +105,21 @@ impl DecoderLayer {
         run: Run,
         cache: Option<&mut LayerCache>,
     ) -> Result<LayerOutput> {
-        let d = self.self_attn.config().embed_dim;
-        expect_bld("DecoderLayer", "tgt", tgt, d)?;
-        expect_bld("DecoderLayer", "memory", memory, d)?;
+        let layout = self.inputs.layout("tgt", tgt)?;
+        let memory = self.inputs.expect(layout, "memory", memory)?;
+        self.forward_bld(&layout.to_bld(tgt)?, &memory, tgt_masks, memory_masks, run, cache)?.in_layout(layout)
+    }
+
+    /// [`Self::forward`] on `tgt: [B, Lt, d_model]`, `memory: [B, Ls, d_model]`.
+    fn forward_bld(
+        &self,
+        tgt: &Tensor,
+        memory: &Tensor,
+        tgt_masks: &AttnMasks,
+        memory_masks: &AttnMasks,
+        run: Run,
+        cache: Option<&mut LayerCache>,
+    ) -> Result<LayerOutput> {
         let (self_cache, cross_cache) = match cache {
             Some(c) => (Some(Cache::SelfAttn(&mut c.self_kv)), Some(Cache::Cross(&mut c.cross_kv))),
             None => (None, None),
@@ -141,13 +157,14 @@ impl DecoderLayer {
 pub struct TransformerDecoder {
     layers: Vec<DecoderLayer>,
     norm: Option<LayerNorm>,
+    inputs: SeqInputs,
 }
 
 impl TransformerDecoder {
     /// Loads `layers.{0..num_layers}.*` and, when `final_norm`, `norm.*` under `vb`.
     pub fn new(cfg: &LayerConfig, num_layers: usize, final_norm: bool, vb: VarBuilder) -> Result<Self> {
         let (layers, norm) = stack(cfg, num_layers, final_norm, &vb, DecoderLayer::new)?;
-        Ok(Self { layers, norm })
+        Ok(Self { layers, norm, inputs: cfg.inputs("TransformerDecoder", &vb) })
     }
 
     /// How many layers (the size of a [`DecoderCache`]).
@@ -155,9 +172,10 @@ impl TransformerDecoder {
         self.layers.len()
     }
 
-    /// `tgt: [B, Lt, d_model]`, `memory: [B, Ls, d_model]` → `[B, Lt, d_model]` and the layers'
-    /// weights when asked. With `cache` (from [`DecoderCache::new`]), `tgt` holds only the new
-    /// positions and the caches grow.
+    /// `tgt: [B, Lt, d_model]`, `memory: [B, Ls, d_model]` (both `[L, B, d_model]` with
+    /// `batch_first` off, or unbatched `[L, d_model]`) → `tgt`'s shape and the layers' weights
+    /// when asked. With `cache` (from [`DecoderCache::new`]), `tgt` holds only the new positions
+    /// and the caches grow.
     pub fn forward(
         &self,
         tgt: &Tensor,
@@ -167,15 +185,17 @@ impl TransformerDecoder {
         run: Run,
         mut cache: Option<&mut DecoderCache>,
     ) -> Result<StackOutput> {
-        let mut acc = StackOutput::new(tgt.clone());
+        let layout = self.inputs.layout("tgt", tgt)?;
+        let memory = self.inputs.expect(layout, "memory", memory)?;
+        let mut acc = StackOutput::new(layout.to_bld(tgt)?);
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().and_then(|c| c.layers.get_mut(i));
-            let o = layer.forward(&acc.out, memory, tgt_masks, memory_masks, run, layer_cache)?;
+            let o = layer.forward_bld(&acc.out, &memory, tgt_masks, memory_masks, run, layer_cache)?;
             acc.push(o);
         }
         if let Some(norm) = &self.norm {
             acc.out = norm.forward(&acc.out)?;
         }
-        Ok(acc)
+        acc.in_layout(layout)
     }
 }

@@ -1,19 +1,22 @@
-//! The Transformer encoder: [`EncoderLayer`] (PyTorch `nn.TransformerEncoderLayer`, batch first:
-//! self-attention and feed-forward, each in a residual block with LayerNorm) and the stack
-//! [`TransformerEncoder`] (`nn.TransformerEncoder`: `layers.{i}` and an optional final `norm`).
+//! The Transformer encoder: [`EncoderLayer`] (PyTorch `nn.TransformerEncoderLayer`:
+//! self-attention and feed-forward, each in a residual block with LayerNorm; batch first by
+//! default, sequence first or unbatched as configured) and the stack [`TransformerEncoder`]
+//! (`nn.TransformerEncoder`: `layers.{i}` and an optional final `norm`).
 
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
 use crate::dropout::Dropout;
-use crate::error::{expect_bld, Result};
+use crate::error::Result;
 use crate::feedforward::FeedForward;
 use crate::layer::{residual, stack, LayerConfig, LayerOutput, Run};
+use crate::layout::{Layout, SeqInputs};
 use crate::masks::AttnMasks;
 use crate::mha::{MhaInput, MultiHeadAttention};
 use crate::norm::LayerNorm;
 
-/// One encoder layer. Weights: `self_attn.*`, `linear1.*`, `linear2.*`, `norm1.*`, `norm2.*`.
+/// One encoder layer. Weights: `self_attn.*`, `linear1.*`, `linear2.*`, `norm1.*`, `norm2.*`
+/// (no `*.bias`, `self_attn.in_proj_bias` or `self_attn.out_proj.bias` without `cfg.bias`).
 ///
 /// ```
 /// use attn_nn::{AttnMasks, EncoderLayer, LayerConfig, NeedWeights, Run};
@@ -36,6 +39,7 @@ pub struct EncoderLayer {
     dropout1: Dropout,
     dropout2: Dropout,
     norm_first: bool,
+    inputs: SeqInputs,
 }
 
 impl EncoderLayer {
@@ -43,19 +47,26 @@ impl EncoderLayer {
     pub fn new(cfg: &LayerConfig, vb: VarBuilder) -> Result<Self> {
         Ok(Self {
             self_attn: cfg.attention(vb.pp("self_attn"))?,
-            ff: FeedForward::new(cfg.d_model, cfg.dim_feedforward, cfg.activation, cfg.dropout, cfg.seed, vb.clone())?,
+            ff: FeedForward::new(cfg, vb.clone())?,
             norm1: cfg.norm(&vb, "norm1")?,
             norm2: cfg.norm(&vb, "norm2")?,
             dropout1: cfg.dropout(&vb, "dropout1"),
             dropout2: cfg.dropout(&vb, "dropout2"),
             norm_first: cfg.norm_first,
+            inputs: cfg.inputs("EncoderLayer", &vb),
         })
     }
 
-    /// `src: [B, L, d_model]` with `masks` over its keys (padding, attention mask, causal) →
-    /// `[B, L, d_model]` and, when asked, the self-attention weights.
+    /// `src: [B, L, d_model]` (`[L, B, d_model]` with `batch_first` off, `[L, d_model]`
+    /// unbatched) with `masks` over its keys (padding, attention mask, causal) → the same shape
+    /// and, when asked, the self-attention weights.
     pub fn forward(&self, src: &Tensor, masks: &AttnMasks, run: Run) -> Result<LayerOutput> {
-        expect_bld("EncoderLayer", "src", src, self.self_attn.config().embed_dim)?;
+        let layout = self.inputs.layout("src", src)?;
+        self.forward_bld(&layout.to_bld(src)?, masks, run)?.in_layout(layout)
+    }
+
+    /// [`Self::forward`] on `src: [B, L, d_model]`.
+    fn forward_bld(&self, src: &Tensor, masks: &AttnMasks, run: Run) -> Result<LayerOutput> {
         let (x, self_weights) = residual(src, &self.norm1, &self.dropout1, self.norm_first, run.mode, |x| {
             let mut input = MhaInput::self_attention(x).masks(masks.clone()).mode(run.mode);
             input.need_weights = run.need_weights;
@@ -72,9 +83,10 @@ impl EncoderLayer {
 /// What a stack returns: the output and each layer's weights when asked.
 #[derive(Debug, Clone)]
 pub struct StackOutput {
-    /// `[B, L, d_model]`.
+    /// `[B, L, d_model]`, laid out like the input.
     pub out: Tensor,
-    /// Per layer, the self-attention weights (empty unless asked).
+    /// Per layer, the self-attention weights (empty unless asked; batch first, without `B` for an
+    /// unbatched input).
     pub self_weights: Vec<Tensor>,
     /// Per layer, the cross-attention weights (decoders; empty unless asked).
     pub cross_weights: Vec<Tensor>,
@@ -83,6 +95,16 @@ pub struct StackOutput {
 impl StackOutput {
     pub(crate) fn new(out: Tensor) -> Self {
         Self { out, self_weights: Vec::new(), cross_weights: Vec::new() }
+    }
+
+    /// A batch-first output put back in `layout`.
+    pub(crate) fn in_layout(self, layout: Layout) -> Result<Self> {
+        let each = |ws: Vec<Tensor>| -> Result<Vec<Tensor>> { ws.into_iter().map(|w| layout.weight(w)).collect() };
+        Ok(Self {
+            out: layout.restore(self.out)?,
+            self_weights: each(self.self_weights)?,
+            cross_weights: each(self.cross_weights)?,
+        })
     }
 
     /// Replaces the output by layer `o`'s and keeps its weights.
@@ -99,25 +121,28 @@ impl StackOutput {
 pub struct TransformerEncoder {
     layers: Vec<EncoderLayer>,
     norm: Option<LayerNorm>,
+    inputs: SeqInputs,
 }
 
 impl TransformerEncoder {
     /// Loads `layers.{0..num_layers}.*` and, when `final_norm`, `norm.*` under `vb`.
     pub fn new(cfg: &LayerConfig, num_layers: usize, final_norm: bool, vb: VarBuilder) -> Result<Self> {
         let (layers, norm) = stack(cfg, num_layers, final_norm, &vb, EncoderLayer::new)?;
-        Ok(Self { layers, norm })
+        Ok(Self { layers, norm, inputs: cfg.inputs("TransformerEncoder", &vb) })
     }
 
-    /// `src: [B, L, d_model]` → `[B, L, d_model]` and the layers' weights when asked.
+    /// `src: [B, L, d_model]` (`[L, B, d_model]` with `batch_first` off, `[L, d_model]`
+    /// unbatched) → the same shape and the layers' weights when asked.
     pub fn forward(&self, src: &Tensor, masks: &AttnMasks, run: Run) -> Result<StackOutput> {
-        let mut acc = StackOutput::new(src.clone());
+        let layout = self.inputs.layout("src", src)?;
+        let mut acc = StackOutput::new(layout.to_bld(src)?);
         for layer in &self.layers {
-            let o = layer.forward(&acc.out, masks, run)?;
+            let o = layer.forward_bld(&acc.out, masks, run)?;
             acc.push(o);
         }
         if let Some(norm) = &self.norm {
             acc.out = norm.forward(&acc.out)?;
         }
-        Ok(acc)
+        acc.in_layout(layout)
     }
 }

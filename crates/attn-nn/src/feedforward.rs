@@ -8,6 +8,7 @@ use crate::linear::Linear;
 
 use crate::dropout::{Dropout, Mode};
 use crate::error::Result;
+use crate::layer::LayerConfig;
 
 /// The activation between the two linear maps.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -39,25 +40,21 @@ pub struct FeedForward {
 }
 
 impl FeedForward {
-    /// Loads `linear1.{weight,bias}` and `linear2.{weight,bias}` from `vb`; `dropout` applies after
-    /// the activation (PyTorch's `dropout`), its seeds keyed by `seed` and `vb`'s path.
-    pub fn new(
-        d_model: usize,
-        dim_feedforward: usize,
-        activation: Activation,
-        dropout: f32,
-        seed: u64,
-        vb: VarBuilder,
-    ) -> Result<Self> {
+    /// Loads `linear1.weight` `[dim_feedforward, d_model]`, `linear2.weight`
+    /// `[d_model, dim_feedforward]` and, with `cfg.bias`, their biases from `vb`; `cfg.dropout`
+    /// applies after the activation `cfg.activation` (PyTorch's `dropout`), its seeds keyed by
+    /// `cfg.seed` and `vb`'s path.
+    pub fn new(cfg: &LayerConfig, vb: VarBuilder) -> Result<Self> {
+        let load = if cfg.bias { Linear::load } else { Linear::load_no_bias };
         Ok(Self {
-            linear1: Linear::load(d_model, dim_feedforward, vb.pp("linear1"))?,
-            linear2: Linear::load(dim_feedforward, d_model, vb.pp("linear2"))?,
-            activation,
-            dropout: Dropout::new(dropout, seed, &format!("{}.ff_dropout", vb.prefix())),
+            linear1: load(cfg.d_model, cfg.dim_feedforward, vb.pp("linear1"))?,
+            linear2: load(cfg.dim_feedforward, cfg.d_model, vb.pp("linear2"))?,
+            activation: cfg.activation,
+            dropout: Dropout::new(cfg.dropout, cfg.seed, &format!("{}.ff_dropout", vb.prefix())),
         })
     }
 
-    /// `x: [B, L, d_model]` → `[B, L, d_model]`.
+    /// `x: [.., d_model]` → `[.., d_model]`.
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let h = self.activation.forward(&self.linear1.forward(x)?)?;
         self.linear2.forward(&self.dropout.forward(&h, mode)?)

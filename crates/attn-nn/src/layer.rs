@@ -9,8 +9,9 @@ use candle_nn::VarBuilder;
 use crate::dropout::{Dropout, Mode};
 use crate::error::Result;
 use crate::feedforward::Activation;
+use crate::layout::{Layout, SeqInputs};
 use crate::mha::{MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights};
-use crate::norm::LayerNorm;
+use crate::norm::{LayerNorm, LayerNormConfig};
 
 /// Configuration of one encoder or decoder layer (PyTorch's defaults).
 #[derive(Debug, Clone)]
@@ -30,6 +31,12 @@ pub struct LayerConfig {
     pub layer_norm_eps: f64,
     /// Pre-norm (`x + f(norm(x))`) instead of post-norm (`norm(x + f(x))`, the default).
     pub norm_first: bool,
+    /// Biases in the attention projections, the feed-forward block and the LayerNorms (PyTorch's
+    /// `bias`, default true).
+    pub bias: bool,
+    /// Inputs `[B, L, d_model]` (`true`, this crate's default) or `[L, B, d_model]` (PyTorch's
+    /// default, `batch_first=False`); unbatched `[L, d_model]` inputs are taken either way.
+    pub batch_first: bool,
     /// The attention kernel.
     pub kernel: Kernel,
     /// Seed of the dropout streams.
@@ -37,7 +44,7 @@ pub struct LayerConfig {
 }
 
 impl LayerConfig {
-    /// PyTorch's defaults for `d_model` and `nhead`.
+    /// PyTorch's defaults for `d_model` and `nhead`, except batch first.
     pub fn new(d_model: usize, nhead: usize) -> Self {
         Self {
             d_model,
@@ -47,6 +54,8 @@ impl LayerConfig {
             activation: Activation::Relu,
             layer_norm_eps: 1e-5,
             norm_first: false,
+            bias: true,
+            batch_first: true,
             kernel: Kernel::Auto,
             seed: 0,
         }
@@ -55,6 +64,7 @@ impl LayerConfig {
     /// The attention of a layer; `vb` is where its weights live.
     pub(crate) fn attention(&self, vb: VarBuilder) -> Result<MultiHeadAttention> {
         let cfg = MultiHeadAttentionConfig {
+            bias: self.bias,
             dropout: self.dropout,
             kernel: self.kernel,
             seed: self.seed,
@@ -65,7 +75,13 @@ impl LayerConfig {
 
     /// LayerNorm `name` under `vb`.
     pub(crate) fn norm(&self, vb: &VarBuilder, name: &str) -> Result<LayerNorm> {
-        LayerNorm::new(self.d_model, self.layer_norm_eps, vb.pp(name))
+        let cfg = LayerNormConfig { bias: self.bias, ..LayerNormConfig::new(self.layer_norm_eps) };
+        LayerNorm::with_config(self.d_model, cfg, vb.pp(name))
+    }
+
+    /// What the inputs of `module` built from this config over `vb` must be.
+    pub(crate) fn inputs(&self, module: &'static str, vb: &VarBuilder) -> SeqInputs {
+        SeqInputs { module, width: self.d_model, dtype: vb.dtype(), batch_first: self.batch_first }
     }
 
     /// Dropout `name` of the layer at `vb`.
@@ -122,12 +138,24 @@ impl Run {
 /// What a layer returns.
 #[derive(Debug, Clone)]
 pub struct LayerOutput {
-    /// `[B, L, d_model]`.
+    /// `[B, L, d_model]`, laid out like the input.
     pub out: Tensor,
-    /// Self-attention weights `[B, H, L, Lk]` (or head-averaged `[B, L, Lk]`) when asked.
+    /// Self-attention weights `[B, H, L, Lk]` (or head-averaged `[B, L, Lk]`) when asked, batch
+    /// first (without `B` for an unbatched input).
     pub self_weights: Option<Tensor>,
     /// Cross-attention weights `[B, H, L, Ls]` (or `[B, L, Ls]`) of a decoder layer when asked.
     pub cross_weights: Option<Tensor>,
+}
+
+impl LayerOutput {
+    /// A batch-first output put back in `layout`.
+    pub(crate) fn in_layout(self, layout: Layout) -> Result<Self> {
+        Ok(Self {
+            out: layout.restore(self.out)?,
+            self_weights: layout.weights(self.self_weights)?,
+            cross_weights: layout.weights(self.cross_weights)?,
+        })
+    }
 }
 
 /// One residual sub-block: `norm(x + drop(f(x)))` post-norm, `x + drop(f(norm(x)))` pre-norm.

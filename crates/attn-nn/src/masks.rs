@@ -2,7 +2,7 @@
 //! key padding mask, an attention mask (boolean or additive) and causality. They are typed
 //! ([`attn::Mask`] carries its polarity), so PyTorch's "true = masked" module masks
 //! ([`Mask::block`]) and SDPA's "true = may attend" masks ([`Mask::keep`], [`attn::padding_mask`])
-//! cannot be confused. [`AttnMasks::options`] turns them into the one [`SdpaOptions`] of the call.
+//! cannot be confused. Each module turns them into the one [`SdpaOptions`] of its call.
 
 use attn::{Align, Mask, Polarity, SdpaOptions};
 use candle_core::Tensor;
@@ -22,14 +22,22 @@ pub enum AttnMask {
 /// Every mask of one attention call; a key is attended to only if all of them allow it.
 #[derive(Debug, Clone, Default)]
 pub struct AttnMasks {
-    /// Which keys are padding: `[B, Lk]` or `[B, 1, 1, Lk]`, e.g. [`attn::padding_mask`]
-    /// (`Mask::keep`, true = real token) or PyTorch's `key_padding_mask` (`Mask::block`).
-    pub key_padding: Option<Mask>,
+    /// Which keys are padding: `[B, Lk]`, `[B, 1, 1, Lk]` or, for an unbatched call, `[Lk]`.
+    /// Boolean, e.g. [`attn::padding_mask`] (`Mask::keep`, true = real token) or PyTorch's
+    /// `key_padding_mask` (`Mask::block`), or additive (a float tensor added to the scores, as
+    /// PyTorch's float `key_padding_mask`).
+    pub key_padding: Option<AttnMask>,
     /// The attention mask.
     pub attn: Option<AttnMask>,
     /// Causal masking, top-left aligned like PyTorch's `is_causal` (bottom-right when decoding
     /// through a KV cache, so the new queries sit at the end of the keys).
     pub causal: bool,
+}
+
+impl From<Mask> for AttnMask {
+    fn from(m: Mask) -> Self {
+        AttnMask::Bool(m)
+    }
 }
 
 impl AttnMasks {
@@ -38,9 +46,10 @@ impl AttnMasks {
         Self { causal: true, ..Self::default() }
     }
 
-    /// Sets the key padding mask (`[B, Lk]` or `[B, 1, 1, Lk]`).
-    pub fn key_padding(mut self, mask: Mask) -> Self {
-        self.key_padding = Some(mask);
+    /// Sets the key padding mask: a boolean [`Mask`] or an [`AttnMask::Additive`] float tensor,
+    /// `[B, Lk]`, `[B, 1, 1, Lk]` or unbatched `[Lk]`.
+    pub fn key_padding(mut self, mask: impl Into<AttnMask>) -> Self {
+        self.key_padding = Some(mask.into());
         self
     }
 
@@ -50,30 +59,70 @@ impl AttnMasks {
         self
     }
 
-    /// `base` with these masks for a call of `[b, h, lq, lk]` scores; `decoding` selects
-    /// bottom-right causal alignment. Shapes are checked here so an error names the mask.
+    /// `base` with these masks for a call of `[b, h, lq, lk]` scores followed by `extra` keys that
+    /// every query may attend (PyTorch's `add_bias_kv` and `add_zero_attn`, for which PyTorch
+    /// pads its masks with an unmasked column; with them causality is applied as a mask over the
+    /// `lk` keys only). `decoding` selects bottom-right causal alignment. Shapes are checked here
+    /// so an error names the mask.
     pub(crate) fn options(
         &self,
         module: &'static str,
         base: SdpaOptions,
         [b, h, lq, lk]: [usize; 4],
         decoding: bool,
+        extra: usize,
     ) -> Result<SdpaOptions> {
-        let mut opts = base.causal(self.causal).align(if decoding { Align::BottomRight } else { Align::TopLeft });
-        let padding = self.key_padding.as_ref().map(|m| padding_4d(module, m, b, lk)).transpose()?;
-        let (attn_bool, bias) = match &self.attn {
-            None => (None, None),
-            Some(AttnMask::Bool(m)) => (Some(with_tensor(m, attn_4d(module, m.tensor(), [b, h, lq, lk])?)), None),
-            Some(AttnMask::Additive(t)) => (None, Some(attn_4d(module, t, [b, h, lq, lk])?)),
+        let align = if decoding { Align::BottomRight } else { Align::TopLeft };
+        let mut opts = base.causal(self.causal && extra == 0).align(align);
+        let mut masks = Vec::new();
+        let mut biases = Vec::new();
+        match &self.key_padding {
+            None => {}
+            Some(AttnMask::Bool(m)) => masks.push(with_tensor(m, padding_4d(module, m.tensor(), b, lk)?)),
+            Some(AttnMask::Additive(t)) => biases.push(padding_4d(module, t, b, lk)?),
+        }
+        match &self.attn {
+            None => {}
+            Some(AttnMask::Bool(m)) => masks.push(with_tensor(m, attn_4d(module, m.tensor(), [b, h, lq, lk])?)),
+            Some(AttnMask::Additive(t)) => biases.push(attn_4d(module, t, [b, h, lq, lk])?),
+        }
+        if self.causal && extra > 0 {
+            masks.push(Mask::window(lq, lk, None, Some(0), align)?);
+        }
+        let mut mask = None;
+        for m in masks {
+            mask = Some(match mask {
+                None => m,
+                Some(acc) => m.and(&acc)?,
+            });
+        }
+        let mut bias: Option<Tensor> = None;
+        for t in biases {
+            bias = Some(match bias {
+                None => t,
+                Some(acc) => acc.broadcast_add(&t)?,
+            });
+        }
+        opts.mask = match mask {
+            Some(m) if extra > 0 => Some(Mask::keep(extend(&m.to_keep_tensor()?, extra, 1.0)?)),
+            m => m,
         };
-        let mask = match (padding, attn_bool) {
-            (Some(p), Some(a)) => Some(p.and(&a)?),
-            (p, a) => p.or(a),
-        };
-        opts.mask = mask;
-        opts.bias = bias;
+        opts.bias = bias.map(|t| extend(&t, extra, 0.0)).transpose()?;
         Ok(opts)
     }
+}
+
+/// `t` with `extra` more entries of value `fill` along its last (key) dimension.
+fn extend(t: &Tensor, extra: usize, fill: f64) -> Result<Tensor> {
+    if extra == 0 {
+        return Ok(t.clone());
+    }
+    let mut dims = t.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = extra;
+    }
+    let pad = (Tensor::ones(dims, t.dtype(), t.device())? * fill)?;
+    Ok(Tensor::cat(&[t, &pad], t.rank() - 1)?)
 }
 
 /// The same polarity over another tensor.
@@ -84,17 +133,17 @@ fn with_tensor(m: &Mask, t: Tensor) -> Mask {
     }
 }
 
-/// A key padding mask as `[B, 1, 1, Lk]`.
-fn padding_4d(module: &'static str, m: &Mask, b: usize, lk: usize) -> Result<Mask> {
-    let t = m.tensor();
+/// A key padding mask (boolean or additive) as `[B, 1, 1, Lk]`.
+fn padding_4d(module: &'static str, t: &Tensor, b: usize, lk: usize) -> Result<Tensor> {
     match *t.dims() {
-        [mb, ml] if mb == b && ml == lk => Ok(with_tensor(m, t.reshape((b, 1, 1, lk))?)),
-        [mb, 1, 1, ml] if mb == b && ml == lk => Ok(m.clone()),
+        [mb, ml] if mb == b && ml == lk => Ok(t.reshape((b, 1, 1, lk))?),
+        [ml] if b == 1 && ml == lk => Ok(t.reshape((1, 1, 1, lk))?),
+        [mb, 1, 1, ml] if mb == b && ml == lk => Ok(t.clone()),
         _ => Err(NnError::Input {
             module,
             input: "key_padding_mask",
             found: t.dims().to_vec(),
-            expected: format!("[B, Lk] = [{b}, {lk}] or [{b}, 1, 1, {lk}]"),
+            expected: format!("[B, Lk] = [{b}, {lk}], [{b}, 1, 1, {lk}] or, unbatched, [Lk]"),
         }),
     }
 }

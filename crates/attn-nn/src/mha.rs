@@ -1,21 +1,29 @@
-//! Multi-head attention with PyTorch `nn.MultiheadAttention`'s semantics and weight names, batch
-//! first, extended with grouped-query heads, rotary embeddings and a KV cache. Every call runs
-//! through [`attn::sdpa_full`], the fused differentiable kernel; weights `[B, H, Lq, Lk]` are made
-//! only when asked.
+//! Multi-head attention with PyTorch `nn.MultiheadAttention`'s semantics and weight names
+//! (`add_bias_kv`, `add_zero_attn`, batch-first, sequence-first and unbatched inputs), extended
+//! with grouped-query heads, rotary embeddings and a KV cache. Every call runs through
+//! [`attn::sdpa_full`], the fused differentiable kernel; weights `[B, H, Lq, Lk]` are made only
+//! when asked.
 //!
 //! Weights (PyTorch names): `in_proj_weight [3E, E]` when queries, keys and values all have
 //! width `E` and every head has its own keys (`num_kv_heads == num_heads`); otherwise
 //! `q_proj_weight [E, E]`, `k_proj_weight [Hkv·hd, kdim]`, `v_proj_weight [Hkv·hd, vdim]`; with
-//! `bias`, `in_proj_bias [E + 2·Hkv·hd]`; `out_proj.weight [E, E]`, `out_proj.bias [E]`.
-//! Not supported: PyTorch's `add_bias_kv` and `add_zero_attn`.
+//! `bias`, `in_proj_bias [E + 2·Hkv·hd]`; `out_proj.weight [E, E]`, `out_proj.bias [E]`; with
+//! `add_bias_kv`, `bias_k [1, 1, Hkv·hd]` and `bias_v [1, 1, Hkv·hd]`.
+//!
+//! `add_bias_kv` appends the learned key `bias_k` and value `bias_v` (projected space, not rotated
+//! by RoPE) after the keys, `add_zero_attn` then a zero key and value; as in PyTorch every query
+//! may attend these (PyTorch pads the masks with an unmasked column), causality included, and the
+//! returned weights cover them (`Lk + 1` or `Lk + 2` columns). Through a KV cache they are
+//! appended after the cached keys at every step, never stored.
 
 use attn::{Kernel, SdpaOptions};
 use candle_core::Tensor;
 use candle_nn::{Init, VarBuilder};
 
 use crate::dropout::{Mode, SeedStream};
-use crate::error::{expect_bld, NnError, Result};
+use crate::error::{NnError, Result};
 use crate::kv_cache::Cache;
+use crate::layout::Layout;
 use crate::linear::Linear;
 use crate::masks::AttnMasks;
 use crate::position::rope::RopeConfig;
@@ -37,6 +45,13 @@ pub struct MultiHeadAttentionConfig {
     pub vdim: Option<usize>,
     /// Whether the projections have biases (PyTorch's default: yes).
     pub bias: bool,
+    /// PyTorch's `add_bias_kv`: learned `bias_k`, `bias_v` appended to the keys and values.
+    pub add_bias_kv: bool,
+    /// PyTorch's `add_zero_attn`: a zero key and value appended (after `bias_k`/`bias_v`).
+    pub add_zero_attn: bool,
+    /// Inputs `[B, L, E]` (`true`, this crate's default) or `[L, B, E]` (PyTorch's default,
+    /// `batch_first=False`); unbatched `[L, E]` inputs are taken either way.
+    pub batch_first: bool,
     /// Dropout on the attention weights in training, `0 <= p < 1`.
     pub dropout: f32,
     /// Rotary embeddings applied to queries and keys.
@@ -48,7 +63,7 @@ pub struct MultiHeadAttentionConfig {
 }
 
 impl MultiHeadAttentionConfig {
-    /// `embed_dim` split into `num_heads` heads, with biases, no dropout, no RoPE.
+    /// `embed_dim` split into `num_heads` heads, with biases, batch first, no dropout, no RoPE.
     pub fn new(embed_dim: usize, num_heads: usize) -> Self {
         Self {
             embed_dim,
@@ -57,6 +72,9 @@ impl MultiHeadAttentionConfig {
             kdim: None,
             vdim: None,
             bias: true,
+            add_bias_kv: false,
+            add_zero_attn: false,
+            batch_first: true,
             dropout: 0.0,
             rope: None,
             kernel: Kernel::Auto,
@@ -66,6 +84,11 @@ impl MultiHeadAttentionConfig {
 
     fn kv_heads(&self) -> usize {
         self.num_kv_heads.unwrap_or(self.num_heads)
+    }
+
+    /// How many keys every call appends (`add_bias_kv`, `add_zero_attn`).
+    fn extra_keys(&self) -> usize {
+        usize::from(self.add_bias_kv) + usize::from(self.add_zero_attn)
     }
 
     fn check(&self) -> Result<()> {
@@ -99,11 +122,11 @@ pub enum NeedWeights {
 /// The inputs of one call.
 #[derive(Debug)]
 pub struct MhaInput<'a> {
-    /// `[B, Lq, E]`.
+    /// `[B, Lq, E]` (`[Lq, B, E]` sequence first, `[Lq, E]` unbatched).
     pub query: &'a Tensor,
-    /// `[B, Lk, kdim]`.
+    /// `[B, Lk, kdim]` (laid out like `query`).
     pub key: &'a Tensor,
-    /// `[B, Lk, vdim]`.
+    /// `[B, Lk, vdim]` (laid out like `query`).
     pub value: &'a Tensor,
     /// Padding, attention mask, causality.
     pub masks: AttnMasks,
@@ -154,10 +177,11 @@ impl<'a> MhaInput<'a> {
 /// What one call returns.
 #[derive(Debug, Clone)]
 pub struct MhaOutput {
-    /// `[B, Lq, E]`.
+    /// `[B, Lq, E]`, laid out like the query.
     pub out: Tensor,
-    /// `[B, H, Lq, Lk]` or `[B, Lq, Lk]` when asked; softmax weights before dropout, not
-    /// differentiable.
+    /// `[B, H, Lq, Lk]` or `[B, Lq, Lk]` when asked (without `B` when unbatched, batch first
+    /// otherwise, as PyTorch; `Lk` counts the keys `add_bias_kv` and `add_zero_attn` append);
+    /// softmax weights before dropout, not differentiable.
     pub weights: Option<Tensor>,
 }
 
@@ -184,6 +208,8 @@ pub struct MultiHeadAttention {
     k_proj: Linear,
     v_proj: Linear,
     out_proj: Linear,
+    /// `bias_k`, `bias_v`, each `[1, 1, Hkv·hd]`, with `add_bias_kv`.
+    bias_kv: Option<(Tensor, Tensor)>,
     cfg: MultiHeadAttentionConfig,
     seeds: SeedStream,
 }
@@ -222,12 +248,23 @@ impl MultiHeadAttention {
         } else {
             (None, None, None, Linear::load_no_bias(e, e, vb.pp("out_proj"))?)
         };
+        // PyTorch: xavier_normal_ on [1, 1, kv], whose fans are both kv.
+        let bias_kv_init = Init::Randn { mean: 0.0, stdev: (kv as f64).powf(-0.5) };
+        let bias_kv = if cfg.add_bias_kv {
+            Some((
+                vb.get_with_hints((1, 1, kv), "bias_k", bias_kv_init)?,
+                vb.get_with_hints((1, 1, kv), "bias_v", bias_kv_init)?,
+            ))
+        } else {
+            None
+        };
         let seeds = SeedStream::new(cfg.seed, &vb.prefix());
         Ok(Self {
             q_proj: Linear::new(wq, bq),
             k_proj: Linear::new(wk, bk),
             v_proj: Linear::new(wv, bv),
             out_proj,
+            bias_kv,
             cfg,
             seeds,
         })
@@ -238,21 +275,26 @@ impl MultiHeadAttention {
         &self.cfg
     }
 
-    /// `query: [B, Lq, E]`, `key: [B, Lk, kdim]`, `value: [B, Lk, vdim]` →
-    /// `out: [B, Lq, E]`, weights `[B, H, Lq, Lk]` / `[B, Lq, Lk]` when asked. With a
-    /// self-attention cache `Lk` counts the cached positions too.
+    /// `query: [B, Lq, E]`, `key: [B, Lk, kdim]`, `value: [B, Lk, vdim]` (or `[L, B, ..]` with
+    /// `batch_first` off, or unbatched `[L, ..]`) → `out` laid out like `query`, weights
+    /// `[B, H, Lq, Lk]` / `[B, Lq, Lk]` when asked. With a self-attention cache `Lk` counts the
+    /// cached positions too.
     pub fn forward(&self, input: MhaInput) -> Result<MhaOutput> {
         let cfg = &self.cfg;
         let (e, h, hkv) = (cfg.embed_dim, cfg.num_heads, cfg.kv_heads());
         let hd = e / h;
-        let (b, lq) = expect_bld(MODULE, "query", input.query, e)?;
+        let dtype = self.out_proj.weight().dtype();
+        let layout = Layout::of(MODULE, "query", input.query, e, dtype, cfg.batch_first)?;
+        let query = layout.to_bld(input.query)?;
+        let (b, lq, _) = query.dims3()?;
         let heads = |x: Tensor, n: usize| -> Result<Tensor> {
             let (b, l, _) = x.dims3()?;
             Ok(x.reshape((b, l, n, hd))?.transpose(1, 2)?) // [B, n, L, hd]
         };
         let fresh_kv = |offset: usize| -> Result<(Tensor, Tensor)> {
-            let (kb, lk) = expect_bld(MODULE, "key", input.key, cfg.kdim.unwrap_or(e))?;
-            let (vb, lv) = expect_bld(MODULE, "value", input.value, cfg.vdim.unwrap_or(e))?;
+            let key = layout.expect(MODULE, "key", input.key, cfg.kdim.unwrap_or(e), dtype)?;
+            let value = layout.expect(MODULE, "value", input.value, cfg.vdim.unwrap_or(e), dtype)?;
+            let ((kb, lk, _), (vb, lv, _)) = (key.dims3()?, value.dims3()?);
             if kb != b || vb != b || lv != lk {
                 return Err(NnError::Input {
                     module: MODULE,
@@ -261,8 +303,8 @@ impl MultiHeadAttention {
                     expected: format!("batch {b} like query and equal key/value lengths"),
                 });
             }
-            let k = heads(self.k_proj.forward(input.key)?, hkv)?; // [B, Hkv, Lk, hd]
-            let v = heads(self.v_proj.forward(input.value)?, hkv)?; // [B, Hkv, Lk, hd]
+            let k = heads(self.k_proj.forward(&key)?, hkv)?; // [B, Hkv, Lk, hd]
+            let v = heads(self.v_proj.forward(&value)?, hkv)?; // [B, Hkv, Lk, hd]
             Ok((self.rotate(&k, offset)?, v))
         };
         let (offset, (k, v)) = match input.cache {
@@ -280,22 +322,44 @@ impl MultiHeadAttention {
                 }
             },
         };
-        let q = self.rotate(&heads(self.q_proj.forward(input.query)?, h)?, offset)?; // [B, H, Lq, hd]
+        let q = self.rotate(&heads(self.q_proj.forward(&query)?, h)?, offset)?; // [B, H, Lq, hd]
         let lk = k.dims()[2];
+        let (k, v) = self.append_extra_keys(k, v)?; // [B, Hkv, Lk + extra, hd]
         let mut opts = SdpaOptions::default().kernel(cfg.kernel).return_weights(input.need_weights.is_some());
         if cfg.dropout > 0.0 {
             if let Some(seed) = self.seeds.seed(input.mode) {
                 opts = opts.dropout(cfg.dropout, seed);
             }
         }
-        let opts = input.masks.options(MODULE, opts, [b, h, lq, lk], offset > 0)?;
+        let opts = input.masks.options(MODULE, opts, [b, h, lq, lk], offset > 0, cfg.extra_keys())?;
         let res = attn::sdpa_full(&q, &k, &v, &opts)?;
         let out = res.out.transpose(1, 2)?.reshape((b, lq, e))?; // [B, Lq, E]
         let weights = match (input.need_weights, res.weights) {
             (Some(NeedWeights::Averaged), Some(w)) => Some(w.mean(1)?),
             (_, w) => w,
         };
-        Ok(MhaOutput { out: self.out_proj.forward(&out)?, weights })
+        Ok(MhaOutput { out: layout.restore(self.out_proj.forward(&out)?)?, weights: layout.weights(weights)? })
+    }
+
+    /// `k`, `v: [B, Hkv, Lk, hd]` followed by `bias_k`/`bias_v` (`add_bias_kv`) and a zero key and
+    /// value (`add_zero_attn`).
+    fn append_extra_keys(&self, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
+        let (b, hkv, _, hd) = k.dims4()?;
+        let (mut ks, mut vs) = (vec![k], vec![v]);
+        if let Some((bias_k, bias_v)) = &self.bias_kv {
+            let row = |t: &Tensor| -> Result<Tensor> { Ok(t.reshape((1, hkv, 1, hd))?.broadcast_as((b, hkv, 1, hd))?) };
+            ks.push(row(bias_k)?);
+            vs.push(row(bias_v)?);
+        }
+        if self.cfg.add_zero_attn {
+            let zeros = Tensor::zeros((b, hkv, 1, hd), ks[0].dtype(), ks[0].device())?;
+            ks.push(zeros.clone());
+            vs.push(zeros);
+        }
+        if ks.len() == 1 {
+            return Ok((ks.remove(0), vs.remove(0)));
+        }
+        Ok((Tensor::cat(&ks, 2)?, Tensor::cat(&vs, 2)?))
     }
 
     /// RoPE on `x: [B, n, L, hd]` at positions from `offset`, when configured.

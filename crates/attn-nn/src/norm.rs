@@ -1,19 +1,38 @@
-//! Layer normalisation over the last dimension, PyTorch's `nn.LayerNorm` (`weight`, `bias`, `eps`),
-//! through this crate's fused op with its own backward ([`crate::fused::layer_norm`]): candle-nn's
-//! `LayerNorm` takes a fused fast path with no backward for contiguous inputs, which would silently
-//! cut gradients.
+//! Layer normalisation over the last dimension, PyTorch's `nn.LayerNorm` (`weight`, `bias`, `eps`,
+//! `elementwise_affine`, `bias=False`), through this crate's fused op with its own backward
+//! ([`crate::fused::layer_norm`]): candle-nn's `LayerNorm` takes a fused fast path with no
+//! backward for contiguous inputs, which would silently cut gradients.
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::error::Result;
 
+/// PyTorch's `nn.LayerNorm` arguments beyond the width.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerNormConfig {
+    /// Added to the variance (PyTorch: 1e-5).
+    pub eps: f64,
+    /// Learned `weight` (and `bias` when `bias`); without, `y = (x − mean) / sqrt(var + eps)` and
+    /// the module has no parameters (PyTorch's `elementwise_affine=False`).
+    pub elementwise_affine: bool,
+    /// A learned `bias` (with `elementwise_affine`; PyTorch's `bias=False` drops it).
+    pub bias: bool,
+}
+
+impl LayerNormConfig {
+    /// PyTorch's defaults with `eps`: affine, with a bias.
+    pub fn new(eps: f64) -> Self {
+        Self { eps, elementwise_affine: true, bias: true }
+    }
+}
+
 /// `y = (x − mean) / sqrt(var + eps) · weight + bias` over the last dimension (biased variance).
 #[derive(Debug, Clone)]
 pub struct LayerNorm {
-    /// `[D]`.
+    /// `[D]`: the learned weight, or ones.
     weight: Tensor,
-    /// `[D]`.
+    /// `[D]`: the learned bias, or zeros.
     bias: Tensor,
     eps: f64,
 }
@@ -21,9 +40,22 @@ pub struct LayerNorm {
 impl LayerNorm {
     /// Loads `weight` and `bias` of width `dim` (PyTorch initialises them to ones and zeros).
     pub fn new(dim: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
-        let weight = vb.get_with_hints(dim, "weight", candle_nn::Init::Const(1.0))?;
-        let bias = vb.get_with_hints(dim, "bias", candle_nn::Init::Const(0.0))?;
-        Ok(Self { weight, bias, eps })
+        Self::with_config(dim, LayerNormConfig::new(eps), vb)
+    }
+
+    /// Loads what `cfg` asks for under `vb`: `weight` with `elementwise_affine`, `bias` with
+    /// both; the missing ones are constants (ones, zeros) that take no gradient.
+    pub fn with_config(dim: usize, cfg: LayerNormConfig, vb: VarBuilder) -> Result<Self> {
+        let learned = |on: bool, name: &str, value: f64| -> Result<Tensor> {
+            Ok(if on {
+                vb.get_with_hints(dim, name, candle_nn::Init::Const(value))?
+            } else {
+                (Tensor::ones(dim, DType::F32, vb.device())? * value)?.to_dtype(vb.dtype())?
+            })
+        };
+        let weight = learned(cfg.elementwise_affine, "weight", 1.0)?;
+        let bias = learned(cfg.elementwise_affine && cfg.bias, "bias", 0.0)?;
+        Ok(Self { weight, bias, eps: cfg.eps })
     }
 
     /// `x: [.., D]` → `[.., D]`.

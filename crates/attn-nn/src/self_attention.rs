@@ -77,10 +77,10 @@ impl SelfAttention {
 
     /// `x: [B, L, d_model]` → `out: [B, L, d_v]` and, when `need_weights`, `[B, L, L]`.
     pub fn forward(&self, x: &Tensor, masks: &AttnMasks, need_weights: bool) -> Result<SelfAttentionOutput> {
-        let (b, l) = expect_bld(MODULE, "x", x, self.cfg.d_model)?;
+        let (b, l) = expect_bld(MODULE, "x", x, self.cfg.d_model, self.w_q.weight().dtype())?;
         let head = |p: &Linear| -> Result<Tensor> { Ok(p.forward(x)?.unsqueeze(1)?) }; // [B, 1, L, d]
         let opts = SdpaOptions::default().kernel(self.cfg.kernel).return_weights(need_weights);
-        let opts = masks.options(MODULE, opts, [b, 1, l, l], false)?;
+        let opts = masks.options(MODULE, opts, [b, 1, l, l], false, 0)?;
         let res = attn::sdpa_full(&head(&self.w_q)?, &head(&self.w_k)?, &head(&self.w_v)?, &opts)?;
         Ok(SelfAttentionOutput { out: res.out.squeeze(1)?, weights: res.weights.map(|w| w.squeeze(1)).transpose()? })
     }

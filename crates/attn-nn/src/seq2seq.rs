@@ -84,9 +84,17 @@ pub struct Greedy {
 }
 
 impl Seq2Seq {
-    /// Loads (or creates) the weights under `vb`.
+    /// Loads (or creates) the weights under `vb`. The token ids are `[B, L]`, so the layers must be
+    /// batch first.
     pub fn new(cfg: Seq2SeqConfig, vb: VarBuilder) -> Result<Self> {
         let layer = &cfg.transformer.layer;
+        if !layer.batch_first {
+            return Err(NnError::Config {
+                module: "Seq2Seq",
+                field: "transformer.layer.batch_first",
+                reason: "false, but the model reads [B, L] token ids and runs its layers batch first".into(),
+            });
+        }
         let d = layer.d_model;
         let embed = |n, name| -> Result<Embedding> {
             let w =

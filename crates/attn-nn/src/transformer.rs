@@ -1,6 +1,7 @@
-//! PyTorch's `nn.Transformer` (batch first): an encoder stack and a decoder stack, each with a
-//! final LayerNorm. Weights: `encoder.layers.{i}.*`, `encoder.norm.*`, `decoder.layers.{i}.*`,
-//! `decoder.norm.*`.
+//! PyTorch's `nn.Transformer` (batch first by default, sequence first or unbatched as configured):
+//! an encoder stack and a decoder stack, each with a final LayerNorm. Weights:
+//! `encoder.layers.{i}.*`, `encoder.norm.*`, `decoder.layers.{i}.*`, `decoder.norm.*` (no biases
+//! without `layer.bias`, the final norms' included, as in PyTorch).
 
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
@@ -43,9 +44,9 @@ pub struct Seq2SeqMasks {
 /// What [`Transformer::forward`] returns.
 #[derive(Debug, Clone)]
 pub struct TransformerOutput {
-    /// The decoder's output `[B, Lt, d_model]`.
+    /// The decoder's output `[B, Lt, d_model]`, laid out like the inputs.
     pub out: Tensor,
-    /// The encoder's output `[B, Ls, d_model]`.
+    /// The encoder's output `[B, Ls, d_model]`, laid out like the inputs.
     pub memory: Tensor,
     /// Per encoder layer, its self-attention weights (when asked).
     pub encoder_weights: Vec<Tensor>,
@@ -93,15 +94,16 @@ impl Transformer {
         &self.decoder
     }
 
-    /// `src: [B, Ls, d_model]`, `tgt: [B, Lt, d_model]` → `[B, Lt, d_model]`.
+    /// `src: [B, Ls, d_model]`, `tgt: [B, Lt, d_model]` (both `[L, B, d_model]` with
+    /// `batch_first` off, or unbatched `[L, d_model]`) → `tgt`'s shape.
     pub fn forward(&self, src: &Tensor, tgt: &Tensor, masks: &Seq2SeqMasks, run: Run) -> Result<TransformerOutput> {
         let enc = self.encoder.forward(src, &masks.src, run)?;
         let decoder = self.decoder.forward(tgt, &enc.out, &masks.tgt, &masks.memory, run, None)?;
         Ok(TransformerOutput { out: decoder.out.clone(), memory: enc.out, encoder_weights: enc.self_weights, decoder })
     }
 
-    /// One decoding step: `tgt: [B, Lnew, d_model]` (the new positions) over `memory`, through
-    /// `cache` (causal, bottom-right aligned).
+    /// One decoding step: `tgt: [B, Lnew, d_model]` (the new positions, laid out as configured)
+    /// over `memory`, through `cache` (causal, bottom-right aligned).
     pub fn decode_step(
         &self,
         tgt: &Tensor,

@@ -1,5 +1,6 @@
 //! Incremental decoding through the KV caches gives what the full causal forward gives: for
-//! multi-head self-attention (with grouped-query heads and RoPE, whose offsets follow the cache),
+//! multi-head self-attention (with grouped-query heads and RoPE, whose offsets follow the cache, and
+//! with `add_bias_kv`/`add_zero_attn`, whose keys are appended after the cache at every step),
 //! for cross-attention (keys/values projected once), for a decoder stack, and for the Seq2Seq
 //! model's greedy decoding against re-running the whole prefix at every step.
 
@@ -24,9 +25,21 @@ fn steps(x: &Tensor, from: usize, n: usize) -> Tensor {
 
 #[test]
 fn self_attention_step_by_step_equals_the_causal_forward() {
-    for (hkv, rope) in [(4, None), (2, Some(RopeConfig::default())), (1, Some(RopeConfig { base: 500.0 }))] {
+    let cases = [
+        (4, None, false),
+        (2, Some(RopeConfig::default()), false),
+        (1, Some(RopeConfig { base: 500.0 }), false),
+        (2, None, true),
+    ];
+    for (hkv, rope, extra_keys) in cases {
         let (_map, vb) = fresh();
-        let cfg = MultiHeadAttentionConfig { num_kv_heads: Some(hkv), rope, ..MultiHeadAttentionConfig::new(16, 4) };
+        let cfg = MultiHeadAttentionConfig {
+            num_kv_heads: Some(hkv),
+            rope,
+            add_bias_kv: extra_keys,
+            add_zero_attn: extra_keys,
+            ..MultiHeadAttentionConfig::new(16, 4)
+        };
         let m = MultiHeadAttention::new(cfg, vb).unwrap();
         let x = uniform(&[2, 7, 16], 1);
         let full = m.forward(MhaInput::self_attention(&x).masks(AttnMasks::causal())).unwrap().out;
@@ -41,7 +54,7 @@ fn self_attention_step_by_step_equals_the_causal_forward() {
         assert_eq!(cache.len(), 7);
         let stepped = Tensor::cat(&parts, 1).unwrap();
         let d = max_diff(&full, &stepped);
-        assert!(d < 1e-5, "hkv {hkv}, rope {rope:?}: step-by-step differs by {d}");
+        assert!(d < 1e-5, "hkv {hkv}, rope {rope:?}, bias_kv/zero_attn {extra_keys}: step-by-step differs by {d}");
     }
 }
 

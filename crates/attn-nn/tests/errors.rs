@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use attn::Mask;
 use attn_nn::{
     AdditiveAttention, AdditiveAttentionConfig, AttnMask, AttnMasks, EncoderLayer, LayerConfig, MhaInput,
-    MultiHeadAttention, MultiHeadAttentionConfig, NnError, RopeConfig, Run,
+    MultiHeadAttention, MultiHeadAttentionConfig, NnError, RopeConfig, Run, Seq2Seq, Seq2SeqConfig, TransformerConfig,
 };
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -49,6 +49,11 @@ fn bad_configs_are_refused_with_the_field() {
         fresh().1,
     );
     assert!(matches!(additive, Err(NnError::Config { field: "dropout", .. })));
+    let mut transformer = TransformerConfig::new(8, 2);
+    transformer.layer.batch_first = false;
+    let cfg = Seq2SeqConfig { src_vocab: 5, tgt_vocab: 5, pad_id: 0, max_len: 8, transformer };
+    let seq2seq = Seq2Seq::new(cfg, fresh().1);
+    assert!(matches!(seq2seq, Err(NnError::Config { module: "Seq2Seq", .. })), "{seq2seq:?}");
 }
 
 fn input_error(r: Result<attn_nn::MhaOutput, NnError>, input: &str) {
@@ -63,7 +68,10 @@ fn bad_inputs_are_refused_with_the_input() {
     let m = mha(MultiHeadAttentionConfig::new(8, 2)).unwrap();
     let x = uniform(&[2, 3, 8], 1);
     input_error(m.forward(MhaInput::self_attention(&uniform(&[2, 3, 6], 2))), "query");
-    input_error(m.forward(MhaInput::self_attention(&uniform(&[3, 8], 2))), "query");
+    input_error(m.forward(MhaInput::self_attention(&uniform(&[1, 2, 3, 8], 2))), "query");
+    // Unbatched `[L, E]` queries are taken, but then the keys must be unbatched too.
+    let unbatched = uniform(&[3, 8], 2);
+    input_error(m.forward(MhaInput::new(&unbatched, &x, &x)), "key");
     input_error(m.forward(MhaInput::new(&x, &uniform(&[2, 4, 7], 3), &uniform(&[2, 4, 8], 4))), "key");
     input_error(m.forward(MhaInput::new(&x, &uniform(&[1, 4, 8], 3), &uniform(&[1, 4, 8], 4))), "key/value");
     input_error(m.forward(MhaInput::new(&x, &uniform(&[2, 4, 8], 3), &uniform(&[2, 5, 8], 4))), "key/value");
@@ -107,4 +115,22 @@ fn layers_refuse_inputs_of_the_wrong_width() {
     let layer = EncoderLayer::new(&cfg, fresh().1).unwrap();
     let err = layer.forward(&uniform(&[2, 3, 5], 1), &AttnMasks::default(), Run::eval()).unwrap_err();
     assert!(matches!(err, NnError::Input { module: "EncoderLayer", input: "src", .. }), "{err}");
+}
+
+/// An `f64` input to `f32` weights is a typed error naming the module, the input and both dtypes,
+/// not candle's matrix-product failure.
+#[test]
+fn an_input_of_another_dtype_than_the_weights_is_named() {
+    let m = mha(MultiHeadAttentionConfig::new(8, 2)).unwrap();
+    let x = uniform(&[2, 3, 8], 1).to_dtype(DType::F64).unwrap();
+    let msg = m.forward(MhaInput::self_attention(&x)).unwrap_err().to_string();
+    for part in ["MultiHeadAttention", "query", "F64", "F32"] {
+        assert!(msg.contains(part), "`{part}` missing from: {msg}");
+    }
+    assert!(!msg.contains("candle"), "a raw candle error: {msg}");
+    let layer = EncoderLayer::new(&LayerConfig { dim_feedforward: 16, ..LayerConfig::new(8, 2) }, fresh().1).unwrap();
+    let msg = layer.forward(&x, &AttnMasks::default(), Run::eval()).unwrap_err().to_string();
+    for part in ["EncoderLayer", "src", "F64", "F32"] {
+        assert!(msg.contains(part), "`{part}` missing from: {msg}");
+    }
 }

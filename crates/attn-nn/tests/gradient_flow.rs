@@ -50,6 +50,27 @@ fn multi_head_attention_trains_with_gqa_rope_and_dropout() {
 }
 
 #[test]
+fn multi_head_attention_trains_with_bias_kv_zero_attn_sequence_first() {
+    let (map, vb) = fresh();
+    let cfg = MultiHeadAttentionConfig {
+        add_bias_kv: true,
+        add_zero_attn: true,
+        batch_first: false,
+        dropout: 0.2,
+        ..MultiHeadAttentionConfig::new(16, 4)
+    };
+    let m = MultiHeadAttention::new(cfg, vb).unwrap();
+    let x = input(&[6, 2, 16], 15); // [L, B, E]
+    let pad =
+        Tensor::new(&[[0f32, 0., 0., -1., f32::NEG_INFINITY, 0.], [0., 0.5, 0., 0., 0., 0.]], &Device::Cpu).unwrap();
+    let masks = AttnMasks::causal().key_padding(AttnMask::Additive(pad));
+    let out = m.forward(MhaInput::self_attention(&x).masks(masks).mode(Mode::Train)).unwrap().out;
+    assert_eq!(out.dims(), [6, 2, 16]);
+    // in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, bias_k, bias_v.
+    assert_trains(&map, &[("x", &x)], &out, 6);
+}
+
+#[test]
 fn cross_attention_with_other_key_and_value_widths_trains() {
     let (map, vb) = fresh();
     let cfg = MultiHeadAttentionConfig { kdim: Some(10), vdim: Some(7), ..MultiHeadAttentionConfig::new(16, 2) };
@@ -84,6 +105,25 @@ fn encoder_layers_train_post_and_pre_norm() {
         // self_attn (4), linear1 (2), linear2 (2), norm1 (2), norm2 (2).
         assert_trains(&map, &[("src", &x)], &out, 12);
     }
+}
+
+#[test]
+fn layers_without_biases_train_on_unbatched_inputs() {
+    let cfg = LayerConfig { bias: false, ..layer_cfg(true, Activation::Relu) };
+    let (map, vb) = fresh();
+    let m = EncoderLayer::new(&cfg, vb).unwrap();
+    let x = input(&[5, 16], 16); // [L, d_model]
+    let out = m.forward(&x, &AttnMasks::causal(), Run::train()).unwrap().out;
+    assert_eq!(out.dims(), [5, 16]);
+    // self_attn (in_proj_weight, out_proj.weight), linear1/2 (2), norm1/2 (2): weights only.
+    assert_trains(&map, &[("src", &x)], &out, 6);
+
+    let (map, vb) = fresh();
+    let m = DecoderLayer::new(&cfg, vb).unwrap();
+    let (t, mem) = (input(&[4, 16], 17), input(&[6, 16], 18));
+    let out = m.forward(&t, &mem, &AttnMasks::causal(), &AttnMasks::default(), Run::train(), None).unwrap().out;
+    // self_attn (2), multihead_attn (2), linear1/2 (2), norm1..3 (3).
+    assert_trains(&map, &[("tgt", &t), ("memory", &mem)], &out, 9);
 }
 
 #[test]

@@ -15,7 +15,7 @@
 //!   attention kernel; the budget catches such a disagreement (see [`a_perturbed_weight_fails`]).
 //!
 //! Position helpers (ALiBi slopes and bias, the sinusoidal table) are checked to `1e-6`.
-//! Loading a state dict with a missing or mis-shaped weight must fail naming the tensor.
+//! Loading a state dict with a missing, mis-shaped or unused weight must fail naming the tensor.
 
 mod parity {
     pub mod fixture;
@@ -27,9 +27,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use attn::{Align, Kernel};
 use attn_nn::position::alibi::{alibi_bias, alibi_slopes};
 use attn_nn::position::sinusoidal::sinusoidal_table;
+use attn_nn::StateDict;
 use attn_testkit::oracle;
 use candle_core::{DType, Device, Tensor};
-use candle_nn::{VarBuilder, VarMap};
 use parity::fixture::{fixture_names, Data, Fixture};
 use parity::models::{build, err, param_tensors, Inputs};
 
@@ -47,26 +47,15 @@ fn flat(t: &Tensor) -> Result<(Vec<usize>, Vec<f32>), String> {
     Ok((t.dims().to_vec(), t.flatten_all().and_then(|t| t.to_dtype(DType::F32)?.to_vec1()).map_err(err)?))
 }
 
-/// Builds the fixture's module with `kernel` on a fresh `VarMap`, checks that its variables are
-/// exactly the fixture's parameters, loads them, and runs forward and backward.
+/// Loads the fixture's state dict into its module, built with `kernel`, through the library's
+/// strict loader into trainable variables (a weight missing, mis-shaped or unused is refused by
+/// name), and runs forward and backward.
 fn compute(fx: &Fixture, kernel: Kernel) -> Result<Results, String> {
-    let varmap = VarMap::new();
-    let model = build(fx, kernel, VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-    let vars = varmap.data().lock().map_err(err)?.clone();
-    let params = param_tensors(fx)?;
-    let made: BTreeSet<&str> = vars.keys().map(String::as_str).collect();
-    let stored: BTreeSet<&str> = params.keys().map(String::as_str).collect();
-    if made != stored {
-        return Err(format!(
-            "{}: the module's variables differ from the state dict: missing from the fixture {:?}, unused {:?}",
-            fx.name,
-            made.difference(&stored).collect::<Vec<_>>(),
-            stored.difference(&made).collect::<Vec<_>>()
-        ));
-    }
-    for (name, var) in &vars {
-        var.set(&params[name]).map_err(|e| format!("{}: loading `{name}`: {e}", fx.name))?;
-    }
+    let state_dict = StateDict::from_tensors(param_tensors(fx)?.into_iter().collect(), fx.name.clone());
+    let loaded = state_dict
+        .build_trainable(DType::F32, &Device::Cpu, |vb| build(fx, kernel, vb).map_err(anyhow::Error::msg))
+        .map_err(|e| format!("{}: {e}", fx.name))?;
+    let (model, vars) = (&loaded.module, loaded.named_parameters());
     let inputs = Inputs::from_fixture(fx)?;
     let o = model.forward(&inputs)?;
     let mut results = Results::new();
@@ -232,15 +221,22 @@ parity_cases!(
     mha_self_padding,
     mha_cross_kdim_vdim,
     mha_float_mask_nobias,
+    mha_bias_kv_causal,
+    mha_zero_attn_seq_first,
+    mha_unbatched_bias_kv_zero_attn,
     gqa_causal,
     gqa_rope_mqa,
     encoder_post_relu_padding,
     encoder_pre_gelu_causal,
     decoder_causal_padding,
+    encoder_no_bias_seq_first,
+    decoder_no_bias_unbatched,
     transformer,
+    transformer_no_bias_seq_first,
     seq2seq,
     self_attention,
     additive,
+    layer_norm_no_affine,
     alibi_8,
     alibi_6,
     sinusoidal,
@@ -275,8 +271,7 @@ fn state_dict_names_must_match() {
     let bias = missing.tensors.remove("param.out_proj.bias").unwrap();
     let mut unused = fx.clone();
     unused.tensors.insert("param.spare.bias".into(), bias);
-    for (fx, want) in [(missing, r#"missing from the fixture ["out_proj.bias"]"#), (unused, r#"unused ["spare.bias"]"#)]
-    {
+    for (fx, want) in [(missing, "no weight `out_proj.bias`"), (unused, "does not use: spare.bias")] {
         let e = compute(&fx, Kernel::Auto).unwrap_err();
         assert!(e.contains(want), "expected `{want}` in: {e}");
     }
@@ -310,10 +305,13 @@ fn broken_state_dict_is_refused(fault: Fault) {
             dims[0] += 1;
             params.insert(weight.to_string(), Tensor::zeros(dims, DType::F32, &Device::Cpu).unwrap());
         }
-        let vb = VarBuilder::from_tensors(params, DType::F32, &Device::Cpu);
-        match build(&fx, Kernel::Auto, vb) {
+        let state_dict = StateDict::from_tensors(params, case);
+        match state_dict.build(DType::F32, &Device::Cpu, |vb| build(&fx, Kernel::Auto, vb).map_err(anyhow::Error::msg))
+        {
             Ok(_) => panic!("{case}: built with {weight} {fault:?}"),
-            Err(e) => assert!(e.contains(weight), "{case}: {fault:?} {weight}: the error does not name it: {e}"),
+            Err(e) => {
+                assert!(e.to_string().contains(weight), "{case}: {fault:?} {weight}: the error does not name it: {e}")
+            }
         }
     }
 }

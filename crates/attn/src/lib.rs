@@ -10,8 +10,11 @@
 //! - [`random`]: seeded random tensors for examples.
 //! - [`write_file`]: writing a file whole or not at all, with a plainly created file's mode.
 //!
-//! Errors are [`AttnLibError`] values (wrapping candle's and the kernels' errors); bad shapes,
-//! dtypes or devices never panic.
+//! Errors are [`AttnLibError`] values (wrapping candle's and the kernels' errors, on one line);
+//! bad shapes, dtypes or devices never panic.
+//!
+//! [`candle_core`] is re-exported, so a crate using attn can name candle's types in the version
+//! attn is built with (`attn::candle_core::Tensor`) without a `candle-core` entry of its own.
 //!
 //! ```
 //! use attn::{sdpa, SdpaOptions};
@@ -55,6 +58,7 @@ pub mod sdpa;
 pub mod write_file;
 
 pub use attn_kernels::{Align, Dropout, Kernel, Window};
+pub use candle_core;
 pub use error::{AttnLibError, Result};
 pub use mask::{key_lengths_from_tokens, padding_mask, Mask, Polarity};
 pub use options::SdpaOptions;

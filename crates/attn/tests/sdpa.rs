@@ -250,3 +250,19 @@ fn bad_inputs_are_refused_with_named_errors() {
     assert!(matches!(err(sdpa(&q, &q, &q, &opts.clone().scale(f64::NAN))), AttnLibError::Kernel(_)));
     assert!(matches!(err(sdpa(&q, &q, &q, &opts.clone().softcap(-1.0))), AttnLibError::Kernel(_)));
 }
+
+/// A wrapped candle error displays on one line: the backtrace candle attaches under
+/// `RUST_BACKTRACE` is dropped (captured here regardless of the environment) and its context's
+/// line break becomes `: `.
+#[test]
+fn wrapped_candle_errors_display_on_one_line() {
+    let cause = candle_core::Error::Msg("lhs [2, 3] and rhs [2, 3] do not multiply".into());
+    let with_bt = candle_core::Error::WithBacktrace {
+        inner: Box::new(cause),
+        backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+    }
+    .context("projecting the queries");
+    assert!(with_bt.to_string().lines().count() > 2, "candle's own display is several lines: {with_bt}");
+    let e = AttnLibError::from(with_bt);
+    assert_eq!(e.to_string(), "candle: projecting the queries: lhs [2, 3] and rhs [2, 3] do not multiply");
+}

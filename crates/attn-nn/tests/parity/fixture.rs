@@ -177,8 +177,13 @@ impl Config {
 
     /// A boolean; an absent field is `false`.
     pub fn flag(&self, key: &str) -> Result<bool, String> {
+        self.flag_or(key, false)
+    }
+
+    /// A boolean; an absent field is `default` (fixtures older than the field).
+    pub fn flag_or(&self, key: &str, default: bool) -> Result<bool, String> {
         match self.value.get(key) {
-            None => Ok(false),
+            None => Ok(default),
             Some(v) => v.as_bool().map_or_else(|| self.bad(key, "a boolean"), Ok),
         }
     }

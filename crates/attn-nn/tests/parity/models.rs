@@ -8,8 +8,9 @@ use std::fmt::Display;
 use attn::{Kernel, Mask};
 use attn_nn::{
     Activation, AdditiveAttention, AdditiveAttentionConfig, AttnMask, AttnMasks, DecoderLayer, EncoderLayer,
-    LayerConfig, MhaInput, Mode, MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights, RopeConfig, Run,
-    SelfAttention, SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer, TransformerConfig,
+    LayerConfig, LayerNorm, LayerNormConfig, MhaInput, Mode, MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights,
+    RopeConfig, Run, SelfAttention, SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer,
+    TransformerConfig,
 };
 use candle_core::{Device, Tensor, Var};
 use candle_nn::VarBuilder;
@@ -88,14 +89,9 @@ impl Inputs {
     }
 
     /// The masks of one attention call from the fixture's `padding` and `attn` masks (each may be
-    /// absent) and the causal flag.
+    /// absent, boolean or additive) and the causal flag.
     fn attn_masks(&self, padding: &str, attn: &str, causal: bool) -> Result<AttnMasks, String> {
-        let key_padding = match self.masks.get(padding) {
-            None => None,
-            Some(AttnMask::Bool(m)) => Some(m.clone()),
-            Some(AttnMask::Additive(_)) => return Err(format!("{}: `{padding}` is not boolean", self.case)),
-        };
-        Ok(AttnMasks { key_padding, attn: self.masks.get(attn).cloned(), causal })
+        Ok(AttnMasks { key_padding: self.masks.get(padding).cloned(), attn: self.masks.get(attn).cloned(), causal })
     }
 }
 
@@ -151,6 +147,14 @@ pub fn build(fx: &Fixture, kernel: Kernel, vb: VarBuilder) -> Result<Box<dyn Mod
             let cfg = AdditiveAttentionConfig::new(c.usize("query_dim")?, c.usize("key_dim")?, c.usize("hidden")?);
             Box::new(AdditiveAttention::new(cfg, vb).map_err(err)?)
         }
+        "layer_norm" => {
+            let cfg = LayerNormConfig {
+                elementwise_affine: c.flag("elementwise_affine")?,
+                bias: c.flag("bias")?,
+                ..LayerNormConfig::new(c.f64("eps")?)
+            };
+            Box::new(LayerNorm::with_config(c.usize("dim")?, cfg, vb).map_err(err)?)
+        }
         other => return Err(format!("{}: unknown module kind `{other}`", fx.name)),
     })
 }
@@ -168,6 +172,8 @@ fn layer_config(c: &Config, kernel: Kernel) -> Result<LayerConfig, String> {
         activation,
         layer_norm_eps: c.f64("layer_norm_eps")?,
         norm_first: c.flag("norm_first")?,
+        bias: c.flag_or("bias", true)?,
+        batch_first: c.flag_or("batch_first", true)?,
         kernel,
         ..LayerConfig::new(c.usize("d_model")?, c.usize("nhead")?)
     })
@@ -196,6 +202,9 @@ impl Mha {
             kdim: c.opt_usize("kdim")?,
             vdim: c.opt_usize("vdim")?,
             bias: c.flag("bias")?,
+            add_bias_kv: c.flag("add_bias_kv")?,
+            add_zero_attn: c.flag("add_zero_attn")?,
+            batch_first: c.flag_or("batch_first", true)?,
             rope: c.opt_f64("rope")?.map(|base| RopeConfig { base }),
             kernel,
             ..MultiHeadAttentionConfig::new(c.usize("embed_dim")?, c.usize("num_heads")?)
@@ -289,8 +298,13 @@ impl Model for AdditiveAttention {
     }
 }
 
-/// The fixture's parameters as `f32` tensors by PyTorch name (the `VarBuilder::from_tensors`
-/// form of a loaded state dict).
+impl Model for LayerNorm {
+    fn forward(&self, inputs: &Inputs) -> Result<Outputs, String> {
+        Ok(Outputs { out: LayerNorm::forward(self, inputs.float("x")?).map_err(err)?, weights: None })
+    }
+}
+
+/// The fixture's parameters as `f32` tensors by PyTorch name (a state dict in memory).
 pub fn param_tensors(fx: &Fixture) -> Result<BTreeMap<String, Tensor>, String> {
     fx.with_prefix("param.").map(|(name, _)| Ok((name.to_string(), fx.f32_tensor(&format!("param.{name}"))?))).collect()
 }

@@ -122,7 +122,7 @@ pub struct BackwardTuning {
     pub whole_heads: Option<bool>,
     /// The path the forward was forced to take ([`Tuning::path`](super::Tuning::path)); `None`:
     /// its automatic choice. The scores are recomputed with that path's arithmetic (see
-    /// [`BwdCtx::decode_scores`]).
+    /// `BwdCtx::decode_scores`).
     pub forward_path: Option<Path>,
 }
 
