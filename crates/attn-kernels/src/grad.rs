@@ -5,6 +5,7 @@ use crate::alloc::{self, AllocError, Elem};
 use crate::error::{AttnError, Result};
 use crate::problem::Dims;
 use crate::view::View4;
+use crate::Path;
 
 /// Gradients of one attention call.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +47,9 @@ pub struct Saved<'a, T> {
     /// up to half an ulp of `|lse|` relative, a whole row alike). The reference recomputes the
     /// softmax from the scores and needs neither.
     pub lse_residue: Option<&'a [T]>,
+    /// The flash path that scored the keys in the forward ([`AttnOutput::path`](crate::AttnOutput));
+    /// `None`: the path the flash forward would choose for these sizes.
+    pub forward_path: Option<Path>,
     /// The gradient of the output, `dO: [B, Hq, Lq, Dv]`.
     pub dout: View4<'a, T>,
 }
@@ -58,6 +62,7 @@ impl<'a, T: Copy> Saved<'a, T> {
             out: View4::contiguous("out", &fwd.out, out_dims)?,
             lse: &fwd.lse,
             lse_residue: Some(&fwd.lse_residue),
+            forward_path: fwd.path,
             dout,
         })
     }

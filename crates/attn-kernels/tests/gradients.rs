@@ -9,7 +9,7 @@
 mod common;
 mod gradients_parts;
 
-use attn_kernels::{Align, BackwardTuning, Dropout, Kernel, KvView, Saved, View4, Window};
+use attn_kernels::{Align, BackwardTuning, Dropout, Kernel, KvView, Saved, Tuning, View4, Window};
 use common::{broadcast_shape, dims, kernel_tests, random_bias, random_keep, Case, Rng, SHAPE_CODES};
 use gradients_parts::consistency::check_forward_path_consistency;
 use gradients_parts::finite_diff::assert_finite_differences;
@@ -176,7 +176,7 @@ fn check_gqa_and_half_kv(kernel: Kernel) {
                 KvView::Bf16(View4::contiguous("v", &vb, case.v_dims()).unwrap()),
             )
         };
-        let fast = grads_kv(&case, kernel, BackwardTuning::default(), &k, &v, &dout).unwrap();
+        let fast = grads_kv(&case, kernel, (Tuning::default(), BackwardTuning::default()), &k, &v, &dout).unwrap();
         let g64 = grads64(&widened, &dout);
         let g32 = grads(&widened, Kernel::Reference, &dout).unwrap();
         assert_grads(&format!("{} {half} K/V", kernel.name()), &fast, &g64, &g32, None);
@@ -282,7 +282,7 @@ fn check_empty_and_errors(kernel: Kernel) {
         &q,
         &k,
         &v,
-        &Saved { out, lse: &fwd.lse, lse_residue: None, dout: bad_dout },
+        &Saved { out, lse: &fwd.lse, lse_residue: None, forward_path: None, dout: bad_dout },
         &params,
         false,
     )
@@ -294,7 +294,7 @@ fn check_empty_and_errors(kernel: Kernel) {
         &q,
         &k,
         &v,
-        &Saved { out, lse: &fwd.lse[1..], lse_residue: None, dout },
+        &Saved { out, lse: &fwd.lse[1..], lse_residue: None, forward_path: None, dout },
         &params,
         false,
     )

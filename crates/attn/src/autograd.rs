@@ -33,6 +33,8 @@ struct ForwardState {
     lse: Vec<f32>,
     /// `lse`'s rounding residue, which makes the backward's probabilities as exact as the forward's.
     lse_residue: Vec<f32>,
+    /// The flash path that scored the keys, which the backward scores them by again.
+    path: Option<attn_kernels::Path>,
     weights: Option<Vec<f32>>,
     /// Why the forward failed, kept typed (candle's error would only carry its text).
     error: Option<AttnLibError>,
@@ -113,7 +115,10 @@ impl SdpaOp {
         let host = self.opts.kernel_params::<f32>()?;
         let params = host.attn_params()?;
         let r = attention(self.opts.kernel, q, &kv[0], &kv[1], &params, self.opts.return_weights)?;
-        Ok((r.out, ForwardState { lse: r.lse, lse_residue: r.lse_residue, weights: r.weights, error: None }))
+        Ok((
+            r.out,
+            ForwardState { lse: r.lse, lse_residue: r.lse_residue, path: r.path, weights: r.weights, error: None },
+        ))
     }
 
     fn run_backward(
@@ -135,9 +140,9 @@ impl SdpaOp {
         let kv = self.kv(s2c, l2, s3c, l3)?;
         let out = view4::<f32>("out", cpu(&os)?, ol)?;
         let dout = view4::<f32>("grad_out", cpu(&gs)?, gl)?;
-        let (lse, lse_residue) = {
+        let (lse, lse_residue, forward_path) = {
             let s = self.saved.lock().unwrap_or_else(|e| e.into_inner());
-            (copy_lse(&s.lse)?, copy_lse(&s.lse_residue)?)
+            (copy_lse(&s.lse)?, copy_lse(&s.lse_residue)?, s.path)
         };
         let host = self.opts.kernel_params::<f32>()?;
         let params = host.attn_params()?;
@@ -147,7 +152,7 @@ impl SdpaOp {
             &q,
             &kv[0],
             &kv[1],
-            &Saved { out, lse: &lse, lse_residue: Some(&lse_residue), dout },
+            &Saved { out, lse: &lse, lse_residue: Some(&lse_residue), forward_path, dout },
             &params,
             want_dbias,
         )?)

@@ -114,12 +114,13 @@ pub(crate) fn forward<E: KvElem>(
     let (run, w) = entry::of::<E>(isa);
     let cx = Ctx { pb, q: *q, k: *k, v: *v };
     let d = pb.dims;
-    let AttnOutput { mut out, mut lse, mut lse_residue, mut weights } =
+    let AttnOutput { mut out, mut lse, mut lse_residue, mut weights, .. } =
         AttnOutput::alloc(&d, want_weights, 0.0, f32::NEG_INFINITY)?;
-    if out.is_empty() && lse.is_empty() {
-        return Ok(AttnOutput { out, lse, lse_residue, weights });
-    }
     let plan = Plan::new(&d, w, want_weights, tuning, rayon::current_num_threads());
+    let path = Some(if plan.decode { Path::Decode } else { Path::Prefill });
+    if out.is_empty() && lse.is_empty() {
+        return Ok(AttnOutput { out, lse, lse_residue, weights, path });
+    }
     let plen = plan.panel_len;
     let mut outs = Rest { o: &mut out, lse: &mut lse, residue: &mut lse_residue, w: weights.as_deref_mut() };
     for chunk in plan.chunks(d.hkv) {
@@ -143,7 +144,7 @@ pub(crate) fn forward<E: KvElem>(
         }
         workspace::give(panels);
     }
-    Ok(AttnOutput { out, lse, lse_residue, weights })
+    Ok(AttnOutput { out, lse, lse_residue, weights, path })
 }
 
 isa_entries!(run(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work));

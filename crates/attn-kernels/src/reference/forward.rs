@@ -20,7 +20,7 @@ pub fn reference<T: Real>(
 ) -> Result<AttnOutput<T>> {
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     let d = pb.dims;
-    let AttnOutput { mut out, mut lse, mut lse_residue, mut weights } =
+    let AttnOutput { mut out, mut lse, mut lse_residue, mut weights, .. } =
         AttnOutput::alloc(&d, want_weights, T::zero(), T::neg_infinity())?;
     let mut scores: Vec<Option<Score<T>>> = alloc::filled("scores of a row", &[d.lk], None)?;
     for b in 0..d.b {
@@ -54,5 +54,5 @@ pub fn reference<T: Real>(
             }
         }
     }
-    Ok(AttnOutput { out, lse, lse_residue, weights })
+    Ok(AttnOutput { out, lse, lse_residue, weights, path: None })
 }

@@ -48,6 +48,10 @@ pub struct AttnOutput<T> {
     pub lse_residue: Vec<T>,
     /// Softmax weights before dropout, `[B, Hq, Lq, Lk]`, when asked for.
     pub weights: Option<Vec<T>>,
+    /// The flash path that scored the keys (`None`: the reference kernel). The backward scores them
+    /// the same way ([`Saved::forward_path`](crate::Saved)), so that its `S` is bit for bit the
+    /// forward's and `P = exp(S − lse)` matches the forward's log-sum-exp.
+    pub path: Option<crate::Path>,
 }
 
 impl<T: Elem> AttnOutput<T> {
@@ -64,6 +68,7 @@ impl<T: Elem> AttnOutput<T> {
             lse: alloc::filled("log-sum-exp", &d.lse_shape(), lse)?,
             lse_residue: alloc::filled("log-sum-exp residue", &d.lse_shape(), zero)?,
             weights,
+            path: None,
         })
     }
 }

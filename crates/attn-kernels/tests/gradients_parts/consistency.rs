@@ -3,9 +3,11 @@
 //! rebuilds `P = exp(S − lse)` from the forward's log-sum-exp. Scored the other path's way, every
 //! probability of a row is off by about one ulp of `|S|` relative (several ulp of `P` when
 //! scores are large), which random tests with small scores do not show; summed over rows it
-//! doubled to quadrupled `dV`'s error and failed the `seq2seq` module's PyTorch parity.
+//! doubled to quadrupled `dV`'s error and failed the `seq2seq` module's PyTorch parity. The
+//! backward learns the forward's path from what the forward saved (`AttnOutput::path`, handed on
+//! by `Saved::of`), so a forward forced onto either path is followed.
 
-use attn_kernels::{BackwardTuning, Kernel, Path};
+use attn_kernels::{BackwardTuning, Kernel, Path, Tuning};
 
 use super::harness::{grads64, grads_tuned, random_dout};
 use crate::common::{dims, Case};
@@ -21,7 +23,7 @@ fn rms(x: &[f32], r: &[f64]) -> f64 {
 /// the backward scored the other path's way).
 pub fn check_forward_path_consistency(kernel: Kernel) {
     for path in [Path::Decode, Path::Prefill] {
-        let tuning = BackwardTuning { forward_path: Some(path), ..BackwardTuning::default() };
+        let tuning = (Tuning { path: Some(path), shards: None }, BackwardTuning::default());
         let mut sums = [[0.0f64; 2]; 3];
         for seed in 0..8 {
             let d = dims(2, 2, 1, 5, 7, 8, 8);

@@ -42,43 +42,43 @@ pub fn out_dims(case: &Case) -> [usize; 4] {
 /// The flash backward's plans that [`check_grads`] forces besides the automatic one: keys in
 /// one shard or split (with `dq` partials), queries transposed per head or per tile.
 pub const FORCED_BACKWARD_PLANS: [BackwardTuning; 3] = [
-    BackwardTuning { shards: Some(1), whole_heads: Some(true), forward_path: None },
-    BackwardTuning { shards: Some(3), whole_heads: Some(false), forward_path: None },
-    BackwardTuning { shards: Some(2), whole_heads: Some(true), forward_path: None },
+    BackwardTuning { shards: Some(1), whole_heads: Some(true) },
+    BackwardTuning { shards: Some(3), whole_heads: Some(false) },
+    BackwardTuning { shards: Some(2), whole_heads: Some(true) },
 ];
 
 /// `kernel`'s forward then backward on `f32` K/V (the reference kernel is naive32).
 pub fn grads(case: &Case, kernel: Kernel, dout: &[f32]) -> attn_kernels::Result<AttnGrads<f32>> {
-    grads_tuned(case, kernel, BackwardTuning::default(), dout)
+    grads_tuned(case, kernel, (Tuning::default(), BackwardTuning::default()), dout)
 }
 
-/// [`grads`] with the backward's plan forced.
+/// [`grads`] with the forward's and the backward's plans forced.
 pub fn grads_tuned(
     case: &Case,
     kernel: Kernel,
-    tuning: BackwardTuning,
+    tunings: (Tuning, BackwardTuning),
     dout: &[f32],
 ) -> attn_kernels::Result<AttnGrads<f32>> {
     let k = View4::contiguous("k", &case.k, case.k_dims())?;
     let v = View4::contiguous("v", &case.v, case.v_dims())?;
-    grads_kv(case, kernel, tuning, &KvView::F32(k), &KvView::F32(v), dout)
+    grads_kv(case, kernel, tunings, &KvView::F32(k), &KvView::F32(v), dout)
 }
 
-/// `kernel`'s forward (on the path `tuning.forward_path` when given) then backward with K/V in
-/// any storage type.
+/// `kernel`'s forward then backward, each on its plan, with K/V in any storage type; the backward
+/// takes what the forward saved ([`Saved::of`]), its path included.
 pub fn grads_kv(
     case: &Case,
     kernel: Kernel,
-    tuning: BackwardTuning,
+    (forward, backward): (Tuning, BackwardTuning),
     k: &KvView,
     v: &KvView,
     dout: &[f32],
 ) -> attn_kernels::Result<AttnGrads<f32>> {
     let params = case.params(case.bias.as_ref().map(|m| &m.data[..]));
     let q = View4::contiguous("q", &case.q, case.q_dims())?;
-    let fwd = attention_tuned(kernel, Tuning { path: tuning.forward_path, shards: None }, &q, k, v, &params, false)?;
+    let fwd = attention_tuned(kernel, forward, &q, k, v, &params, false)?;
     let dout = View4::contiguous("grad_out", dout, out_dims(case))?;
-    attention_backward_tuned(kernel, tuning, &q, k, v, &Saved::of(&fwd, out_dims(case), dout)?, &params, true)
+    attention_backward_tuned(kernel, backward, &q, k, v, &Saved::of(&fwd, out_dims(case), dout)?, &params, true)
 }
 
 /// Checks `fast` against the oracle `g64` with `g32` as the baseline, every gradient; panics
@@ -136,7 +136,8 @@ pub fn check_grads(kernel: Kernel, case: &Case, what: &str) -> AttnGrads<f32> {
     let terms = dbias_terms(case, &dout);
     if kernel != Kernel::Reference {
         for tuning in FORCED_BACKWARD_PLANS {
-            let forced = grads_tuned(case, kernel, tuning, &dout).unwrap_or_else(|e| panic!("{label} {tuning:?}: {e}"));
+            let forced = grads_tuned(case, kernel, (Tuning::default(), tuning), &dout)
+                .unwrap_or_else(|e| panic!("{label} {tuning:?}: {e}"));
             assert_grads(&format!("{label} {tuning:?}"), &forced, &g64, &g32, terms.as_deref());
         }
     }

@@ -120,10 +120,6 @@ pub struct BackwardTuning {
     /// Force transposing each job's queries and output gradients once for all its key blocks
     /// (`true`) or tile by tile (`false`).
     pub whole_heads: Option<bool>,
-    /// The path the forward was forced to take ([`Tuning::path`](super::Tuning::path)); `None`:
-    /// its automatic choice. The scores are recomputed with that path's arithmetic (see
-    /// `BwdCtx::decode_scores`).
-    pub forward_path: Option<Path>,
 }
 
 /// Gradients with instruction set `isa` (which must be available) of the call validated into
@@ -180,7 +176,7 @@ pub(crate) fn backward<E: KvElem>(
             dbias: g.dbias.as_deref_mut().map(Mutex::new),
             shards,
             whole_heads: tuning.whole_heads,
-            decode_scores: tuning.forward_path.map_or(plan::decodes(&d), |p| p == Path::Decode),
+            decode_scores: saved.forward_path.map_or(plan::decodes(&d), |p| p == Path::Decode),
         };
         let jobs: Vec<BwdJob> = (0..shards)
             .flat_map(|shard| (0..units).map(move |u| BwdJob { b: u / d.hkv, kvh: u % d.hkv, shard }))
