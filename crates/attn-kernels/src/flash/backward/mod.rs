@@ -20,6 +20,7 @@
 //! - `dbias` (only when asked for) may be shared by many jobs through broadcasting, so each tile
 //!   adds its `dS` under one lock (an `O(tile)` addition after `O(tile · D)` of arithmetic).
 
+mod rows;
 mod tile;
 
 use std::marker::PhantomData;

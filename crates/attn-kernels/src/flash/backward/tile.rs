@@ -12,6 +12,7 @@
 //!    forward's `pv` micro-kernel; key rows holding a non-finite number are added one product
 //!    at a time, skipping the rows that mask them.
 
+use super::rows::{dot_as_panel, grad_scores, scale_masked};
 use super::{BwdCtx, BwdJob, KEY_BLOCK, TILE_ROWS};
 use crate::flash::block::{head, rows_per_call, with_rows};
 use crate::flash::forward::accumulate::pv_block;
@@ -68,7 +69,6 @@ fn grow(v: &mut Vec<f32>, n: usize) {
 pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork) {
     let d = cx.pb.dims;
     let g = d.group();
-    let pw = 2 * S::W;
     for v in [&mut w.s, &mut w.p, &mut w.pd, &mut w.dp, &mut w.dcap] {
         grow(v, TILE_ROWS * LDB);
     }
@@ -129,7 +129,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
                 let nr = TILE_ROWS.min(ib - i0);
                 let dq_rows = &mut dq[((h - job.kvh * g) * d.lq + i0) * d.dk..][..nr * d.dk];
                 // SAFETY: forwarded from the caller; rows `i0..i0+nr` and keys `j0..j0+n` exist.
-                unsafe { tile::<S, E>(cx, job, w, whole, h, i0, nr, j0, n, pw, dq_rows) };
+                unsafe { tile::<S, E>(cx, job, w, whole, TileAt { h, i0, nr, j0, n }, dq_rows) };
             }
         }
         let at = (unit * d.lk + j0) * d.dk;
@@ -205,30 +205,49 @@ unsafe fn panel_product<S: Simd>(
     }
 }
 
-/// One tile: rows `i0..i0+nr` of query head `h` against keys `j0..j0+n` of the job's block.
-///
-/// # Safety
-/// CPU supports `S`; the rows and keys exist; `w`'s buffers are sized by [`run_job`].
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile<S: Simd, E: KvElem>(
-    cx: &BwdCtx<E>,
-    job: &BwdJob,
-    w: &mut BwdWork,
-    whole: bool,
+/// Where one tile sits: query rows `i0..i0+nr` of head `h` against keys `j0..j0+n` of the job's
+/// block.
+#[derive(Debug, Clone, Copy)]
+struct TileAt {
     h: usize,
     i0: usize,
     nr: usize,
     j0: usize,
     n: usize,
-    pw: usize,
+}
+
+/// One tile through the module header's steps 1 to 3.
+///
+/// # Safety
+/// CPU supports `S`; the rows and keys exist; `w`'s buffers are sized by [`run_job`].
+#[inline(always)]
+unsafe fn tile<S: Simd, E: KvElem>(
+    cx: &BwdCtx<E>,
+    job: &BwdJob,
+    w: &mut BwdWork,
+    whole: bool,
+    t: TileAt,
     dq: &mut [f32],
 ) {
-    let pb = cx.pb;
-    let d = pb.dims;
-    let b = job.b;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        products::<S, E>(cx, job, w, whole, t);
+        score_grads::<S>(cx, job, w, t);
+        accumulate::<S, E>(cx, job, w, t, dq);
+    }
+}
+
+/// Step 1: the tile's scores `S` into `w.s` and `dP̄ = dO·Vᵀ` into `w.dp`, the queries and output
+/// gradients transposed first when the job did not transpose its whole heads.
+///
+/// # Safety
+/// As [`tile`].
+#[inline(always)]
+unsafe fn products<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork, whole: bool, t: TileAt) {
+    let d = cx.pb.dims;
+    let (b, TileAt { h, i0, nr, j0, n }) = (job.b, t);
     let (rq, _) = rows_per_call::<S>();
-    let np = n.div_ceil(pw);
+    let np = n.div_ceil(2 * S::W);
     let (qt, dot) = if whole {
         let x = (h - job.kvh * d.group()) * d.lq + i0;
         (x * d.dk, x * d.dv)
@@ -239,6 +258,7 @@ unsafe fn tile<S: Simd, E: KvElem>(
         transpose_chunks(nr, d.dv, rq, |r| cx.dout.row(b, h, i0 + r), &mut w.dot);
         (0, 0)
     };
+    let scale = cx.pb.scale as f32;
     // SAFETY: buffers sized by `run_job`; CPU supports `S`; rows `i0..i0+nr` and keys
     // `j0..j0+n` exist.
     unsafe {
@@ -246,12 +266,24 @@ unsafe fn tile<S: Simd, E: KvElem>(
             let (qb, ldq) = head(&cx.q, b, h);
             let (kb, ldk) = head(&cx.k, b, job.kvh);
             let (qb, kb) = (qb.as_ptr().add(i0 * ldq), kb.as_ptr().add(j0 * ldk));
-            decode_scores::<S, E>(qb, ldq, kb, ldk, n, d.dk, pb.scale as f32, nr, w.s.as_mut_ptr(), LDB);
+            decode_scores::<S, E>(qb, ldq, kb, ldk, n, d.dk, scale, nr, w.s.as_mut_ptr(), LDB);
         } else {
-            panel_product::<S>(&w.qt[qt..], &w.kp, d.dk, nr, np, pb.scale as f32, &mut w.s);
+            panel_product::<S>(&w.qt[qt..], &w.kp, d.dk, nr, np, scale, &mut w.s);
         }
         panel_product::<S>(&w.dot[dot..], &w.vp, d.dv, nr, np, 1.0, &mut w.dp);
     }
+}
+
+/// Step 2: per row, the scores masked, `P = exp((S − lse) − lse_residue)` into `w.p` (`P̄` into
+/// `w.pd` under dropout), `dS = P∘(dP − Δ)` in place of `dP`, added into `dbias`, then `dX`.
+///
+/// # Safety
+/// As [`tile`].
+#[inline(always)]
+unsafe fn score_grads<S: Simd>(cx: &BwdCtx<impl KvElem>, job: &BwdJob, w: &mut BwdWork, t: TileAt) {
+    let pb = cx.pb;
+    let d = pb.dims;
+    let (b, TileAt { h, i0, nr, j0, n }) = (job.b, t);
     let row0 = (b * d.hq + h) * d.lq + i0;
     // `dS` is needed on its own for `dbias`, and the soft-cap's factor is per element: then `dX`
     // takes a second pass; otherwise `dX = scale·dS` comes out of the first.
@@ -284,16 +316,9 @@ unsafe fn tile<S: Simd, E: KvElem>(
                 dp[c] *= keep;
             }
         }
+        let delta = w.delta[(h - job.kvh * d.group()) * d.lq + i];
         // SAFETY: rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.
-        unsafe {
-            grad_scores::<S>(
-                s,
-                p,
-                dp,
-                w.delta[(h - job.kvh * d.group()) * d.lq + i0 + r],
-                if two_pass { 1.0 } else { pb.scale as f32 },
-            )
-        };
+        unsafe { grad_scores::<S>(s, p, dp, delta, if two_pass { 1.0 } else { pb.scale as f32 }) };
     }
     if let (Some(dbias), Some(bias)) = (&cx.dbias, pb.elem.bias) {
         let st = bias.strides;
@@ -313,13 +338,25 @@ unsafe fn tile<S: Simd, E: KvElem>(
             unsafe { scale_masked::<S>(&w.s[row.clone()], &mut w.dp[row], pb.scale as f32, dcap) };
         }
     }
-    let pd = if pb.dropout.is_some() { &w.pd } else { &w.p };
+}
+
+/// Step 3: `dV += P̄ᵀ·dO` and `dK += dXᵀ·Q` into the block's accumulators, `dQ += dX·K` into `dq`
+/// (`[nr, Dk]`), key rows holding a non-finite number one product at a time.
+///
+/// # Safety
+/// As [`tile`].
+#[inline(always)]
+unsafe fn accumulate<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork, t: TileAt, dq: &mut [f32]) {
+    let d = cx.pb.dims;
+    let (b, TileAt { h, i0, nr, j0, n }) = (job.b, t);
+    let pd = if cx.pb.dropout.is_some() { &w.pd } else { &w.p };
     let (qb, ldq) = head(&cx.q, b, h);
     let (ob, ldo) = head(&cx.dout, b, h);
     let (kb, ldk) = head(&cx.k, b, job.kvh);
     let (qb, ob, kb) = (qb.as_ptr(), ob.as_ptr(), kb.as_ptr());
-    // SAFETY: `P̄` and `dX` hold `nr` rows of `n` at stride `LDB`, read transposed for `dV`, `dK`; Q and dO rows `i0..i0+nr` and K
-    // rows `j0..j0+n` exist; the accumulators hold `n` rows, `dq` `nr` rows.
+    // SAFETY: `P̄` and `dX` hold `nr` rows of `n` at stride `LDB`, read transposed for `dV`, `dK`;
+    // Q and dO rows `i0..i0+nr` and K rows `j0..j0+n` exist; the accumulators hold `n` rows,
+    // `dq` `nr` rows.
     unsafe {
         let (qb, ob, kb) = (qb.add(i0 * ldq), ob.add(i0 * ldo), kb.add(j0 * ldk));
         pv_block::<S, f32>(pd.as_ptr(), 1, LDB, ob, ldo, nr, w.dv.as_mut_ptr(), d.dv, n);
@@ -327,17 +364,8 @@ unsafe fn tile<S: Simd, E: KvElem>(
         let mut c = 0;
         for run_end in w.bad_keys.iter().copied().chain(std::iter::once(n)) {
             if run_end > c {
-                pv_block::<S, E>(
-                    w.dp.as_ptr().add(c),
-                    LDB,
-                    1,
-                    kb.add(c * ldk),
-                    ldk,
-                    run_end - c,
-                    dq.as_mut_ptr(),
-                    d.dk,
-                    nr,
-                );
+                let (dx, k) = (w.dp.as_ptr().add(c), kb.add(c * ldk));
+                pv_block::<S, E>(dx, LDB, 1, k, ldk, run_end - c, dq.as_mut_ptr(), d.dk, nr);
             }
             c = run_end + 1;
         }
@@ -349,62 +377,6 @@ unsafe fn tile<S: Simd, E: KvElem>(
             for (x, y) in dq[r * d.dk..(r + 1) * d.dk].iter_mut().zip(krow) {
                 *x += dx * y.to_f32();
             }
-        }
-    }
-}
-
-/// `Σ_k a_k·b_k` rounded exactly as `qk_panel` rounds one score (one multiply-add per `k`, in
-/// order, from 0).
-///
-/// # Safety
-/// CPU supports `S`.
-#[inline(always)]
-unsafe fn dot_as_panel<S: Simd>(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 16];
-    // SAFETY: `lanes` holds 16 >= `S::W` floats; CPU supports `S`.
-    unsafe {
-        let mut acc = S::splat(0.0);
-        for (&x, &y) in a.iter().zip(b) {
-            acc = S::fma(S::splat(x), S::splat(y), acc);
-        }
-        S::store(lanes.as_mut_ptr(), acc);
-    }
-    lanes[0]
-}
-
-/// `dp[c] = factor · P·(dP − Δ)` in place, 0 where the score is masked (−∞) whatever `dP` holds.
-///
-/// # Safety
-/// CPU supports `S`; the three rows have equal lengths, a multiple of `S::W`.
-#[inline(always)]
-unsafe fn grad_scores<S: Simd>(s: &[f32], p: &[f32], dp: &mut [f32], delta: f32, factor: f32) {
-    // SAFETY: whole vectors inside the rows.
-    unsafe {
-        let (nd, f, zero, below) = (S::splat(-delta), S::splat(factor), S::splat(0.0), S::splat(f32::MIN));
-        for c in (0..s.len()).step_by(S::W) {
-            let pf = S::mul(S::load(p.as_ptr().add(c)), f);
-            let ds = S::mul(pf, S::add(S::load(dp.as_ptr().add(c)), nd));
-            S::store(dp.as_mut_ptr().add(c), S::select_lt(S::load(s.as_ptr().add(c)), below, zero, ds));
-        }
-    }
-}
-
-/// `x[c] = scale · x[c] · dcap[c]` (`dcap` 1 when absent) in place, 0 where the score is masked:
-/// `dX` from `dS` (a masked key's soft-cap derivative may be NaN).
-///
-/// # Safety
-/// CPU supports `S`; the rows have equal lengths, a multiple of `S::W`.
-#[inline(always)]
-unsafe fn scale_masked<S: Simd>(s: &[f32], x: &mut [f32], scale: f32, dcap: Option<&[f32]>) {
-    // SAFETY: whole vectors inside the rows.
-    unsafe {
-        let (sc, zero, below) = (S::splat(scale), S::splat(0.0), S::splat(f32::MIN));
-        for c in (0..s.len()).step_by(S::W) {
-            let mut v = S::mul(S::load(x.as_ptr().add(c)), sc);
-            if let Some(dc) = dcap {
-                v = S::mul(v, S::load(dc.as_ptr().add(c)));
-            }
-            S::store(x.as_mut_ptr().add(c), S::select_lt(S::load(s.as_ptr().add(c)), below, zero, v));
         }
     }
 }
