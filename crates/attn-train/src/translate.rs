@@ -204,7 +204,7 @@ impl Translator {
     }
 
     /// Greedy translations of `texts`, in order, as the model writes them (no check of the text
-    /// but its length, none of the output: see [`Self::answer`]), [`CHUNK`] texts at a time.
+    /// but its length, none of the output: see [`Self::answer`]), 250 texts at a time.
     pub fn translate(&self, texts: &[String]) -> Result<Vec<String>> {
         let mut out = Vec::with_capacity(texts.len());
         for chunk in texts.chunks(CHUNK) {
