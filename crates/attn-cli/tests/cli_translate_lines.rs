@@ -50,9 +50,16 @@ fn an_empty_line_alone_is_skipped_not_answered() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("m");
     checkpoint(&dir, &[]);
-    let o = attn_with(&["translate", "--checkpoint", dir.to_str().unwrap()], &[], b"\n");
+    let png = tmp.path().join("a.png");
+    let o = attn_with(
+        &["translate", "--checkpoint", dir.to_str().unwrap(), "--heatmap", png.to_str().unwrap()],
+        &[],
+        b"\n",
+    );
     assert_eq!(text(&o.stdout), "\n", "an answer was invented for an empty line");
-    assert!(text(&o.stderr).contains("line 1: empty"), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("line 1: empty") && err.contains("no line was answered, nothing drawn"), "{err}");
+    assert!(!tmp.path().join("a-average.png").exists());
 }
 
 #[test]

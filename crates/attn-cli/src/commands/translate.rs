@@ -74,11 +74,15 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         println!();
         eprintln!("{label} {}: {said}", i + 1);
     }
-    if let (Some(path), Some(first)) = (&args.heatmap, &first) {
-        let aligned = translator.translate_aligned(&first.source)?;
-        for written in draw_alignment(path, &first.source, &aligned)? {
-            eprintln!("wrote {}", written.display());
+    match (&args.heatmap, &first) {
+        (Some(path), Some(first)) => {
+            let aligned = translator.translate_aligned(&first.source)?;
+            for written in draw_alignment(path, &first.source, &aligned)? {
+                eprintln!("wrote {}", written.display());
+            }
         }
+        (Some(path), None) => eprintln!("--heatmap {}: no {label} was answered, nothing drawn", path.display()),
+        (None, _) => {}
     }
     if failed > 0 {
         anyhow::bail!("{failed} of {} {label}s could not be translated (each is named above)", inputs.len());
