@@ -37,6 +37,11 @@ fn resume_refuses_data_whose_contents_changed() {
     std::fs::write(&data, swapped).unwrap();
     let o = attn(&["train", "--out", dir.to_str().unwrap(), "--resume", "--steps", "20"]);
     one_line_error(&o, &["pairs.tsv", "changed"]);
+    // `explain heads` measures the held-out pairs, which it reads again from the file.
+    let pictures = tmp.path().join("heads");
+    let o =
+        attn(&["explain", "heads", dir.to_str().unwrap(), "--samples", "5", "--out-dir", pictures.to_str().unwrap()]);
+    one_line_error(&o, &["pairs.tsv", "changed"]);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! so a resumed run continues exactly), the held-out pairs, the vocabulary, and the fingerprint of
 //! the data (`dates`, or the SHA-256 of the pairs file's contents) a resumed run compares.
 
+use crate::checkpoint::Manifest;
 use crate::data::{dates, parse_pairs, read_pairs_file, split_held_out, BatchOrder, DataError, DatesTask, Pair, Vocab};
 use crate::error::{Result, TrainError};
 use crate::fingerprint::sha256;
@@ -62,6 +63,20 @@ impl Task {
             Task::Dates(_) => DATES.into(),
             Task::Pairs { sha256, .. } => sha256.clone(),
         }
+    }
+
+    /// Refuses data whose fingerprint is not the one `manifest` recorded when its run started: a
+    /// pairs file whose contents changed would train on, or evaluate with, other pairs.
+    pub fn check_unchanged(&self, manifest: &Manifest) -> Result<()> {
+        let now = self.fingerprint();
+        if now == manifest.data {
+            return Ok(());
+        }
+        let data = match &manifest.train.task {
+            TaskSpec::Pairs(path) => path.display().to_string(),
+            TaskSpec::Dates => "the dates task".into(),
+        };
+        Err(TrainError::Data(DataError::Changed { data, then: manifest.data.clone(), now }))
     }
 
     /// `(held out, total)`: how many pairs (dates for the dates task) are held out, of how many.

@@ -127,19 +127,7 @@ impl Trainer {
         }
         manifest.train.check()?;
         let task = Task::open(&manifest.train, manifest.model.max_len)?;
-        if task.fingerprint() != manifest.data {
-            let file = match &manifest.train.task {
-                TaskSpec::Pairs(path) => path.display().to_string(),
-                TaskSpec::Dates => "the dates task".into(),
-            };
-            return Err(TrainError::Checkpoint(format!(
-                "{}: {file} changed since the run started (its contents were {}, now {}): resuming would train on \
-                 other data",
-                dir.display(),
-                manifest.data,
-                task.fingerprint()
-            )));
-        }
+        task.check_unchanged(&manifest).map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.display())))?;
         if task.vocab() != ck.vocab {
             return Err(TrainError::Checkpoint(format!(
                 "{}: the data's vocabulary differs from the checkpoint's vocab.json",
