@@ -1,7 +1,10 @@
 //! The `attn` command: parses the command line and hands each subcommand to its module under
 //! `commands/`. Every error, usage errors included, is printed as one line on stderr with exit
-//! code 1, never a panic; `--help` and `--version` print clap's text and exit 0. At start
-//! `attn_nn::process::setup` quiets candle's element-wise pool and keeps freed buffers in the heap.
+//! code 1, never a panic, whatever the environment (a backtrace candle appends when
+//! `RUST_BACKTRACE` is set is cut off, and a cause already said is not repeated); a command
+//! stopped by Ctrl-C after saving exits 130; `--help` and `--version` print clap's text and exit
+//! 0. At start `attn_nn::process::setup` quiets candle's element-wise pool and keeps freed
+//! buffers in the heap.
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -29,6 +32,7 @@ enum Command {
     /// Run the textbook experiments: tables and plots.
     Explain(commands::explain::Args),
     /// Train a Transformer translator (built-in dates task or your own pairs).
+    #[command(after_help = commands::train::dates_forms_help())]
     Train(Box<commands::train::Args>),
     /// Translate texts with a trained checkpoint and draw its attention.
     Translate(commands::translate::Args),
@@ -58,9 +62,30 @@ fn main() {
         Command::Translate(a) => commands::translate::main(a),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        if e.is::<commands::Interrupted>() {
+            std::process::exit(130);
+        }
+        eprintln!("error: {}", message(&e));
         std::process::exit(1);
     }
+}
+
+/// `e` and its causes as one line, joined by `: `: each cause on one line
+/// ([`attn_train::error::one_line`]), and a cause whose text the line already holds (an operating
+/// system's reason a file error has said) left out.
+fn message(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = attn_train::error::one_line(&cause.to_string());
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// The first paragraph of clap's message as one line, without clap's `error: ` prefix: the first

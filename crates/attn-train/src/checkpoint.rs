@@ -5,8 +5,10 @@
 //! Each file is written whole or not at all (a temporary file renamed into place, as every file
 //! `attn` writes), `config.json` last; both
 //! tensor files also record the step, so a folder whose files come from different saves is
-//! refused rather than silently mixed. Loading checks the format, the step, every weight's name
-//! and shape, and reports a missing, truncated or foreign file by name.
+//! refused rather than silently mixed, and `model.safetensors` records what defines the run
+//! ([`crate::fingerprint`]), so an edited `config.json` or another `vocab.json` is refused naming
+//! what differs. Loading checks the format, the step, the record, every weight's name and shape,
+//! and reports a missing, truncated or foreign file by name.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,12 +17,13 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::data::Vocab;
-use crate::error::{Result, TrainError};
+use crate::error::{one_line, Result, TrainError};
+use crate::fingerprint;
 use crate::model::ModelConfig;
 use crate::settings::TrainSettings;
 
 /// The format tag of `config.json`.
-pub const FORMAT: &str = "attn-translator/1";
+pub const FORMAT: &str = "attn-translator/2";
 /// The tensor that records the step inside the tensor files.
 const STEP_KEY: &str = "checkpoint.step";
 
@@ -53,6 +56,9 @@ pub struct Manifest {
     pub model: ModelConfig,
     /// How it is trained.
     pub train: TrainSettings,
+    /// What it trains on: `dates` (the built-in task) or the SHA-256 of the pairs file's contents
+    /// ([`fingerprint::sha256`]).
+    pub data: String,
     /// Loss and accuracy so far.
     pub history: History,
 }
@@ -83,7 +89,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| TrainError::Io { path: e.path, source: e.source })
 }
 
-/// Saves a checkpoint into `dir` (which must exist).
+/// Saves a checkpoint into `dir` (which must exist); `model.safetensors` gets the run's record.
 pub fn save(
     dir: &Path,
     manifest: &Manifest,
@@ -92,10 +98,13 @@ pub fn save(
     optimizer: HashMap<String, Tensor>,
 ) -> Result<()> {
     let step = Tensor::new(&[manifest.step as i64], &Device::Cpu)?;
-    for (name, mut tensors) in [("model.safetensors", weights), ("optimizer.safetensors", optimizer)] {
+    let record = fingerprint::to_metadata(&fingerprint::record(manifest, vocab));
+    for (name, mut tensors, metadata) in
+        [("model.safetensors", weights, Some(record)), ("optimizer.safetensors", optimizer, None)]
+    {
         tensors.insert(STEP_KEY.into(), step.clone());
         let path = file(dir, name);
-        let bytes = safetensors::serialize(&tensors, None)
+        let bytes = safetensors::serialize(&tensors, metadata)
             .map_err(|e| TrainError::Checkpoint(format!("{}: cannot serialise: {e}", path.display())))?;
         write_atomic(&path, &bytes)?;
     }
@@ -112,45 +121,70 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
         return Err(TrainError::Checkpoint(format!("{}: no such folder", dir.display())));
     }
     let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-    let manifest: Manifest = serde_json::from_str(&text)
-        .map_err(|e| TrainError::Checkpoint(format!("{}: not a checkpoint manifest: {e}", path.display())))?;
-    if manifest.format != FORMAT {
-        return Err(TrainError::Checkpoint(format!(
-            "{}: format `{}`, expected `{FORMAT}`",
-            path.display(),
-            manifest.format
-        )));
+    let not_manifest =
+        |e: serde_json::Error| TrainError::Checkpoint(format!("{}: not a checkpoint manifest: {e}", path.display()));
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(not_manifest)?;
+    match value.get("format").and_then(serde_json::Value::as_str) {
+        Some(FORMAT) => {}
+        Some(other) => {
+            return Err(TrainError::Checkpoint(format!(
+                "{}: format `{other}`, expected `{FORMAT}` (a checkpoint of another attn version: train again)",
+                path.display()
+            )))
+        }
+        None => return Err(not_manifest(serde::de::Error::missing_field("format"))),
     }
+    let manifest: Manifest = serde_json::from_value(value).map_err(not_manifest)?;
     manifest.model.check()?;
     Ok(manifest)
 }
 
-/// Reads a tensor file of the checkpoint, checking its recorded step against `step`.
-fn read_tensors(dir: &Path, name: &str, step: u64) -> Result<HashMap<String, Tensor>> {
+/// Reads a tensor file of the checkpoint, checking its recorded step against `step`; returns its
+/// tensors and its metadata.
+fn read_tensors(dir: &Path, name: &str, step: u64) -> Result<(HashMap<String, Tensor>, HashMap<String, String>)> {
     let path = file(dir, name);
     if !path.is_file() {
         return Err(TrainError::Checkpoint(format!("{}: missing", path.display())));
     }
-    let mut tensors = candle_core::safetensors::load(&path, &Device::Cpu).map_err(|e| {
-        TrainError::Checkpoint(format!("{}: unreadable (truncated or not safetensors): {e}", path.display()))
-    })?;
+    let unreadable = |e: &dyn std::fmt::Display| {
+        TrainError::Checkpoint(format!(
+            "{}: unreadable (truncated or not safetensors): {}",
+            path.display(),
+            one_line(&e.to_string())
+        ))
+    };
+    let bytes = std::fs::read(&path).map_err(io(&path))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| unreadable(&e))?;
+    let metadata = header.metadata().clone().unwrap_or_default();
+    let mut tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).map_err(|e| unreadable(&e))?;
     let recorded = tensors
         .remove(STEP_KEY)
         .ok_or_else(|| TrainError::Checkpoint(format!("{}: no `{STEP_KEY}` entry", path.display())))?;
     let recorded = recorded.to_dtype(DType::I64)?.to_vec1::<i64>()?;
     if recorded != [step as i64] {
+        let saved = recorded.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
         return Err(TrainError::Checkpoint(format!(
-            "{}: saved at step {recorded:?}, but config.json is at step {step}: files from different saves",
+            "{}: saved at step {saved}, but config.json is at step {step}: files from different saves",
             path.display()
         )));
     }
-    Ok(tensors)
+    Ok((tensors, metadata))
 }
 
-/// Loads the checkpoint in `dir` (manifest, vocabulary, weights; not the optimiser state).
+/// Loads the checkpoint in `dir` (manifest, vocabulary, weights; not the optimiser state),
+/// refusing a `config.json` or `vocab.json` that differs from the record saved with the weights.
 pub fn load(dir: &Path) -> Result<Checkpoint> {
     let manifest = read_manifest(dir)?;
     let vocab = Vocab::load(&file(dir, "vocab.json"))?;
+    let (weights, metadata) = read_tensors(dir, "model.safetensors", manifest.step)?;
+    let differences = fingerprint::differences(&metadata, &fingerprint::record(&manifest, &vocab));
+    if !differences.is_empty() {
+        return Err(TrainError::Checkpoint(format!(
+            "{}: changed since model.safetensors was saved: {}",
+            dir.display(),
+            differences.join("; ")
+        )));
+    }
     if vocab.len() != manifest.model.vocab {
         return Err(TrainError::Checkpoint(format!(
             "vocab.json has {} tokens, config.json says {}",
@@ -158,11 +192,10 @@ pub fn load(dir: &Path) -> Result<Checkpoint> {
             manifest.model.vocab
         )));
     }
-    let weights = read_tensors(dir, "model.safetensors", manifest.step)?;
     Ok(Checkpoint { manifest, vocab, weights })
 }
 
 /// Loads the optimiser state of the checkpoint in `dir` at `step`.
 pub fn load_optimizer(dir: &Path, step: u64) -> Result<HashMap<String, Tensor>> {
-    read_tensors(dir, "optimizer.safetensors", step)
+    Ok(read_tensors(dir, "optimizer.safetensors", step)?.0)
 }

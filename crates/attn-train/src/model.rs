@@ -35,29 +35,33 @@ impl Default for ModelConfig {
 }
 
 impl ModelConfig {
-    /// Refuses sizes the model cannot be built with, naming the flag.
+    /// Refuses sizes the model cannot be built with, naming the field.
     pub fn check(&self) -> Result<()> {
         let bad = |field, reason: String| Err(TrainError::Setting { field, reason });
-        if self.d_model == 0 || self.heads == 0 || !self.d_model.is_multiple_of(self.heads) {
-            return bad("--heads", format!("{} heads must divide --d-model {}", self.heads, self.d_model));
+        for (field, value) in
+            [("d_model", self.d_model), ("heads", self.heads), ("layers", self.layers), ("ff", self.ff)]
+        {
+            if value == 0 {
+                return bad(field, "must be positive".into());
+            }
+        }
+        if !self.d_model.is_multiple_of(self.heads) {
+            return bad("heads", format!("{} heads must divide d_model {}", self.heads, self.d_model));
         }
         if !(self.d_model / self.heads).is_multiple_of(2) {
             return bad(
-                "--heads",
-                format!("the head width --d-model / --heads = {} must be even", self.d_model / self.heads),
+                "heads",
+                format!("the head width d_model / heads = {} must be even", self.d_model / self.heads),
             );
         }
-        if self.layers == 0 || self.ff == 0 || self.max_len < 2 || self.vocab <= vocab::NUM_SPECIALS as usize {
-            return bad(
-                "--layers",
-                format!(
-                    "layers {}, ff {}, max_len {}, vocab {}: all must be positive",
-                    self.layers, self.ff, self.max_len, self.vocab
-                ),
-            );
+        if self.max_len < 2 {
+            return bad("max_len", format!("{} positions: at least 2 are needed", self.max_len));
+        }
+        if self.vocab <= vocab::NUM_SPECIALS as usize {
+            return bad("vocab", format!("{} ids: the data must give at least one character", self.vocab));
         }
         if !(0.0..1.0).contains(&self.dropout) {
-            return bad("--dropout", format!("{} is outside [0, 1)", self.dropout));
+            return bad("dropout", format!("{} is outside [0, 1)", self.dropout));
         }
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! How a translator is trained: the task, the optimiser's and schedule's numbers, the intervals of
-//! evaluation and checkpoints. Saved in each checkpoint so `--resume` continues with the same ones.
+//! evaluation and checkpoints. Saved in each checkpoint so a resumed run continues with the same
+//! ones. Refusals name the field as `config.json` spells it (`held_out`), not a command-line flag.
 
 use std::path::PathBuf;
 
@@ -35,8 +36,9 @@ pub struct TrainSettings {
     pub weight_decay: f64,
     /// Seed of the data order, initialisation and dropout.
     pub seed: u64,
-    /// Held-out pairs evaluated (exact match).
-    pub held_out: usize,
+    /// Held-out pairs evaluated (exact match); `None` asks for [`default_held_out`] of the data,
+    /// which the run records when it starts.
+    pub held_out: Option<usize>,
     /// Steps between evaluations.
     pub eval_every: u64,
     /// Steps between checkpoints.
@@ -55,34 +57,41 @@ impl Default for TrainSettings {
             clip: 1.0,
             weight_decay: 0.01,
             seed: 0,
-            held_out: 1000,
+            held_out: None,
             eval_every: 250,
             checkpoint_every: 500,
         }
     }
 }
 
+/// The held-out size when none is given: 5% of the `items` (pairs or dates), at least 1 and at
+/// most 1,000.
+pub fn default_held_out(items: usize) -> usize {
+    (items / 20).clamp(1, 1000)
+}
+
 impl TrainSettings {
-    /// Refuses unusable settings, naming the flag.
+    /// Refuses unusable settings, naming the field.
     pub fn check(&self) -> Result<()> {
         let bad = |field, reason: String| Err(TrainError::Setting { field, reason });
-        if self.steps == 0 || self.batch == 0 {
-            return bad("--steps", format!("--steps {} and --batch {} must be positive", self.steps, self.batch));
+        for (field, value) in [
+            ("steps", self.steps),
+            ("batch", self.batch as u64),
+            ("held_out", self.held_out.map_or(1, |n| n as u64)),
+            ("eval_every", self.eval_every),
+            ("checkpoint_every", self.checkpoint_every),
+        ] {
+            if value == 0 {
+                return bad(field, "must be positive".into());
+            }
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            return bad("--lr", format!("{} must be a positive number", self.lr));
+        for (field, value, least) in [("lr", self.lr, "positive"), ("clip", self.clip, "positive")] {
+            if !(value.is_finite() && value > 0.0) {
+                return bad(field, format!("{value} must be a {least} number"));
+            }
         }
-        if !(self.clip.is_finite() && self.clip > 0.0 && self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return bad(
-                "--clip",
-                format!("clip {} must be positive and weight decay {} non-negative", self.clip, self.weight_decay),
-            );
-        }
-        if self.held_out == 0 || self.eval_every == 0 || self.checkpoint_every == 0 {
-            return bad(
-                "--eval-every",
-                "held-out size and the evaluation and checkpoint intervals must be positive".into(),
-            );
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad("weight_decay", format!("{} must be a non-negative number", self.weight_decay));
         }
         Ok(())
     }

@@ -29,8 +29,6 @@ use crate::translate::Translator;
 
 /// Steps averaged into one point of the loss curve.
 pub const LOSS_EVERY: u64 = 25;
-/// Held-out texts translated at once during evaluation.
-const EVAL_CHUNK: usize = 250;
 
 /// One finished step.
 #[derive(Debug, Clone, Copy)]
@@ -84,43 +82,52 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// A fresh run into `dir` (created if missing; refused if it already holds a checkpoint).
-    /// `model.vocab` is replaced by the task's vocabulary size; a pairs file's path is stored
+    /// A fresh run into `dir`, created if missing; refused if it holds any file (a checkpoint, or
+    /// files the trainer did not write). `model.vocab` is replaced by the task's vocabulary size,
+    /// a missing held-out size by the default for the data, and a pairs file's path is stored
     /// absolute.
     pub fn start(dir: &Path, mut model: ModelConfig, mut train: TrainSettings) -> Result<Self> {
         train.check()?;
         if let TaskSpec::Pairs(path) = &train.task {
-            // Absolute, so `--resume` finds the file from any folder.
+            // Absolute, so a resumed run finds the file from any folder.
             let absolute =
                 std::fs::canonicalize(path).map_err(|source| TrainError::Io { path: path.clone(), source })?;
             train.task = TaskSpec::Pairs(absolute);
         }
-        if dir.join("config.json").exists() {
-            return Err(TrainError::Setting {
-                field: "--out",
-                reason: format!(
-                    "{} already holds a checkpoint; pass --resume to continue it, or choose another folder",
-                    dir.display()
-                ),
-            });
-        }
+        check_new_folder(dir)?;
         let task = Task::open(&train, model.max_len)?;
+        train.held_out = Some(task.held_out_of_total().0);
         let vocab = task.vocab();
         model.vocab = vocab.len();
-        let manifest = Manifest { format: FORMAT.into(), step: 0, model, train, history: History::default() };
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            step: 0,
+            model,
+            train,
+            data: task.fingerprint(),
+            history: History::default(),
+        };
         std::fs::create_dir_all(dir).map_err(|source| TrainError::Io { path: dir.to_path_buf(), source })?;
         Self::assemble(dir, manifest, vocab, task, None)
     }
 
-    /// Continues the run saved in `dir`, optionally with a new total of `steps`.
+    /// Continues the run saved in `dir`, optionally with a new total of `steps` (not below the
+    /// steps made). Refused when the checkpoint changed since its save, or the data did.
     pub fn resume(dir: &Path, steps: Option<u64>) -> Result<Self> {
         let ck = checkpoint::load(dir)?;
         let mut manifest = ck.manifest;
         if let Some(steps) = steps {
+            if steps < manifest.step {
+                return Err(TrainError::Setting {
+                    field: "steps",
+                    reason: format!("{steps} is below the {} steps the checkpoint has made", manifest.step),
+                });
+            }
             manifest.train.steps = steps;
         }
         manifest.train.check()?;
         let task = Task::open(&manifest.train, manifest.model.max_len)?;
+        task.check_unchanged(&manifest).map_err(|e| TrainError::Checkpoint(format!("{}: {e}", dir.display())))?;
         if task.vocab() != ck.vocab {
             return Err(TrainError::Checkpoint(format!(
                 "{}: the data's vocabulary differs from the checkpoint's vocab.json",
@@ -187,10 +194,13 @@ impl Trainer {
         let first = self.manifest().step;
         observer.started(first, train.steps);
         let mut interval = (0.0, 0u64);
+        let mut saved = None;
         for step in first..train.steps {
             if stop.load(Ordering::Relaxed) {
-                self.flush_loss(&mut interval);
-                self.save(observer)?;
+                if saved != Some(step) {
+                    self.flush_loss(&mut interval);
+                    self.save(observer)?;
+                }
                 return Ok(Outcome::Stopped(step));
             }
             let report = self.step()?;
@@ -208,6 +218,7 @@ impl Trainer {
             if done % train.checkpoint_every == 0 || done == train.steps {
                 self.flush_loss(&mut interval);
                 self.save(observer)?;
+                saved = Some(done);
             }
         }
         Ok(Outcome::Finished)
@@ -238,8 +249,8 @@ impl Trainer {
         let loss_value = f64::from(loss.to_scalar::<f32>()?);
         if !loss_value.is_finite() {
             return Err(TrainError::Setting {
-                field: "--lr",
-                reason: format!("the loss became {loss_value} at step {step}; try a lower --lr"),
+                field: "lr",
+                reason: format!("the loss became {loss_value} at step {step}; try a lower learning rate"),
             });
         }
         let mut grads = loss.backward()?;
@@ -269,13 +280,16 @@ impl Trainer {
     /// Exact-match accuracy on the held-out pairs.
     pub fn evaluate(&self) -> Result<f64> {
         let held_out = self.task.held_out();
-        let mut right = 0;
-        for chunk in held_out.chunks(EVAL_CHUNK) {
-            let sources: Vec<String> = chunk.iter().map(|(s, _)| s.clone()).collect();
-            let outputs = self.translator.translate(&sources)?;
-            right += outputs.iter().zip(chunk).filter(|(o, (_, t))| o == &t).count();
-        }
+        let sources: Vec<String> = held_out.iter().map(|(s, _)| s.clone()).collect();
+        let outputs = self.translator.translate(&sources)?;
+        let right = outputs.iter().zip(&held_out).filter(|(o, (_, t))| o == &t).count();
         Ok(right as f64 / held_out.len().max(1) as f64)
+    }
+
+    /// `(held out, total)`: the pairs (dates for the dates task) held out for evaluation, of how
+    /// many.
+    pub fn held_out_of_total(&self) -> (usize, usize) {
+        self.task.held_out_of_total()
     }
 
     /// Saves the checkpoint and draws the curves.
@@ -294,6 +308,38 @@ impl Trainer {
         observer.saved(m.step, &self.dir);
         Ok(())
     }
+}
+
+/// Refuses `dir` for a fresh run unless it is missing or empty: a folder holding a checkpoint is
+/// pointed to resuming it, any other file is named (the first few).
+fn check_new_folder(dir: &Path) -> Result<()> {
+    const SHOWN: usize = 5;
+    let io = |source| TrainError::Io { path: dir.to_path_buf(), source };
+    let mut names: Vec<String> = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        entries => entries
+            .map_err(io)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<_>>()
+            .map_err(io)?,
+    };
+    if names.is_empty() {
+        return Ok(());
+    }
+    if checkpoint::read_manifest(dir).is_ok() {
+        return Err(TrainError::HoldsCheckpoint { path: dir.to_path_buf() });
+    }
+    names.sort();
+    let more = names.len().saturating_sub(SHOWN);
+    let mut files: Vec<String> = names
+        .into_iter()
+        .take(SHOWN)
+        .map(|n| if n == "config.json" { "config.json, not a checkpoint of attn train".into() } else { n })
+        .collect();
+    if more > 0 {
+        files.push(format!("and {more} more"));
+    }
+    Err(TrainError::ForeignFiles { path: dir.to_path_buf(), files })
 }
 
 /// `loss.png` (log scale) and, once evaluated, `accuracy.png` in `dir`.

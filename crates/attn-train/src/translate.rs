@@ -1,15 +1,78 @@
-//! Using a trained translator: greedy decoding of texts through the KV caches, and the
-//! cross-attention of each decoder layer for one text (the alignment the seed exercise reads).
+//! Using a trained translator: greedy decoding of texts through the KV caches, answers text by
+//! text that are never invented (a text the model cannot take, or for the dates task an output
+//! that is no calendar date, gets a reason instead), and the cross-attention of each decoder layer
+//! for one text (the alignment the seed exercise reads).
 
 use std::path::Path;
 
 use attn_nn::Seq2Seq;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
+use thiserror::Error;
 
 use crate::checkpoint::{self, Manifest};
-use crate::data::{vocab, Batch, Vocab};
-use crate::error::{Result, TrainError};
+use crate::data::{vocab, Batch, Date, DatesTask, Vocab};
+use crate::error::{one_line, Result, TrainError};
+use crate::settings::TaskSpec;
+
+/// Texts decoded at once.
+const CHUNK: usize = 250;
+/// Characters of a text quoted in a message ([`excerpt`]).
+const EXCERPT_CHARS: usize = 80;
+
+/// Why a text gets no translation.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Unanswered {
+    /// Nothing but white space.
+    #[error("empty")]
+    Empty,
+    /// More positions than the model has.
+    #[error("{chars} characters, {positions} positions with </s>, more than the model's {max_len}")]
+    TooLong {
+        /// Its characters.
+        chars: usize,
+        /// The positions it takes.
+        positions: usize,
+        /// The model's positions.
+        max_len: usize,
+    },
+    /// Characters the model never saw (each once, in order of appearance).
+    #[error("characters outside the model's vocabulary: {}", describe_chars(.0))]
+    Unknown(Vec<char>),
+    /// For the dates task: the model's output is not a date `YYYY-MM-DD` of the calendar.
+    #[error("the model's output {} is not a calendar date YYYY-MM-DD", excerpt(.0))]
+    NotADate(String),
+}
+
+/// `'x' (U+0078), …`.
+fn describe_chars(chars: &[char]) -> String {
+    chars.iter().map(|c| format!("{c:?} (U+{:04X})", *c as u32)).collect::<Vec<_>>().join(", ")
+}
+
+/// `text` quoted for a message, cut to its first 80 characters (`…` and the length follow).
+///
+/// ```
+/// use attn_train::translate::excerpt;
+/// assert_eq!(excerpt("3 March"), "\"3 March\"");
+/// assert!(excerpt(&"a".repeat(1000)).ends_with("\"… (1000 characters)"));
+/// ```
+pub fn excerpt(text: &str) -> String {
+    let n = text.chars().count();
+    if n <= EXCERPT_CHARS {
+        return format!("{text:?}");
+    }
+    let cut: String = text.chars().take(EXCERPT_CHARS).collect();
+    format!("{cut:?}… ({n} characters)")
+}
+
+/// A text's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The text as the model took it ([`Translator::prepare`]).
+    pub source: String,
+    /// The translation.
+    pub output: String,
+}
 
 /// One translation with its alignment.
 #[derive(Debug, Clone)]
@@ -40,7 +103,11 @@ impl Translator {
         let ck = checkpoint::load(dir)?;
         let vb = VarBuilder::from_tensors(ck.weights, DType::F32, &Device::Cpu);
         let model = ck.manifest.model.build(vb).map_err(|e| {
-            TrainError::Checkpoint(format!("{}: model.safetensors does not fit config.json: {e}", dir.display()))
+            TrainError::Checkpoint(format!(
+                "{}: model.safetensors does not fit config.json: {}",
+                dir.display(),
+                one_line(&e.to_string())
+            ))
         })?;
         Ok(Self { model, vocab: ck.vocab, manifest: ck.manifest })
     }
@@ -69,35 +136,83 @@ impl Translator {
         &self.vocab
     }
 
-    /// Refuses a text the model cannot take (too long), naming it.
-    fn check(&self, text: &str) -> Result<()> {
-        let n = text.chars().count() + vocab::SPECIALS_PER_SEQUENCE;
-        if n > self.manifest.model.max_len {
-            return Err(TrainError::Setting {
-                field: "TEXT",
-                reason: format!("{text:?} takes {n} positions, the model allows {}", self.manifest.model.max_len),
-            });
+    /// Whether the model was trained on the built-in dates task.
+    fn is_dates(&self) -> bool {
+        self.manifest.train.task == TaskSpec::Dates
+    }
+
+    /// `text` as the model takes it, or why it cannot: empty, longer than the model's positions,
+    /// or holding characters outside the vocabulary. For the dates task the text is first trimmed
+    /// and its month and weekday names, `the`, `of` and ordinal suffixes case-folded to the task's
+    /// forms ([`DatesTask::fold_case`]), which changes no date.
+    pub fn prepare(&self, text: &str) -> std::result::Result<String, Unanswered> {
+        let text = if self.is_dates() { DatesTask::fold_case(text.trim()) } else { text.to_string() };
+        if text.trim().is_empty() {
+            return Err(Unanswered::Empty);
+        }
+        self.fits(&text)?;
+        let mut unknown: Vec<char> = Vec::new();
+        for c in text.chars().filter(|&c| self.vocab.id(c) == vocab::UNK) {
+            if !unknown.contains(&c) {
+                unknown.push(c);
+            }
+        }
+        if !unknown.is_empty() {
+            return Err(Unanswered::Unknown(unknown));
+        }
+        Ok(text)
+    }
+
+    /// The answer to each of `texts`, in order: the texts the model can take ([`Self::prepare`])
+    /// are translated together; for the dates task an output that is not a calendar date
+    /// `YYYY-MM-DD` is refused rather than passed on.
+    pub fn answer(&self, texts: &[&str]) -> Result<Vec<std::result::Result<Answer, Unanswered>>> {
+        let prepared: Vec<_> = texts.iter().map(|t| self.prepare(t)).collect();
+        let sources: Vec<String> = prepared.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
+        let mut outputs = self.translate(&sources)?.into_iter();
+        Ok(prepared
+            .into_iter()
+            .map(|p| {
+                let source = p?;
+                let output = outputs.next().expect("one output per prepared text");
+                if self.is_dates() && Date::parse_iso(&output).is_none() {
+                    return Err(Unanswered::NotADate(output));
+                }
+                Ok(Answer { source, output })
+            })
+            .collect())
+    }
+
+    /// Refuses a text longer than the model's positions.
+    fn fits(&self, text: &str) -> std::result::Result<(), Unanswered> {
+        let chars = text.chars().count();
+        let positions = chars + vocab::SPECIALS_PER_SEQUENCE;
+        let max_len = self.manifest.model.max_len;
+        if positions > max_len {
+            return Err(Unanswered::TooLong { chars, positions, max_len });
         }
         Ok(())
     }
 
-    /// `[B, Ls]` source ids of `texts`.
+    /// `[B, Ls]` source ids of `texts`, each refused if longer than the model's positions.
     fn sources(&self, texts: &[String]) -> Result<Tensor> {
         for t in texts {
-            self.check(t)?;
+            self.fits(t).map_err(|reason| TrainError::Text { text: excerpt(t), reason })?;
         }
         let pairs: Vec<_> = texts.iter().map(|t| (t.clone(), String::new())).collect();
         Ok(Batch::new(&pairs, &self.vocab, &Device::Cpu)?.src)
     }
 
-    /// Greedy translations of `texts`, in order.
+    /// Greedy translations of `texts`, in order, as the model writes them (no check of the text
+    /// but its length, none of the output: see [`Self::answer`]), 250 texts at a time.
     pub fn translate(&self, texts: &[String]) -> Result<Vec<String>> {
-        if texts.is_empty() {
-            return Ok(Vec::new());
+        let mut out = Vec::with_capacity(texts.len());
+        for chunk in texts.chunks(CHUNK) {
+            let max_len = self.manifest.model.max_len;
+            let greedy = self.model.greedy(&self.sources(chunk)?, vocab::BOS, vocab::EOS, max_len, false)?;
+            out.extend(greedy.tokens.iter().map(|ids| self.vocab.decode(ids)));
         }
-        let greedy =
-            self.model.greedy(&self.sources(texts)?, vocab::BOS, vocab::EOS, self.manifest.model.max_len, false)?;
-        Ok(greedy.tokens.iter().map(|ids| self.vocab.decode(ids)).collect())
+        Ok(out)
     }
 
     /// The translation of `text` with every decoder layer's cross-attention.

@@ -218,3 +218,32 @@ fn the_task_vocabulary_covers_every_pair() {
         .collect();
     assert_eq!(v.chars().iter().copied().collect::<HashSet<_>>(), used);
 }
+
+#[test]
+fn iso_text_parses_back_to_its_date_and_other_text_does_not() {
+    for d in every_task_date() {
+        assert_eq!(Date::parse_iso(&d.iso()), Some(d));
+    }
+    for bad in
+        ["2021-02-29", "2100-02-29", "2021-04-31", "2021-13-01", "2021-01-00", "21-01-01", "2021/01/01", "２021-01-01"]
+    {
+        assert_eq!(Date::parse_iso(bad), None, "{bad}");
+    }
+    assert_eq!(Date::parse_iso("2000-02-29"), Some(date(2000, 2, 29)));
+}
+
+/// Every form, written in upper case, folds back to how the task writes it (the all-lower-case
+/// month of `3 march 2021` comes back capitalised, the form `3 March 2021`); the task's own
+/// forms are left as they are.
+#[test]
+fn case_folding_restores_every_form_of_every_month_and_weekday() {
+    let days: Vec<Date> = every_task_date().into_iter().step_by(37).collect();
+    for d in days {
+        for f in DateFormat::ALL {
+            let text = f.render(d);
+            assert_eq!(DatesTask::fold_case(&text), text, "{f:?}");
+            let expected = if f == DateFormat::DayLowerMonthYear { DateFormat::DayMonthYear.render(d) } else { text };
+            assert_eq!(DatesTask::fold_case(&expected.to_uppercase()), expected, "{f:?}");
+        }
+    }
+}

@@ -35,7 +35,7 @@ fn trained(dir: &Path) -> Translator {
         clip: 1.0,
         weight_decay: 0.01,
         seed: 1,
-        held_out: 30,
+        held_out: Some(30),
         eval_every: 10,
         checkpoint_every: 10,
     };
@@ -94,14 +94,14 @@ fn head_statistics_are_in_range_and_bounded_by_uniform_attention() {
 }
 
 #[test]
-fn head_settings_are_checked_by_flag() {
+fn head_settings_are_checked_by_field() {
     let dir = tempfile::tempdir().unwrap();
     let translator = trained(dir.path());
     let err =
         |samples, example| heads::sample(&translator, &HeadsSettings { samples, example }).unwrap_err().to_string();
-    assert!(err(0, 0).starts_with("--samples"));
+    assert!(err(0, 0).starts_with("samples"));
     let e = err(10, 10);
-    assert!(e.starts_with("--example") && e.contains("10 pairs"), "{e}");
+    assert!(e.starts_with("example") && e.contains("10 pairs"), "{e}");
 }
 
 #[test]
@@ -122,14 +122,14 @@ fn the_classifier_learns_which_marker_comes_first() {
 }
 
 #[test]
-fn classifier_settings_are_checked_by_flag() {
+fn classifier_settings_are_checked_by_field() {
     let err = |s: ClassifySettings| classify::run(&s, |_| {}).unwrap_err().to_string();
     let d = ClassifySettings::default();
-    assert!(err(ClassifySettings { min_len: 1, ..d }).starts_with("--min-len"));
-    assert!(err(ClassifySettings { max_len: 3, ..d }).starts_with("--max-len"));
-    assert!(err(ClassifySettings { lr: f64::NAN, ..d }).starts_with("--lr"));
-    assert!(err(ClassifySettings { batch: 0, ..d }).starts_with("--batch"));
-    assert!(err(ClassifySettings { test_size: 0, ..d }).starts_with("--test-size"));
-    assert!(err(ClassifySettings { steps: 0, ..d }).starts_with("--steps"));
-    assert!(err(ClassifySettings { eval_every: 0, ..d }).starts_with("--eval-every"));
+    assert!(err(ClassifySettings { min_len: 1, ..d }).starts_with("min_len"));
+    assert!(err(ClassifySettings { max_len: 3, ..d }).starts_with("max_len"));
+    assert!(err(ClassifySettings { lr: f64::NAN, ..d }).starts_with("lr"));
+    assert!(err(ClassifySettings { batch: 0, ..d }).starts_with("batch"));
+    assert!(err(ClassifySettings { test_size: 0, ..d }).starts_with("test_size"));
+    assert!(err(ClassifySettings { steps: 0, ..d }).starts_with("steps"));
+    assert!(err(ClassifySettings { eval_every: 0, ..d }).starts_with("eval_every"));
 }

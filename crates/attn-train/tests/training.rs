@@ -12,7 +12,8 @@ use attn_train::loss::masked_cross_entropy;
 use attn_train::model::ModelConfig;
 use attn_train::settings::{TaskSpec, TrainSettings};
 use attn_train::trainer::{Observer, Outcome, StepReport, Trainer};
-use attn_train::translate::Translator;
+use attn_train::translate::{Translator, Unanswered};
+use attn_train::TrainError;
 
 /// Records what the loop reports; raises the stop flag after `stop_after` steps.
 struct Log<'a> {
@@ -63,7 +64,7 @@ fn settings(steps: u64) -> TrainSettings {
         clip: 1.0,
         weight_decay: 0.01,
         seed: 5,
-        held_out: 20,
+        held_out: Some(20),
         eval_every: 20,
         checkpoint_every: 15,
     }
@@ -94,8 +95,18 @@ fn loss_falls_and_checkpoints_are_written() {
     let m = checkpoint::read_manifest(dir.path()).unwrap();
     assert_eq!((m.step, m.history.evaluations.len()), (60, 3));
     // A fresh run refuses to overwrite the checkpoint.
-    let err = Trainer::start(dir.path(), tiny(), settings(60)).err().unwrap().to_string();
-    assert!(err.contains("already holds a checkpoint") && err.contains("--resume"), "{err}");
+    let err = Trainer::start(dir.path(), tiny(), settings(60)).err().unwrap();
+    assert!(matches!(err, TrainError::HoldsCheckpoint { .. }), "{err}");
+}
+
+/// A stop asked for just after a checkpoint saves nothing more: one save of that step.
+#[test]
+fn a_stop_right_after_a_checkpoint_saves_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut trainer = Trainer::start(dir.path(), tiny(), settings(40)).unwrap();
+    let (outcome, _, _, saves) = run(&mut trainer, Some(15));
+    assert_eq!(outcome, Outcome::Stopped(15));
+    assert_eq!(saves, [15]);
 }
 
 /// `Trainer::step` trains on `Trainer::batch(k)` at step `k` (the batches `train_steps` exports
@@ -155,6 +166,24 @@ fn a_checkpoint_translates_like_the_model_that_wrote_it() {
 }
 
 #[test]
+fn answers_are_refused_with_their_reason_rather_than_invented() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Trainer::start(dir.path(), tiny(), settings(5)).unwrap();
+    run(&mut t, None);
+    let translator = Translator::load(dir.path()).unwrap();
+    assert_eq!(translator.prepare("  3 MARCH 2021 "), Ok("3 March 2021".to_string()));
+    assert_eq!(translator.prepare(" "), Err(Unanswered::Empty));
+    assert_eq!(translator.prepare("３.3.2021 🙂"), Err(Unanswered::Unknown(vec!['３', '🙂'])));
+    assert!(matches!(translator.prepare(&"1".repeat(40)), Err(Unanswered::TooLong { positions: 41, .. })));
+    // Five steps teach no dates: each output the model writes is refused as no calendar date.
+    let answers = translator.answer(&["3 March 2021", "", "Wed 3 Mar 2021"]).unwrap();
+    let raw = translator.translate(&["3 March 2021".into(), "Wed 3 Mar 2021".into()]).unwrap();
+    assert_eq!(answers[0], Err(Unanswered::NotADate(raw[0].clone())));
+    assert_eq!(answers[1], Err(Unanswered::Empty));
+    assert_eq!(answers[2], Err(Unanswered::NotADate(raw[1].clone())));
+}
+
+#[test]
 fn broken_checkpoints_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::start(dir.path(), tiny(), settings(15)).unwrap();
@@ -178,20 +207,25 @@ fn broken_checkpoints_are_refused_by_name() {
     std::fs::write(d.path().join(&f), &bytes[..bytes.len() / 2]).unwrap();
     assert!(err(d.path()).contains("truncated"), "{}", err(d.path()));
 
-    // config.json from another configuration: the weights no longer fit.
+    // config.json edited after the save: the record in model.safetensors names the field.
     let (d, f) = copy("config.json");
     let text = std::fs::read_to_string(d.path().join(&f)).unwrap().replace("\"d_model\": 16", "\"d_model\": 32");
     std::fs::write(d.path().join(&f), text).unwrap();
     let e = err(d.path());
-    assert!(e.contains("does not fit config.json"), "{e}");
+    assert!(e.contains("config.json has model.d_model 32, the weights were saved with 16"), "{e}");
 
     // Files from different saves.
     let (d, f) = copy("config.json");
     let text = std::fs::read_to_string(d.path().join(&f)).unwrap().replace("\"step\": 15", "\"step\": 14");
     std::fs::write(d.path().join(&f), text).unwrap();
-    assert!(err(d.path()).contains("different saves"));
+    let e = err(d.path());
+    assert!(e.contains("saved at step 15, but config.json is at step 14: files from different saves"), "{e}");
 
     let (d, f) = copy("config.json");
     std::fs::write(d.path().join(&f), "{\"format\": \"something else\"}").unwrap();
-    assert!(err(d.path()).contains("not a checkpoint manifest"));
+    let e = err(d.path());
+    assert!(e.contains("format `something else`, expected `attn-translator/2`"), "{e}");
+    std::fs::write(d.path().join(&f), "{\"step\": 15}").unwrap();
+    let e = err(d.path());
+    assert!(e.contains("not a checkpoint manifest: missing field `format`"), "{e}");
 }

@@ -5,15 +5,22 @@
 //!
 //! Logarithmic axes plot `log10` of the values with ticks labelled in the original units; points
 //! that are not finite, or not positive on a logarithmic axis, are left out of their line.
+//!
+//! Series are told apart by more than colour, so lines that coincide stay visible: every second
+//! series is dashed with hollow, larger markers (rings), the others solid with filled dots.
+//! The legend goes in the first corner (upper right, upper left, lower right, lower left) where it
+//! covers no line or point; when every corner would, the vertical axis grows to make room above.
 
 use std::path::Path;
 
+use plotters::chart::SeriesLabelPosition;
 use plotters::coord::Shift;
+use plotters::element::IntoDynElement;
 use plotters::prelude::{
-    ChartBuilder, Circle, DrawingArea, DrawingBackend, IntoFont, LineSeries, Palette, Palette99, PathElement, BLACK,
-    WHITE,
+    ChartBuilder, Circle, DashedLineSeries, DrawingArea, DrawingBackend, EmptyElement, IntoFont, LineSeries, Palette,
+    Palette99, PathElement, BLACK, WHITE,
 };
-use plotters::style::Color;
+use plotters::style::{Color, RGBAColor, ShapeStyle};
 
 use crate::picture::font::FAMILY;
 use crate::picture::{write, PictureFormat, Render};
@@ -72,7 +79,89 @@ pub fn draw_lines(path: &Path, chart: &LineChart) -> Result<(), ChartError> {
     };
     let x = span(&mut all.iter().map(|p| p.0));
     let y = span(&mut all.iter().map(|p| p.1));
-    write(path, format, &Picture { chart, lines, x, y }).map_err(fail)
+    let (legend, y) = legend_place(chart, &lines, x, y);
+    write(path, format, &Picture { chart, lines, x, y, legend }).map_err(fail)
+}
+
+/// Pixels of the plotting area (the picture less margins, caption and axis labels), about.
+const PLOT_PIXELS: (f64, f64) = (696.0, 380.0);
+
+/// Where the legend of `chart` covers none of `lines` (plot coordinates in the ranges `x`, `y`),
+/// and the vertical range to draw: `y` itself, or `y` grown upwards to make room above the data
+/// when every corner is taken.
+fn legend_place(
+    chart: &LineChart,
+    lines: &[Vec<(f64, f64)>],
+    x: (f64, f64),
+    y: (f64, f64),
+) -> (SeriesLabelPosition, (f64, f64)) {
+    // The legend's size as a fraction of the plot, with a margin: rows of 20 px, glyph and text.
+    let longest = chart.series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0) as f64;
+    let width = (48.0 + 7.5 * longest) / PLOT_PIXELS.0 + 0.03;
+    let height = (14.0 + 20.0 * chart.series.len() as f64) / PLOT_PIXELS.1 + 0.04;
+    // Points along every line in [0, 1]², 32 per segment.
+    let unit = |(px, py): (f64, f64)| ((px - x.0) / (x.1 - x.0), (py - y.0) / (y.1 - y.0));
+    let mut samples: Vec<(f64, f64)> = Vec::new();
+    for line in lines {
+        samples.extend(line.iter().map(|&p| unit(p)));
+        for w in line.windows(2) {
+            let (a, b) = (unit(w[0]), unit(w[1]));
+            samples.extend((1..32).map(|k| {
+                let t = f64::from(k) / 32.0;
+                (a.0 + t * (b.0 - a.0), a.1 + t * (b.1 - a.1))
+            }));
+        }
+    }
+    let corners = [
+        (SeriesLabelPosition::UpperRight, 1.0 - width, 1.0 - height),
+        (SeriesLabelPosition::UpperLeft, 0.0, 1.0 - height),
+        (SeriesLabelPosition::LowerRight, 1.0 - width, 0.0),
+        (SeriesLabelPosition::LowerLeft, 0.0, 0.0),
+    ];
+    for (position, left, bottom) in corners {
+        let covers = |&(sx, sy): &(f64, f64)| sx >= left && sx <= left + width && sy >= bottom && sy <= bottom + height;
+        if !samples.iter().any(covers) {
+            return (position, y);
+        }
+    }
+    // The data keep the lower `1 - height` of the plot, less a small gap; the legend has the rest.
+    let top = y.0 + (y.1 - y.0) / (1.0 - height - 0.02).max(0.2);
+    (SeriesLabelPosition::UpperRight, (y.0, top))
+}
+
+/// How series `i` is drawn: every second series dashed with hollow, larger markers, so one that
+/// coincides with the series before it leaves that one visible (solid line through the dashes,
+/// filled markers inside the rings).
+#[derive(Debug, Clone, Copy)]
+struct Look {
+    colour: RGBAColor,
+    dashed: bool,
+}
+
+impl Look {
+    fn of(i: usize) -> Self {
+        Self { colour: Palette99::pick(i).to_rgba(), dashed: i % 2 == 1 }
+    }
+
+    fn line(self) -> ShapeStyle {
+        self.colour.stroke_width(2)
+    }
+
+    /// The marker at `at`: a filled dot, or a ring around where the dot would be when dashed.
+    fn marker<C>(self, at: C) -> Circle<C, i32> {
+        if self.dashed {
+            Circle::new(at, 5, self.colour.stroke_width(2))
+        } else {
+            Circle::new(at, 3, self.colour.filled())
+        }
+    }
+
+    /// The legend's sample: 18 pixels of the line (dashed like the series) with the marker.
+    fn sample<'a, DB: DrawingBackend + 'a>(self, at: (i32, i32)) -> impl IntoDynElement<'a, DB, (i32, i32)> {
+        let stretch = if self.dashed { [(0, 4), (7, 11), (14, 18)] } else { [(0, 6), (6, 12), (12, 18)] };
+        let [a, b, c] = stretch.map(|(from, to)| PathElement::new([(from, 0), (to, 0)], self.line()));
+        EmptyElement::at(at) + a + b + c + self.marker((9, 0))
+    }
 }
 
 impl LineChart {
@@ -94,6 +183,7 @@ struct Picture<'a> {
     lines: Vec<Vec<(f64, f64)>>,
     x: (f64, f64),
     y: (f64, f64),
+    legend: SeriesLabelPosition,
 }
 
 /// Tick text of plot coordinate `v` with three significant digits: the value itself, or `10^v`
@@ -137,19 +227,54 @@ impl Render for Picture<'_> {
             .draw()
             .map_err(err)?;
         for (i, (series, points)) in c.series.iter().zip(&self.lines).enumerate() {
-            let colour = Palette99::pick(i).to_rgba();
-            plot.draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled()))).map_err(err)?;
-            plot.draw_series(LineSeries::new(points.iter().copied(), colour.stroke_width(2)))
-                .map_err(err)?
-                .label(&series.name)
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], colour.stroke_width(2)));
+            let look = Look::of(i);
+            let line = points.iter().copied();
+            let drawn = if look.dashed {
+                plot.draw_series(DashedLineSeries::new(line, 8, 5, look.line()))
+            } else {
+                plot.draw_series(LineSeries::new(line, look.line()))
+            };
+            drawn.map_err(err)?.label(&series.name).legend(move |at| look.sample(at));
+            plot.draw_series(points.iter().map(|&at| look.marker(at))).map_err(err)?;
         }
         plot.configure_series_labels()
+            .position(self.legend.clone())
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .label_font((FAMILY, 13).into_font())
             .draw()
             .map_err(err)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chart(series: usize) -> LineChart {
+        let series = (0..series).map(|i| Series { name: format!("series {i}"), points: Vec::new() }).collect();
+        LineChart { series, ..LineChart::default() }
+    }
+
+    /// A rising diagonal fills the upper-right and lower-left corners: the legend goes upper left.
+    #[test]
+    fn the_legend_takes_a_corner_free_of_data() {
+        let diagonal: Vec<(f64, f64)> = (0..=10).map(|i| (f64::from(i) / 10.0, f64::from(i) / 10.0)).collect();
+        let (position, y) = legend_place(&chart(2), &[diagonal], (0.0, 1.0), (0.0, 1.0));
+        assert!(matches!(position, SeriesLabelPosition::UpperLeft), "{position:?}");
+        assert_eq!(y, (0.0, 1.0));
+    }
+
+    /// Lines along the top and the bottom leave no corner: the vertical axis grows so the data keep
+    /// below the legend.
+    #[test]
+    fn with_every_corner_taken_the_axis_makes_room_above() {
+        let top = vec![(0.0, 1.0), (1.0, 1.0)];
+        let bottom = vec![(0.0, 0.0), (1.0, 0.0)];
+        let (position, (lo, hi)) = legend_place(&chart(4), &[top.clone(), bottom], (0.0, 1.0), (0.0, 1.0));
+        assert!(matches!(position, SeriesLabelPosition::UpperRight), "{position:?}");
+        let (again, _) = legend_place(&chart(4), &[top], (0.0, 1.0), (lo, hi));
+        assert!(matches!(again, SeriesLabelPosition::UpperRight) && hi > 1.2, "{again:?}, top {hi}");
     }
 }

@@ -1,20 +1,24 @@
 //! `attn train`: trains the sequence-to-sequence translator (`attn_train::Trainer`) on the built-in
 //! dates task or a user's `SOURCE<TAB>TARGET` file, with a progress bar (step, loss, tokens/s,
 //! ETA), a line per held-out evaluation, checkpoints into `--out`, and Ctrl-C stopping after the
-//! current step with a checkpoint saved.
+//! current step with a checkpoint saved (exit status 130). The library's refusals of a setting
+//! are named by the flag that gave it (on a fresh run; a resumed run's come from `config.json`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use anyhow::Context;
-use attn_train::checkpoint::Evaluation;
+use anyhow::{anyhow, Context};
+use attn_train::checkpoint::{Evaluation, Manifest};
+use attn_train::data::{Date, DateFormat};
 use attn_train::model::ModelConfig;
 use attn_train::settings::{TaskSpec, TrainSettings};
 use attn_train::trainer::{Observer, Outcome, StepReport, Trainer};
+use attn_train::TrainError;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::threads::Threads;
+use super::{with_flag, Interrupted};
 
 /// Arguments of `attn train`.
 #[derive(clap::Args, Debug)]
@@ -71,9 +75,10 @@ pub struct Args {
     /// Seed of initialisation, data order and dropout.
     #[arg(long, default_value_t = TrainSettings::default().seed)]
     pub seed: u64,
-    /// Held-out pairs for exact-match evaluation.
-    #[arg(long, default_value_t = TrainSettings::default().held_out)]
-    pub held_out: usize,
+    /// Held-out pairs (dates for the dates task) for exact-match evaluation, never trained on
+    /// (default: 5% of the data, at least 1, at most 1000).
+    #[arg(long)]
+    pub held_out: Option<usize>,
     /// Steps between evaluations.
     #[arg(long, default_value_t = TrainSettings::default().eval_every)]
     pub eval_every: u64,
@@ -153,10 +158,52 @@ impl Bar {
     }
 }
 
+/// `attn train --help`'s closing text: the dates task's fourteen forms, shown for 2021-03-14.
+pub fn dates_forms_help() -> String {
+    let date = Date::new(2021, 3, 14).expect("2021-03-14 is a date");
+    let forms: Vec<String> = DateFormat::ALL.iter().map(|f| format!("  {}", f.render(date))).collect();
+    format!(
+        "The dates task writes a date between 1950-01-01 and 2049-12-31 in one of fourteen forms, here \
+         2021-03-14, and asks for YYYY-MM-DD:\n{}\nNN/NN/YYYY is month first (US: 03/14/2021); N.N.YYYY and \
+         NN.NN.YYYY are day first (14.3.2021).",
+        forms.join("\n")
+    )
+}
+
+/// `e` as the user of `attn train` sees it: a fresh run's settings and folder come from flags.
+fn start_error(e: TrainError, out: &Path) -> anyhow::Error {
+    match e {
+        TrainError::HoldsCheckpoint { .. } => anyhow!(
+            "--out {}: already holds a checkpoint; continue it with --resume, or choose another folder",
+            out.display()
+        ),
+        TrainError::ForeignFiles { .. } => anyhow!("--out {e}"),
+        e => with_flag::<Args>(e),
+    }
+}
+
+/// A resumed run's settings come from its `config.json`, but `--steps`.
+fn resume_error(e: TrainError) -> anyhow::Error {
+    match e {
+        TrainError::Setting { field: "steps", .. } => with_flag::<Args>(e),
+        e => e.into(),
+    }
+}
+
+/// The last evaluation: `12.50% exact at step 250`, or that there is none yet.
+fn last_evaluation(m: &Manifest) -> String {
+    m.history.evaluations.last().map_or("not evaluated yet".to_string(), |e| {
+        format!("held-out exact match {:.2}% is from step {}", 100.0 * e.accuracy, e.step)
+    })
+}
+
 pub fn main(args: Args) -> anyhow::Result<()> {
     let pool = args.threads.pool()?;
     let mut trainer = if args.resume {
-        Trainer::resume(&args.out, args.steps)?
+        let trainer = Trainer::resume(&args.out, args.steps).map_err(resume_error)?;
+        let m = trainer.manifest();
+        println!("resuming from step {} (of {})", m.step, m.train.steps);
+        trainer
     } else {
         let model = ModelConfig {
             d_model: args.d_model,
@@ -184,27 +231,44 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             eval_every: args.eval_every,
             checkpoint_every: args.checkpoint_every,
         };
-        Trainer::start(&args.out, model, settings)?
+        Trainer::start(&args.out, model, settings).map_err(|e| start_error(e, &args.out))?
     };
+    let (held, total) = trainer.held_out_of_total();
+    let unit = if trainer.manifest().train.task == TaskSpec::Dates { "dates" } else { "pairs" };
+    let how = if args.resume || args.held_out.is_some() {
+        ""
+    } else {
+        " (the default: 5%, at least 1, at most 1000; --held-out N to change)"
+    };
+    println!("held out for evaluation: {held} of the {total} {unit}{how}");
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed)).context("cannot install the Ctrl-C handler")?;
     let style =
         ProgressStyle::with_template("{bar:30} {pos}/{len} steps · {msg} · ETA {eta}").expect("the template is valid");
     let mut bar = Bar { bar: ProgressBar::new(0).with_style(style), tokens_per_second: 0.0 };
-    let outcome = pool.install(|| trainer.run(&mut bar, &stop))?;
+    let outcome = pool.install(|| trainer.run(&mut bar, &stop)).map_err(|e| {
+        if args.resume {
+            resume_error(e)
+        } else {
+            with_flag::<Args>(e)
+        }
+    })?;
     bar.bar.finish_and_clear();
     let m = trainer.manifest();
-    let accuracy = m
-        .history
-        .evaluations
-        .last()
-        .map_or("not evaluated".to_string(), |e| format!("{:.2}% exact", 100.0 * e.accuracy));
     match outcome {
-        Outcome::Finished => println!("trained {} steps; held-out {accuracy}; model in {}", m.step, args.out.display()),
+        Outcome::Finished => {
+            println!("trained {} steps; {}; model in {}", m.step, last_evaluation(m), args.out.display());
+            Ok(())
+        }
         Outcome::Stopped(done) => {
-            println!("stopped after {done} steps (checkpoint saved; continue with --resume); held-out {accuracy}")
+            println!(
+                "stopped at step {done} of {}: checkpoint saved at step {done} in {} (continue with --resume); {}",
+                m.train.steps,
+                args.out.display(),
+                last_evaluation(m)
+            );
+            Err(Interrupted.into())
         }
     }
-    Ok(())
 }

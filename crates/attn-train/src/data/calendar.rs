@@ -112,6 +112,27 @@ impl Date {
         MONTHS[self.month as usize - 1]
     }
 
+    /// The date written `YYYY-MM-DD` (exactly: four-digit year, two-digit month and day), or
+    /// `None` for any other text or a day the calendar lacks (`2021-02-30`).
+    ///
+    /// ```
+    /// use attn_train::data::Date;
+    /// assert_eq!(Date::parse_iso("2000-02-29"), Date::new(2000, 2, 29));
+    /// for bad in ["2021-02-29", "2021-13-01", "2021-00-10", "2021-3-03", "2021-03-03 ", "0000-00-00", ""] {
+    ///     assert_eq!(Date::parse_iso(bad), None, "{bad}");
+    /// }
+    /// ```
+    pub fn parse_iso(text: &str) -> Option<Self> {
+        let b = text.as_bytes();
+        let digits = |r: std::ops::Range<usize>| -> Option<u32> {
+            b[r].iter().try_fold(0u32, |n, &c| c.is_ascii_digit().then(|| n * 10 + u32::from(c - b'0')))
+        };
+        if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+            return None;
+        }
+        Self::new(digits(0..4)? as i32, digits(5..7)?, digits(8..10)?)
+    }
+
     /// `YYYY-MM-DD` (ISO 8601, the task's target).
     pub fn iso(self) -> String {
         format!("{:04}-{:02}-{:02}", self.year, self.month, self.day)

@@ -100,6 +100,24 @@ impl DateFormat {
     }
 }
 
+/// One word of [`DatesTask::fold_case`].
+fn fold_word(word: &str) -> String {
+    let lower = word.to_lowercase();
+    if ["the", "of", "st", "nd", "rd", "th"].contains(&lower.as_str()) {
+        return lower;
+    }
+    for name in MONTHS.iter().chain(&WEEKDAYS) {
+        let is_month = MONTHS.contains(name);
+        if lower == name.to_lowercase() {
+            return if is_month && word == lower { lower } else { (*name).to_string() };
+        }
+        if lower == name[..3].to_lowercase() {
+            return name[..3].to_string();
+        }
+    }
+    word.to_string()
+}
+
 /// A date known valid at compile time.
 const fn const_date(year: i32, month: u32, day: u32) -> Date {
     match Date::new(year, month, day) {
@@ -215,6 +233,32 @@ impl DatesTask {
     /// Whether `date` is held out (never drawn for training); dates outside the task are not.
     pub fn is_held_out(&self, date: Date) -> bool {
         (FIRST_DAY..=LAST_DAY).contains(&date) && self.train_days.binary_search(&date.to_days()).is_err()
+    }
+
+    /// `text` with the words the task writes in a fixed case folded to it: month and weekday names
+    /// and their three-letter forms to `March`, `Wed` (a full month name all in lower case stays
+    /// so, one of the task's forms), `the`, `of` and the ordinal suffixes `st`, `nd`, `rd`, `th`
+    /// to lower case. Other words and characters are kept, so no date changes.
+    ///
+    /// ```
+    /// use attn_train::data::DatesTask;
+    /// assert_eq!(DatesTask::fold_case("THE 3RD OF MARCH 2021"), "the 3rd of March 2021");
+    /// assert_eq!(DatesTask::fold_case("wed 3 mar 2021"), "Wed 3 Mar 2021");
+    /// assert_eq!(DatesTask::fold_case("3 march 2021"), "3 march 2021");
+    /// assert_eq!(DatesTask::fold_case("3 MARCHE 2021"), "3 MARCHE 2021");
+    /// ```
+    pub fn fold_case(text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(start) = rest.find(char::is_alphabetic) {
+            out.push_str(&rest[..start]);
+            let word = &rest[start..];
+            let end = word.find(|c: char| !c.is_alphabetic()).unwrap_or(word.len());
+            out.push_str(&fold_word(&word[..end]));
+            rest = &word[end..];
+        }
+        out.push_str(rest);
+        out
     }
 
     /// The vocabulary of the task: every character any form of any date can use, and the digits.

@@ -130,6 +130,16 @@ pub enum DataError {
         /// The value given.
         found: String,
     },
+    /// The data of a run changed since it started.
+    #[error("{data} changed since the run started (its contents were {then}, now {now}): its pairs are not the run's")]
+    Changed {
+        /// The pairs file, or the task.
+        data: String,
+        /// The fingerprint recorded when the run started.
+        then: String,
+        /// The fingerprint now.
+        now: String,
+    },
     /// Building a tensor failed.
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),

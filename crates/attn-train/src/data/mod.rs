@@ -27,5 +27,5 @@ pub use batch::{Batch, BatchOrder};
 pub use calendar::Date;
 pub use dates::{DateFormat, DatesTask};
 pub use error::{DataError, Side};
-pub use pairs::{read_pairs, split_held_out, Pair};
+pub use pairs::{parse_pairs, read_pairs, read_pairs_file, split_held_out, Pair};
 pub use vocab::Vocab;

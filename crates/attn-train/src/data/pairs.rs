@@ -21,13 +21,24 @@ const SALT_SPLIT: u64 = 0x5350_4C49_5448_4F4C;
 /// The pairs of the parallel-text file at `path`. Each side may take at most `max_len` positions
 /// with its special token, that is `max_len - 1` characters ([`SPECIALS_PER_SEQUENCE`]).
 pub fn read_pairs(path: &Path, max_len: usize) -> Result<Vec<Pair>, DataError> {
+    parse_pairs(&read_pairs_file(path)?, path, max_len)
+}
+
+/// The bytes of the parallel-text file at `path`, its size checked against [`MAX_FILE_BYTES`]
+/// before it is read.
+pub fn read_pairs_file(path: &Path) -> Result<Vec<u8>, DataError> {
     let io = |source| DataError::Io { path: path.into(), source };
     let size = std::fs::metadata(path).map_err(io)?.len();
     if size > MAX_FILE_BYTES {
         return Err(DataError::TooLarge { path: path.into(), size, limit: MAX_FILE_BYTES });
     }
-    let bytes = std::fs::read(path).map_err(io)?;
-    let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&bytes);
+    std::fs::read(path).map_err(io)
+}
+
+/// The pairs of `bytes`, the contents of the parallel-text file `path` (named in errors), checked
+/// as [`read_pairs`] does.
+pub fn parse_pairs(bytes: &[u8], path: &Path, max_len: usize) -> Result<Vec<Pair>, DataError> {
+    let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
     let mut pairs = Vec::new();
     for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
         let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
@@ -71,8 +82,7 @@ fn parse_line(raw: &[u8], path: &Path, line: usize, max_len: usize) -> Result<Pa
 /// held-out source is ever trained on. Both keep the file's order. Refused unless `held_out` is
 /// below the number of pairs, or if no training pair is left.
 pub fn split_held_out(pairs: Vec<Pair>, held_out: usize, seed: u64) -> Result<(Vec<Pair>, Vec<Pair>), DataError> {
-    let argument =
-        |expected: String, found: String| DataError::Argument { what: "split_held_out: held_out", expected, found };
+    let argument = |expected: String, found: String| DataError::Argument { what: "held_out", expected, found };
     if held_out >= pairs.len() {
         return Err(argument(format!("fewer than the {} pairs", pairs.len()), held_out.to_string()));
     }

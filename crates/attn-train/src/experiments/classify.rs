@@ -83,32 +83,32 @@ impl Default for ClassifySettings {
 pub const MAX_LEN_LIMIT: usize = 512;
 
 impl ClassifySettings {
-    /// Refuses unusable settings, naming the flag.
+    /// Refuses unusable settings, naming the field.
     pub fn check(&self) -> Result<()> {
         let bad = |field, reason: String| Err(TrainError::Setting { field, reason });
         for (field, value) in [
-            ("--train-size", self.train_size as u64),
-            ("--test-size", self.test_size as u64),
-            ("--d-model", self.d_model as u64),
-            ("--batch", self.batch as u64),
-            ("--steps", self.steps),
-            ("--eval-every", self.eval_every),
+            ("train_size", self.train_size as u64),
+            ("test_size", self.test_size as u64),
+            ("d_model", self.d_model as u64),
+            ("batch", self.batch as u64),
+            ("steps", self.steps),
+            ("eval_every", self.eval_every),
         ] {
             if value == 0 {
                 return bad(field, "must be positive".into());
             }
         }
         if self.min_len < 2 {
-            return bad("--min-len", format!("{}: both markers must fit, so at least 2", self.min_len));
+            return bad("min_len", format!("{}: both markers must fit, so at least 2", self.min_len));
         }
         if self.max_len < self.min_len || self.max_len > MAX_LEN_LIMIT {
             return bad(
-                "--max-len",
-                format!("{}: must be at least --min-len {} and at most {MAX_LEN_LIMIT}", self.max_len, self.min_len),
+                "max_len",
+                format!("{}: must be at least min_len {} and at most {MAX_LEN_LIMIT}", self.max_len, self.min_len),
             );
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
-            return bad("--lr", format!("{} must be a positive number", self.lr));
+            return bad("lr", format!("{} must be a positive number", self.lr));
         }
         Ok(())
     }

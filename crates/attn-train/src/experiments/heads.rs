@@ -148,17 +148,19 @@ pub struct Sample {
 
 /// The first `settings.samples` held-out pairs of the task `translator` was trained on (the
 /// dates task's held-out dates, or the held-out part of a pairs file, which is read again from the
-/// path it was trained from); refuses zero samples and an example outside them, naming the flag.
+/// path it was trained from, refused if its contents changed since); refuses zero samples and an example outside them, naming the field.
 pub fn sample(translator: &Translator, settings: &HeadsSettings) -> Result<Sample> {
     if settings.samples == 0 {
-        return Err(TrainError::Setting { field: "--samples", reason: "must be positive".into() });
+        return Err(TrainError::Setting { field: "samples", reason: "must be positive".into() });
     }
     let manifest = translator.manifest();
-    let mut pairs = Task::open(&manifest.train, manifest.model.max_len)?.held_out();
+    let task = Task::open(&manifest.train, manifest.model.max_len)?;
+    task.check_unchanged(manifest)?;
+    let mut pairs = task.held_out();
     pairs.truncate(settings.samples);
     if settings.example >= pairs.len() {
         return Err(TrainError::Setting {
-            field: "--example",
+            field: "example",
             reason: format!("{} is not below the {} pairs measured", settings.example, pairs.len()),
         });
     }

@@ -46,18 +46,18 @@ impl Default for ScalingSettings {
 }
 
 impl ScalingSettings {
-    /// Refuses settings that measure nothing or would run too long, naming the flag.
+    /// Refuses settings that measure nothing or would run too long, naming the field.
     pub fn check(&self) -> Result<()> {
         let bad = |field, reason: String| Err(TrainError::Setting { field, reason });
         if self.dims.is_empty() || self.dims.contains(&0) {
-            return bad("--dims", format!("{:?}: give at least one width, all positive", self.dims));
+            return bad("dims", format!("{:?}: give at least one width, all positive", self.dims));
         }
         if self.keys < 2 {
-            return bad("--keys", format!("{}: a softmax over fewer than 2 keys is constant", self.keys));
+            return bad("keys", format!("{}: a softmax over fewer than 2 keys is constant", self.keys));
         }
         if !(2..=MAX_TRIALS).contains(&self.trials) {
             return bad(
-                "--trials",
+                "trials",
                 format!("{}: need at least 2 (for a sample variance) and at most {MAX_TRIALS}", self.trials),
             );
         }
@@ -65,9 +65,9 @@ impl ScalingSettings {
         let draws = per_trial.saturating_mul(self.trials as u64);
         if draws > MAX_DRAWS {
             return bad(
-                "--trials",
+                "trials",
                 format!(
-                    "--trials × (--keys + 1) × the sum of --dims = {draws} Gaussian draws, over the limit \
+                    "trials × (keys + 1) × the sum of dims = {draws} Gaussian draws, over the limit \
                      {MAX_DRAWS}; lower one of them"
                 ),
             );
@@ -242,13 +242,13 @@ mod tests {
     }
 
     #[test]
-    fn settings_are_checked_by_flag() {
+    fn settings_are_checked_by_field() {
         let err = |s: ScalingSettings| run(&s).unwrap_err().to_string();
-        assert!(err(settings(&[], 10)).starts_with("--dims"));
-        assert!(err(settings(&[4, 0], 10)).starts_with("--dims"));
-        assert!(err(ScalingSettings { keys: 1, ..settings(&[4], 10) }).starts_with("--keys"));
-        assert!(err(settings(&[4], 1)).starts_with("--trials"));
-        assert!(err(settings(&[4], MAX_TRIALS + 1)).starts_with("--trials"));
+        assert!(err(settings(&[], 10)).starts_with("dims"));
+        assert!(err(settings(&[4, 0], 10)).starts_with("dims"));
+        assert!(err(ScalingSettings { keys: 1, ..settings(&[4], 10) }).starts_with("keys"));
+        assert!(err(settings(&[4], 1)).starts_with("trials"));
+        assert!(err(settings(&[4], MAX_TRIALS + 1)).starts_with("trials"));
         assert!(err(settings(&[1 << 20], 1 << 10)).contains("Gaussian draws"));
     }
 }

@@ -8,6 +8,7 @@ use attn::heatmap::{draw_heatmap, HeatmapStyle};
 use attn_train::experiments::classify::{self, ClassifySettings, Evaluation};
 
 use crate::commands::out_dir::OutDir;
+use crate::commands::with_flag;
 
 /// Arguments of `attn explain classify`.
 #[derive(clap::Args, Debug)]
@@ -59,7 +60,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         eval_every: args.eval_every,
         seed: args.seed,
     };
-    settings.check()?;
+    settings.check().map_err(with_flag::<Args>)?;
     let dir = args.out.prepare()?;
     println!(
         "which of A and B comes first: {} training and {} test sequences of {}..={} tokens, padded; \

@@ -10,6 +10,7 @@ use attn_train::experiments::heads::{self, HeadsSettings, PatternStats};
 use attn_train::translate::Translator;
 
 use crate::commands::out_dir::OutDir;
+use crate::commands::with_flag;
 
 /// Arguments of `attn explain heads`.
 #[derive(clap::Args, Debug)]
@@ -34,7 +35,8 @@ fn cells(s: &PatternStats) -> String {
 
 pub fn main(args: Args) -> anyhow::Result<()> {
     let translator = Translator::load(&args.checkpoint)?;
-    let sample = heads::sample(&translator, &HeadsSettings { samples: args.samples, example: args.example })?;
+    let sample = heads::sample(&translator, &HeadsSettings { samples: args.samples, example: args.example })
+        .map_err(with_flag::<Args>)?;
     let dir = args.out.prepare()?;
     let report = heads::run(&translator, &sample)?;
     println!(

@@ -7,6 +7,7 @@ use attn::chart::{draw_lines, LineChart, Series};
 use attn_train::experiments::scaling::{self, ScalingRow, ScalingSettings, SoftmaxStats};
 
 use crate::commands::out_dir::OutDir;
+use crate::commands::with_flag;
 
 /// Arguments of `attn explain scaling`.
 #[derive(clap::Args, Debug)]
@@ -29,7 +30,7 @@ pub struct Args {
 
 pub fn main(args: Args) -> anyhow::Result<()> {
     let settings = ScalingSettings { dims: args.dims, keys: args.keys, trials: args.trials, seed: args.seed };
-    settings.check()?;
+    settings.check().map_err(with_flag::<Args>)?;
     let dir = args.out.prepare()?;
     let rows = scaling::run(&settings)?;
     println!(
@@ -70,6 +71,14 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             series(&format!("{what}scaled q·k/√d_k"), &|r| f(&r.scaled)),
         ]
     };
+    // Mean then median of each: the chart draws every second series dashed, so the scaled mean
+    // and median, which nearly coincide, stay told apart.
+    let mean_and_median = |stats: fn(&ScalingRow) -> &SoftmaxStats, what: &str| {
+        vec![
+            series(&format!("mean, {what}"), &|r| stats(r).jacobian_mean),
+            series(&format!("median, {what}"), &|r| stats(r).jacobian_median),
+        ]
+    };
     let chart = |title: &str, y: &str, log_y: bool, series: Vec<Series>| LineChart {
         title: title.into(),
         x_label: "d_k".into(),
@@ -98,11 +107,8 @@ pub fn main(args: Args) -> anyhow::Result<()> {
                 "gradient through softmax: norm of its Jacobian",
                 "Frobenius norm",
                 true,
-                [
-                    both("mean, ", |s: &SoftmaxStats| s.jacobian_mean),
-                    both("median, ", |s: &SoftmaxStats| s.jacobian_median),
-                ]
-                .concat(),
+                [mean_and_median(|r| &r.unscaled, "unscaled q·k"), mean_and_median(|r| &r.scaled, "scaled q·k/√d_k")]
+                    .concat(),
             ),
         ),
     ];
