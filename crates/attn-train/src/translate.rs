@@ -5,9 +5,9 @@
 
 use std::path::Path;
 
+use attn_nn::load::StateDict;
 use attn_nn::Seq2Seq;
 use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
 use thiserror::Error;
 
 use crate::checkpoint::{self, Manifest};
@@ -101,8 +101,8 @@ impl Translator {
     /// naming the file.
     pub fn load(dir: &Path) -> Result<Self> {
         let ck = checkpoint::load(dir)?;
-        let vb = VarBuilder::from_tensors(ck.weights, DType::F32, &Device::Cpu);
-        let model = ck.manifest.model.build(vb).map_err(|e| {
+        let weights = StateDict::from_tensors(ck.weights, "model.safetensors");
+        let model = weights.build(DType::F32, &Device::Cpu, |vb| ck.manifest.model.build(vb)).map_err(|e| {
             TrainError::Checkpoint(format!(
                 "{}: model.safetensors does not fit config.json: {}",
                 dir.display(),

@@ -221,6 +221,18 @@ fn broken_checkpoints_are_refused_by_name() {
     let e = err(d.path());
     assert!(e.contains("saved at step 15, but config.json is at step 14: files from different saves"), "{e}");
 
+    // A weight the model does not use (kept with the file's record).
+    let (d, f) = copy("model.safetensors");
+    let bytes = std::fs::read(d.path().join(&f)).unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::tensor::TensorView)> = file.tensors();
+    let extra = [0u8; 8];
+    tensors.push(("encoder.extra.weight".into(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &extra).unwrap()));
+    std::fs::write(d.path().join(&f), safetensors::serialize(tensors, header.metadata().clone()).unwrap()).unwrap();
+    let e = err(d.path());
+    assert!(e.contains("encoder.extra.weight"), "{e}");
+
     let (d, f) = copy("config.json");
     std::fs::write(d.path().join(&f), "{\"format\": \"something else\"}").unwrap();
     let e = err(d.path());
