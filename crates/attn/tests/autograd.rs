@@ -40,6 +40,19 @@ fn assert_useful(name: &str, g: &[f32]) {
     assert!(g.iter().any(|&x| x != 0.0), "{name}: every gradient is zero");
 }
 
+/// Checks that `grads` holds, for `q`, `k`, `v` and the bias, finite non-zero gradients equal to
+/// the kernels' `want`.
+fn assert_kernel_grads(grads: &candle_core::backprop::GradStore, [q, k, v, bias]: [&Var; 4], want: &AttnGrads<f32>) {
+    let got = |t: &Var| flat(grads.get(t).expect("a gradient"));
+    for (name, t, w) in [("q", q, &want.dq), ("k", k, &want.dk), ("v", v, &want.dv)] {
+        assert_useful(name, &got(t));
+        assert!(max_diff(&got(t), w) <= 1e-6, "d{name} differs from the kernel's by {}", max_diff(&got(t), w));
+    }
+    let db = got(bias);
+    assert_useful("bias", &db);
+    assert!(max_diff(&db, want.dbias.as_ref().unwrap()) <= 1e-5, "dbias differs from the kernel's");
+}
+
 #[test]
 fn gradients_reach_q_k_v_and_bias_and_equal_the_kernels() {
     let dims = [2, 4, 2, 9, 13, 8, 6];
@@ -55,14 +68,7 @@ fn gradients_reach_q_k_v_and_bias_and_equal_the_kernels() {
     let loss = (out * &dout).unwrap().sum_all().unwrap();
     let grads = loss.backward().unwrap();
     let want = kernel_grads(&flat(&q), &flat(&k), &flat(&v), dims, &opts, &flat(&dout));
-    let got = |t: &Var| flat(grads.get(t).expect("a gradient"));
-    for (name, t, w) in [("q", &q, &want.dq), ("k", &k, &want.dk), ("v", &v, &want.dv)] {
-        assert_useful(name, &got(t));
-        assert!(max_diff(&got(t), w) <= 1e-6, "d{name} differs from the kernel's by {}", max_diff(&got(t), w));
-    }
-    let db = got(&bias);
-    assert_useful("bias", &db);
-    assert!(max_diff(&db, want.dbias.as_ref().unwrap()) <= 1e-5, "dbias differs from the kernel's");
+    assert_kernel_grads(&grads, [&q, &k, &v, &bias], &want);
 }
 
 #[test]
@@ -143,15 +149,7 @@ fn a_full_size_mask_and_bias_serve_the_forward_and_every_backward() {
     let out = sdpa(&q, &k, &v, &opts).unwrap();
     let loss = (out * &dout).unwrap().sum_all().unwrap();
     let want = kernel_grads(&flat(&q), &flat(&k), &flat(&v), dims, &opts, &flat(&dout));
-    for round in 0..2 {
-        let grads = loss.backward().unwrap();
-        let got = |t: &Var| flat(grads.get(t).expect("a gradient"));
-        for (name, t, w) in [("q", &q, &want.dq), ("k", &k, &want.dk), ("v", &v, &want.dv)] {
-            assert_useful(name, &got(t));
-            assert!(max_diff(&got(t), w) <= 1e-6, "backward {round}: d{name} differs by {}", max_diff(&got(t), w));
-        }
-        let db = got(&bias);
-        assert_useful("bias", &db);
-        assert!(max_diff(&db, want.dbias.as_ref().unwrap()) <= 1e-5, "backward {round}: dbias differs");
+    for _ in 0..2 {
+        assert_kernel_grads(&loss.backward().unwrap(), [&q, &k, &v, &bias], &want);
     }
 }
