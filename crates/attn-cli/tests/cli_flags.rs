@@ -2,10 +2,10 @@
 //! allowed range (not clap's "unexpected argument"), the kernel `auto` resolved to is reported,
 //! dropout's default seed is stated, and `--threads` is bounded and shared by both commands.
 
-mod run_common;
+mod common;
 
 use attn_kernels::Kernel;
-use run_common::*;
+use common::*;
 use serde_json::Value;
 
 fn attn_cmd(args: &[&str]) -> Output {

@@ -4,10 +4,10 @@
 //! pictures: PNG, SVG or JPEG), and an extension no writer knows is refused before any input is
 //! read, with the accepted extensions named.
 
-mod run_common;
+mod common;
 
 use attn_cli::io::{read_npz, read_tensors, write_npz};
-use run_common::*;
+use common::*;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)

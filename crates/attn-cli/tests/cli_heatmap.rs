@@ -6,20 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use attn_cli::io::{read_safetensors, read_tensors, write_safetensors, HostData, HostTensor};
-use attn_kernels::rng::SplitMix64;
+use attn_cli::io::{read_safetensors, read_tensors, write_safetensors, HostData};
+use attn_testkit::rng::values;
 use half::{bf16, f16};
 
-mod run_common;
+mod common;
 
-/// Seeded values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    SplitMix64::new(seed).uniform(n, -1.0, 1.0)
-}
-
-fn tensor(shape: &[usize], data: HostData) -> HostTensor {
-    HostTensor::new(shape.to_vec(), data).unwrap()
-}
+use common::tensor;
 
 fn attn(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_attn")).args(args).output().unwrap()
@@ -159,7 +152,7 @@ fn all_heads_draws_one_panel_per_head_with_query_and_key_tokens() {
 /// string of `wanted`, without writing OUT.
 fn refused(dir: &Path, args: &[&str], wanted: &[&str]) {
     let out_file = dir.join("refused.png");
-    run_common::assert_refused(args, attn(&[&["heatmap"], args, &["-o", s(&out_file)]].concat()), wanted);
+    common::assert_refused(args, attn(&[&["heatmap"], args, &["-o", s(&out_file)]].concat()), wanted);
     assert!(!out_file.exists(), "{args:?} wrote {}", out_file.display());
 }
 

@@ -4,9 +4,9 @@
 //! outcome is the same on every machine); the last ones reproduce the reports of issue 11 under a
 //! 4 GB address-space limit (`ulimit -v`, through `sh`).
 
-mod run_common;
+mod common;
 
-use run_common::*;
+use common::*;
 
 /// Runs `attn ARGS` with at most 4 GB of address space.
 fn attn_limited(args: &[&str]) -> Output {

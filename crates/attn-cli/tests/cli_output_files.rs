@@ -3,11 +3,11 @@
 //! umask (an existing file keeps its own), whole or not at all, and with errors that name the
 //! destination the user gave rather than an internal temporary file.
 
-mod run_common;
+mod common;
 
 use std::os::unix::fs::PermissionsExt;
 
-use run_common::*;
+use common::*;
 
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777

@@ -2,9 +2,9 @@
 //! and its `out`, `lse` and `weights` are checked against the `f64` reference with the project's
 //! tolerance rule (gradients: `cli_run_grads.rs`; refusals: `cli_run_errors.rs`).
 
-mod run_common;
+mod common;
 
-use run_common::*;
+use common::*;
 
 #[test]
 fn output_matches_reference() {

@@ -1,9 +1,9 @@
 //! `attn run` refusals: malformed or inconsistent inputs give exit code 1 with one `error:` line
 //! naming the file, tensor or option, and no panic.
 
-mod run_common;
+mod common;
 
-use run_common::*;
+use common::*;
 
 #[test]
 fn missing_tensor() {

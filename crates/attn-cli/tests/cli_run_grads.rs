@@ -2,9 +2,9 @@
 //! reference backward with the gradient rule, in both input forms, and dropout replayed from the
 //! seed as the kernels' backward replays it.
 
-mod run_common;
+mod common;
 
-use run_common::*;
+use common::*;
 
 #[test]
 fn gradients_with_causal_mask_bias_and_gqa_match_the_reference_backward() {

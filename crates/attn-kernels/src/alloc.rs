@@ -107,7 +107,9 @@ pub fn collect<T: Elem>(
 }
 
 /// `bytes` with one decimal in decimal units (`"14.4 GB"`, as memory is sold) or, with `binary`,
-/// binary ones (`"1.5 KiB"`); whole bytes below the first step.
+/// binary ones (`"1.5 KiB"`); whole bytes below the first step. Used by [`AllocError`]'s message;
+/// hidden from the documentation, other crates use it as `attn::alloc::human_bytes`.
+#[doc(hidden)]
 pub fn human_bytes(bytes: f64, binary: bool) -> String {
     let (step, units) = if binary {
         (1024.0, ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"])

@@ -20,6 +20,9 @@ pub mod mask;
 pub mod merge;
 pub mod problem;
 pub mod reference;
+// A workspace utility, not part of the kernels' interface: dropout keys its rows with
+// `splitmix64`; the other crates reach the generator as `attn::random::SplitMix64`.
+#[doc(hidden)]
 pub mod rng;
 pub mod view;
 

@@ -1,6 +1,7 @@
-//! SplitMix64, the crate's one small seedable generator: its mixing function keys dropout rows
-//! ([`crate::dropout`]), and its stream gives reproducible data to examples, benchmarks and tests
-//! on every machine (candle's CPU generator cannot be seeded).
+//! SplitMix64, the workspace's one small seedable generator: its mixing function keys dropout rows
+//! ([`crate::dropout`]), and its stream gives reproducible data to examples, benchmarks and
+//! initialisation on every machine (candle's CPU generator cannot be seeded). Hidden from this
+//! crate's documentation: other crates use it as `attn::random::SplitMix64`.
 
 /// SplitMix64's output function of one state value.
 #[inline]

@@ -8,17 +8,17 @@
 //!   baseline, with and without the weights requested, under every flash plan; and again with
 //!   K/V stored as f16 and as bf16 (the oracle then runs on the rounded values).
 
-/// The helpers in `tests/golden/`.
 mod common;
-mod golden {
+/// The golden suites' helpers in `tests/golden_parts/`.
+mod golden_parts {
     pub mod compare;
     pub mod fixture;
 }
 
 use attn_kernels::{attention_tuned, reference, Isa, Kernel, KvView, Path, Tuning, View4};
 use attn_testkit::oracle;
-use golden::compare::check_f64;
-use golden::fixture::{fixture_dir, fixture_paths, Fixture};
+use golden_parts::compare::check_f64;
+use golden_parts::fixture::{fixture_dir, fixture_paths, Fixture};
 use half::{bf16, f16};
 
 /// Fewer files than this means the directory was lost or truncated.

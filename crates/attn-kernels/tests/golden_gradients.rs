@@ -14,9 +14,9 @@
 //!   its `dbias` is held to the rule with the floor taken at the magnitude of the terms it sums
 //!   (as `tests/gradients_parts/harness.rs` does).
 
-/// The helpers in `tests/golden/`.
 mod common;
-mod golden {
+/// The golden suites' helpers in `tests/golden_parts/`.
+mod golden_parts {
     pub mod compare;
     pub mod fixture;
 }
@@ -26,8 +26,8 @@ use attn_kernels::{
     KvView, Real, Saved, View4,
 };
 use attn_testkit::oracle::{self, GRADIENT_FACTOR};
-use golden::compare::check_f64_within;
-use golden::fixture::{fixture_paths, Fixture, Grads};
+use golden_parts::compare::check_f64_within;
+use golden_parts::fixture::{fixture_paths, Fixture, Grads};
 use half::{bf16, f16};
 
 /// Relative tolerance of the `f64` reference backward against PyTorch.

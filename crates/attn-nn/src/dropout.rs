@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use attn_kernels::rng::{splitmix64, SplitMix64};
+use attn::random::{splitmix64, SplitMix64};
 use candle_core::Tensor;
 
 use crate::error::Result;

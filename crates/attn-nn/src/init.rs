@@ -4,7 +4,7 @@
 //! unseeded generator, so two runs would start from different models; with [`seeded`] the same
 //! seed gives the same model on every machine, whatever order the modules are built in.
 
-use attn_kernels::rng::{splitmix64, SplitMix64};
+use attn::random::{splitmix64, SplitMix64};
 use candle_core::{DType, Device, Result, Shape, Tensor, Var};
 use candle_nn::init::NormalOrUniform;
 use candle_nn::var_builder::SimpleBackend;

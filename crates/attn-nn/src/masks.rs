@@ -4,7 +4,7 @@
 //! ([`Mask::block`]) and SDPA's "true = may attend" masks ([`Mask::keep`], [`attn::padding_mask`])
 //! cannot be confused. Each module turns them into the one [`SdpaOptions`] of its call.
 
-use attn::{Align, Mask, Polarity, SdpaOptions};
+use attn::{Align, Mask, SdpaOptions};
 use candle_core::Tensor;
 
 use crate::error::{NnError, Result};
@@ -78,12 +78,12 @@ impl AttnMasks {
         let mut biases = Vec::new();
         match &self.key_padding {
             None => {}
-            Some(AttnMask::Bool(m)) => masks.push(with_tensor(m, padding_4d(module, m.tensor(), b, lk)?)),
+            Some(AttnMask::Bool(m)) => masks.push(m.with_tensor(padding_4d(module, m.tensor(), b, lk)?)),
             Some(AttnMask::Additive(t)) => biases.push(padding_4d(module, t, b, lk)?),
         }
         match &self.attn {
             None => {}
-            Some(AttnMask::Bool(m)) => masks.push(with_tensor(m, attn_4d(module, m.tensor(), [b, h, lq, lk])?)),
+            Some(AttnMask::Bool(m)) => masks.push(m.with_tensor(attn_4d(module, m.tensor(), [b, h, lq, lk])?)),
             Some(AttnMask::Additive(t)) => biases.push(attn_4d(module, t, [b, h, lq, lk])?),
         }
         if self.causal && extra > 0 {
@@ -123,14 +123,6 @@ fn extend(t: &Tensor, extra: usize, fill: f64) -> Result<Tensor> {
     }
     let pad = (Tensor::ones(dims, t.dtype(), t.device())? * fill)?;
     Ok(Tensor::cat(&[t, &pad], t.rank() - 1)?)
-}
-
-/// The same polarity over another tensor.
-fn with_tensor(m: &Mask, t: Tensor) -> Mask {
-    match m.polarity() {
-        Polarity::Keep => Mask::keep(t),
-        Polarity::Block => Mask::block(t),
-    }
 }
 
 /// A key padding mask (boolean or additive) as `[B, 1, 1, Lk]`.

@@ -4,14 +4,14 @@
 //! for cross-attention (keys/values projected once), for a decoder stack, and for the Seq2Seq
 //! model's greedy decoding against re-running the whole prefix at every step.
 
-mod support;
+mod common;
 
 use attn_nn::{
     Activation, AttnMasks, Cache, DecoderCache, KvCache, LayerConfig, MhaInput, MultiHeadAttention,
     MultiHeadAttentionConfig, RopeConfig, Run, Seq2Seq, Seq2SeqConfig, TransformerConfig, TransformerDecoder,
 };
 use candle_core::{DType, Device, Tensor, D};
-use support::{flat, fresh, uniform};
+use common::{flat, fresh, uniform};
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
@@ -91,7 +91,7 @@ fn decoder_stack_step_by_step_equals_the_full_forward() {
         };
         let dec = TransformerDecoder::new(&cfg, 2, true, vb).unwrap();
         let (t, mem) = (uniform(&[2, 5, 16], 5), uniform(&[2, 6, 16], 6));
-        let mem_masks = AttnMasks::default().key_padding(support::padding(&[6, 4], 6));
+        let mem_masks = AttnMasks::default().key_padding(common::padding(&[6, 4], 6));
         let full = dec.forward(&t, &mem, &AttnMasks::causal(), &mem_masks, Run::eval(), None).unwrap().out;
         let mut cache = DecoderCache::new(2);
         let parts: Vec<Tensor> = (0..5)

@@ -3,7 +3,7 @@
 //! heads, dropout out of range, odd head widths with RoPE, mismatched widths and batches, masks of
 //! the wrong shape, and weights missing or mis-shaped in a state dict.
 
-mod support;
+mod common;
 
 use std::collections::HashMap;
 
@@ -14,7 +14,7 @@ use attn_nn::{
 };
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use support::{fresh, uniform};
+use common::{fresh, uniform};
 
 fn mha(cfg: MultiHeadAttentionConfig) -> Result<MultiHeadAttention, NnError> {
     MultiHeadAttention::new(cfg, fresh().1)

@@ -3,7 +3,7 @@
 //! The check itself is shown to fail on candle-nn's fused LayerNorm and `softmax_last_dim`, the
 //! paths without a backward that this crate avoids.
 
-mod support;
+mod common;
 
 use attn_nn::{
     Activation, AdditiveAttention, AdditiveAttentionConfig, AttnMask, AttnMasks, DecoderLayer, EncoderLayer,
@@ -11,7 +11,7 @@ use attn_nn::{
     SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer, TransformerConfig,
 };
 use candle_core::{Device, Module, Tensor};
-use support::{every_param_trains, fresh, input, loss, padding};
+use common::{every_param_trains, fresh, input, loss, padding};
 
 fn layer_cfg(norm_first: bool, activation: Activation) -> LayerConfig {
     LayerConfig { dim_feedforward: 24, dropout: 0.1, activation, norm_first, ..LayerConfig::new(16, 4) }

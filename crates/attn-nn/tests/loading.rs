@@ -4,7 +4,7 @@
 //! use, by name; a state dict loads into trainable variables, listed by PyTorch name, that an
 //! optimiser fine-tunes.
 
-mod support;
+mod common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use attn_nn::{
 };
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, VarMap};
-use support::{flat, uniform};
+use common::{flat, uniform};
 
 fn state_dict(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/state_dicts").join(format!("{name}.safetensors"))

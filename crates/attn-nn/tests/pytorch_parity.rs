@@ -17,7 +17,7 @@
 //! Position helpers (ALiBi slopes and bias, the sinusoidal table) are checked to `1e-6`.
 //! Loading a state dict with a missing, mis-shaped or unused weight must fail naming the tensor.
 
-mod parity {
+mod pytorch_parity_parts {
     pub mod fixture;
     pub mod models;
 }
@@ -30,8 +30,8 @@ use attn_nn::position::sinusoidal::sinusoidal_table;
 use attn_nn::StateDict;
 use attn_testkit::oracle;
 use candle_core::{DType, Device, Tensor};
-use parity::fixture::{fixture_names, Data, Fixture};
-use parity::models::{build, err, param_tensors, Inputs};
+use pytorch_parity_parts::fixture::{fixture_names, Data, Fixture};
+use pytorch_parity_parts::models::{build, err, param_tensors, Inputs};
 
 /// Bound on `max|naive32 − ref64| / max|ref64|`: what computing in `f32` may cost. A module that
 /// disagrees with PyTorch is off by more (a tanh-approximate GELU instead of the exact one: 8e-5).

@@ -4,7 +4,7 @@
 //! (per head, averaged, rows summing to one), RoPE depending only on relative positions, ALiBi's
 //! slopes, the sinusoidal table, and seeded initialisation.
 
-mod support;
+mod common;
 
 use attn::{padding_mask, Align, Mask};
 use attn_nn::position::alibi::{alibi_bias, alibi_slopes};
@@ -15,8 +15,8 @@ use attn_nn::{
 };
 use candle_core::{Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
+use common::{flat, fresh, padding, uniform};
 use proptest::prelude::*;
-use support::{flat, fresh, padding, uniform};
 
 fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol)

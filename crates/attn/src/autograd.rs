@@ -6,7 +6,9 @@
 //! Arguments: `(q, k, v)`; when the bias needs a gradient, `(q, kv, bias)` with
 //! `kv = [k | v]` concatenated along the last dimension (candle's `cat` routes the gradient back
 //! to `k` and `v`), since a custom op takes at most three tensors. The mask, key lengths and
-//! scalar options are constants of the op.
+//! scalar options are constants of the op: [`forward`] converts them to the kernels' parameters
+//! once (copying the mask and bias to host memory), checks them against the sizes once, and the
+//! op's forward and backward both borrow that one conversion.
 
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +19,7 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Storage, Tensor};
 use crate::convert::{kv_view, view4};
 use crate::error::{AttnLibError, Result};
 use crate::options::SdpaOptions;
+use crate::params::KernelParams;
 
 /// How the op's second and third arguments hold the keys, values and bias.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +45,8 @@ struct ForwardState {
 
 /// The differentiable attention of one call.
 pub(crate) struct SdpaOp {
-    opts: SdpaOptions,
+    /// The options in the kernels' form, made once by [`forward`].
+    host: KernelParams<'static, f32>,
     args: Args,
     saved: Arc<Mutex<ForwardState>>,
 }
@@ -58,7 +62,7 @@ pub(crate) fn forward(
 ) -> Result<(Tensor, Vec<f32>, Option<Vec<f32>>)> {
     // The kernels' own checks first: joining `k` and `v` below would otherwise report a size
     // mismatch between them as candle's complaint about the join.
-    let host = opts.kernel_params::<f32>()?;
+    let host = opts.kernel_params::<f32>()?.into_owned();
     let dims = |t: &Tensor| -> Result<[usize; 4]> {
         let (a, b, c, d) = t.dims4()?;
         Ok([a, b, c, d])
@@ -73,7 +77,7 @@ pub(crate) fn forward(
         None => (Args::Separate, k.clone(), v.clone()),
     };
     let saved = Arc::new(Mutex::new(ForwardState::default()));
-    let op = SdpaOp { opts: opts.clone(), args, saved: saved.clone() };
+    let op = SdpaOp { host, args, saved: saved.clone() };
     let out = q.apply_op3_arc(&a2, &a3, Arc::new(Box::new(op)));
     // The log-sum-exp stays with the op for its backward; the weights and an error are taken.
     let mut s = saved.lock().unwrap_or_else(|e| e.into_inner());
@@ -112,9 +116,8 @@ impl SdpaOp {
     }
 
     fn run_forward(&self, q: &View4<f32>, kv: [KvView; 2]) -> Result<(Vec<f32>, ForwardState)> {
-        let host = self.opts.kernel_params::<f32>()?;
-        let params = host.attn_params()?;
-        let r = attention(self.opts.kernel, q, &kv[0], &kv[1], &params, self.opts.return_weights)?;
+        let opts = self.host.options();
+        let r = attention(opts.kernel, q, &kv[0], &kv[1], &self.host.attn_params()?, opts.return_weights)?;
         Ok((
             r.out,
             ForwardState { lse: r.lse, lse_residue: r.lse_residue, path: r.path, weights: r.weights, error: None },
@@ -144,16 +147,14 @@ impl SdpaOp {
             let s = self.saved.lock().unwrap_or_else(|e| e.into_inner());
             (copy_lse(&s.lse)?, copy_lse(&s.lse_residue)?, s.path)
         };
-        let host = self.opts.kernel_params::<f32>()?;
-        let params = host.attn_params()?;
         let want_dbias = matches!(self.args, Args::Packed { .. });
         Ok(attention_backward(
-            self.opts.kernel,
+            self.host.options().kernel,
             &q,
             &kv[0],
             &kv[1],
             &Saved { out, lse: &lse, lse_residue: Some(&lse_residue), forward_path, dout },
-            &params,
+            &self.host.attn_params()?,
             want_dbias,
         )?)
     }

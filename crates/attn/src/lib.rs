@@ -7,7 +7,8 @@
 //!   kernels directly.
 //! - [`Mask`], [`padding_mask`], [`key_lengths_from_tokens`]: building masks.
 //! - [`heatmap`]: drawing weights as pictures; [`picture::PictureFormat`]: the format a path names.
-//! - [`random`]: seeded random tensors for examples.
+//! - [`random`]: seeded random tensors for examples, and the seeded generator behind them.
+//! - [`alloc`]: fallible allocation sized by shapes (the kernels' own, re-exported).
 //! - [`write_file`]: writing a file whole or not at all, with a plainly created file's mode.
 //!
 //! Errors are [`AttnLibError`] values (wrapping candle's and the kernels' errors, on one line);
@@ -57,7 +58,10 @@ pub mod random;
 pub mod sdpa;
 pub mod write_file;
 
-pub use attn_kernels::{Align, Dropout, Kernel, Window};
+/// Fallible allocation of buffers sized by the caller's shapes ([`AllocError`] instead of an
+/// abort), as the kernels allocate; [`alloc::human_bytes`] prints byte counts.
+pub use attn_kernels::alloc;
+pub use attn_kernels::{Align, AllocError, AttnError, Dropout, Kernel, Window};
 pub use candle_core;
 pub use error::{AttnLibError, Result};
 pub use mask::{key_lengths_from_tokens, padding_mask, Mask, Polarity};

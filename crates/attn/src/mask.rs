@@ -75,6 +75,11 @@ impl Mask {
         Ok(Mask::keep(a.broadcast_mul(&b)?))
     }
 
+    /// A mask of the same polarity over `tensor` (this mask's tensor reshaped or broadcast, say).
+    pub fn with_tensor(&self, tensor: Tensor) -> Mask {
+        Self { tensor, polarity: self.polarity }
+    }
+
     /// The tensor as given.
     pub fn tensor(&self) -> &Tensor {
         &self.tensor

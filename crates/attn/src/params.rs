@@ -6,6 +6,8 @@
 //! say). [`SdpaOptions::keep_mask`] spells out, through the same conversion, which query may
 //! attend which key.
 
+use std::borrow::Cow;
+
 use attn_kernels::{AttnParams, Broadcast, MaskSpec, Problem};
 use candle_core::{Device, Tensor, WithDType};
 
@@ -19,7 +21,7 @@ type HostPart<E> = Option<(Vec<E>, Vec<usize>)>;
 /// The options of one call in the kernels' form: what [`KernelParams::attn_params`] borrows.
 #[derive(Debug, Clone)]
 pub struct KernelParams<'o, T> {
-    opts: &'o SdpaOptions,
+    opts: Cow<'o, SdpaOptions>,
     keep: HostPart<bool>,
     bias: HostPart<T>,
 }
@@ -38,7 +40,7 @@ impl SdpaOptions {
             Some(b) => Some((float_values::<T>("bias", b)?, elementwise_shape("bias", b.dims())?)),
             None => None,
         };
-        Ok(KernelParams { opts: self, keep, bias })
+        Ok(KernelParams { opts: Cow::Borrowed(self), keep, bias })
     }
 }
 
@@ -69,9 +71,20 @@ impl SdpaOptions {
 }
 
 impl<T> KernelParams<'_, T> {
+    /// The options these parameters were made from.
+    pub(crate) fn options(&self) -> &SdpaOptions {
+        &self.opts
+    }
+
+    /// The same parameters holding their own copy of the options (a cheap clone: tensors are
+    /// shared), so they can outlive the caller's options, as the autograd op's do.
+    pub(crate) fn into_owned(self) -> KernelParams<'static, T> {
+        KernelParams { opts: Cow::Owned(self.opts.into_owned()), keep: self.keep, bias: self.bias }
+    }
+
     /// The kernels' parameters of the call, borrowing the host copies.
     pub fn attn_params(&self) -> Result<AttnParams<'_, T>> {
-        let o = self.opts;
+        let o = &*self.opts;
         Ok(AttnParams {
             scale: o.scale,
             mask: MaskSpec {

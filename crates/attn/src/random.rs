@@ -3,7 +3,9 @@
 //! seed. A shape too large to hold is an error, never an abort.
 
 use attn_kernels::alloc::{self, Elem};
-use attn_kernels::rng::SplitMix64;
+/// The generator behind these tensors, for crates that draw plain values (parameter
+/// initialisation, data sampling): the SplitMix64 stream and its output function.
+pub use attn_kernels::rng::{splitmix64, SplitMix64};
 use candle_core::{DType, Device, Tensor, WithDType};
 use half::{bf16, f16};
 

@@ -25,7 +25,6 @@ use candle_core::{DType, Tensor};
 use crate::autograd;
 use crate::convert::{as_key_value, as_query, check_input, to_tensor};
 use crate::error::{AttnLibError, Result};
-use crate::mask::{Mask, Polarity};
 use crate::options::SdpaOptions;
 
 /// Everything one attention call computes.
@@ -103,13 +102,7 @@ fn single_head(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<bool> {
 /// `[B, 1, Lq, Lk]`; other ranks broadcast as they are.
 fn with_head_dim(opts: &SdpaOptions) -> Result<SdpaOptions> {
     let lift = |t: &Tensor| if t.rank() == 3 { t.unsqueeze(1) } else { Ok(t.clone()) };
-    let mask = match &opts.mask {
-        Some(m) => Some(match m.polarity() {
-            Polarity::Keep => Mask::keep(lift(m.tensor())?),
-            Polarity::Block => Mask::block(lift(m.tensor())?),
-        }),
-        None => None,
-    };
+    let mask = opts.mask.as_ref().map(|m| lift(m.tensor()).map(|t| m.with_tensor(t))).transpose()?;
     let bias = opts.bias.as_ref().map(lift).transpose()?;
     Ok(SdpaOptions { mask, bias, ..opts.clone() })
 }

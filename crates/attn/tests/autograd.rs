@@ -40,6 +40,19 @@ fn assert_useful(name: &str, g: &[f32]) {
     assert!(g.iter().any(|&x| x != 0.0), "{name}: every gradient is zero");
 }
 
+/// Checks that `grads` holds, for `q`, `k`, `v` and the bias, finite non-zero gradients equal to
+/// the kernels' `want`.
+fn assert_kernel_grads(grads: &candle_core::backprop::GradStore, [q, k, v, bias]: [&Var; 4], want: &AttnGrads<f32>) {
+    let got = |t: &Var| flat(grads.get(t).expect("a gradient"));
+    for (name, t, w) in [("q", q, &want.dq), ("k", k, &want.dk), ("v", v, &want.dv)] {
+        assert_useful(name, &got(t));
+        assert!(max_diff(&got(t), w) <= 1e-6, "d{name} differs from the kernel's by {}", max_diff(&got(t), w));
+    }
+    let db = got(bias);
+    assert_useful("bias", &db);
+    assert!(max_diff(&db, want.dbias.as_ref().unwrap()) <= 1e-5, "dbias differs from the kernel's");
+}
+
 #[test]
 fn gradients_reach_q_k_v_and_bias_and_equal_the_kernels() {
     let dims = [2, 4, 2, 9, 13, 8, 6];
@@ -55,14 +68,7 @@ fn gradients_reach_q_k_v_and_bias_and_equal_the_kernels() {
     let loss = (out * &dout).unwrap().sum_all().unwrap();
     let grads = loss.backward().unwrap();
     let want = kernel_grads(&flat(&q), &flat(&k), &flat(&v), dims, &opts, &flat(&dout));
-    let got = |t: &Var| flat(grads.get(t).expect("a gradient"));
-    for (name, t, w) in [("q", &q, &want.dq), ("k", &k, &want.dk), ("v", &v, &want.dv)] {
-        assert_useful(name, &got(t));
-        assert!(max_diff(&got(t), w) <= 1e-6, "d{name} differs from the kernel's by {}", max_diff(&got(t), w));
-    }
-    let db = got(&bias);
-    assert_useful("bias", &db);
-    assert!(max_diff(&db, want.dbias.as_ref().unwrap()) <= 1e-5, "dbias differs from the kernel's");
+    assert_kernel_grads(&grads, [&q, &k, &v, &bias], &want);
 }
 
 #[test]
@@ -123,4 +129,27 @@ fn masks_keep_their_meaning_under_autograd() {
     let dv = grads.get(&v).unwrap().squeeze(0).unwrap().to_vec3::<f32>().unwrap();
     assert!(dv[0][2].iter().all(|&x| x == 0.0), "a masked key's value got a gradient");
     assert!(dv[0][0].iter().all(|&x| x != 0.0));
+}
+
+/// The op converts its options to kernel parameters once, in the forward, and its backward
+/// borrows that conversion: with a full-size `[B, Hq, Lq, Lk]` keep-mask and tracked bias, the
+/// gradients equal the kernels' on every backward through the same graph (the op keeps the
+/// conversion for as long as the graph lives, not only for one backward).
+#[test]
+fn a_full_size_mask_and_bias_serve_the_forward_and_every_backward() {
+    let dims = [2, 4, 2, 48, 80, 8, 8];
+    let [b, hq, hkv, lq, lk, dk, dv] = dims;
+    let q = Var::from_tensor(&uniform(&[b, hq, lq, dk], 21)).unwrap();
+    let k = Var::from_tensor(&uniform(&[b, hkv, lk, dk], 22)).unwrap();
+    let v = Var::from_tensor(&uniform(&[b, hkv, lk, dv], 23)).unwrap();
+    let bias = Var::from_tensor(&uniform(&[b, hq, lq, lk], 24)).unwrap();
+    let keep = uniform(&[b, hq, lq, lk], 25).ge(-0.6).unwrap();
+    let dout = uniform(&[b, hq, lq, dv], 26);
+    let opts = SdpaOptions::default().mask(Mask::keep(keep)).bias(bias.as_tensor().clone()).key_lengths(vec![lk, 61]);
+    let out = sdpa(&q, &k, &v, &opts).unwrap();
+    let loss = (out * &dout).unwrap().sum_all().unwrap();
+    let want = kernel_grads(&flat(&q), &flat(&k), &flat(&v), dims, &opts, &flat(&dout));
+    for _ in 0..2 {
+        assert_kernel_grads(&loss.backward().unwrap(), [&q, &k, &v, &bias], &want);
+    }
 }

@@ -2,13 +2,13 @@
 //! caller's labels and titles, and input errors (masked cells and candle tensors are in
 //! `heatmap_masks.rs`).
 
-mod heatmap_support;
+mod heatmap_parts;
 
 use std::path::Path;
 
 use attn::heatmap::{draw_head_grid, draw_heatmap, HeatmapStyle};
 use attn::picture::PictureFormat;
-use heatmap_support::{assert_has, centroid, one_hot, out, read_png, reason, svg_texts, VIRIDIS_HIGH};
+use heatmap_parts::{assert_has, centroid, one_hot, out, read_png, reason, svg_texts, VIRIDIS_HIGH};
 
 /// Viridis at the bottom of the scale.
 const VIRIDIS_LOW: [u8; 3] = [68, 1, 84];

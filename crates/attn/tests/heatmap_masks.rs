@@ -2,13 +2,13 @@
 //! where the mask says and outside the colour scale, through downsampling and grids; axis titles;
 //! `draw_tensor` with its masks and typed errors.
 
-mod heatmap_support;
+mod heatmap_parts;
 
 use attn::heatmap::{draw_head_grid, draw_heatmap, draw_tensor, HeatmapErrorKind, HeatmapStyle};
 use attn::picture::PictureFormatError;
 use attn::{padding_mask, sdpa_full, AttnLibError, Mask, SdpaOptions};
 use candle_core::{DType, Device, Tensor};
-use heatmap_support::{assert_has, centroid, one_hot, out, read_png, reason, svg_texts, VIRIDIS_HIGH};
+use heatmap_parts::{assert_has, centroid, one_hot, out, read_png, reason, svg_texts, VIRIDIS_HIGH};
 
 /// Fill colour of masked cells.
 const MASKED: [u8; 3] = [228, 228, 228];

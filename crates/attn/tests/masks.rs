@@ -234,3 +234,44 @@ fn keep_mask_is_the_rule_of_every_mask_together() {
     let wrong = SdpaOptions::default().key_lengths(vec![1, 2, 3]);
     assert!(wrong.keep_mask(B, H, LQ, LK).is_err(), "key lengths of the wrong batch are refused");
 }
+
+/// `keep_mask` against the kernels' own semantics: under each rule alone (causal in both
+/// alignments with `Lq < Lk` and `Lq > Lk`, windows, key lengths, a boolean mask of either
+/// polarity, an additive mask with `−∞` entries) its zeros are exactly the reference kernel's
+/// weights of 0 (the inputs are too small for a kept weight to underflow), including rows with no
+/// key left.
+#[test]
+fn keep_mask_zeros_are_the_reference_kernels_zero_weights() {
+    let cpu = &Device::Cpu;
+    let every: Vec<u8> = (0..B * LK).map(|i| u8::from(i % 4 == 1)).collect();
+    let every = Tensor::from_vec(every, (B, 1, 1, LK), cpu).unwrap();
+    let additive: Vec<f32> = (0..LQ * LK).map(|i| if i % 5 == 2 { f32::NEG_INFINITY } else { 0.3 }).collect();
+    let additive = Tensor::from_vec(additive, (LQ, LK), cpu).unwrap();
+    let base = SdpaOptions::default().kernel(attn::Kernel::Reference);
+    let cases = [
+        ("causal top-left", base.clone().causal(true)),
+        ("causal bottom-right", base.clone().causal(true).align(Align::BottomRight)),
+        ("window (2, 0)", base.clone().window(Some(2), Some(0))),
+        ("window (0, 1) bottom-right", base.clone().window(Some(0), Some(1)).align(Align::BottomRight)),
+        ("key lengths", base.clone().key_lengths(vec![2, 5])),
+        ("keep mask", base.clone().mask(Mask::keep(every.clone()))),
+        ("block mask", base.clone().mask(Mask::block(every))),
+        ("additive mask", base.clone().bias(additive)),
+    ];
+    for (lq, lk) in [(LQ, LK), (LK, LQ)] {
+        let q = uniform(&[B, H, lq, 8], -1.0, 1.0, 50).unwrap();
+        let k = uniform(&[B, H, lk, 8], -1.0, 1.0, 51).unwrap();
+        let v = uniform(&[B, H, lk, 5], -1.0, 1.0, 52).unwrap();
+        for (name, opts) in &cases {
+            if (opts.mask.is_some() || opts.bias.is_some() || opts.key_lengths.is_some()) && lk != LK {
+                continue; // these masks are sized for Lk = LK
+            }
+            let keep = opts.keep_mask(B, H, lq, lk).unwrap().flatten_all().unwrap().to_vec1::<u8>().unwrap();
+            let w = weights(&q, &k, &v, opts);
+            assert!(keep.contains(&0) && keep.contains(&1), "{name} Lq {lq} Lk {lk}: masks something, not everything");
+            for (at, (&kept, &w)) in keep.iter().zip(&w).enumerate() {
+                assert_eq!(kept == 1, w != 0.0, "{name} Lq {lq} Lk {lk}: cell {at}: keep {kept}, weight {w}");
+            }
+        }
+    }
+}

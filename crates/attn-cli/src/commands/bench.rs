@@ -6,6 +6,12 @@
 //! `--json`. The library's own work around the kernel (checks, views, wrapping the results in
 //! tensors) costs microseconds and allocates no copy of the inputs or outputs. While a shape is
 //! timed, a spinner on stderr (hidden when stderr is not a terminal) counts its calls.
+//!
+//! The one exception to "the CLI reaches the kernels only through the `attn` library": this
+//! command and its submodules use `attn_kernels` directly, for what a benchmark needs and the
+//! library does not offer (the problem sizes `Dims` and the band of a mask for the FLOP count,
+//! the instruction sets for `--peak`, and `--backward`'s direct kernel calls, which time the
+//! kernels without the autograd graph around them).
 
 use std::time::Duration;
 
@@ -15,8 +21,8 @@ mod peak;
 mod spec;
 
 use anyhow::{bail, Context};
+use attn::alloc::human_bytes;
 use attn::{sdpa_full, SdpaOptions};
-use attn_kernels::alloc::human_bytes;
 use attn_kernels::Dims;
 use candle_core::DType;
 use indicatif::{ProgressBar, ProgressStyle};

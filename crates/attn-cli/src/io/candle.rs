@@ -2,7 +2,7 @@
 //! type (so `f16`/`bf16` keys and values reach the kernels as stored), boolean masks become `U8`,
 //! and results come back as `F32` host tensors. Copies are allocated fallibly.
 
-use attn_kernels::alloc::{self, Elem};
+use attn::alloc::{self, Elem};
 use candle_core::{Device, Storage, Tensor, WithDType};
 
 use super::error::IoErrorKind;

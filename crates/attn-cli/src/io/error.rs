@@ -85,7 +85,7 @@ pub enum IoErrorKind {
     Missing { found: String },
     /// A buffer sized by a tensor's shape cannot be allocated.
     #[error(transparent)]
-    Alloc(#[from] attn_kernels::AllocError),
+    Alloc(#[from] attn::AllocError),
     /// The output would replace an input of the same command.
     #[error("is the input file {input}; choose another --output")]
     OverwritesInput { input: String },

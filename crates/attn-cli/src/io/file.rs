@@ -25,7 +25,7 @@ pub fn read_checked(path: &Path, min_len: u64, what: &'static str) -> Result<Vec
     }
     let cap = usize::try_from(len)
         .map_err(|_| fail(IoErrorKind::Value(format!("file size {len} bytes exceeds the address space"))))?;
-    let mut bytes = attn_kernels::alloc::with_capacity("file contents", &[cap]).map_err(|e| fail(e.into()))?;
+    let mut bytes = attn::alloc::with_capacity("file contents", &[cap]).map_err(|e| fail(e.into()))?;
     file.take(len).read_to_end(&mut bytes).map_err(|e| fail(IoErrorKind::Read(e)))?;
     Ok(bytes)
 }

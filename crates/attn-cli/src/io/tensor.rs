@@ -6,7 +6,7 @@
 
 use std::io::{self, Write};
 
-use attn_kernels::alloc::{self, Elem};
+use attn::alloc::{self, Elem};
 use half::{bf16, f16};
 
 use super::error::IoErrorKind;

@@ -1,7 +1,7 @@
 //! Seeded draws shared by the task and the batch order: a generator keyed by `(seed, salt,
 //! index)`, so each draw is a pure function of its key, a bounded integer, and Fisher–Yates.
 
-use attn_kernels::rng::{splitmix64, SplitMix64};
+use attn::random::{splitmix64, SplitMix64};
 
 /// The generator for item `index` of the stream `salt` under `seed`; distinct keys give
 /// independent-looking streams.

@@ -13,8 +13,9 @@
 //! read against. One pair's weights per kind and layer come back for drawing, `[H, Lq, Lk]` with
 //! the tokens as labels and which cells the masks allow.
 
+use attn::SdpaOptions;
 use attn_nn::{NeedWeights, Run};
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 
 use super::entropy;
 use crate::data::{vocab, Batch, Pair};
@@ -204,6 +205,8 @@ struct Weights {
     queries: Vec<Vec<u32>>,
     /// `[B][Lk]` key ids.
     keys: Vec<Vec<u32>>,
+    /// `[B, Lq, Lk]`: whether the query may attend the key (the same for every head).
+    keep: Vec<u8>,
 }
 
 impl Weights {
@@ -213,6 +216,12 @@ impl Weights {
         let at = ((b * heads + h) * lq + i) * lk;
         &self.values[at..at + lk]
     }
+
+    /// Whether query `i` of sequence `b` may attend key `j`.
+    fn allowed(&self, b: usize, i: usize, j: usize) -> bool {
+        let (lq, lk) = (self.queries[b].len(), self.keys[b].len());
+        self.keep[(b * lq + i) * lk + j] != 0
+    }
 }
 
 /// Every kind's and layer's weights on `pairs`.
@@ -221,22 +230,29 @@ fn weights(translator: &Translator, pairs: &[Pair]) -> Result<Vec<Weights>> {
     let out = translator.model().forward(&batch.src, &batch.tgt_in, Run::eval().with_weights(NeedWeights::PerHead))?;
     let (src, tgt) = (batch.src.to_vec2::<u32>()?, batch.tgt_in.to_vec2::<u32>()?);
     let mut all = Vec::new();
-    for (kind, tensors, queries, keys) in [
-        (AttentionKind::EncoderSelf, &out.encoder_weights, &src, &src),
-        (AttentionKind::DecoderSelf, &out.decoder.self_weights, &tgt, &tgt),
-        (AttentionKind::Cross, &out.decoder.cross_weights, &tgt, &src),
+    for (kind, tensors, queries, (keys, key_ids)) in [
+        (AttentionKind::EncoderSelf, &out.encoder_weights, &src, (&src, &batch.src)),
+        (AttentionKind::DecoderSelf, &out.decoder.self_weights, &tgt, (&tgt, &batch.tgt_in)),
+        (AttentionKind::Cross, &out.decoder.cross_weights, &tgt, (&src, &batch.src)),
     ] {
+        let keep = keep_mask(kind, key_ids, queries.len(), queries[0].len())?;
         for (layer, w) in tensors.iter().enumerate() {
             let values = w.flatten_all()?.to_vec1::<f32>()?;
-            all.push(Weights { kind, layer, values, queries: queries.clone(), keys: keys.clone() });
+            let (queries, keys, keep) = (queries.clone(), keys.clone(), keep.clone());
+            all.push(Weights { kind, layer, values, queries, keys, keep });
         }
     }
     Ok(all)
 }
 
-/// Whether key `j` may be attended to by query `i` of a sequence with key ids `keys`.
-fn allowed(kind: AttentionKind, keys: &[u32], i: usize, j: usize) -> bool {
-    keys[j] != vocab::PAD && (kind != AttentionKind::DecoderSelf || j <= i)
+/// The keep-mask `[B, Lq, Lk]` of `kind` over `key_ids: [B, Lk]`, by the library's own rule
+/// ([`SdpaOptions::keep_mask`]) for the masks the model applies: padding keys masked, and causal
+/// (top-left) for the decoder's self-attention.
+fn keep_mask(kind: AttentionKind, key_ids: &Tensor, b: usize, lq: usize) -> Result<Vec<u8>> {
+    let opts = SdpaOptions::default()
+        .causal(kind == AttentionKind::DecoderSelf)
+        .mask(attn::padding_mask(key_ids, vocab::PAD)?);
+    Ok(opts.keep_mask(b, 1, lq, key_ids.dims()[1])?.flatten_all()?.to_vec1::<u8>()?)
 }
 
 /// The real (non-padding) query positions of sequence `b`.
@@ -262,9 +278,8 @@ fn accumulate(w: &Weights, sums: &mut [Sums]) {
 /// Adds what uniform attention over the allowed keys would score on the real query rows of `w`.
 fn accumulate_uniform(w: &Weights, s: &mut Sums) {
     for b in 0..w.queries.len() {
-        let keys = &w.keys[b];
         for i in real_rows(w, b) {
-            let allowed: Vec<usize> = (0..keys.len()).filter(|&j| allowed(w.kind, keys, i, j)).collect();
+            let allowed: Vec<usize> = (0..w.keys[b].len()).filter(|&j| w.allowed(b, i, j)).collect();
             let m = allowed.len().max(1) as f64;
             s.distance += allowed.iter().map(|&j| i.abs_diff(j) as f64).sum::<f64>() / m;
             s.entropy += m.ln();
@@ -281,9 +296,7 @@ fn example_grids(translator: &Translator, pair: &Pair) -> Result<Vec<ExampleGrid
         .map(|w| {
             let (lq, keys) = (w.queries[0].len(), &w.keys[0]);
             let heads = w.values.len() / (lq * keys.len()).max(1);
-            let keep = (0..heads * lq * keys.len())
-                .map(|x| allowed(w.kind, keys, x / keys.len() % lq, x % keys.len()))
-                .collect();
+            let keep = (0..heads * lq * keys.len()).map(|x| w.keep[x % (lq * keys.len())] != 0).collect();
             Ok(ExampleGrid {
                 kind: w.kind,
                 layer: w.layer,

@@ -15,7 +15,7 @@
 //! exponentially. Each `d_k` has its own stream keyed by `(seed, d_k)`, so a row
 //! does not depend on which other sizes are measured.
 
-use attn_kernels::rng::{splitmix64, SplitMix64};
+use attn::random::{splitmix64, SplitMix64};
 
 use super::entropy;
 use crate::error::{Result, TrainError};

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
+use attn::AttnError;
 use attn::{sdpa_full, AttnLibError, Mask, SdpaOptions, SdpaOutput};
-use attn_kernels::AttnError;
 use candle_core::{DType, Tensor, Var};
 
 use super::Args;

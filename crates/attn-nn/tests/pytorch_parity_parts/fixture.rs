@@ -5,8 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use attn_testkit::fixtures;
 use candle_core::{Device, Tensor};
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
 use serde_json::Value;
 
 /// The directory holding the fixtures.
@@ -16,15 +17,10 @@ pub fn fixture_dir() -> PathBuf {
 
 /// The names (file stems) of every `*.safetensors` fixture, sorted.
 pub fn fixture_names() -> Vec<String> {
-    let dir = fixture_dir();
-    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let mut names: Vec<String> = entries
-        .map(|e| e.unwrap_or_else(|e| panic!("{}: {e}", dir.display())).path())
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+    fixtures::safetensors_in(&fixture_dir())
+        .iter()
         .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .collect();
-    names.sort();
-    names
+        .collect()
 }
 
 /// A stored tensor's elements, row-major.
@@ -67,9 +63,7 @@ impl Fixture {
     pub fn load(name: &str) -> Result<Self, String> {
         let path = fixture_dir().join(format!("{name}.safetensors"));
         let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| format!("{name}: not a safetensors file: {e}"))?;
-        let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| format!("{name}: {e}"))?;
-        let meta = header.metadata().clone().unwrap_or_default();
+        let (st, meta) = fixtures::parse(name, &bytes)?;
         let field = |key: &str| meta.get(key).ok_or_else(|| format!("{name}: metadata `{key}` missing"));
         let json = |key: &str| -> Result<Value, String> {
             serde_json::from_str(field(key)?).map_err(|e| format!("{name}: metadata `{key}`: {e}"))
@@ -79,13 +73,9 @@ impl Fixture {
         for (tname, view) in st.tensors() {
             let bytes = view.data();
             let data = match view.dtype() {
-                Dtype::F64 => {
-                    Data::F64(bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect())
-                }
-                Dtype::I64 => {
-                    Data::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
-                }
-                Dtype::BOOL => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
+                Dtype::F64 => Data::F64(fixtures::le_f64(bytes)),
+                Dtype::I64 => Data::I64(fixtures::le_i64(bytes)),
+                Dtype::BOOL => Data::Bool(fixtures::flags(bytes)),
                 other => return Err(format!("{name}: `{tname}` has dtype {other:?}, expected F64, I64 or BOOL")),
             };
             tensors.insert(tname, Stored { shape: view.shape().to_vec(), data });

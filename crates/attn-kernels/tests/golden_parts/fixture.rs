@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use attn_kernels::{Align, AttnParams, Broadcast, MaskSpec, View4, Window};
+use attn_testkit::fixtures;
 use safetensors::{Dtype, SafeTensors};
 
 /// The directory holding the fixtures.
@@ -16,14 +17,7 @@ pub fn fixture_dir() -> PathBuf {
 
 /// Every `*.safetensors` file of [`fixture_dir`], sorted by name.
 pub fn fixture_paths() -> Vec<PathBuf> {
-    let dir = fixture_dir();
-    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let mut paths: Vec<PathBuf> = entries
-        .map(|e| e.unwrap_or_else(|e| panic!("{}: {e}", dir.display())).path())
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    paths.sort();
-    paths
+    fixtures::safetensors_in(&fixture_dir())
 }
 
 /// A tensor read from a fixture: row-major `data` of the given `shape`.
@@ -114,9 +108,7 @@ impl Fixture {
     pub fn load(path: &Path) -> Result<Self, String> {
         let file = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
         let bytes = std::fs::read(path).map_err(|e| format!("{file}: {e}"))?;
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| format!("{file}: not a safetensors file: {e}"))?;
-        let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| format!("{file}: {e}"))?;
-        let meta = header.metadata().clone().unwrap_or_default();
+        let (st, meta) = fixtures::parse(&file, &bytes)?;
         let r = Reader { file: &file, st: &st };
         let names = st.names();
         let has = |n: &str| names.contains(&n);
@@ -196,8 +188,7 @@ impl Reader<'_> {
 
     fn f64(&self, name: &str) -> Result<Tensor<f64>, String> {
         let (shape, data) = self.raw(name, &[Dtype::F64])?;
-        let data = data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("chunk of 8"))).collect();
-        Ok(Tensor { data, shape })
+        Ok(Tensor { data: fixtures::le_f64(data), shape })
     }
 
     fn f64_rank(&self, name: &str, rank: usize) -> Result<Tensor<f64>, String> {
@@ -250,7 +241,7 @@ impl Reader<'_> {
 
     fn bool(&self, name: &str) -> Result<Tensor<bool>, String> {
         let (shape, data) = self.raw(name, &[Dtype::BOOL, Dtype::U8])?;
-        Ok(Tensor { data: data.iter().map(|&b| b != 0).collect(), shape })
+        Ok(Tensor { data: fixtures::flags(data), shape })
     }
 
     fn lengths(&self, name: &str) -> Result<Vec<usize>, String> {
@@ -258,11 +249,9 @@ impl Reader<'_> {
         if shape.len() != 1 {
             return Err(format!("{}: tensor {name}: shape {shape:?}, expected rank 1", self.file));
         }
-        data.chunks_exact(8)
-            .map(|c| {
-                let x = i64::from_le_bytes(c.try_into().expect("chunk of 8"));
-                usize::try_from(x).map_err(|_| format!("{}: tensor {name}: negative length {x}", self.file))
-            })
+        fixtures::le_i64(data)
+            .into_iter()
+            .map(|x| usize::try_from(x).map_err(|_| format!("{}: tensor {name}: negative length {x}", self.file)))
             .collect()
     }
 }

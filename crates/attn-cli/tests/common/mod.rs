@@ -11,7 +11,6 @@ pub use std::process::{Command, Output};
 
 pub use attn::{Align, Mask, SdpaOptions};
 pub use attn_cli::io::{read_safetensors, write_npy, write_safetensors, HostData, HostTensor};
-pub use attn_kernels::rng::SplitMix64;
 pub use attn_kernels::{
     attention, attention_backward, reference, reference_backward, AttnGrads, Kernel, KvView, Real, Saved, View4,
 };
@@ -19,10 +18,7 @@ pub use attn_testkit::oracle::{check, GRADIENT_FACTOR, OUTPUT_FACTOR};
 pub use candle_core::WithDType;
 pub use half::{bf16, f16};
 
-/// Seeded values in [-1, 1).
-pub fn values(n: usize, seed: u64) -> Vec<f32> {
-    SplitMix64::new(seed).uniform(n, -1.0, 1.0)
-}
+pub use attn_testkit::rng::values;
 
 pub fn tensor(shape: &[usize], data: HostData) -> HostTensor {
     HostTensor::new(shape.to_vec(), data).unwrap()
