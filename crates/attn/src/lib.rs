@@ -6,7 +6,9 @@
 //! - [`SdpaOptions::kernel_params`]: the same options as `attn_kernels` parameters, for calling the
 //!   kernels directly.
 //! - [`Mask`], [`padding_mask`], [`key_lengths_from_tokens`]: building masks.
-//! - [`heatmap`]: drawing weights as pictures; [`picture::PictureFormat`]: the format a path names.
+//! - `heatmap`: drawing weights as pictures; `picture::PictureFormat`: the format a path names;
+//!   `chart`: line charts — with the feature `pictures` (plotters, image and a font; off by
+//!   default, so computing attention compiles none of them).
 //! - [`random`]: seeded random tensors for examples, and the seeded generator behind them.
 //! - [`alloc`]: fallible allocation sized by shapes (the kernels' own, re-exported).
 //! - [`write_file`]: writing a file whole or not at all, with a plainly created file's mode.
@@ -46,13 +48,16 @@
 )]
 
 mod autograd;
+#[cfg(feature = "pictures")]
 pub mod chart;
 mod convert;
 pub mod error;
+#[cfg(feature = "pictures")]
 pub mod heatmap;
 pub mod mask;
 pub mod options;
 mod params;
+#[cfg(feature = "pictures")]
 pub mod picture;
 pub mod random;
 pub mod sdpa;
