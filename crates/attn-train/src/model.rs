@@ -8,22 +8,31 @@ use serde::{Deserialize, Serialize};
 use crate::data::vocab;
 use crate::error::{Result, TrainError};
 
-/// The model's sizes.
+/// The model's sizes. With the `clap` feature, each field but `vocab` is a flag (`--d-model`) whose
+/// help is the field's doc and whose default is [`ModelConfig::default`]'s.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
 pub struct ModelConfig {
     /// Model width.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = ModelConfig::default().d_model))]
     pub d_model: usize,
-    /// Attention heads (divide `d_model`).
+    /// Attention heads (they divide the model width).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = ModelConfig::default().heads))]
     pub heads: usize,
     /// Encoder layers and decoder layers (each).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = ModelConfig::default().layers))]
     pub layers: usize,
     /// Feed-forward width.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = ModelConfig::default().ff))]
     pub ff: usize,
     /// Dropout in training.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = ModelConfig::default().dropout))]
     pub dropout: f32,
-    /// Longest sequence, special tokens included.
+    /// Longest sequence in positions (characters + 1).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = ModelConfig::default().max_len))]
     pub max_len: usize,
-    /// Vocabulary size (one vocabulary for both sides).
+    /// Vocabulary size (one vocabulary for both sides); set from the data, so not a flag.
+    #[cfg_attr(feature = "clap", arg(skip))]
     pub vocab: usize,
 }
 

@@ -17,31 +17,46 @@ pub enum TaskSpec {
     Pairs(PathBuf),
 }
 
-/// The training settings.
+/// The training settings. With the `clap` feature, each field but `task` and `steps` (which a
+/// command line gives its own way) is a flag (`--held-out`) whose help is the field's doc and whose
+/// default is [`TrainSettings::default`]'s; `held_out: None` asks for [`default_held_out`] of the
+/// data, which the run records when it starts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
 pub struct TrainSettings {
     /// The data.
+    #[cfg_attr(feature = "clap", arg(skip = TrainSettings::default().task))]
     pub task: TaskSpec,
     /// Total optimiser steps.
+    #[cfg_attr(feature = "clap", arg(skip = TrainSettings::default().steps))]
     pub steps: u64,
     /// Sequences per step.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TrainSettings::default().batch))]
     pub batch: usize,
-    /// Peak learning rate.
+    /// Peak learning rate (after warm-up).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TrainSettings::default().lr))]
     pub lr: f64,
     /// Warm-up steps.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TrainSettings::default().warmup))]
     pub warmup: u64,
     /// Global gradient-norm limit.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TrainSettings::default().clip))]
     pub clip: f64,
-    /// AdamW's decoupled weight decay.
+    /// AdamW weight decay (decoupled).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TrainSettings::default().weight_decay))]
     pub weight_decay: f64,
-    /// Seed of the data order, initialisation and dropout.
+    /// Seed of initialisation, data order and dropout.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TrainSettings::default().seed))]
     pub seed: u64,
-    /// Held-out pairs evaluated (exact match); `None` asks for [`default_held_out`] of the data,
-    /// which the run records when it starts.
+    /// Held-out pairs (dates for the dates task) for exact-match evaluation, never trained on
+    /// (default: 5% of the data, at least 1, at most 1000).
+    #[cfg_attr(feature = "clap", arg(long))]
     pub held_out: Option<usize>,
     /// Steps between evaluations.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TrainSettings::default().eval_every))]
     pub eval_every: u64,
     /// Steps between checkpoints.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = TrainSettings::default().checkpoint_every))]
     pub checkpoint_every: u64,
 }
 

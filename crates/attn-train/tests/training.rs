@@ -228,7 +228,10 @@ fn broken_checkpoints_are_refused_by_name() {
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut tensors: Vec<(String, safetensors::tensor::TensorView)> = file.tensors();
     let extra = [0u8; 8];
-    tensors.push(("encoder.extra.weight".into(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &extra).unwrap()));
+    tensors.push((
+        "encoder.extra.weight".into(),
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &extra).unwrap(),
+    ));
     std::fs::write(d.path().join(&f), safetensors::serialize(tensors, header.metadata().clone()).unwrap()).unwrap();
     let e = err(d.path());
     assert!(e.contains("encoder.extra.weight"), "{e}");

@@ -15,6 +15,7 @@ use attn_train::model::ModelConfig;
 use attn_train::settings::{TaskSpec, TrainSettings};
 use attn_train::trainer::{Observer, Outcome, StepReport, Trainer};
 use attn_train::TrainError;
+use clap::Args as _;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::threads::Threads;
@@ -34,81 +35,26 @@ pub struct Args {
     pub data: Option<PathBuf>,
     /// Continue the run saved in --out exactly, with its saved settings (only --steps, to extend
     /// it, and --threads may be given).
-    #[arg(long, conflicts_with_all = RESUME_CONFLICTS)]
+    #[arg(long, conflicts_with_all = resume_conflicts())]
     pub resume: bool,
     /// Total optimiser steps (default 2500; with --resume, the saved total).
     #[arg(long)]
     pub steps: Option<u64>,
-    /// Sequences per step.
-    #[arg(long, default_value_t = TrainSettings::default().batch)]
-    pub batch: usize,
-    /// Model width.
-    #[arg(long, default_value_t = ModelConfig::default().d_model)]
-    pub d_model: usize,
-    /// Encoder layers and decoder layers (each).
-    #[arg(long, default_value_t = ModelConfig::default().layers)]
-    pub layers: usize,
-    /// Attention heads.
-    #[arg(long, default_value_t = ModelConfig::default().heads)]
-    pub heads: usize,
-    /// Feed-forward width.
-    #[arg(long, default_value_t = ModelConfig::default().ff)]
-    pub ff: usize,
-    /// Dropout.
-    #[arg(long, default_value_t = ModelConfig::default().dropout)]
-    pub dropout: f32,
-    /// Longest sequence in positions (characters + 1).
-    #[arg(long, default_value_t = ModelConfig::default().max_len)]
-    pub max_len: usize,
-    /// Peak learning rate (after warm-up).
-    #[arg(long, default_value_t = TrainSettings::default().lr)]
-    pub lr: f64,
-    /// Warm-up steps.
-    #[arg(long, default_value_t = TrainSettings::default().warmup)]
-    pub warmup: u64,
-    /// Global gradient-norm limit.
-    #[arg(long, default_value_t = TrainSettings::default().clip)]
-    pub clip: f64,
-    /// AdamW weight decay.
-    #[arg(long, default_value_t = TrainSettings::default().weight_decay)]
-    pub weight_decay: f64,
-    /// Seed of initialisation, data order and dropout.
-    #[arg(long, default_value_t = TrainSettings::default().seed)]
-    pub seed: u64,
-    /// Held-out pairs (dates for the dates task) for exact-match evaluation, never trained on
-    /// (default: 5% of the data, at least 1, at most 1000).
-    #[arg(long)]
-    pub held_out: Option<usize>,
-    /// Steps between evaluations.
-    #[arg(long, default_value_t = TrainSettings::default().eval_every)]
-    pub eval_every: u64,
-    /// Steps between checkpoints.
-    #[arg(long, default_value_t = TrainSettings::default().checkpoint_every)]
-    pub checkpoint_every: u64,
+    #[command(flatten)]
+    pub model: ModelConfig,
+    #[command(flatten)]
+    pub settings: TrainSettings,
     #[command(flatten)]
     pub threads: Threads,
 }
 
-/// Settings a resumed run takes from its checkpoint instead.
-const RESUME_CONFLICTS: [&str; 17] = [
-    "task",
-    "data",
-    "batch",
-    "d_model",
-    "layers",
-    "heads",
-    "ff",
-    "dropout",
-    "max_len",
-    "lr",
-    "warmup",
-    "clip",
-    "weight_decay",
-    "seed",
-    "held_out",
-    "eval_every",
-    "checkpoint_every",
-];
+/// What a resumed run takes from its checkpoint instead: the data (`--task`, `--data`) and every
+/// flag of [`ModelConfig`] and [`TrainSettings`], read from their derived arguments.
+fn resume_conflicts() -> Vec<clap::Id> {
+    let settings = TrainSettings::augment_args(ModelConfig::augment_args(clap::Command::new("settings")));
+    let flags = settings.get_arguments().map(|a| a.get_id().clone());
+    ["task", "data"].into_iter().map(clap::Id::from).chain(flags).collect()
+}
 
 /// The built-in tasks.
 #[derive(clap::ValueEnum, Debug, Clone, Copy)]
@@ -205,37 +151,17 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         println!("resuming from step {} (of {})", m.step, m.train.steps);
         trainer
     } else {
-        let model = ModelConfig {
-            d_model: args.d_model,
-            heads: args.heads,
-            layers: args.layers,
-            ff: args.ff,
-            dropout: args.dropout,
-            max_len: args.max_len,
-            vocab: 0,
-        };
         let task = match &args.data {
             Some(path) => TaskSpec::Pairs(path.clone()),
             None => TaskSpec::Dates,
         };
-        let settings = TrainSettings {
-            task,
-            steps: args.steps.unwrap_or(TrainSettings::default().steps),
-            batch: args.batch,
-            lr: args.lr,
-            warmup: args.warmup,
-            clip: args.clip,
-            weight_decay: args.weight_decay,
-            seed: args.seed,
-            held_out: args.held_out,
-            eval_every: args.eval_every,
-            checkpoint_every: args.checkpoint_every,
-        };
-        Trainer::start(&args.out, model, settings).map_err(|e| start_error(e, &args.out))?
+        let steps = args.steps.unwrap_or(args.settings.steps);
+        let settings = TrainSettings { task, steps, ..args.settings.clone() };
+        Trainer::start(&args.out, args.model, settings).map_err(|e| start_error(e, &args.out))?
     };
     let (held, total) = trainer.held_out_of_total();
     let unit = if trainer.manifest().train.task == TaskSpec::Dates { "dates" } else { "pairs" };
-    let how = if args.resume || args.held_out.is_some() {
+    let how = if args.resume || args.settings.held_out.is_some() {
         ""
     } else {
         " (the default: 5%, at least 1, at most 1000; --held-out N to change)"
@@ -270,5 +196,72 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             );
             Err(Interrupted.into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use clap::{Args as _, FromArgMatches as _};
+
+    use super::*;
+
+    fn command() -> clap::Command {
+        Args::augment_args(clap::Command::new("train"))
+    }
+
+    /// `attn train` with `extra` after `--out run`, parsed as the binary parses it.
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        let argv = ["train", "--out", "run"].iter().chain(extra);
+        Args::from_arg_matches(&command().try_get_matches_from(argv)?)
+    }
+
+    /// The field names of a settings struct, read from its serialised form (not from clap).
+    fn fields(value: impl serde::Serialize) -> Vec<String> {
+        serde_json::to_value(value).unwrap().as_object().unwrap().keys().cloned().collect()
+    }
+
+    #[test]
+    fn every_setting_field_is_a_flag_named_after_it() {
+        let command = command();
+        let mut all = fields(ModelConfig::default());
+        all.extend(fields(TrainSettings::default()));
+        // `vocab` comes from the data, never from a flag.
+        for field in all.iter().filter(|f| *f != "vocab") {
+            let arg = command.get_arguments().find(|a| a.get_id() == field.as_str());
+            let long = arg.and_then(|a| a.get_long());
+            assert_eq!(long, Some(field.replace('_', "-").as_str()), "field {field}");
+        }
+    }
+
+    #[test]
+    fn flags_default_to_the_libraries_defaults() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.model, ModelConfig::default());
+        assert_eq!(args.settings, TrainSettings::default());
+        assert_eq!(args.steps, None);
+        let steps = command().get_arguments().find(|a| a.get_id() == "steps").unwrap().get_help().unwrap().to_string();
+        assert!(steps.contains(&format!("default {}", TrainSettings::default().steps)), "{steps}");
+    }
+
+    #[test]
+    fn resume_refuses_every_setting_but_steps_and_threads() {
+        let free = ["out", "resume", "steps", "threads"];
+        let command = command();
+        let settings: Vec<&clap::Arg> =
+            command.get_arguments().filter(|a| !a.get_long().is_some_and(|l| free.contains(&l))).collect();
+        let ids: BTreeSet<&str> = settings.iter().map(|a| a.get_id().as_str()).collect();
+        let conflicts = resume_conflicts();
+        assert_eq!(ids, conflicts.iter().map(clap::Id::as_str).collect());
+        for arg in settings {
+            let long = format!("--{}", arg.get_long().unwrap());
+            let value = arg.get_possible_values().first().map_or("1".to_string(), |v| v.get_name().to_string());
+            assert!(parse(&[&long, &value]).is_ok(), "{long} {value} alone");
+            let refused = parse(&["--resume", &long, &value]).unwrap_err();
+            assert_eq!(refused.kind(), clap::error::ErrorKind::ArgumentConflict, "{long}");
+        }
+        let resumed = parse(&["--resume", "--steps", "30", "--threads", "1"]).unwrap();
+        assert!(resumed.resume && resumed.steps == Some(30));
     }
 }
