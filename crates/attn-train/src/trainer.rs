@@ -107,8 +107,10 @@ impl Trainer {
             data: task.fingerprint(),
             history: History::default(),
         };
+        // The model is built (and refused) before the folder exists: a refused run leaves nothing.
+        let trainer = Self::assemble(dir, manifest, vocab, task, None)?;
         std::fs::create_dir_all(dir).map_err(|source| TrainError::Io { path: dir.to_path_buf(), source })?;
-        Self::assemble(dir, manifest, vocab, task, None)
+        Ok(trainer)
     }
 
     /// Continues the run saved in `dir`, optionally with a new total of `steps` (not below the

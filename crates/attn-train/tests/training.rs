@@ -244,3 +244,13 @@ fn broken_checkpoints_are_refused_by_name() {
     let e = err(d.path());
     assert!(e.contains("not a checkpoint manifest: missing field `format`"), "{e}");
 }
+
+#[test]
+fn a_refused_model_leaves_no_folder_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let bad = ModelConfig { heads: 3, ..tiny() };
+    let err = Trainer::start(&out, bad, settings(5)).err().expect("3 heads do not divide 16").to_string();
+    assert!(err.contains("heads"), "{err}");
+    assert!(!out.exists(), "{} was created for a run that was refused", out.display());
+}
