@@ -17,11 +17,11 @@
 mod common;
 mod gradients_parts;
 
-use attn_kernels::{Align, AttnGrads, Dims, Dropout, Kernel, Window};
+use attn_kernels::{Align, AttnGrads, BackwardTuning, Dims, Dropout, Kernel, Tuning, Window};
 use attn_testkit::oracle::worse_of;
 use common::{broadcast_shape, kernel_tests, math_path, oracle_verdict, random_bias, random_keep};
 use common::{Case, Rng, SHAPE_CODES};
-use gradients_parts::harness::{dbias_terms, grads, grads64, grads_verdict, random_dout};
+use gradients_parts::harness::{dbias_terms, grads, grads64, grads_tuned, grads_verdict, random_dout};
 
 kernel_tests! {
     differential => check_differential,
@@ -118,7 +118,14 @@ fn verdict(kernel: Kernel, case: &Case) -> Result<(), String> {
         Kernel::Reference => math.grads,
         _ => worse_grads(grads(case, Kernel::Reference, &dout).map_err(refused("naive32"))?, &math.grads, &g64),
     };
-    grads_verdict(&fast, &g64, &baseline, terms.as_deref()).map_err(|e| format!("backward: {e}"))
+    grads_verdict(&fast, &g64, &baseline, terms.as_deref()).map_err(|e| format!("backward: {e}"))?;
+    if kernel == Kernel::Reference {
+        return Ok(());
+    }
+    // After a split-KV forward: the shards' log-sum-exps and residues merged.
+    let split = (Tuning { path: None, shards: Some(3) }, BackwardTuning::default());
+    let fast = grads_tuned(case, kernel, split, &dout).map_err(refused("backward after split-KV"))?;
+    grads_verdict(&fast, &g64, &baseline, terms.as_deref()).map_err(|e| format!("backward after split-KV: {e}"))
 }
 
 fn check_differential(kernel: Kernel) {

@@ -39,12 +39,15 @@ pub fn out_dims(case: &Case) -> [usize; 4] {
     [d.b, d.hq, d.lq, d.dv]
 }
 
-/// The flash backward's plans that [`check_grads`] forces besides the automatic one: keys in
-/// one shard or split (with `dq` partials), queries transposed per head or per tile.
-pub const FORCED_BACKWARD_PLANS: [BackwardTuning; 3] = [
-    BackwardTuning { shards: Some(1), whole_heads: Some(true) },
-    BackwardTuning { shards: Some(3), whole_heads: Some(false) },
-    BackwardTuning { shards: Some(2), whole_heads: Some(true) },
+/// The forward's and backward's plans that [`check_grads`] forces besides the automatic ones: the
+/// backward's keys in one shard or split (with `dq` partials), queries transposed per head or per
+/// tile; and the backward after a split-KV forward (shards merged with their log-sum-exp
+/// residues).
+pub const FORCED_PLANS: [(Tuning, BackwardTuning); 4] = [
+    (Tuning { path: None, shards: None }, BackwardTuning { shards: Some(1), whole_heads: Some(true) }),
+    (Tuning { path: None, shards: None }, BackwardTuning { shards: Some(3), whole_heads: Some(false) }),
+    (Tuning { path: None, shards: None }, BackwardTuning { shards: Some(2), whole_heads: Some(true) }),
+    (Tuning { path: None, shards: Some(3) }, BackwardTuning { shards: None, whole_heads: None }),
 ];
 
 /// `kernel`'s forward then backward on `f32` K/V (the reference kernel is naive32).
@@ -135,10 +138,10 @@ pub fn check_grads(kernel: Kernel, case: &Case, what: &str) -> AttnGrads<f32> {
     let g32 = grads(case, Kernel::Reference, &dout).unwrap_or_else(|e| panic!("{label} naive32: {e}"));
     let terms = dbias_terms(case, &dout);
     if kernel != Kernel::Reference {
-        for tuning in FORCED_BACKWARD_PLANS {
-            let forced = grads_tuned(case, kernel, (Tuning::default(), tuning), &dout)
-                .unwrap_or_else(|e| panic!("{label} {tuning:?}: {e}"));
-            assert_grads(&format!("{label} {tuning:?}"), &forced, &g64, &g32, terms.as_deref());
+        for tunings in FORCED_PLANS {
+            let forced =
+                grads_tuned(case, kernel, tunings, &dout).unwrap_or_else(|e| panic!("{label} {tunings:?}: {e}"));
+            assert_grads(&format!("{label} {tunings:?}"), &forced, &g64, &g32, terms.as_deref());
         }
     }
     let fast = grads(case, kernel, &dout).unwrap_or_else(|e| panic!("{label}: {e}"));
