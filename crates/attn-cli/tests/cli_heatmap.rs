@@ -7,12 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use attn_cli::io::{read_safetensors, read_tensors, write_safetensors, HostData};
-use attn_testkit::rng::values;
 use half::{bf16, f16};
 
 mod common;
 
-use common::tensor;
+use common::{tensor, values};
 
 fn attn(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_attn")).args(args).output().unwrap()

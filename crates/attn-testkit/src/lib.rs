@@ -7,8 +7,7 @@
 //! and `floor` 4 ulps of `f32` at the reference's magnitude; non-finite values must agree exactly
 //! in kind and position.
 //!
-//! [`rng`] holds the seeded generators of test inputs, [`fixtures`] what the fixture loaders of
-//! the suites share (listing, metadata, decoding stored elements).
+//! [`fixtures`] holds what the fixture loaders of the suites share (listing, metadata, decoding stored elements).
 //!
 //! This crate depends on no kernel crate, so that `attn-kernels` can take it as a dev-dependency
 //! without a cycle: the rule works on plain slices, the fixture
@@ -16,4 +15,3 @@
 
 pub mod fixtures;
 pub mod oracle;
-pub mod rng;

@@ -18,7 +18,10 @@ pub use attn_testkit::oracle::{check, GRADIENT_FACTOR, OUTPUT_FACTOR};
 pub use candle_core::WithDType;
 pub use half::{bf16, f16};
 
-pub use attn_testkit::rng::values;
+/// `n` values uniform in `[-1, 1)` from the library's SplitMix64 stream of `seed`.
+pub fn values(n: usize, seed: u64) -> Vec<f32> {
+    attn::random::SplitMix64::new(seed).uniform(n, -1.0, 1.0)
+}
 
 pub fn tensor(shape: &[usize], data: HostData) -> HostTensor {
     HostTensor::new(shape.to_vec(), data).unwrap()

@@ -141,10 +141,15 @@ impl Config {
 
     /// A non-negative integer or `null`.
     pub fn opt_usize(&self, key: &str) -> Result<Option<usize>, String> {
+        self.nullable(key, Self::usize)
+    }
+
+    /// `None` for `null`, else the field read by `read`.
+    fn nullable<T>(&self, key: &str, read: fn(&Self, &str) -> Result<T, String>) -> Result<Option<T>, String> {
         if self.field(key)?.is_null() {
             Ok(None)
         } else {
-            self.usize(key).map(Some)
+            read(self, key).map(Some)
         }
     }
 
@@ -158,11 +163,7 @@ impl Config {
 
     /// A number or `null`.
     pub fn opt_f64(&self, key: &str) -> Result<Option<f64>, String> {
-        if self.field(key)?.is_null() {
-            Ok(None)
-        } else {
-            self.f64(key).map(Some)
-        }
+        self.nullable(key, Self::f64)
     }
 
     /// A boolean; an absent field is `false`.
