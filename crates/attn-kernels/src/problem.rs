@@ -144,13 +144,16 @@ impl<'a, T> Problem<'a, T> {
             Some(m) => Some(crate::view::Resolved { data: m.data(), strides: m.strides_for("bias", target)? }),
             None => None,
         };
+        if let Some(bm) = p.mask.block {
+            bm.check(b, hq, lq, lk)?;
+        }
         Ok(Self {
             dims,
             scale,
             softcap: p.softcap,
             band: Band::new(p.mask.causal, p.mask.window, p.mask.align, lq, lk),
             key_lengths: p.mask.key_lengths,
-            elem: ElementMask { keep, bias },
+            elem: ElementMask { keep, bias, block: p.mask.block },
             dropout: p.dropout.filter(|d| d.p > 0.0),
         })
     }

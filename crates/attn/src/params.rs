@@ -94,6 +94,7 @@ impl<T> KernelParams<'_, T> {
                 key_lengths: o.key_lengths.as_deref(),
                 keep: broadcast("mask", &self.keep)?,
                 bias: broadcast("bias", &self.bias)?,
+                block: None,
             },
             softcap: o.softcap,
             dropout: o.dropout,

@@ -155,6 +155,7 @@ fn all_options<'a, T: Real>(
             key_lengths: Some(&[5, 6]),
             keep: Some(Broadcast::new("mask", keep, &keep_shape).unwrap()),
             bias: Some(Broadcast::new("bias", bias, &bias_shape).unwrap()),
+            block: None,
         },
         softcap: Some(2.5),
         dropout: Some(Dropout { p: 0.25, seed: 99 }),

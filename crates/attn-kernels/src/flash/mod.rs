@@ -116,7 +116,7 @@ pub(crate) fn forward<E: KvElem>(
     let d = pb.dims;
     let AttnOutput { mut out, mut lse, mut lse_residue, mut weights, .. } =
         AttnOutput::alloc(&d, want_weights, 0.0, f32::NEG_INFINITY)?;
-    let plan = Plan::new(&d, w, want_weights, tuning, rayon::current_num_threads());
+    let plan = Plan::new(&d, w, want_weights, pb.elem.block.is_some(), tuning, rayon::current_num_threads());
     let path = Some(if plan.decode { Path::Decode } else { Path::Prefill });
     if out.is_empty() && lse.is_empty() {
         return Ok(AttnOutput { out, lse, lse_residue, weights, path });

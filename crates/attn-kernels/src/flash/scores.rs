@@ -140,7 +140,7 @@ pub(in crate::flash) unsafe fn decode_scores<S: Simd, E: KvElem>(
 }
 
 /// Masks the raw score tile of keys `j0..j0+n` in `w.s` (`width` columns per row, as [`qk_tile`]
-/// returned) in the reference's order: soft-cap, bias, keep-mask, then each row's band `w.range`;
+/// returned) in the reference's order: soft-cap, bias, keep-mask, block mask, then each row's band `w.range`;
 /// columns from `n` to `width` become −∞. Returns what [`scores`] returns.
 ///
 /// # Safety
@@ -175,7 +175,7 @@ pub(super) unsafe fn mask_tile<S: Simd>(
 
 /// What [`mask_row`] did to one row of a tile of keys `j0..j0+n`.
 pub(in crate::flash) struct RowMasked {
-    /// Whether the bias or the keep-mask masked a key of the tile.
+    /// Whether the bias, the keep-mask or the block mask masked a key of the tile.
     pub elementwise: bool,
     /// The row's band within the tile, `a..z` (tile columns).
     pub a: usize,
@@ -185,7 +185,7 @@ pub(in crate::flash) struct RowMasked {
 }
 
 /// Masks one row of raw scores of keys `j0..j0+n` (`row` padded to whole vectors) in the
-/// reference's order: soft-cap, bias, keep-mask, then the row's band `lo..hi`; columns from `n`
+/// reference's order: soft-cap, bias, keep-mask, block mask, then the row's band `lo..hi`; columns from `n`
 /// on become −∞. With `dcap`, also writes there the soft-cap's derivative `1 − tanh²` at each
 /// score (the backward's chain rule), before the bias is added. Forward and backward mask
 /// through this one function.
@@ -225,6 +225,9 @@ pub(in crate::flash) unsafe fn mask_row<S: Simd>(
     if let Some(keep) = pb.elem.keep {
         let (kv, st) = keep.row(b, h, i);
         elementwise |= apply_keep(row, kv, st, j0);
+    }
+    if let Some(bm) = pb.elem.block {
+        elementwise |= bm.mask_row(b, h, i, j0, row);
     }
     let (a, z) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
     let empty = lo >= hi;

@@ -4,7 +4,8 @@
 //!
 //! For each query row `i` of head `h` (reading key/value head `h / (Hq/Hkv)`):
 //! 1. `s_j = scale · q_i·k_j`, then `s_j = cap·tanh(s_j/cap)` with soft-capping, then `s_j += bias_ij`;
-//! 2. keys outside the band, beyond the key length, with `keep = false` or bias −∞ are masked and
+//! 2. keys outside the band, beyond the key length, forbidden by the block mask (evaluated per
+//!    element), with `keep = false` or bias −∞ are masked and
 //!    their `k_j`, `v_j` are never read;
 //! 3. `m = max_j s_j`, `l = Σ_j exp(s_j − m)`, `lse_i = m + ln l`, `w_ij = exp(s_j − m) / l`;
 //! 4. dropout: `w_ij ← keep(seed,b,h,i,j) · w_ij / (1 − p)`;
@@ -101,7 +102,8 @@ pub(crate) fn row_scores<T: Real>(
     let (lo, hi) = pb.key_range(b, i);
     for (j, s) in scores.iter_mut().enumerate() {
         *s = None;
-        if j < lo || j >= hi || pb.elem.keep.is_some_and(|m| !m.at(b, h, i, j)) {
+        let blocked = pb.elem.block.is_some_and(|m| !m.allows(b, h, i, j));
+        if j < lo || j >= hi || blocked || pb.elem.keep.is_some_and(|m| !m.at(b, h, i, j)) {
             continue;
         }
         let bias = pb.elem.bias.map(|m| m.at(b, h, i, j));

@@ -2,7 +2,9 @@
 //! layout, its description for failure messages, its parameters as the kernels take them, and the
 //! edits tests make to it (poisoned keys, repeated K/V heads).
 
-use attn_kernels::{Align, AttnParams, Broadcast, Dims, Dropout, MaskSpec, Window};
+use std::sync::Arc;
+
+use attn_kernels::{Align, AttnParams, BlockMask, Broadcast, Dims, Dropout, MaskMod, MaskSpec, Window};
 
 use super::dense::Dense;
 use super::generator::Rng;
@@ -42,6 +44,26 @@ pub struct Case {
     pub bias: Option<Dense<f32>>,
     /// Dropout.
     pub dropout: Option<Dropout>,
+    /// A block-sparse mask and the predicate it was made from.
+    pub sparse: Option<Sparse>,
+}
+
+/// A block mask with the element predicate that defines it, which the tests' mask rules read
+/// directly (so a block mask that misrepresents its predicate is caught).
+#[derive(Clone)]
+pub struct Sparse {
+    /// `(b, h, i, j) -> may attend`.
+    pub keep: Arc<dyn MaskMod>,
+    /// The block mask the kernels take.
+    pub mask: Arc<BlockMask>,
+    /// A name for failure messages.
+    pub name: String,
+}
+
+impl std::fmt::Debug for Sparse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {:?}", self.name, self.mask)
+    }
 }
 
 impl Case {
@@ -65,6 +87,7 @@ impl Case {
             keep: None,
             bias: None,
             dropout: None,
+            sparse: None,
         }
     }
 
@@ -128,6 +151,9 @@ impl Case {
         if let Some(dr) = self.dropout {
             s += &format!(" dropout(p={}, seed={})", dr.p, dr.seed);
         }
+        if let Some(sp) = &self.sparse {
+            s += &format!(" sparse({sp:?})");
+        }
         s
     }
 
@@ -145,6 +171,7 @@ impl Case {
                 key_lengths: self.key_lengths.as_deref(),
                 keep,
                 bias,
+                block: self.sparse.as_ref().map(|s| &*s.mask),
             },
             softcap: self.softcap,
             dropout: self.dropout,

@@ -9,7 +9,8 @@ use super::case::Case;
 impl Case {
     /// Whether query `(b, h, i)` may attend key `j`, stated from the documented rules: causal
     /// `j <= c`, window `c - left <= j <= c + right` with `c = i` (top-left) or `i + Lk - Lq`
-    /// (bottom-right), `j < key_lengths[b]`, keep-mask true, bias not −∞.
+    /// (bottom-right), `j < key_lengths[b]`, keep-mask true, bias not −∞, the block mask's
+    /// predicate true.
     pub fn allowed(&self, b: usize, h: usize, i: usize, j: usize) -> bool {
         let d = self.dims;
         let c = i as i64 + if self.align == Align::BottomRight { d.lk as i64 - d.lq as i64 } else { 0 };
@@ -20,7 +21,8 @@ impl Case {
             || window.right.is_some_and(|r| j64 > c + r as i64)
             || self.key_lengths.as_ref().is_some_and(|kl| j >= kl[b])
             || self.keep.as_ref().is_some_and(|m| !m.at([b, h, i, j]))
-            || self.bias.as_ref().is_some_and(|m| m.at([b, h, i, j]) == f32::NEG_INFINITY);
+            || self.bias.as_ref().is_some_and(|m| m.at([b, h, i, j]) == f32::NEG_INFINITY)
+            || self.sparse.as_ref().is_some_and(|s| !s.keep.keep(b, h, i, j));
         !outside
     }
 

@@ -155,6 +155,7 @@ impl Fixture {
                 key_lengths: self.key_lengths.as_deref(),
                 keep,
                 bias,
+                block: None,
             },
             softcap: o.softcap,
             dropout: None,

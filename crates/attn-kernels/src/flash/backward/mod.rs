@@ -37,8 +37,9 @@ use crate::view::View4;
 use crate::Isa;
 use tile::{run_job, BwdWork};
 
-/// Keys per block: a multiple of every ISA's key panel (`2·W` ≤ 32).
+/// Keys per block: a multiple of every ISA's key panel (`2·W` ≤ 32), and a block mask's key block.
 pub const KEY_BLOCK: usize = 64;
+const _: () = assert!(KEY_BLOCK == crate::sparse::SPARSE_BLOCK, "a key block is one block mask column");
 /// Query rows per tile: a multiple of every ISA's rows per micro-kernel call.
 pub const TILE_ROWS: usize = 48;
 /// Jobs per thread wanted before the keys are split into shards.

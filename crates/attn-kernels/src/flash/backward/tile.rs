@@ -1,5 +1,6 @@
 //! One backward job: for each of its key blocks, every tile of [`TILE_ROWS`] query rows that can
-//! see the block goes through
+//! see the block (by the band, and by a block mask's transposed lists: key blocks no query block
+//! lists are skipped whole) goes through
 //! 1. `S = scale·Q·Kᵀ` (soft-capped, biased, masked to −∞ like the forward) with the
 //!    micro-kernel the forward scored with (`qk_panel` on packed key panels, or `qk_rows` on keys
 //!    in place after a decode-path forward), and `dP̄ = dO·Vᵀ` with `qk_panel` on packed values
@@ -21,6 +22,7 @@ use crate::flash::micro::qk_panel;
 use crate::flash::pack::{pack_keys, panel_len};
 use crate::flash::scores::{all_finite, decode_scores, mask_row};
 use crate::flash::simd::{KvElem, Simd};
+use crate::sparse::SPARSE_BLOCK;
 
 /// Most bytes of a job's queries and output gradients transposed once for all its key blocks;
 /// larger heads are transposed tile by tile.
@@ -52,6 +54,8 @@ pub struct BwdWork {
     delta: Vec<f32>,
     /// Block columns whose key row holds a non-finite number.
     bad_keys: Vec<usize>,
+    /// The tiles' spans of the block: `(query head, first row, end row)`.
+    spans: Vec<(usize, usize, usize)>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -100,6 +104,22 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     let dq = unsafe { cx.dq.part((job.shard * d.b * d.hkv + unit) * head_dq, head_dq) };
     for j0 in (job.shard * KEY_BLOCK..d.lk).step_by(cx.shards * KEY_BLOCK) {
         let n = KEY_BLOCK.min(d.lk - j0);
+        let (ia, ib) = rows_seeing(cx, job.b, j0, n);
+        w.spans.clear();
+        for h in job.kvh * g..(job.kvh + 1) * g {
+            match cx.pb.elem.block {
+                // Tiles start at multiples of `TILE_ROWS` and end at a multiple of `rq` (or `Lq`), so
+                // their micro-kernel chunks are those of the whole head; the extra rows see none of
+                // the block.
+                None if ia < ib => w.spans.push((h, ia / TILE_ROWS * TILE_ROWS, ib.next_multiple_of(rq).min(d.lq))),
+                None => {}
+                Some(bm) => listed_rows(bm.q_blocks(job.b, h, j0 / KEY_BLOCK).0, ia, ib, rq, d.lq)
+                    .for_each(|(a, z)| w.spans.push((h, a, z))),
+            }
+        }
+        if w.spans.is_empty() {
+            continue;
+        }
         w.kp.resize(panel_len(n, d.dk, S::W), 0.0);
         w.vp.resize(panel_len(n, d.dv, S::W), 0.0);
         // Scored in place after a decode-path forward: no packed keys.
@@ -120,11 +140,8 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         w.dk.resize(n * d.dk, 0.0);
         w.dv.clear();
         w.dv.resize(n * d.dv, 0.0);
-        // Tiles start at multiples of `TILE_ROWS` and end at a multiple of `rq` (or `Lq`), so their
-        // micro-kernel chunks are those of the whole head; the extra rows see none of the block.
-        let (ia, ib) = rows_seeing(cx, job.b, j0, n);
-        let (ia, ib) = (ia / TILE_ROWS * TILE_ROWS, ib.next_multiple_of(rq).min(d.lq));
-        for h in job.kvh * g..(job.kvh + 1) * g {
+        for x in 0..w.spans.len() {
+            let (h, ia, ib) = w.spans[x];
             for i0 in (ia..ib).step_by(TILE_ROWS) {
                 let nr = TILE_ROWS.min(ib - i0);
                 let dq_rows = &mut dq[((h - job.kvh * g) * d.lq + i0) * d.dk..][..nr * d.dk];
@@ -160,6 +177,34 @@ fn rows_seeing<E>(cx: &BwdCtx<E>, b: usize, j0: usize, n: usize) -> (usize, usiz
     let ia = first(&|i| cx.pb.key_range(b, i).1 > j0);
     let ib = first(&|i| cx.pb.key_range(b, i).0 >= j0 + n);
     (ia, ib.max(ia))
+}
+
+/// The query rows, within the band's `ia..ib`, of the runs of consecutive query blocks `listed`
+/// (sorted), each widened to multiples of `rq` (or `Lq`) so that the micro-kernel chunks of its
+/// tiles are those of the whole head; runs are a block apart, so widened spans never overlap.
+fn listed_rows(
+    listed: &[u32],
+    ia: usize,
+    ib: usize,
+    rq: usize,
+    lq: usize,
+) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut x = 0;
+    std::iter::from_fn(move || {
+        while x < listed.len() {
+            let mut y = x + 1;
+            while y < listed.len() && listed[y] == listed[y - 1] + 1 {
+                y += 1;
+            }
+            let a = (listed[x] as usize * SPARSE_BLOCK).max(ia);
+            let z = ((listed[y - 1] as usize + 1) * SPARSE_BLOCK).min(ib);
+            x = y;
+            if a < z {
+                return Some((a / rq * rq, z.next_multiple_of(rq).min(lq)));
+            }
+        }
+        None
+    })
 }
 
 /// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk of `rq` rows:
