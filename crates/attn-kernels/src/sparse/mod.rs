@@ -15,12 +15,19 @@
 //! allows it. The reference kernel evaluates exactly that per element (it stays the oracle); the
 //! flash kernels visit only listed blocks, in the forward (query block → key blocks) and in the
 //! backward (key block → query blocks, the transposed lists).
+//!
+//! [`patterns`] holds the primitive patterns (bands, global tokens, documents, strides, random
+//! blocks), whose blocks are classified without visiting their elements; [`Pattern`] the named
+//! patterns of the literature built from them.
 
 mod block_mask;
 mod combine;
+mod named;
+pub mod patterns;
 
 pub use block_mask::{BlockMask, BlockShape};
 pub use combine::{And, MaskModExt, Or};
+pub use named::Pattern;
 
 use std::ops::Range;
 
@@ -37,6 +44,17 @@ pub enum BlockClass {
     Partial,
     /// Every pair.
     Full,
+}
+
+impl BlockClass {
+    /// The class of a block where `any` pair is allowed and `all` pairs are.
+    pub fn of(any: bool, all: bool) -> Self {
+        match (any, all) {
+            (false, _) => BlockClass::Empty,
+            (true, true) => BlockClass::Full,
+            (true, false) => BlockClass::Partial,
+        }
+    }
 }
 
 /// A mask as a predicate over `(batch, head, query, key)` indices (FlexAttention's `mask_mod`):
@@ -72,11 +90,7 @@ pub trait MaskMod: Send + Sync {
                 return BlockClass::Partial;
             }
         }
-        match (any, all) {
-            (false, _) => BlockClass::Empty,
-            (true, true) => BlockClass::Full,
-            (true, false) => BlockClass::Partial,
-        }
+        BlockClass::of(any, all)
     }
 }
 
