@@ -10,7 +10,7 @@ mod gradients_parts;
 
 use std::sync::Arc;
 
-use attn_kernels::sparse::patterns::Band;
+use attn_kernels::sparse::patterns::{Band, StrideColumns, SummaryColumns};
 use attn_kernels::sparse::{BlockClass, MaskMod, Pattern, SPARSE_BLOCK};
 use attn_kernels::{Align, AttnError, Kernel, Window};
 use common::{kernel_tests, Case, Sparse};
@@ -96,6 +96,31 @@ fn block_classes_are_sound() {
                 let got = bm.class(0, 0, qb, kb);
                 let ok = got == truth || (!exact && got == BlockClass::Partial);
                 assert!(ok, "{p:?}: block ({qb}, {kb}) classed {got:?}, its elements say {truth:?}");
+            }
+        }
+    }
+}
+
+/// The column primitives classify any block soundly (empty and full exactly), over ranges of
+/// every small size and offset.
+#[test]
+fn column_primitives_classify_soundly() {
+    let mut prims: Vec<(String, Box<dyn MaskMod>)> = Vec::new();
+    for s in [1, 2, 3, 5, 7, 16, 64, 70] {
+        prims.push((format!("stride {s}"), Box::new(StrideColumns(s))));
+        for c in [1, s.div_ceil(2), s] {
+            prims.push((format!("summary {s}/{c}"), Box::new(SummaryColumns { n: s, c })));
+        }
+    }
+    for (name, m) in &prims {
+        for (q0, k0) in [(0, 0), (5, 0), (0, 9), (64, 3), (100, 30), (130, 129), (20, 90)] {
+            for (nq, nk) in [(1, 1), (3, 7), (9, 2), (16, 16), (64, 64)] {
+                let (qs, ks) = (q0..q0 + nq, k0..k0 + nk);
+                let kept =
+                    qs.clone().flat_map(|i| ks.clone().map(move |j| (i, j))).filter(|&(i, j)| m.keep(0, 0, i, j));
+                let truth = BlockClass::of(kept.clone().count() > 0, kept.count() == nq * nk);
+                let got = m.classify(0, 0, qs.clone(), ks.clone());
+                assert!(got == truth || got == BlockClass::Partial, "{name} {qs:?}×{ks:?}: {got:?}, truth {truth:?}");
             }
         }
     }
