@@ -66,6 +66,9 @@ pub mod write_file;
 /// Fallible allocation of buffers sized by the caller's shapes ([`AllocError`] instead of an
 /// abort), as the kernels allocate; [`alloc::human_bytes`] prints byte counts.
 pub use attn_kernels::alloc;
+/// Block-sparse and programmable masks: [`sparse::MaskMod`], [`sparse::BlockMask`], the named
+/// [`sparse::Pattern`]s.
+pub use attn_kernels::sparse;
 pub use attn_kernels::{Align, AllocError, AttnError, Dropout, Kernel, Window};
 pub use candle_core;
 pub use error::{AttnLibError, Result};

@@ -2,7 +2,9 @@
 //! matches PyTorch's `scaled_dot_product_attention` defaults, and chainable builder methods. The
 //! kernels' parameters are made from it in one place, [`SdpaOptions::kernel_params`].
 
-use attn_kernels::{Align, Dropout, Kernel, Window};
+use std::sync::Arc;
+
+use attn_kernels::{Align, BlockMask, Dropout, Kernel, Window};
 use candle_core::Tensor;
 
 use crate::mask::Mask;
@@ -27,6 +29,9 @@ pub struct SdpaOptions {
     pub bias: Option<Tensor>,
     /// Valid key count per batch, `[B]`; keys at positions `>= key_lengths[b]` are masked.
     pub key_lengths: Option<Vec<usize>>,
+    /// A block-sparse or programmable mask ([`crate::sparse`]), built once for `[Lq, Lk]` and
+    /// shared across calls, layers and the backward: the kernels visit only its listed blocks.
+    pub block_mask: Option<Arc<BlockMask>>,
     /// Logit soft-capping `cap·tanh(s/cap)` on the scaled scores, `cap > 0`.
     pub softcap: Option<f64>,
     /// Dropout on the weights, `0 <= p < 1`; the keep decision is a pure function of
@@ -90,6 +95,12 @@ impl SdpaOptions {
     /// Sets dropout with probability `p` and generator seed `seed`.
     pub fn dropout(mut self, p: f32, seed: u64) -> Self {
         self.dropout = Some(Dropout { p, seed });
+        self
+    }
+
+    /// Sets the block-sparse mask (e.g. `Pattern::Longformer { .. }.block_mask(l, l)?`).
+    pub fn block_mask(mut self, mask: Arc<BlockMask>) -> Self {
+        self.block_mask = Some(mask);
         self
     }
 

@@ -47,8 +47,8 @@ impl SdpaOptions {
 impl SdpaOptions {
     /// The keep-mask `[B, Hq, Lq, Lk]` these options amount to for `q: [B, Hq, Lq, ·]` and keys
     /// `[B, ·, Lk, ·]`, as a `U8` CPU tensor (1 = the query may attend the key): the causal band or
-    /// window under the alignment, the key lengths, the boolean mask and the bias's `−∞` entries
-    /// together. Its zeros are the cells whose weight masking sets to 0, as opposed to a weight that
+    /// window under the alignment, the key lengths, the boolean mask, the bias's `−∞` entries and
+    /// the block mask together. Its zeros are the cells whose weight masking sets to 0, as opposed to a weight that
     /// is merely tiny; dropout is not part of it. Fails as the call itself would on a mask, bias or
     /// key lengths that do not fit the sizes.
     pub fn keep_mask(&self, b: usize, hq: usize, lq: usize, lk: usize) -> Result<Tensor> {
@@ -63,7 +63,8 @@ impl SdpaOptions {
             for (j, flag) in flags.iter_mut().enumerate().take(hi).skip(lo) {
                 let kept = p.elem.keep.is_none_or(|m| m.at(bi, h, i, j));
                 let finite_bias = p.elem.bias.is_none_or(|x| x.at(bi, h, i, j) != f32::NEG_INFINITY);
-                *flag = u8::from(kept && finite_bias);
+                let in_block = p.elem.block.is_none_or(|m| m.allows(bi, h, i, j));
+                *flag = u8::from(kept && finite_bias && in_block);
             }
         }
         Ok(Tensor::from_vec(keep, (b, hq, lq, lk), &Device::Cpu)?)
@@ -94,7 +95,7 @@ impl<T> KernelParams<'_, T> {
                 key_lengths: o.key_lengths.as_deref(),
                 keep: broadcast("mask", &self.keep)?,
                 bias: broadcast("bias", &self.bias)?,
-                block: None,
+                block: o.block_mask.as_deref(),
             },
             softcap: o.softcap,
             dropout: o.dropout,
