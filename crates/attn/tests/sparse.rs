@@ -71,7 +71,7 @@ fn keep_mask_draws_the_pattern() {
 #[test]
 fn a_predicate_composes_with_the_other_options() {
     // A programmable mask: even keys only, and causal through the options.
-    let even = |_b: usize, _h: usize, _q: usize, kv: usize| kv % 2 == 0;
+    let even = |_b: usize, _h: usize, _q: usize, kv: usize| kv.is_multiple_of(2);
     let all = |_b: usize, _h: usize, _q: usize, _kv: usize| true;
     let bm = BlockMask::build(BlockShape { batch: 1, heads: 1, lq: L, lk: L }, Arc::new(even.and(all))).unwrap();
     let sparse = SdpaOptions::default().block_mask(Arc::new(bm)).causal(true);
