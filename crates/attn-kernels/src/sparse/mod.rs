@@ -18,16 +18,20 @@
 //!
 //! [`patterns`] holds the primitive patterns (bands, global tokens, documents, strides, random
 //! blocks), whose blocks are classified without visiting their elements; [`Pattern`] the named
-//! patterns of the literature built from them.
+//! patterns of the literature built from them, [`PatternParts`] one of them from its parameters
+//! given one by one (a command line's flags).
 
 mod block_mask;
 mod combine;
+mod count;
 mod named;
+mod parts;
 pub mod patterns;
 
 pub use block_mask::{BlockMask, BlockShape};
 pub use combine::{And, MaskModExt, Or};
 pub use named::Pattern;
+pub use parts::{PatternParts, PATTERN_NAMES};
 
 use std::ops::Range;
 
