@@ -5,6 +5,7 @@
 //!
 //! Logarithmic axes plot `log10` of the values with ticks labelled in the original units; points
 //! that are not finite, or not positive on a logarithmic axis, are left out of their line.
+//! [`log_log_slope`] fits the exponent of a power law to points, as a log-log chart shows it.
 //!
 //! Series are told apart by more than colour, so lines that coincide stay visible: every second
 //! series is dashed with hollow, larger markers (rings), the others solid with filled dots.
@@ -81,6 +82,22 @@ pub fn draw_lines(path: &Path, chart: &LineChart) -> Result<(), ChartError> {
     let y = span(&mut all.iter().map(|p| p.1));
     let (legend, y) = legend_place(chart, &lines, x, y);
     write(path, format, &Picture { chart, lines, x, y, legend }).map_err(fail)
+}
+
+/// The slope of the least-squares line through `(log x, log y)` of the points with both
+/// coordinates positive and finite: the exponent `k` of a power law `y ∝ x^k` that a log-log
+/// chart shows as a straight line. `None` with fewer than two such points of different `x`.
+pub fn log_log_slope(points: &[(f64, f64)]) -> Option<f64> {
+    let logs: Vec<(f64, f64)> = points
+        .iter()
+        .filter(|(x, y)| x.is_finite() && y.is_finite() && *x > 0.0 && *y > 0.0)
+        .map(|(x, y)| (x.ln(), y.ln()))
+        .collect();
+    let n = logs.len() as f64;
+    let (mx, my) = (logs.iter().map(|p| p.0).sum::<f64>() / n, logs.iter().map(|p| p.1).sum::<f64>() / n);
+    let sxx: f64 = logs.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = logs.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    (logs.len() >= 2 && sxx > 0.0).then(|| sxy / sxx)
 }
 
 /// Pixels of the plotting area (the picture less margins, caption and axis labels), about.

@@ -1,7 +1,8 @@
 //! Line charts: PNG and SVG are written with every series in the legend, logarithmic axes drop
-//! points they cannot show, and a chart with nothing drawable is refused without writing a file.
+//! points they cannot show, a chart with nothing drawable is refused without writing a file, and
+//! the fitted log-log slope recovers power laws.
 
-use attn::chart::{draw_lines, LineChart, Series};
+use attn::chart::{draw_lines, log_log_slope, LineChart, Series};
 
 fn chart(log_y: bool, points: Vec<(f64, f64)>) -> LineChart {
     LineChart {
@@ -56,4 +57,24 @@ fn extension_decides_the_format_and_unknown_ones_are_refused_first() {
     let err = draw_lines(&tiff, &chart(true, vec![(1.0, -1.0)])).unwrap_err().to_string();
     assert!(err.contains("c.tiff") && err.contains("'.tiff', expected .png, .svg, .jpg or .jpeg"), "{err}");
     assert!(!tiff.exists());
+}
+
+#[test]
+fn log_log_slope_recovers_power_laws_and_skips_unplottable_points() {
+    let law =
+        |k: f64, c: f64| -> Vec<(f64, f64)> { [1e3f64, 2e3, 4e3, 8e3].iter().map(|&x| (x, c * x.powf(k))).collect() };
+    for k in [1.0, 1.5, 2.0, -0.5] {
+        let slope = log_log_slope(&law(k, 3e-7)).unwrap();
+        assert!((slope - k).abs() < 1e-9, "{k}: {slope}");
+    }
+    // Noise around x²: the fit lies between the slopes of its segments.
+    let noisy = [(1.0, 1.1), (2.0, 3.9), (4.0, 16.5), (8.0, 63.0)];
+    let s = log_log_slope(&noisy).unwrap();
+    assert!((1.9..2.1).contains(&s), "{s}");
+    let mut with_bad = law(1.5, 1.0);
+    with_bad.extend([(0.0, 1.0), (16e3, 0.0), (f64::NAN, 2.0), (32e3, f64::INFINITY)]);
+    assert!((log_log_slope(&with_bad).unwrap() - 1.5).abs() < 1e-9);
+    assert_eq!(log_log_slope(&[(2.0, 3.0)]), None);
+    assert_eq!(log_log_slope(&[(2.0, 3.0), (2.0, 5.0)]), None);
+    assert_eq!(log_log_slope(&[]), None);
 }

@@ -3,7 +3,8 @@
 //! before anything is drawn).
 //!
 //! Entry points: [`draw_heatmap`] and [`draw_head_grid`] take row-major `f32` slices; [`draw_tensor`]
-//! takes a candle tensor of rank 2 to 4 and an optional [`Mask`]. Each accepts a keep-mask: masked
+//! takes a candle tensor of rank 2 to 4 and an optional [`Mask`]; [`draw_block_mask`] draws a
+//! block-sparse mask itself, its 64×64 blocks visible. Each accepts a keep-mask: masked
 //! cells are drawn light grey and hatched, without a value, stay out of the colour scale, and the
 //! colour bar gets a `masked` legend entry (a masked weight is 0, like a tiny one: the mask is what
 //! tells them apart).
@@ -22,6 +23,7 @@
 //!
 //! Text uses DejaVu Sans embedded in the crate (`assets/`), so drawing needs no system fonts.
 
+mod block_mask;
 mod draw;
 mod layout;
 mod scale;
@@ -35,6 +37,8 @@ use crate::error::AttnLibError;
 use crate::mask::Mask;
 use crate::picture::{PictureFormat, PictureFormatError};
 use scale::ColorScale;
+
+pub use block_mask::{draw_block_mask, MAX_MASK_CELLS};
 
 /// Labels and titles of a heatmap.
 #[derive(Debug, Clone, Default)]

@@ -1,5 +1,8 @@
 //! What the heatmap tests share: output paths, reading PNGs and SVGs back, and the error check.
 
+// Each test binary uses its own subset of these helpers.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 
 use attn::heatmap::HeatmapError;

@@ -1,0 +1,42 @@
+//! Block-sparse masks drawn as heatmaps: full blocks in the top colour, forbidden pairs drawn
+//! masked where the mask says, partial blocks in between, and masks too large to draw pair by
+//! pair refused without writing.
+
+mod heatmap_parts;
+
+use std::sync::Arc;
+
+use attn::heatmap::{draw_block_mask, HeatmapStyle};
+use attn::sparse::{BlockMask, BlockShape};
+use heatmap_parts::{centroid, out, read_png, reason, VIRIDIS_HIGH};
+
+/// Fill colour of masked cells.
+const MASKED: [u8; 3] = [228, 228, 228];
+
+fn causal(l: usize) -> BlockMask {
+    BlockMask::build(BlockShape { batch: 1, heads: 1, lq: l, lk: l }, Arc::new(|_, _, q, kv| kv <= q)).unwrap()
+}
+
+#[test]
+fn full_blocks_are_the_top_colour_and_forbidden_pairs_are_masked() {
+    // Causal over two blocks: block (1, 0) full, (0, 1) empty, the diagonal blocks partial.
+    let path = out("causal-blocks.png");
+    draw_block_mask(&path, &causal(128), 0, 0, &HeatmapStyle::default()).unwrap();
+    let img = read_png(&path);
+    let (fx, fy, full) = centroid(&img, VIRIDIS_HIGH);
+    let (mx, my, masked) = centroid(&img, MASKED);
+    assert!(full > 5_000 && masked > 5_000, "{full} full px, {masked} masked px");
+    // The full block is the lower left quarter, the masked pairs lie above the diagonal.
+    assert!(fx < mx - 100.0 && fy > my + 100.0, "full at ({fx}, {fy}), masked at ({mx}, {my})");
+    // Partial blocks (about half their pairs allowed) are neither colour: something else is
+    // drawn, about as much as the full block.
+    let other = img.pixels().filter(|p| p.0 != VIRIDIS_HIGH && p.0 != MASKED && p.0 != [255, 255, 255]).count();
+    assert!(other > full / 2, "{other} px of partial blocks and text, {full} px full");
+}
+
+#[test]
+fn a_mask_too_large_to_draw_is_refused_and_nothing_written() {
+    let path = out("too-large.png");
+    let e = reason(draw_block_mask(&path, &causal(4097), 0, 0, &HeatmapStyle::default()), &path);
+    assert!(e.contains("4097×4097") && e.contains("too large"), "{e}");
+}
