@@ -2,7 +2,9 @@
 //! of one or more shapes in a rayon pool of a chosen size, and reports the median/min/max time per
 //! call, GFLOP/s (see [`spec::FLOP_RULE`]) and the memory a call allocates beyond its output;
 //! `--backward` times forward plus backward instead (see the `backward` submodule), `--peak` adds the
-//! machine's FMA peak. Output is a table, or one JSON object per line with
+//! machine's FMA peak, `--pattern` a named block-sparse pattern, its mask built once per shape
+//! before timing, reported with the fraction of blocks computed, its building time and its bytes
+//! (see the `sparse` submodule). Output is a table, or one JSON object per line with
 //! `--json`. The library's own work around the kernel (checks, views, wrapping the results in
 //! tensors) costs microseconds and allocates no copy of the inputs or outputs. While a shape is
 //! timed, a spinner on stderr (hidden when stderr is not a terminal) counts its calls.
@@ -18,6 +20,7 @@ use std::time::Duration;
 mod backward;
 mod inputs;
 mod peak;
+mod sparse;
 mod spec;
 
 use anyhow::{bail, Context};
@@ -35,6 +38,7 @@ use super::threads::Threads;
 use crate::measure::{self, Budget, Measurement};
 use inputs::KV_DTYPES;
 use peak::Peak;
+use sparse::Sparse;
 
 /// Arguments of `attn bench`.
 #[derive(clap::Args, Debug)]
@@ -98,6 +102,10 @@ struct Row {
     dims: Dims,
     flops: u64,
     m: Measurement,
+    /// The fraction of 64×64 blocks computed ([`spec::block_fraction`]).
+    blocks: f64,
+    /// With `--pattern`, its block mask.
+    sparse: Option<Sparse>,
 }
 
 impl Row {
@@ -126,9 +134,12 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if let Some(p) = peak {
         print_peak(&args, p, threads);
     }
-    let opts = args.sdpa.options();
+    let pattern = args.sdpa.pattern()?;
     for (i, dims) in cases.into_iter().enumerate() {
         let shape = || format!("--shape {}", spec::shape_text(&dims));
+        let sparse = pattern.as_ref().map(|p| Sparse::build(p, &dims, &pool)).transpose().with_context(shape)?;
+        let mut opts = args.sdpa.options();
+        opts.block_mask = sparse.as_ref().map(|s| s.mask.clone());
         let m = measure_case(&args, &pool, &opts, dims).with_context(shape)?;
         if i == 0 && !args.json {
             // After the first shape was measured, so that a refused shape prints nothing.
@@ -139,11 +150,11 @@ pub fn main(args: Args) -> anyhow::Result<()> {
                 let path = if args.autograd { "through candle autograd" } else { "by the kernels directly" };
                 println!("forward (with log-sum-exp) + backward per call, {path}; {BACKWARD_FLOPS}");
             }
-            println!("{}", header(peak.flatten().is_some()));
+            println!("{}", header(peak.flatten().is_some(), pattern.is_some()));
         }
         let forward_flops = spec::flops(&dims, &opts);
         let flops = if args.backward { spec::with_backward(forward_flops) } else { forward_flops };
-        let row = Row { dims, flops, m };
+        let row = Row { dims, flops, m, blocks: spec::block_fraction(&dims, &opts), sparse };
         let peak_all = peak.flatten().map(|p| p.all_gflops);
         if args.json {
             println!("{}", json_row(&args, threads, &row, peak_all));
@@ -221,9 +232,13 @@ fn print_peak(args: &Args, peak: Option<Peak>, threads: usize) {
 /// The FLOP rule of `--backward`, in the line above the table's header.
 const BACKWARD_FLOPS: &str = "FLOPs = 3.5 x forward (backward counted as 2.5 x forward, FlashAttention's convention)";
 
-fn header(with_peak: bool) -> String {
+/// The pattern's columns of the table: the fraction of blocks computed, the mask's building time
+/// and bytes, and the pattern with its parameters.
+const PATTERN_HEADER: &str = "  blocks  build ms       mask  pattern";
+
+fn header(with_peak: bool, with_pattern: bool) -> String {
     format!(
-        "{:<16} {:>7} {:>4} {:>4} {:<14} {:>7} {:>4} {:<21} {:>3} {:>11} {:>11} {:>11} {:>9}{} {:>10} {:>5}",
+        "{:<16} {:>7} {:>4} {:>4} {:<14} {:>7} {:>4} {:<21} {:>3} {:>11} {:>11} {:>11} {:>9}{} {:>10} {:>5}{}",
         "shape B,H,Lq,D",
         "Lk",
         "Hkv",
@@ -239,7 +254,8 @@ fn header(with_peak: bool) -> String {
         "GFLOP/s",
         if with_peak { format!(" {:>6}", "%peak") } else { String::new() },
         "extra",
-        "iters"
+        "iters",
+        if with_pattern { PATTERN_HEADER } else { "" }
     )
 }
 
@@ -247,7 +263,7 @@ fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> S
     let d = row.dims;
     let gflops = row.gflops();
     format!(
-        "{:<16} {:>7} {:>4} {:>4} {:<14} {:>7} {:>4} {:<21} {:>3} {:>11.4} {:>11.4} {:>11.4} {:>9.2}{} {:>10} {:>5}",
+        "{:<16} {:>7} {:>4} {:>4} {:<14} {:>7} {:>4} {:<21} {:>3} {:>11.4} {:>11.4} {:>11.4} {:>9.2}{} {:>10} {:>5}{}",
         spec::shape_text(&d),
         d.lk,
         d.hkv,
@@ -263,7 +279,14 @@ fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> S
         gflops,
         peak_all.map_or(String::new(), |p| format!(" {:>6.1}", 100.0 * gflops / p)),
         human_bytes(row.m.extra_bytes as f64, true),
-        row.m.times.len()
+        row.m.times.len(),
+        row.sparse.as_ref().map_or(String::new(), |s| format!(
+            "  {:>6.4} {:>9.3} {:>10}  {}",
+            row.blocks,
+            s.build.median() * 1e3,
+            human_bytes(s.mask.bytes() as f64, true),
+            s.pattern
+        ))
     )
 }
 
@@ -294,6 +317,11 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         "gflops": row.gflops(),
         "extra_bytes": row.m.extra_bytes,
         "iters": row.m.times.len(),
+        "blocks": row.blocks,
+        "pattern": row.sparse.as_ref().map(|s| s.pattern.to_string()),
+        "density": row.sparse.as_ref().map(|s| s.mask.density()),
+        "mask_build_s": row.sparse.as_ref().map(|s| s.build.median()),
+        "mask_bytes": row.sparse.as_ref().map(|s| s.mask.bytes()),
     });
     if let Some(p) = peak_all {
         v["pct_of_peak"] = json!(100.0 * row.gflops() / p);

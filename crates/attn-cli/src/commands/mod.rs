@@ -7,6 +7,7 @@ pub mod demo;
 pub mod explain;
 pub mod heatmap;
 pub mod out_dir;
+pub mod pattern_flags;
 pub mod run;
 pub mod sdpa_flags;
 pub mod threads;
@@ -24,11 +25,16 @@ pub struct Interrupted;
 /// is named by the flag (`held_out` → `--held-out`); any other error is passed on.
 pub fn with_flag<A: clap::Args>(e: TrainError) -> anyhow::Error {
     if let TrainError::Setting { field, reason } = &e {
-        let command = A::augment_args(clap::Command::new("attn"));
-        let long = command.get_arguments().find(|a| a.get_id() == *field).and_then(|a| a.get_long());
-        if let Some(long) = long {
+        if let Some(long) = flag_of::<A>(field) {
             return anyhow::anyhow!("--{long}: {reason}");
         }
     }
     e.into()
+}
+
+/// The long flag (without `--`) of `A`'s argument whose id is `field`, if there is one.
+pub fn flag_of<A: clap::Args>(field: &str) -> Option<String> {
+    let command = A::augment_args(clap::Command::new("attn"));
+    let long = command.get_arguments().find(|a| a.get_id() == field).and_then(|a| a.get_long());
+    long.map(str::to_string)
 }

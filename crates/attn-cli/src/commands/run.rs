@@ -8,6 +8,8 @@
 //! comes before anything is computed or written (the output's extension is checked before the
 //! inputs are read), as is an output that is one of the inputs. The work runs in a pool of
 //! `--threads` threads; the output line names the kernel `auto` resolved to and the dropout seed.
+//! `--pattern` adds a named block-sparse pattern's block mask, built for the inputs' `Lq × Lk`
+//! (the output line gives its parameters and the fraction of 64×64 blocks it lists).
 
 mod inputs;
 
@@ -86,12 +88,17 @@ pub fn main(args: Args) -> Result<()> {
     check_not_an_input(&args.output, args.input_files())?;
     let format = TensorFormat::for_output(&args.output)?;
     let pool = args.threads.pool()?;
+    let pattern = args.sdpa.pattern()?;
     let inputs = match &args.input {
         Some(path) => Inputs::from_file(path)?,
         None => Inputs::from_npy(&args)?,
     };
     let described = inputs.describe();
-    let call = inputs.into_call(args.sdpa.options().return_weights(args.weights))?;
+    let mut call = inputs.into_call(args.sdpa.options().return_weights(args.weights))?;
+    let pattern_text = match &pattern {
+        Some(p) => format!(", pattern {p} ({:.4} of blocks)", call.set_pattern(p)?),
+        None => String::new(),
+    };
     let result = pool.install(|| call.run())?;
     let file = args.output.display().to_string();
     let mut named = vec![("out", &result.sdpa.out), ("lse", &result.sdpa.lse)];
@@ -114,7 +121,7 @@ pub fn main(args: Args) -> Result<()> {
     let shapes: Vec<String> = tensors.iter().map(|(n, t)| format!("{n} {:?}", t.shape)).collect();
     let dropout = args.sdpa.dropout_text().map_or(String::new(), |d| format!(", {d}"));
     println!(
-        "{described} -> {} kernel{dropout} -> {} written to {}",
+        "{described} -> {} kernel{dropout}{pattern_text} -> {} written to {}",
         args.sdpa.kernel_text(),
         shapes.join(", "),
         args.output.display()

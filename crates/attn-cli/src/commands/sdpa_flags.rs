@@ -1,6 +1,7 @@
 //! The attention flags `attn run` and `attn bench` share (causal, align, window, scale, softcap,
-//! dropout, seed, kernel), flattened into both commands' arguments, and their one conversion into
-//! [`attn::SdpaOptions`] and into the words `run` and `bench` report them in; also the parsers of
+//! dropout, seed, kernel, and the block-sparse pattern's, see [`super::pattern_flags`]), flattened
+//! into both commands' arguments, and their one conversion into [`attn::SdpaOptions`] and into the
+//! words `run` and `bench` report them in; also the parsers of
 //! flags naming one of a fixed set of values (`--align`, `bench --kv-dtype`) and of numbers with a
 //! range, which take negative numbers so that they can say the range instead of clap's
 //! "unexpected argument".
@@ -8,11 +9,16 @@
 use std::fmt::Display;
 use std::str::FromStr;
 
+use attn::sparse::Pattern;
 use attn::{Align, Dropout, Kernel, SdpaOptions, Window};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::ArgGroup;
+
+use super::pattern_flags::PatternFlags;
 
 /// How one attention call is computed, as given on the command line.
 #[derive(clap::Args, Debug, Clone)]
+#[command(group(ArgGroup::new("seeded").args(["dropout", "random"]).multiple(true)))]
 pub struct SdpaFlags {
     /// Causal masking: query i sees keys j <= i (top-left) or j <= i + Lk - Lq (bottom-right).
     #[arg(long)]
@@ -20,7 +26,8 @@ pub struct SdpaFlags {
     /// Where the causal diagonal and window centre sit when `Lq != Lk`.
     #[arg(long, default_value = "top-left", value_parser = named_values(&ALIGNS, align_name))]
     pub align: Align,
-    /// Sliding window `LEFT,RIGHT` around the aligned diagonal; -1 means unbounded.
+    /// Sliding window `LEFT,RIGHT` around the aligned diagonal; -1 means unbounded (with --pattern
+    /// longformer, bigbird or sinks: the pattern's own window).
     #[arg(long, value_parser = parse_window, allow_hyphen_values = true)]
     pub window: Option<Window>,
     /// Score multiplier (default `1/sqrt(D)`).
@@ -32,27 +39,43 @@ pub struct SdpaFlags {
     /// Dropout probability on the attention weights, in `[0, 1)`; without --seed the seed is 0.
     #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = parse_dropout)]
     pub dropout: Option<f32>,
-    /// Seed of the dropout generator (default 0).
-    #[arg(long, requires = "dropout", allow_negative_numbers = true)]
+    /// Seed of the dropout generator and of bigbird's random blocks (default 0).
+    #[arg(long, requires = "seeded", allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Kernel: reference, auto, flash-avx512, flash-avx2 or flash-portable.
     #[arg(long, default_value = "auto")]
     pub kernel: Kernel,
+    #[command(flatten)]
+    pub pattern: PatternFlags,
 }
 
 impl SdpaFlags {
     /// The library options these flags ask for (without masks, biases, key lengths or weights,
-    /// which come from files and other flags).
+    /// which come from files and other flags, nor the pattern's block mask, which needs the
+    /// sequence lengths: see [`SdpaFlags::pattern`]).
     pub fn options(&self) -> SdpaOptions {
         SdpaOptions {
             scale: self.scale,
             causal: self.causal,
             align: self.align,
-            window: self.window,
+            window: self.own_window(),
             softcap: self.softcap,
             dropout: self.dropout.map(|p| Dropout { p, seed: self.seed.unwrap_or(DEFAULT_SEED) }),
             kernel: self.kernel,
             ..SdpaOptions::default()
+        }
+    }
+
+    /// The block-sparse pattern asked for, its parameters checked; `None` without `--pattern`.
+    pub fn pattern(&self) -> anyhow::Result<Option<Pattern>> {
+        self.pattern.pattern(self.window, self.seed)
+    }
+
+    /// `--window` unless it is a part of the pattern (which then must not apply it again).
+    fn own_window(&self) -> Option<Window> {
+        match self.pattern() {
+            Ok(Some(p)) if p.has_window() => None,
+            _ => self.window,
         }
     }
 
@@ -79,7 +102,7 @@ impl SdpaFlags {
         if self.causal {
             parts.push("causal".to_string());
         }
-        if let Some(w) = self.window {
+        if let Some(w) = self.own_window() {
             let side = |s: Option<usize>| s.map_or("-1".to_string(), |n| n.to_string());
             parts.push(format!("window {},{}", side(w.left), side(w.right)));
         }

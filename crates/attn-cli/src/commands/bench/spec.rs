@@ -2,6 +2,7 @@
 //! `--kv-heads` and `--dv` options, and its floating-point operation count.
 
 use anyhow::{bail, Context};
+use attn::sparse::SPARSE_BLOCK;
 use attn::SdpaOptions;
 use attn_kernels::mask::Band;
 use attn_kernels::Dims;
@@ -10,7 +11,9 @@ use attn_kernels::Dims;
 pub const FLOP_RULE: &str = "FLOP count: for every (batch, query head), 2·Dk + 2·Dv per unmasked (query i, key j) \
 pair (the q·k dot product and the weighted sum of v, one multiply and one add each); softmax, scaling and \
 masking are not counted. Causal and window bands are counted exactly (causal, top-left: query i sees \
-min(i+1, Lk) keys), so full attention is 4·B·H·Lq·Lk·D when Dk = Dv = D and causal is about half of it. With --backward a call \
+min(i+1, Lk) keys), so full attention is 4·B·H·Lq·Lk·D when Dk = Dv = D and causal is about half of it. \
+With --pattern the pairs are those the pattern allows as well, counted exactly (every pair of its \
+partial blocks tested), not its listed blocks times 64·64. With --backward a call \
 is the forward plus its backward, counted as 3.5 times the forward's FLOPs (the backward as 2.5 times, \
 FlashAttention's convention: five matrix products of the forward's size against its two).";
 
@@ -56,16 +59,53 @@ pub fn case_dims(
 
 /// FLOPs of one call by [`FLOP_RULE`]: `2·(Dk + Dv)` per unmasked `(i, j)` pair per batch and
 /// query head, the pairs taken from the kernels' own band for the options' causal mask, window and
-/// alignment.
+/// alignment, and from the block mask when there is one.
 pub fn flops(dims: &Dims, opts: &SdpaOptions) -> u64 {
     let band = Band::new(opts.causal, opts.window, opts.align, dims.lq, dims.lk);
-    let pairs: u64 = (0..dims.lq)
-        .map(|i| {
-            let (lo, hi) = band.keys(i, dims.lk);
-            (hi - lo) as u64
-        })
-        .sum();
-    pairs * 2 * (dims.dk + dims.dv) as u64 * (dims.b * dims.hq) as u64
+    let pairs = per_head(dims, opts, |b, h| {
+        (0..dims.lq)
+            .map(|i| {
+                let (lo, hi) = band.keys(i, dims.lk);
+                match &opts.block_mask {
+                    Some(m) => m.allowed(b, h, i, lo..hi) as u64,
+                    None => (hi - lo) as u64,
+                }
+            })
+            .sum()
+    });
+    pairs * 2 * (dims.dk + dims.dv) as u64
+}
+
+/// The fraction of the `64 × 64` blocks of `[Lq, Lk]` ([`SPARSE_BLOCK`]) that a call visits over
+/// all batch entries and query heads: those that meet the band of the options' causal mask and
+/// window and, with a block mask, that it lists.
+pub fn block_fraction(dims: &Dims, opts: &SdpaOptions) -> f64 {
+    let band = Band::new(opts.causal, opts.window, opts.align, dims.lq, dims.lk);
+    let (nq, nk) = (dims.lq.div_ceil(SPARSE_BLOCK), dims.lk.div_ceil(SPARSE_BLOCK));
+    let visited = per_head(dims, opts, |b, h| {
+        (0..nq)
+            .map(|qb| {
+                // The band's key range only moves right from row to row: the block's rows meet
+                // the keys from the first row's start to the last row's end.
+                let (lo, _) = band.keys(qb * SPARSE_BLOCK, dims.lk);
+                let (_, hi) = band.keys(((qb + 1) * SPARSE_BLOCK).min(dims.lq) - 1, dims.lk);
+                let meets = |kb: usize| kb * SPARSE_BLOCK < hi && (kb + 1) * SPARSE_BLOCK > lo;
+                match &opts.block_mask {
+                    Some(m) => m.kv_blocks(b, h, qb).0.iter().filter(|&&kb| meets(kb as usize)).count() as u64,
+                    None => (0..nk).filter(|&kb| meets(kb)).count() as u64,
+                }
+            })
+            .sum()
+    });
+    visited as f64 / (nq * nk * dims.b * dims.hq).max(1) as f64
+}
+
+/// `count(b, h)` summed over every batch entry and query head of `dims`, calling it once per
+/// `(b, h)` the block mask tells apart (once in all without a mask, or with one that broadcasts).
+fn per_head(dims: &Dims, opts: &SdpaOptions, count: impl Fn(usize, usize) -> u64) -> u64 {
+    let (mb, mh) = opts.block_mask.as_ref().map_or((1, 1), |m| (m.shape().batch, m.shape().heads));
+    let copies = (dims.b / mb * (dims.hq / mh)) as u64;
+    (0..mb).flat_map(|b| (0..mh).map(move |h| (b, h))).map(|(b, h)| count(b, h)).sum::<u64>() * copies
 }
 
 /// FLOPs of a forward plus its backward by [`FLOP_RULE`]: 3.5 times the forward's `forward`

@@ -6,13 +6,16 @@
 //! `Var`s and `Σ out·grad_out` is differentiated.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::anyhow;
+use attn::sparse::Pattern;
 use attn::AttnError;
 use attn::{sdpa_full, AttnLibError, Mask, SdpaOptions, SdpaOutput};
 use candle_core::{DType, Tensor, Var};
 
 use super::Args;
+use crate::commands::pattern_flags::pattern_error;
 use crate::io::{read_npy, read_tensors, HostData, HostTensor, IoError, IoErrorKind};
 
 /// Tensor names accepted in the input file.
@@ -187,6 +190,19 @@ pub(super) struct RunOutput {
 }
 
 impl Call {
+    /// Adds the block mask of `pattern` for this call's `Lq × Lk` (`q: [B, Hq, Lq, D]`,
+    /// `k: [B, Hkv, Lk, D]`) and returns the fraction of blocks it lists; a pattern that does not
+    /// fit the sizes is refused naming its flag.
+    pub(super) fn set_pattern(&mut self, pattern: &Pattern) -> anyhow::Result<f64> {
+        let (&[_, _, lq, _], &[_, _, lk, _]) = (self.q.dims(), self.k.dims()) else {
+            return Err(anyhow!("--pattern {}: needs q: [B, Hq, Lq, D] and k: [B, Hkv, Lk, D]", pattern.name()));
+        };
+        let mask = pattern.block_mask(lq, lk).map_err(pattern_error)?;
+        let density = mask.density();
+        self.opts.block_mask = Some(Arc::new(mask));
+        Ok(density)
+    }
+
     /// Computes the attention and, with `grad_out`, the gradients of `Σ out·grad_out` through
     /// candle's autograd (the library's backward, by the same kernel and dropout seed); a refusal
     /// is one line naming the file of the tensor concerned, or the option.
