@@ -303,7 +303,7 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         "kv_dtype": args.kv_dtype.as_str(),
         "causal": args.sdpa.causal,
         "align": align_name(args.sdpa.align),
-        "window": args.sdpa.window.map(|w| [w.left, w.right]),
+        "window": args.sdpa.options().window.map(|w| [w.left, w.right]),
         "scale": args.sdpa.scale,
         "softcap": args.sdpa.softcap,
         "dropout": args.sdpa.dropout,

@@ -96,7 +96,12 @@ impl PatternParts {
                 seed: self.seed.unwrap_or(0),
             },
             "document" => {
-                let lengths = self.doc_lengths.clone().unwrap_or_default();
+                let Some(lengths) = self.doc_lengths.clone() else {
+                    return Err(AttnError::Param {
+                        field: "doc_lengths",
+                        reason: format!("the {name} pattern needs it"),
+                    });
+                };
                 if lengths.is_empty() {
                     let reason = "the document pattern needs at least one document length".to_string();
                     return Err(AttnError::Param { field: "doc_lengths", reason });
@@ -117,6 +122,36 @@ impl PatternParts {
                 }
             }
         })
+    }
+}
+
+/// `name key=value ...` in the parameter names of [`PatternParts`], e.g. `longformer
+/// window=128,128 global=16`; an unbounded side of a window is `-1`, and more than 8 document
+/// lengths are cut short with their count.
+impl std::fmt::Display for Pattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let side = |s: Option<usize>| s.map_or("-1".to_string(), |n| n.to_string());
+        let window = |w: &Window| format!("window={},{}", side(w.left), side(w.right));
+        let params = match self {
+            Pattern::Strided { stride } => format!("stride={stride}"),
+            Pattern::Fixed { stride, summary } => format!("stride={stride} summary={summary}"),
+            Pattern::Longformer { window: w, global } => format!("{} global={global}", window(w)),
+            Pattern::BigBird { window: w, global, random, seed } => {
+                format!("{} global={global} random={random} seed={seed}", window(w))
+            }
+            Pattern::Document { lengths } => {
+                let shown: Vec<String> = lengths.iter().take(8).map(|n| n.to_string()).collect();
+                let more =
+                    if lengths.len() > 8 { format!(",... ({} documents)", lengths.len()) } else { String::new() };
+                format!("doc_lengths={}{more}", shown.join(","))
+            }
+            Pattern::PrefixLm { prefix } => format!("prefix={prefix}"),
+            Pattern::Sinks { sinks, window: w } => match w.checked_sub(1) {
+                Some(left) => format!("sink_tokens={sinks} window={left},0"),
+                None => format!("sink_tokens={sinks} window=none"),
+            },
+        };
+        write!(f, "{} {params}", self.name())
     }
 }
 
@@ -178,6 +213,16 @@ mod tests {
             let got = parts.pattern(name).unwrap();
             assert_eq!((got.name(), &got), (name, &want));
         }
+    }
+
+    #[test]
+    fn display_names_the_parts_as_given() {
+        let w = Window { left: Some(128), right: None };
+        let bb = Pattern::BigBird { window: w, global: 16, random: 3, seed: 0 };
+        assert_eq!(bb.to_string(), "bigbird window=128,-1 global=16 random=3 seed=0");
+        assert_eq!(Pattern::Sinks { sinks: 4, window: 8 }.to_string(), "sinks sink_tokens=4 window=7,0");
+        let docs = Pattern::Document { lengths: (1..=10).collect() };
+        assert_eq!(docs.to_string(), "document doc_lengths=1,2,3,4,5,6,7,8,... (10 documents)");
     }
 
     #[test]

@@ -160,6 +160,24 @@ mod tests {
     }
 
     #[test]
+    fn a_block_mask_counts_its_allowed_pairs_inside_the_band_per_head() {
+        // Lq = 130, Lk = 200 (three and four blocks), strided stride 5, with a window (70, 0) on
+        // top; 2 batch entries, 3 heads; Dk = 4, Dv = 2.
+        let mask = attn::sparse::Pattern::Strided { stride: 5 }.block_mask(130, 200).unwrap();
+        let opts = SdpaOptions::default().window(Some(70), Some(0)).block_mask(std::sync::Arc::new(mask.clone()));
+        let d = case_dims([2, 3, 130, 4], Some(200), None, Some(2)).unwrap();
+        let pairs = (0..130).flat_map(|i| (0..200).map(move |j| (i, j)));
+        let allowed = pairs.filter(|&(i, j)| j <= i && j + 70 >= i && mask.allows(0, 0, i, j)).count() as u64;
+        assert_eq!(flops(&d, &opts), allowed * 2 * 6 * 6);
+        // Blocks meeting the band that the mask lists, out of 3·4: query block 0 meets key block
+        // 0, block 1 (rows 64..128) keys 0..128, block 2 (rows 128, 129) keys 58..130.
+        assert!((block_fraction(&d, &opts) - 6.0 / 12.0).abs() < 1e-12);
+        let narrow = SdpaOptions { window: Some(attn::Window { left: Some(10), right: Some(0) }), ..opts };
+        assert!((block_fraction(&d, &narrow) - 5.0 / 12.0).abs() < 1e-12);
+        assert!((block_fraction(&d, &SdpaOptions::default()) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
     fn kv_options_are_checked() {
         assert!(case_dims([1, 6, 4, 4], None, Some(4), None).unwrap_err().to_string().contains("multiple"));
         assert!(case_dims([1, 6, 4, 4], Some(0), None, None).is_err());
