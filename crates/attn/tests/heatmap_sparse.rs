@@ -1,6 +1,6 @@
-//! Block-sparse masks drawn as heatmaps: full blocks in the top colour, forbidden pairs drawn
-//! masked where the mask says, partial blocks in between, and masks too large to draw pair by
-//! pair refused without writing.
+//! Block-sparse masks drawn as heatmaps: full blocks in the top colour of a scale from 0 to 1,
+//! forbidden pairs drawn masked where the mask says, partial blocks in between, and masks too
+//! large to draw pair by pair refused without writing.
 
 mod heatmap_parts;
 
@@ -32,6 +32,26 @@ fn full_blocks_are_the_top_colour_and_forbidden_pairs_are_masked() {
     // drawn, about as much as the full block.
     let other = img.pixels().filter(|p| p.0 != VIRIDIS_HIGH && p.0 != MASKED && p.0 != [255, 255, 255]).count();
     assert!(other > full / 2, "{other} px of partial blocks and text, {full} px full");
+}
+
+#[test]
+fn the_scale_runs_from_0_to_1_whatever_the_shares() {
+    // Only the diagonal: every block partial with a share of 1/64, drawn near the bottom of the
+    // scale, not at its top (the top colour is left to the colour bar).
+    let shape = BlockShape { batch: 1, heads: 1, lq: 128, lk: 128 };
+    let diagonal = BlockMask::build(shape, Arc::new(|_, _, q, kv| kv == q)).unwrap();
+    let path = out("diagonal-blocks.png");
+    draw_block_mask(&path, &diagonal, 0, 0, &HeatmapStyle::default()).unwrap();
+    let (_, _, top) = centroid(&read_png(&path), VIRIDIS_HIGH);
+    let full = out("full-block.png");
+    draw_block_mask(&full, &causal(128), 0, 0, &HeatmapStyle::default()).unwrap();
+    let (_, _, full_top) = centroid(&read_png(&full), VIRIDIS_HIGH);
+    // On a scale of the values' own (0 to 1/64) the 128 diagonal pairs would be the top colour:
+    // some 3,000 px. The colour bar's top holds a few.
+    assert!(
+        full_top > 50_000 && top < 200,
+        "{top} top-colour px on the diagonal's picture, {full_top} with a full block"
+    );
 }
 
 #[test]

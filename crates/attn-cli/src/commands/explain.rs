@@ -5,6 +5,7 @@ mod additive_vs_dot;
 mod classify;
 mod heads;
 mod scaling;
+mod sparse;
 
 /// Arguments of `attn explain`.
 #[derive(clap::Args, Debug)]
@@ -24,6 +25,8 @@ pub enum Experiment {
     Heads(heads::Args),
     /// Train a one-head self-attention classifier with padding masks; accuracy and its attention.
     Classify(classify::Args),
+    /// Block-sparse patterns: each mask drawn, and time and memory over lengths (log-log slopes).
+    Sparse(sparse::Args),
 }
 
 /// Runs the chosen experiment.
@@ -33,5 +36,6 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         Experiment::AdditiveVsDot(a) => additive_vs_dot::main(a),
         Experiment::Heads(a) => heads::main(a),
         Experiment::Classify(a) => classify::main(a),
+        Experiment::Sparse(a) => sparse::main(a),
     }
 }

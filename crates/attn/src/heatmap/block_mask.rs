@@ -5,16 +5,18 @@ use std::path::Path;
 
 use attn_kernels::sparse::{BlockMask, SPARSE_BLOCK};
 
-use super::{draw_heatmap, HeatmapError, HeatmapErrorKind, HeatmapStyle};
+use super::scale::ColorScale;
+use super::{draw_figure_on, Cells, HeatmapError, HeatmapErrorKind, HeatmapStyle};
 
 /// The most cells [`draw_block_mask`] lays out (`Lq·Lk`): 4096 × 4096.
 pub const MAX_MASK_CELLS: usize = 1 << 24;
 
 /// Draws the mask of `(b, h)` of `mask` alone (`[Lq, Lk]`) to `path` (PNG, SVG or JPEG by
 /// extension): an allowed pair is coloured by the share of its 64×64 block's pairs that are
-/// allowed (1 in a full block, less in a partial one, so blocks show as tiles of one colour), a
-/// pair the mask forbids is drawn as masked (every pair of an empty block). Fails, writing nothing,
-/// as [`draw_heatmap`] does, and when `Lq·Lk` is over [`MAX_MASK_CELLS`].
+/// allowed, on a scale from 0 to 1 (1 in a full block, less in a partial one, so blocks show as
+/// tiles of one colour), a pair the mask forbids is drawn as masked (every pair of an empty
+/// block). Fails, writing nothing, as [`draw_heatmap`](super::draw_heatmap) does, and when
+/// `Lq·Lk` is over [`MAX_MASK_CELLS`].
 pub fn draw_block_mask(
     path: &Path,
     mask: &BlockMask,
@@ -45,5 +47,6 @@ pub fn draw_block_mask(
         allowed[i / SPARSE_BLOCK * nk + j / SPARSE_BLOCK] as f32 / (qs.len() * ks.len()) as f32
     };
     let values: Vec<f32> = (0..lq * lk).map(|x| if keep[x] { share(x / lk, x % lk) } else { 0.0 }).collect();
-    draw_heatmap(path, &values, Some(&keep), lq, lk, style)
+    let cells = Cells { values: &values, keep: Some(&keep), heads: None, lq, lk };
+    draw_figure_on(path, cells, style, Some(ColorScale::unit()))
 }

@@ -186,6 +186,16 @@ fn keep_flags(mask: &Mask, shape: &[usize]) -> Result<Vec<bool>, AttnLibError> {
 
 /// Shared body of the entry points: checks the format and the cells, lays out and writes.
 fn draw_figure(path: &Path, cells: Cells, style: &HeatmapStyle) -> Result<(), HeatmapError> {
+    draw_figure_on(path, cells, style, None)
+}
+
+/// [`draw_figure`] on the colour scale `fixed`, or when `None` on the kept values' own.
+fn draw_figure_on(
+    path: &Path,
+    cells: Cells,
+    style: &HeatmapStyle,
+    fixed: Option<ColorScale>,
+) -> Result<(), HeatmapError> {
     let fail = |kind: HeatmapErrorKind| HeatmapError { path: path.display().to_string(), kind: Box::new(kind) };
     let format = PictureFormat::from_path(path).map_err(|e| fail(e.into()))?;
     let draw = |reason: String| fail(HeatmapErrorKind::Draw(reason));
@@ -195,7 +205,7 @@ fn draw_figure(path: &Path, cells: Cells, style: &HeatmapStyle) -> Result<(), He
         Some(keep) => cells.values.iter().zip(keep).filter(|(_, &k)| k).map(|(&v, _)| v).collect(),
         None => cells.values.to_vec(),
     };
-    let scale = ColorScale::from_weights(&kept);
+    let scale = fixed.unwrap_or_else(|| ColorScale::from_weights(&kept));
     let legend = layout::Legend {
         non_finite: kept.iter().any(|w| !w.is_finite()),
         masked: cells.keep.is_some_and(|k| k.contains(&false)),

@@ -30,6 +30,11 @@ impl ColorScale {
         }
     }
 
+    /// The range `[0, 1]`, whatever the values (for shares).
+    pub(super) fn unit() -> Self {
+        Self { lo: 0.0, hi: 1.0 }
+    }
+
     /// Lower end of the scale.
     pub(super) fn lo(&self) -> f64 {
         self.lo
