@@ -186,3 +186,39 @@ fn classify_refuses_bad_arguments_and_writes_nothing() {
     refused(&["explain", "classify", "--steps", "0", "--out-dir", d], &["--steps"]);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was written");
 }
+
+#[test]
+fn sparse_draws_every_pattern_and_sweeps_time_and_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("sparse");
+    let d = out_dir.to_str().unwrap();
+    let flags = ["--picture-len", "128", "--lengths", "128,256", "--dense-max", "128", "--iters", "1"];
+    let stdout = ok(&[&["explain", "sparse", "--threads", "2", "--out-dir", d][..], &flags].concat());
+    for name in ["strided", "fixed", "longformer", "bigbird", "document", "prefix-lm", "sinks"] {
+        assert!(is_png(&out_dir.join(format!("sparse-{name}.png"))), "{name}");
+        let line = stdout.lines().find(|l| l.trim_start().starts_with(&format!("{name} "))).unwrap();
+        assert!(line.contains("% of blocks"), "{line}");
+    }
+    assert!(stdout.contains("document doc_lengths=24,40,16,48"), "{stdout}");
+    for (l, series) in [("128", &["dense"][..]), ("128", &["window", "±128"]), ("256", &["bigbird"])] {
+        let cells = row(&stdout, &[&[l][..], series].concat());
+        // blocks, build ms (or "-" for dense), forward ms, memory and its unit.
+        assert!(cells[0] > 0.0 && cells[0] <= 1.0 && cells[2] > 0.0 && cells[3] > 0.0, "{l} {series:?}: {cells:?}");
+    }
+    let strided = row(&stdout, &["256", "strided,", "stride", "⌈√L⌉"]);
+    assert!(strided[0] < 1.0, "{strided:?}");
+    assert!(!stdout.lines().any(|l| l.split_whitespace().take(2).eq(["256", "dense"])), "dense stops at 128");
+    assert!(stdout.contains("fitted slopes of log time") && stdout.contains("window ±128 (slope "), "{stdout}");
+    assert!(is_png(&out_dir.join("sparse-time.png")) && is_png(&out_dir.join("sparse-memory.png")));
+}
+
+#[test]
+fn sparse_refuses_bad_arguments_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("out");
+    let d = d.to_str().unwrap();
+    refused(&["explain", "sparse", "--picture-len", "32", "--out-dir", d], &["--picture-len 32", "64 to 4096"]);
+    refused(&["explain", "sparse", "--lengths", "128,0", "--out-dir", d], &["--lengths", "positive"]);
+    refused(&["explain", "sparse", "--iters", "0", "--out-dir", d], &["--iters"]);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was written");
+}
