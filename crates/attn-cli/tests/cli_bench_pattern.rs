@@ -1,6 +1,6 @@
 //! `attn bench --pattern`: FLOPs counted on the pairs the pattern (and the band) allows, checked
-//! pair by pair here; the fraction of 64×64 blocks computed; the mask's building time and bytes
-//! reported apart; forward and backward; refusals naming the flag and the shape.
+//! pair by pair here; the fractions of 64×64 blocks computed and partial; the mask's building time
+//! and bytes reported apart; forward and backward; refusals naming the flag and the shape.
 
 use std::process::{Command, Output};
 
@@ -23,21 +23,24 @@ fn row(shape: &str, flags: &[&str]) -> Value {
     rows.into_iter().next().unwrap()
 }
 
-/// Pairs of an `l × l` self-attention that `allowed` allows, and the fraction of 64×64 blocks
-/// holding at least one of them.
-fn count(l: usize, allowed: impl Fn(usize, usize) -> bool) -> (u64, f64) {
+/// Pairs of an `l × l` self-attention that `allowed` allows, and the fractions of 64×64 blocks
+/// holding at least one of them and holding some but not all.
+fn count(l: usize, allowed: impl Fn(usize, usize) -> bool) -> (u64, f64, f64) {
     let nb = l.div_ceil(SPARSE_BLOCK);
-    let mut blocks = vec![false; nb * nb];
+    let mut kept = vec![0usize; nb * nb];
     let mut pairs = 0;
     for i in 0..l {
         for j in 0..l {
             if allowed(i, j) {
                 pairs += 1;
-                blocks[i / SPARSE_BLOCK * nb + j / SPARSE_BLOCK] = true;
+                kept[i / SPARSE_BLOCK * nb + j / SPARSE_BLOCK] += 1;
             }
         }
     }
-    (pairs, blocks.iter().filter(|&&b| b).count() as f64 / (nb * nb) as f64)
+    let size = |x: usize| SPARSE_BLOCK.min(l - x * SPARSE_BLOCK);
+    let partial = (0..nb * nb).filter(|&x| kept[x] > 0 && kept[x] < size(x / nb) * size(x % nb)).count();
+    let any = kept.iter().filter(|&&n| n > 0).count();
+    (pairs, any as f64 / (nb * nb) as f64, partial as f64 / (nb * nb) as f64)
 }
 
 #[test]
@@ -46,12 +49,13 @@ fn longformer_counts_its_allowed_pairs_and_blocks_and_reports_its_mask() {
     let flags = ["--pattern", "longformer", "--window", "20,10", "--global", "5"];
     let r = row("2,3,300,8", &flags);
     let longformer = |i: usize, j: usize| (j + 20 >= i && j <= i + 10) || i < 5 || j < 5;
-    let (pairs, blocks) = count(300, longformer);
+    let (pairs, blocks, partial) = count(300, longformer);
     assert_eq!(r["flops"].as_u64(), Some(pairs * 4 * 8 * 2 * 3), "{r}");
     let pattern = Pattern::Longformer { window: Window { left: Some(20), right: Some(10) }, global: 5 };
     let mask = pattern.block_mask(300, 300).unwrap();
     // Every listed block holds an allowed pair here, so both fractions agree with the count.
     assert!((r["blocks"].as_f64().unwrap() - blocks).abs() < 1e-12, "{r}");
+    assert!((r["partial_blocks"].as_f64().unwrap() - partial).abs() < 1e-12 && partial > 0.0, "{r}");
     assert!((r["density"].as_f64().unwrap() - mask.density()).abs() < 1e-12, "{r}");
     assert_eq!(r["mask_bytes"].as_u64(), Some(mask.bytes() as u64));
     assert!(r["mask_build_s"].as_f64().unwrap() > 0.0, "{r}");
@@ -67,11 +71,11 @@ fn longformer_counts_its_allowed_pairs_and_blocks_and_reports_its_mask() {
 fn causal_composes_with_the_pattern_in_pairs_and_blocks() {
     let r = row("1,2,256,8", &["--pattern", "prefix-lm", "--prefix", "100", "--causal"]);
     // Prefix-LM AND causal is causal: the prefix's future is cut.
-    let (pairs, blocks) = count(256, |i, j| j <= i);
+    let (pairs, blocks, _) = count(256, |i, j| j <= i);
     assert_eq!(r["flops"].as_u64(), Some(pairs * 4 * 8 * 2), "{r}");
     assert!((r["blocks"].as_f64().unwrap() - blocks).abs() < 1e-12, "{r}");
     // The mask alone lists more: the prefix's blocks above the diagonal.
-    let (_, prefix_blocks) = count(256, |i, j| j < 100 || j <= i);
+    let (_, prefix_blocks, _) = count(256, |i, j| j < 100 || j <= i);
     assert!((r["density"].as_f64().unwrap() - prefix_blocks).abs() < 1e-12, "{r}");
     // Without a pattern the block fraction is the band's.
     let causal = row("1,2,256,8", &["--causal"]);
@@ -107,8 +111,9 @@ fn the_table_gains_the_pattern_columns() {
     let text = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
-    assert!(lines[0].ends_with("blocks  build ms       mask  pattern"), "{text}");
-    assert!(lines[1].ends_with("strided stride=8") && lines[1].contains(" 0.7500 "), "{text}");
+    assert!(lines[0].ends_with("blocks partial  build ms       mask  pattern"), "{text}");
+    // Stride 8 puts a stride column in every block at or below the diagonal: 3 of 4, all partial.
+    assert!(lines[1].ends_with("strided stride=8") && lines[1].contains(" 0.7500  0.7500 "), "{text}");
     let plain =
         String::from_utf8(attn_bench(&args[..2].iter().chain(&args[6..]).copied().collect::<Vec<_>>()).stdout).unwrap();
     assert!(!plain.contains("pattern") && !plain.contains("build ms"), "{plain}");

@@ -102,8 +102,8 @@ struct Row {
     dims: Dims,
     flops: u64,
     m: Measurement,
-    /// The fraction of 64×64 blocks computed ([`spec::block_fraction`]).
-    blocks: f64,
+    /// The 64×64 blocks computed ([`spec::blocks`]).
+    blocks: spec::Blocks,
     /// With `--pattern`, its block mask.
     sparse: Option<Sparse>,
 }
@@ -154,7 +154,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         }
         let forward_flops = spec::flops(&dims, &opts);
         let flops = if args.backward { spec::with_backward(forward_flops) } else { forward_flops };
-        let row = Row { dims, flops, m, blocks: spec::block_fraction(&dims, &opts), sparse };
+        let row = Row { dims, flops, m, blocks: spec::blocks(&dims, &opts), sparse };
         let peak_all = peak.flatten().map(|p| p.all_gflops);
         if args.json {
             println!("{}", json_row(&args, threads, &row, peak_all));
@@ -232,9 +232,9 @@ fn print_peak(args: &Args, peak: Option<Peak>, threads: usize) {
 /// The FLOP rule of `--backward`, in the line above the table's header.
 const BACKWARD_FLOPS: &str = "FLOPs = 3.5 x forward (backward counted as 2.5 x forward, FlashAttention's convention)";
 
-/// The pattern's columns of the table: the fraction of blocks computed, the mask's building time
-/// and bytes, and the pattern with its parameters.
-const PATTERN_HEADER: &str = "  blocks  build ms       mask  pattern";
+/// The pattern's columns of the table: the fractions of blocks computed and of those partial, the
+/// mask's building time and bytes, and the pattern with its parameters.
+const PATTERN_HEADER: &str = "  blocks partial  build ms       mask  pattern";
 
 fn header(with_peak: bool, with_pattern: bool) -> String {
     format!(
@@ -281,8 +281,9 @@ fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> S
         human_bytes(row.m.extra_bytes as f64, true),
         row.m.times.len(),
         row.sparse.as_ref().map_or(String::new(), |s| format!(
-            "  {:>6.4} {:>9.3} {:>10}  {}",
-            row.blocks,
+            "  {:>6.4} {:>7.4} {:>9.3} {:>10}  {}",
+            row.blocks.computed,
+            row.blocks.partial,
             s.build.median() * 1e3,
             human_bytes(s.mask.bytes() as f64, true),
             s.pattern
@@ -317,7 +318,8 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         "gflops": row.gflops(),
         "extra_bytes": row.m.extra_bytes,
         "iters": row.m.times.len(),
-        "blocks": row.blocks,
+        "blocks": row.blocks.computed,
+        "partial_blocks": row.blocks.partial,
         "pattern": row.sparse.as_ref().map(|s| s.pattern.to_string()),
         "density": row.sparse.as_ref().map(|s| s.mask.density()),
         "mask_build_s": row.sparse.as_ref().map(|s| s.build.median()),

@@ -62,8 +62,8 @@ pub fn case_dims(
 /// alignment, and from the block mask when there is one.
 pub fn flops(dims: &Dims, opts: &SdpaOptions) -> u64 {
     let band = Band::new(opts.causal, opts.window, opts.align, dims.lq, dims.lk);
-    let pairs = per_head(dims, opts, |b, h| {
-        (0..dims.lq)
+    let [pairs] = per_head(dims, opts, |b, h| {
+        [(0..dims.lq)
             .map(|i| {
                 let (lo, hi) = band.keys(i, dims.lk);
                 match &opts.block_mask {
@@ -71,41 +71,64 @@ pub fn flops(dims: &Dims, opts: &SdpaOptions) -> u64 {
                     None => (hi - lo) as u64,
                 }
             })
-            .sum()
+            .sum()]
     });
     pairs * 2 * (dims.dk + dims.dv) as u64
 }
 
-/// The fraction of the `64 × 64` blocks of `[Lq, Lk]` ([`SPARSE_BLOCK`]) that a call visits over
-/// all batch entries and query heads: those that meet the band of the options' causal mask and
-/// window and, with a block mask, that it lists.
-pub fn block_fraction(dims: &Dims, opts: &SdpaOptions) -> f64 {
-    let band = Band::new(opts.causal, opts.window, opts.align, dims.lq, dims.lk);
-    let (nq, nk) = (dims.lq.div_ceil(SPARSE_BLOCK), dims.lk.div_ceil(SPARSE_BLOCK));
-    let visited = per_head(dims, opts, |b, h| {
-        (0..nq)
-            .map(|qb| {
-                // The band's key range only moves right from row to row: the block's rows meet
-                // the keys from the first row's start to the last row's end.
-                let (lo, _) = band.keys(qb * SPARSE_BLOCK, dims.lk);
-                let (_, hi) = band.keys(((qb + 1) * SPARSE_BLOCK).min(dims.lq) - 1, dims.lk);
-                let meets = |kb: usize| kb * SPARSE_BLOCK < hi && (kb + 1) * SPARSE_BLOCK > lo;
-                match &opts.block_mask {
-                    Some(m) => m.kv_blocks(b, h, qb).0.iter().filter(|&&kb| meets(kb as usize)).count() as u64,
-                    None => (0..nk).filter(|&kb| meets(kb)).count() as u64,
-                }
-            })
-            .sum()
-    });
-    visited as f64 / (nq * nk * dims.b * dims.hq).max(1) as f64
+/// The `64 × 64` blocks of `[Lq, Lk]` ([`SPARSE_BLOCK`]) a call computes, as fractions of all its
+/// blocks over every batch entry and query head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Blocks {
+    /// Those that meet the band of the options' causal mask and window and, with a block mask,
+    /// that it lists.
+    pub computed: f64,
+    /// Those of them the block mask lists as partial: its predicate is evaluated on their pairs.
+    pub partial: f64,
 }
 
-/// `count(b, h)` summed over every batch entry and query head of `dims`, calling it once per
-/// `(b, h)` the block mask tells apart (once in all without a mask, or with one that broadcasts).
-fn per_head(dims: &Dims, opts: &SdpaOptions, count: impl Fn(usize, usize) -> u64) -> u64 {
+/// The blocks a call under `opts` computes (see [`Blocks`]).
+pub fn blocks(dims: &Dims, opts: &SdpaOptions) -> Blocks {
+    let band = Band::new(opts.causal, opts.window, opts.align, dims.lq, dims.lk);
+    let (nq, nk) = (dims.lq.div_ceil(SPARSE_BLOCK), dims.lk.div_ceil(SPARSE_BLOCK));
+    let [computed, partial] = per_head(dims, opts, |b, h| {
+        let mut counts = [0, 0];
+        for qb in 0..nq {
+            // The band's key range only moves right from row to row: the block's rows meet
+            // the keys from the first row's start to the last row's end.
+            let (lo, _) = band.keys(qb * SPARSE_BLOCK, dims.lk);
+            let (_, hi) = band.keys(((qb + 1) * SPARSE_BLOCK).min(dims.lq) - 1, dims.lk);
+            let meets = |kb: usize| kb * SPARSE_BLOCK < hi && (kb + 1) * SPARSE_BLOCK > lo;
+            match &opts.block_mask {
+                Some(m) => {
+                    let (listed, full) = m.kv_blocks(b, h, qb);
+                    for (_, &f) in listed.iter().zip(full).filter(|(&kb, _)| meets(kb as usize)) {
+                        counts[0] += 1;
+                        counts[1] += u64::from(!f);
+                    }
+                }
+                None => counts[0] += (0..nk).filter(|&kb| meets(kb)).count() as u64,
+            }
+        }
+        counts
+    });
+    let all = (nq * nk * dims.b * dims.hq).max(1) as f64;
+    Blocks { computed: computed as f64 / all, partial: partial as f64 / all }
+}
+
+/// `count(b, h)` summed over every batch entry and query head of `dims`, element by element,
+/// calling it once per `(b, h)` the block mask tells apart (once in all without a mask, or with
+/// one that broadcasts).
+fn per_head<const N: usize>(dims: &Dims, opts: &SdpaOptions, count: impl Fn(usize, usize) -> [u64; N]) -> [u64; N] {
     let (mb, mh) = opts.block_mask.as_ref().map_or((1, 1), |m| (m.shape().batch, m.shape().heads));
     let copies = (dims.b / mb * (dims.hq / mh)) as u64;
-    (0..mb).flat_map(|b| (0..mh).map(move |h| (b, h))).map(|(b, h)| count(b, h)).sum::<u64>() * copies
+    let mut sum = [0; N];
+    for (b, h) in (0..mb).flat_map(|b| (0..mh).map(move |h| (b, h))) {
+        for (s, c) in sum.iter_mut().zip(count(b, h)) {
+            *s += c * copies;
+        }
+    }
+    sum
 }
 
 /// FLOPs of a forward plus its backward by [`FLOP_RULE`]: 3.5 times the forward's `forward`
@@ -171,10 +194,16 @@ mod tests {
         assert_eq!(flops(&d, &opts), allowed * 2 * 6 * 6);
         // Blocks meeting the band that the mask lists, out of 3·4: query block 0 meets key block
         // 0, block 1 (rows 64..128) keys 0..128, block 2 (rows 128, 129) keys 58..130.
-        assert!((block_fraction(&d, &opts) - 6.0 / 12.0).abs() < 1e-12);
+        // Every one is partial: stride 5 puts a stride column in every block below the diagonal.
+        assert_eq!(blocks(&d, &opts), Blocks { computed: 6.0 / 12.0, partial: 6.0 / 12.0 });
         let narrow = SdpaOptions { window: Some(attn::Window { left: Some(10), right: Some(0) }), ..opts };
-        assert!((block_fraction(&d, &narrow) - 5.0 / 12.0).abs() < 1e-12);
-        assert!((block_fraction(&d, &SdpaOptions::default()) - 1.0).abs() < 1e-12);
+        assert_eq!(blocks(&d, &narrow).computed, 5.0 / 12.0);
+        assert_eq!(blocks(&d, &SdpaOptions::default()), Blocks { computed: 1.0, partial: 0.0 });
+        // Document blocks: the diagonal ones partial (causal inside), the one below full.
+        let docs = attn::sparse::Pattern::Document { lengths: vec![200] }.block_mask(200, 200).unwrap();
+        let d = case_dims([1, 1, 200, 4], None, None, None).unwrap();
+        let b = blocks(&d, &SdpaOptions::default().block_mask(std::sync::Arc::new(docs)));
+        assert_eq!(b, Blocks { computed: 10.0 / 16.0, partial: 4.0 / 16.0 });
     }
 
     #[test]
