@@ -205,7 +205,7 @@ fn sparse_draws_every_pattern_and_sweeps_time_and_memory() {
         // blocks, build ms (or "-" for dense), forward ms, memory and its unit.
         assert!(cells[0] > 0.0 && cells[0] <= 1.0 && cells[2] > 0.0 && cells[3] > 0.0, "{l} {series:?}: {cells:?}");
     }
-    let strided = row(&stdout, &["256", "strided,", "stride", "⌈√L⌉"]);
+    let strided = row(&stdout, &["256", "strided,", "stride", "≈", "√L"]);
     assert!(strided[0] < 1.0, "{strided:?}");
     assert!(!stdout.lines().any(|l| l.split_whitespace().take(2).eq(["256", "dense"])), "dense stops at 128");
     assert!(stdout.contains("fitted slopes of log time") && stdout.contains("window ±128 (slope "), "{stdout}");

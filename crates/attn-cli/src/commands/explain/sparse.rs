@@ -1,9 +1,9 @@
 //! `attn explain sparse`: the named block-sparse patterns (`attn::sparse::Pattern`). Each is
 //! drawn as a heatmap of its mask at a small length, its 64×64 blocks visible
 //! (`attn::heatmap::draw_block_mask`); then the forward time and memory of dense attention and of
-//! three patterns (a sliding window, Sparse Transformer's strided pattern with stride ⌈√L⌉, BigBird)
-//! over lengths L, as a table and two log-log plots with each series' fitted slope (the exponent
-//! of `L` it grows with: 2 for dense time, 1 for O(L) work). See the `scaling` submodule.
+//! three patterns (a sliding window, Sparse Transformer's strided pattern with a stride near √L,
+//! BigBird) over lengths L, as a table and two log-log plots with each series' fitted slope (the
+//! exponent of `L` it grows with: 2 for dense time, 1 for O(L) work). See the `scaling` submodule.
 
 mod scaling;
 
