@@ -48,26 +48,22 @@
 )]
 //!
 //! The README's block-sparse examples (`doc/sparse-mask-mod.rs`, a mask given as a predicate, and
-//! `doc/sparse-patterns.rs`, the named patterns), checked the same way:
+//! `doc/sparse-patterns.rs`, the named patterns, each in a block of its own), checked the same way:
 //!
 #![doc = concat!(
     "```\n",
     "# #![deny(warnings, unused)]\n",
     "# let x = |seed| attn::random::uniform(&[1, 4, 512, 64], -1.0, 1.0, seed);\n",
     "# let (q, k, v) = (x(1)?, x(2)?, x(3)?);\n",
+    "# {\n",
     include_str!("../doc/sparse-mask-mod.rs"),
     "# assert_eq!(out.dims(), &[1, 4, 512, 64]);\n",
     "# // Diagonal segments (2 blocks each, full) and the first key block (partial): 4·4 + 6 blocks of 64.\n",
     "# assert_eq!(mask.density(), 22.0 / 64.0);\n",
-    "# Ok::<(), attn::AttnLibError>(())\n",
-    "```",
-)]
-#![doc = concat!(
-    "```\n",
-    "# #![deny(warnings, unused)]\n",
-    "# let x = |seed| attn::random::uniform(&[1, 4, 512, 64], -1.0, 1.0, seed);\n",
-    "# let (q, k, v) = (x(1)?, x(2)?, x(3)?);\n",
+    "# }\n",
+    "# {\n",
     include_str!("../doc/sparse-patterns.rs"),
+    "# }\n",
     "# Ok::<(), attn::AttnLibError>(())\n",
     "```",
 )]

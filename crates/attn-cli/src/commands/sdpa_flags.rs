@@ -190,8 +190,12 @@ mod tests {
         flags: SdpaFlags,
     }
 
+    fn flags(args: &[&str]) -> SdpaFlags {
+        Cli::try_parse_from([&["attn"], args].concat()).unwrap().flags
+    }
+
     fn options(args: &[&str]) -> SdpaOptions {
-        Cli::try_parse_from([&["attn"], args].concat()).unwrap().flags.options()
+        flags(args).options()
     }
 
     #[test]
@@ -232,7 +236,6 @@ mod tests {
 
     #[test]
     fn band_text_names_what_is_set() {
-        let flags = |args: &[&str]| Cli::try_parse_from([&["attn"], args].concat()).unwrap().flags;
         assert_eq!(flags(&[]).band_text(), "full");
         assert_eq!(flags(&["--align", "bottom-right"]).band_text(), "full");
         assert_eq!(flags(&["--causal"]).band_text(), "causal");
@@ -255,5 +258,48 @@ mod tests {
         for bad in bad_values {
             assert!(Cli::try_parse_from([&["attn"], bad].concat()).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn one_seed_serves_dropout_and_random_blocks() {
+        let f = flags(&[
+            "--pattern",
+            "bigbird",
+            "--window",
+            "4,4",
+            "--global",
+            "1",
+            "--random",
+            "2",
+            "--seed",
+            "5",
+            "--dropout",
+            "0.1",
+        ]);
+        let window = Window { left: Some(4), right: Some(4) };
+        assert_eq!(f.pattern().unwrap(), Some(Pattern::BigBird { window, global: 1, random: 2, seed: 5 }));
+        assert_eq!(f.options().dropout, Some(Dropout { p: 0.1, seed: 5 }));
+        assert!(Cli::try_parse_from(["attn", "--pattern", "bigbird", "--random", "2", "--seed", "5"]).is_ok());
+        assert!(Cli::try_parse_from(["attn", "--pattern", "strided", "--stride", "2", "--seed", "5"]).is_err());
+    }
+
+    #[test]
+    fn a_window_is_the_calls_own_only_when_the_pattern_has_none() {
+        let lf = flags(&["--pattern", "longformer", "--window", "4,4", "--global", "1", "--causal"]);
+        assert_eq!((lf.options().window, lf.band_text().as_str()), (None, "causal"));
+        let strided = flags(&["--pattern", "strided", "--stride", "3", "--window", "4,0"]);
+        assert_eq!(strided.options().window, Some(Window { left: Some(4), right: Some(0) }));
+        assert_eq!(strided.band_text(), "window 4,0");
+        assert_eq!(flags(&[]).pattern().unwrap(), None);
+    }
+
+    #[test]
+    fn pattern_refusals_name_the_flag() {
+        let e = flags(&["--pattern", "document"]).pattern().unwrap_err().to_string();
+        assert_eq!(e, "--doc-lengths: the document pattern needs it");
+        let e = flags(&["--pattern", "prefix-lm", "--prefix", "3", "--sink-tokens", "2"]).pattern().unwrap_err();
+        assert_eq!(e.to_string(), "--sink-tokens: the prefix-lm pattern does not take it");
+        let unnamed = attn::AttnError::Param { field: "block_mask", reason: "too many keys".into() };
+        assert_eq!(super::super::pattern_flags::pattern_error(unnamed).to_string(), "block_mask: too many keys");
     }
 }
