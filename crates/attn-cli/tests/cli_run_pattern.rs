@@ -124,12 +124,13 @@ fn a_window_the_pattern_does_not_take_is_the_calls_own() {
     write(&input, &[("q", &q), ("k", &k), ("v", &v)]);
     let out = out_path(dir.path());
     let args =
-        ["--pattern", "prefix-lm", "--prefix", "60", "--window", "20,0", "--weights", "-o", out.to_str().unwrap()];
+        ["--pattern", "prefix-lm", "--prefix", "60", "--window", "20,5", "--weights", "-o", out.to_str().unwrap()];
     let (result, _) = run_ok(&args, &[&input], &out);
     let HostData::Bool(mask) = &result["mask"].data else { panic!("mask is not BOOL") };
     for i in 0..L {
         for j in 0..L {
-            let want = (j < 60 || j <= i) && j + 20 >= i && j <= i;
+            // Inside the prefix a query also sees up to 5 keys ahead; after it, none.
+            let want = (j < 60 || j <= i) && j + 20 >= i && j <= i + 5;
             assert_eq!(mask[i * L + j], want, "query {i}, key {j}");
         }
     }
