@@ -18,18 +18,21 @@ pub struct AttnGrads<T> {
     pub dv: Vec<T>,
     /// The bias's gradient in the bias's own (broadcast) shape, when asked for and a bias is given.
     pub dbias: Option<Vec<T>>,
+    /// The gradient of the score modification's table, when it reads one.
+    pub dtable: Option<Vec<T>>,
 }
 
 impl<T: Elem + Default> AttnGrads<T> {
-    /// Zeroed gradients for `d`, with a zeroed `dbias` of `bias_len` elements when given,
-    /// allocated fallibly.
-    pub fn zeros(d: &Dims, bias_len: Option<usize>) -> std::result::Result<Self, AllocError> {
+    /// Zeroed gradients for `d`, with a zeroed `dbias` of `bias_len` elements and `dtable` of
+    /// `table_len` when given (a table of 0 entries gets none), allocated fallibly.
+    pub fn zeros(d: &Dims, bias_len: Option<usize>, table_len: Option<usize>) -> std::result::Result<Self, AllocError> {
         let zeros = |what, shape: &[usize]| alloc::filled(what, shape, T::default());
         Ok(Self {
             dq: zeros("gradient dq", &[d.b, d.hq, d.lq, d.dk])?,
             dk: zeros("gradient dk", &[d.b, d.hkv, d.lk, d.dk])?,
             dv: zeros("gradient dv", &[d.b, d.hkv, d.lk, d.dv])?,
             dbias: bias_len.map(|n| zeros("gradient dbias", &[n])).transpose()?,
+            dtable: table_len.filter(|&n| n > 0).map(|n| zeros("gradient dtable", &[n])).transpose()?,
         })
     }
 }

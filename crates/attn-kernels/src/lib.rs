@@ -5,6 +5,7 @@
 //! - [`flash`]: the fast tiled kernel, with micro-kernels per instruction set ([`Isa`], whose
 //!   availability on this CPU is checked in one place, [`Isa::is_available`]).
 //! - [`alloc`]: fallible allocation of every buffer sized by the caller's shapes ([`AllocError`]).
+//! - [`score_mod`]: programmable score modifications ([`ScoreMod`]) with their derivatives.
 //! - [`sparse`]: programmable masks ([`MaskMod`]) and their block-sparse description ([`BlockMask`]).
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
 //!   into a [`Problem`] by every kernel.
@@ -21,6 +22,7 @@ pub mod mask;
 pub mod merge;
 pub mod problem;
 pub mod reference;
+pub mod score_mod;
 pub mod sparse;
 // A workspace utility, not part of the kernels' interface: dropout keys its rows with
 // `splitmix64`; the other crates reach the generator as `attn::random::SplitMix64`.
@@ -39,5 +41,6 @@ pub use mask::{Align, MaskSpec, Window};
 pub use merge::{merge_partials, Partial};
 pub use problem::{AttnParams, Dims, Problem};
 pub use reference::{reference, reference_backward, AttnOutput, Real};
+pub use score_mod::{ScoreFn, ScoreMod};
 pub use sparse::{BlockClass, BlockMask, BlockShape, MaskMod, MaskModExt, SPARSE_BLOCK};
 pub use view::{Broadcast, View4};

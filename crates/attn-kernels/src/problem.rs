@@ -5,6 +5,7 @@
 use crate::dropout::Dropout;
 use crate::error::{AttnError, Result};
 use crate::mask::{Band, ElementMask, MaskSpec};
+use crate::score_mod::ScoreFn;
 
 /// Options of one attention call.
 #[derive(Debug, Clone, Copy, Default)]
@@ -17,6 +18,8 @@ pub struct AttnParams<'a, T> {
     pub softcap: Option<f64>,
     /// Dropout on the attention weights.
     pub dropout: Option<Dropout>,
+    /// A programmable modification of the scaled scores, before the soft-cap, bias and masks.
+    pub score_mod: Option<ScoreFn<'a>>,
 }
 
 /// Sizes of one call.
@@ -86,6 +89,8 @@ pub struct Problem<'a, T> {
     pub elem: ElementMask<'a, T>,
     /// Dropout, `None` when absent or `p == 0` (so `p = 0` is bit-identical to no dropout).
     pub dropout: Option<Dropout>,
+    /// Score modification, its table checked against its length.
+    pub score_mod: Option<ScoreFn<'a>>,
 }
 
 impl<'a, T> Problem<'a, T> {
@@ -144,6 +149,9 @@ impl<'a, T> Problem<'a, T> {
             Some(m) => Some(crate::view::Resolved { data: m.data(), strides: m.strides_for("bias", target)? }),
             None => None,
         };
+        if let Some(f) = p.score_mod {
+            expect("score_table", "length", f.m.table_len(), f.table.len())?;
+        }
         if let Some(bm) = p.mask.block {
             bm.check(b, hq, lq, lk)?;
         }
@@ -155,6 +163,7 @@ impl<'a, T> Problem<'a, T> {
             key_lengths: p.mask.key_lengths,
             elem: ElementMask { keep, bias, block: p.mask.block },
             dropout: p.dropout.filter(|d| d.p > 0.0),
+            score_mod: p.score_mod,
         })
     }
 

@@ -94,6 +94,7 @@ fn worse_grads(a: AttnGrads<f32>, b: &AttnGrads<f32>, r: &AttnGrads<f64>) -> Att
         dk: worse_of(&a.dk, &b.dk, &r.dk),
         dv: worse_of(&a.dv, &b.dv, &r.dv),
         dbias: a.dbias.zip(b.dbias.as_ref()).zip(r.dbias.as_ref()).map(|((a, b), r)| worse_of(&a, b, r)),
+        dtable: None,
     }
 }
 

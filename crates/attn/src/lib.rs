@@ -66,6 +66,8 @@ pub mod write_file;
 /// Fallible allocation of buffers sized by the caller's shapes ([`AllocError`] instead of an
 /// abort), as the kernels allocate; [`alloc::human_bytes`] prints byte counts.
 pub use attn_kernels::alloc;
+/// Programmable score modifications: [`score_mod::ScoreMod`] and the built-ins.
+pub use attn_kernels::score_mod;
 /// Block-sparse and programmable masks: [`sparse::MaskMod`], [`sparse::BlockMask`], the named
 /// [`sparse::Pattern`]s.
 pub use attn_kernels::sparse;

@@ -99,6 +99,7 @@ impl<T> KernelParams<'_, T> {
             },
             softcap: o.softcap,
             dropout: o.dropout,
+            score_mod: None,
         })
     }
 }

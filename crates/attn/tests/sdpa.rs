@@ -159,6 +159,7 @@ fn all_options<'a, T: Real>(
         },
         softcap: Some(2.5),
         dropout: Some(Dropout { p: 0.25, seed: 99 }),
+        score_mod: None,
     }
 }
 

@@ -11,7 +11,9 @@
 //! 2. `dV_j += Ā_ij · dO_i`;
 //! 3. `dĀ_ij = dO_i · v_j`, `dA_ij = z_j · dĀ_ij`;
 //! 4. `dS_ij = A_ij · (dA_ij − Σ_j A_ij · dA_ij)` — the gradient of the score, and of the bias;
-//! 5. through the soft-cap: `dX_ij = dS_ij · (1 − tanh²(x_ij / cap))`, `x_ij = scale · q_i·k_j`;
+//! 5. through the soft-cap and the modification: `dX_ij = dS_ij · (1 − tanh²(f(x_ij) / cap)) ·
+//!    f'(x_ij)`, `x_ij = scale · q_i·k_j`, and the modification's table entry `e` read at `(i, j)`
+//!    gets `dS_ij · (1 − tanh²(f(x_ij) / cap)) · ∂f/∂t_e`;
 //! 6. `dQ_i += scale · Σ_j dX_ij · k_j`, `dK_j += scale · dX_ij · q_i`.
 //!
 //! `dbias` is `dS` summed over the dimensions along which the bias was broadcast. A row with no
@@ -48,7 +50,7 @@ pub fn reference_backward<T: Real>(
     saved.check(&d)?;
     let dout = &saved.dout;
     let bias_len = params.mask.bias.filter(|_| want_dbias).map(|b| b.data().len());
-    let mut g = AttnGrads::zeros(&d, bias_len)?;
+    let mut g = AttnGrads::zeros(&d, bias_len, pb.score_mod.map(|f| f.table.len()))?;
     let mut scores: Vec<Option<Score<T>>> = alloc::filled("scores of a row", &[d.lk], None)?;
     // `A_ij`, `dA_ij` and `z_j` of the allowed keys of one row.
     let mut a = alloc::filled("weights of a row", &[d.lk], T::zero())?;
@@ -94,8 +96,14 @@ pub fn reference_backward<T: Real>(
                         let at = b * st[0] + h * st[1] + i * st[2] + j * st[3];
                         gb[at] = gb[at] + ds;
                     }
+                    if let (Some(gt), Some(f)) = (g.dtable.as_mut(), pb.score_mod) {
+                        let x = sc.x.to_f64().unwrap();
+                        if let Some((e, dt)) = f.m.dtable(x, f.table, b, h, i, j) {
+                            gt[e] = gt[e] + ds * sc.dcap * T::from_f64(dt).unwrap();
+                        }
+                    }
                     // Steps 5 and 6.
-                    let dx = ds * sc.dcap * scale;
+                    let dx = ds * sc.dcap * sc.dmod * scale;
                     let dqi = &mut g.dq[row * d.dk..][..d.dk];
                     axpy(dx, k.row(b, kvh, j), dqi);
                     let dkj = &mut g.dk[((b * d.hkv + kvh) * d.lk + j) * d.dk..][..d.dk];

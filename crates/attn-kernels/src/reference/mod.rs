@@ -3,7 +3,8 @@
 //! the tolerance rule). No tiling, no tricks; clarity over speed.
 //!
 //! For each query row `i` of head `h` (reading key/value head `h / (Hq/Hkv)`):
-//! 1. `s_j = scale · q_i·k_j`, then `s_j = cap·tanh(s_j/cap)` with soft-capping, then `s_j += bias_ij`;
+//! 1. `s_j = scale · q_i·k_j`, then `s_j = f(s_j)` with a score modification, then
+//!    `s_j = cap·tanh(s_j/cap)` with soft-capping, then `s_j += bias_ij`;
 //! 2. keys outside the band, beyond the key length, forbidden by the block mask (evaluated per
 //!    element), with `keep = false` or bias −∞ are masked and
 //!    their `k_j`, `v_j` are never read;
@@ -78,11 +79,14 @@ impl<T: Real> Elem for Option<Score<T>> {
     const NAME: &'static str = "score";
 }
 
-/// A score of an allowed key: `s` after scaling, soft-capping and bias, and `ds/dx`, the
-/// derivative of the soft-cap at the scaled dot product `x` (`1 − tanh²(x/cap)`; 1 without one).
+/// A score of an allowed key: `s` after scaling, modification, soft-capping and bias; the scaled
+/// dot product `x`; `dmod = ∂f/∂x` of the score modification (1 without one) and `dcap`, the
+/// soft-cap's derivative at the modified score `f(x)` (`1 − tanh²(f(x)/cap)`; 1 without one).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Score<T> {
     pub s: T,
+    pub x: T,
+    pub dmod: T,
     pub dcap: T,
 }
 
@@ -111,14 +115,22 @@ pub(crate) fn row_scores<T: Real>(
             continue;
         }
         let x = scale * dot(qi, k.row(b, kvh, j));
-        let (capped, dcap) = match cap {
-            Some(c) => {
-                let t = (x / c).tanh();
-                (c * t, T::one() - t * t)
+        let (m, dmod) = match pb.score_mod {
+            Some(f) => {
+                let x64 = x.to_f64().unwrap();
+                let at = |v: f64| T::from_f64(v).unwrap();
+                (at(f.m.score(x64, f.table, b, h, i, j)), at(f.m.dscore(x64, f.table, b, h, i, j)))
             }
             None => (x, T::one()),
         };
-        *s = Some(Score { s: capped + bias.unwrap_or_else(T::zero), dcap });
+        let (capped, dcap) = match cap {
+            Some(c) => {
+                let t = (m / c).tanh();
+                (c * t, T::one() - t * t)
+            }
+            None => (m, T::one()),
+        };
+        *s = Some(Score { s: capped + bias.unwrap_or_else(T::zero), x, dmod, dcap });
     }
 }
 

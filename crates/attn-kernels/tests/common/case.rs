@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use attn_kernels::{Align, AttnParams, BlockMask, Broadcast, Dims, Dropout, MaskMod, MaskSpec, Window};
+use attn_kernels::{
+    Align, AttnParams, BlockMask, Broadcast, Dims, Dropout, MaskMod, MaskSpec, ScoreFn, ScoreMod, Window,
+};
 
 use super::dense::Dense;
 use super::generator::Rng;
@@ -46,6 +48,25 @@ pub struct Case {
     pub dropout: Option<Dropout>,
     /// A block-sparse mask and the predicate it was made from.
     pub sparse: Option<Sparse>,
+    /// A score modification and its table.
+    pub score: Option<Scored>,
+}
+
+/// A score modification with its table.
+#[derive(Clone)]
+pub struct Scored {
+    /// The modification.
+    pub m: Arc<dyn ScoreMod>,
+    /// Its table.
+    pub table: Vec<f32>,
+    /// A name for failure messages.
+    pub name: String,
+}
+
+impl std::fmt::Debug for Scored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (table of {})", self.name, self.table.len())
+    }
 }
 
 /// A block mask with the element predicate that defines it, which the tests' mask rules read
@@ -88,6 +109,7 @@ impl Case {
             bias: None,
             dropout: None,
             sparse: None,
+            score: None,
         }
     }
 
@@ -154,6 +176,9 @@ impl Case {
         if let Some(sp) = &self.sparse {
             s += &format!(" sparse({sp:?})");
         }
+        if let Some(x) = &self.score {
+            s += &format!(" score_mod({x:?})");
+        }
         s
     }
 
@@ -175,6 +200,7 @@ impl Case {
             },
             softcap: self.softcap,
             dropout: self.dropout,
+            score_mod: self.score.as_ref().map(|x| ScoreFn { m: &*x.m, table: &x.table }),
         }
     }
 

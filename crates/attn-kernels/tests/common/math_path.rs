@@ -37,7 +37,7 @@ pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
     let scale = T::from_f64(case.scale.unwrap_or(1.0 / (d.dk as f64).sqrt())).unwrap();
     let cap = case.softcap.map(|c| T::from_f64(c).unwrap());
     let bias_len = case.bias.as_ref().map(|m| m.data.len());
-    let mut g = AttnGrads::<T>::zeros(&d, bias_len).unwrap();
+    let mut g = AttnGrads::<T>::zeros(&d, bias_len, None).unwrap();
     let mut terms = bias_len.map(|n| vec![T::zero(); n]);
     let (mut out, mut lse) = (vec![T::zero(); d.b * d.hq * d.lq * d.dv], vec![T::neg_infinity(); d.lse_len()]);
     let (mut s, mut dcap) = (vec![T::zero(); d.lk], vec![T::one(); d.lk]);

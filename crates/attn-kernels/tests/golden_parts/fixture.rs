@@ -159,6 +159,7 @@ impl Fixture {
             },
             softcap: o.softcap,
             dropout: None,
+            score_mod: None,
         })
     }
 

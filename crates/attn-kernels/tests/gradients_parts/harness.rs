@@ -110,6 +110,11 @@ pub fn grads_verdict(
     run("dq", &fast.dq, &g64.dq, &g32.dq)?;
     run("dk", &fast.dk, &g64.dk, &g32.dk)?;
     run("dv", &fast.dv, &g64.dv, &g32.dv)?;
+    match (&fast.dtable, &g64.dtable, &g32.dtable) {
+        (Some(f), Some(r), Some(n)) => run("dtable", f, r, n)?,
+        (None, None, None) => {}
+        _ => return Err("dtable present in some results only".into()),
+    }
     match (&fast.dbias, &g64.dbias, &g32.dbias) {
         (Some(f), Some(r), Some(n)) => match dbias_terms {
             None => run("dbias", f, r, n),

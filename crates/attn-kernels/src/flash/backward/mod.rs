@@ -18,7 +18,8 @@
 //!   causal shards balanced), each shard accumulates into its own `dq` partial, and the partials
 //!   are summed afterwards — all cores stay busy even for one head;
 //! - `dbias` (only when asked for) may be shared by many jobs through broadcasting, so each tile
-//!   adds its `dS` under one lock (an `O(tile)` addition after `O(tile · D)` of arithmetic).
+//!   adds its `dS` under one lock (an `O(tile)` addition after `O(tile · D)` of arithmetic); so
+//!   does the score modification's table gradient `dtable`, from a per-tile buffer.
 
 mod rows;
 mod tile;
@@ -94,6 +95,8 @@ pub(super) struct BwdCtx<'a, E> {
     pub dk: Disjoint<'a>,
     pub dv: Disjoint<'a>,
     pub dbias: Option<Mutex<&'a mut [f32]>>,
+    /// The score modification's table gradient, when it reads a table.
+    pub dtable: Option<Mutex<&'a mut [f32]>>,
     /// Key shards per key/value head.
     pub shards: usize,
     /// Forced transposition plan ([`BackwardTuning::whole_heads`]).
@@ -141,7 +144,7 @@ pub(crate) fn backward<E: KvElem>(
     let (run, _) = entry::of::<E>(isa);
     let d = pb.dims;
     let bias_len = pb.elem.bias.filter(|_| want_dbias).map(|b| b.data.len());
-    let mut g = AttnGrads::zeros(&d, bias_len)?;
+    let mut g = AttnGrads::zeros(&d, bias_len, pb.score_mod.map(|f| f.table.len()))?;
     if d.b == 0 || d.lq == 0 || d.lk == 0 {
         return Ok(g);
     }
@@ -176,6 +179,7 @@ pub(crate) fn backward<E: KvElem>(
             dk: Disjoint::new(&mut g.dk),
             dv: Disjoint::new(&mut g.dv),
             dbias: g.dbias.as_deref_mut().map(Mutex::new),
+            dtable: g.dtable.as_deref_mut().map(Mutex::new),
             shards,
             whole_heads: tuning.whole_heads,
             decode_scores: saved.forward_path.map_or(plan::decodes(&d), |p| p == Path::Decode),
