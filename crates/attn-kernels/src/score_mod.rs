@@ -43,8 +43,7 @@ pub trait ScoreMod: Send + Sync {
     }
 
     /// `dt[entry] += g[c] · ∂f/∂table[entry]` for key `kv0 + c` of row `[b, h, q]` with unmodified
-    /// score `s[c]`,
-    /// wherever `g[c] ≠ 0` (`g` the gradient of the modified score).
+    /// score `s[c]`, wherever `g[c] ≠ 0` (`g` the gradient of the modified score).
     fn dtable_row(&self, table: &[f32], [b, h, q]: [usize; 3], kv0: usize, s: &[f32], g: &[f32], dt: &mut [f32]) {
         for (c, (&x, &gc)) in s.iter().zip(g).enumerate() {
             if gc != 0.0 {
