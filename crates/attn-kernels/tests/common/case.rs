@@ -42,6 +42,8 @@ pub struct Case {
     pub bias: Option<Dense<f32>>,
     /// Dropout.
     pub dropout: Option<Dropout>,
+    /// Sink logits per query head, `[Hq]`.
+    pub sinks: Option<Vec<f32>>,
 }
 
 impl Case {
@@ -65,6 +67,7 @@ impl Case {
             keep: None,
             bias: None,
             dropout: None,
+            sinks: None,
         }
     }
 
@@ -128,11 +131,15 @@ impl Case {
         if let Some(dr) = self.dropout {
             s += &format!(" dropout(p={}, seed={})", dr.p, dr.seed);
         }
+        if let Some(sinks) = &self.sinks {
+            s += &format!(" sinks={sinks:?}");
+        }
         s
     }
 
-    /// The call's parameters in `T`, with the bias data given already converted to `T`.
-    pub fn params<'a, T>(&'a self, bias: Option<&'a [T]>) -> AttnParams<'a, T> {
+    /// The call's parameters in `T`, with the bias and sinks data given already converted to `T`
+    /// (each ignored where the case has none).
+    pub fn params<'a, T>(&'a self, bias: Option<&'a [T]>, sinks: Option<&'a [T]>) -> AttnParams<'a, T> {
         let keep = self.keep.as_ref().map(|m| Broadcast::new("mask", &m.data, &m.shape).expect("keep-mask layout"));
         let bias =
             self.bias.as_ref().zip(bias).map(|(m, data)| Broadcast::new("bias", data, &m.shape).expect("bias layout"));
@@ -148,7 +155,13 @@ impl Case {
             },
             softcap: self.softcap,
             dropout: self.dropout,
+            sinks: sinks.filter(|_| self.sinks.is_some()),
         }
+    }
+
+    /// The call's parameters in `f32`, the case's own bias and sinks.
+    pub fn params32(&self) -> AttnParams<'_, f32> {
+        self.params(self.bias.as_ref().map(|m| &m.data[..]), self.sinks.as_deref())
     }
 
     /// Every query row `(b, h, i)`.
