@@ -32,6 +32,13 @@ pub struct SdpaOptions {
     /// Dropout on the weights, `0 <= p < 1`; the keep decision is a pure function of
     /// `(seed, b, h, i, j)`.
     pub dropout: Option<Dropout>,
+    /// Learned attention sinks (gpt-oss), a float `[Hq]`: head `h`'s logit `sink_h` joins the
+    /// softmax denominator of each of its rows, `p_ij = exp(s_ij) / (Σ_k exp(s_ik) + exp(sink_h))`,
+    /// so a row's weights sum to less than 1 (the sink attends to nothing). Differentiable: a
+    /// tracked tensor (a `Var`, or computed from one) gets its gradient. The log-sum-exp then
+    /// includes the sink; a fully masked row gives 0 with `lse = sink_h`. Entries finite, or `-inf`
+    /// for no sink; dropout never drops the sink.
+    pub sinks: Option<Tensor>,
     /// Which kernel computes the call.
     pub kernel: Kernel,
     /// Whether [`sdpa_full`](crate::sdpa_full) returns the weights `[B, Hq, Lq, Lk]`.
@@ -90,6 +97,12 @@ impl SdpaOptions {
     /// Sets dropout with probability `p` and generator seed `seed`.
     pub fn dropout(mut self, p: f32, seed: u64) -> Self {
         self.dropout = Some(Dropout { p, seed });
+        self
+    }
+
+    /// Sets learned attention sinks, one logit per query head (float `[Hq]`).
+    pub fn sinks(mut self, sinks: Tensor) -> Self {
+        self.sinks = Some(sinks);
         self
     }
 

@@ -1,7 +1,7 @@
-//! Gradients through candle's autograd: `loss.backward()` on `attn::sdpa` delivers to q, k, v and
-//! a tracked bias exactly what the kernels' backward computes (for 4-D and 3-D inputs, grouped-
-//! query heads, half-precision K/V, masks and dropout), every one finite and non-zero; and a small
-//! optimisation through `sdpa` converges.
+//! Gradients through candle's autograd: `loss.backward()` on `attn::sdpa` delivers to q, k, v, a
+//! tracked bias and tracked sinks exactly what the kernels' backward computes (for 4-D and 3-D
+//! inputs, grouped-query heads, half-precision K/V, masks and dropout), every one finite and
+//! non-zero; and a small optimisation through `sdpa` converges.
 
 use attn::{sdpa, Kernel, Mask, SdpaOptions};
 use attn_kernels::{attention, attention_backward, AttnGrads, Dropout, KvView, Saved, View4};
@@ -152,4 +152,57 @@ fn a_full_size_mask_and_bias_serve_the_forward_and_every_backward() {
     for _ in 0..2 {
         assert_kernel_grads(&loss.backward().unwrap(), [&q, &k, &v, &bias], &want);
     }
+}
+
+/// Sinks tracked alone, and together with a tracked bias (the op then carries both gradients in
+/// one argument): `dsinks` equals the kernels' and comes back in the sinks' dtype and shape.
+#[test]
+fn gradients_reach_sinks_alone_and_beside_a_bias() {
+    let dims = [2, 4, 2, 9, 13, 8, 6];
+    let [b, hq, hkv, lq, lk, dk, dv] = dims;
+    let q = Var::from_tensor(&uniform(&[b, hq, lq, dk], 40)).unwrap();
+    let k = Var::from_tensor(&uniform(&[b, hkv, lk, dk], 41)).unwrap();
+    let v = Var::from_tensor(&uniform(&[b, hkv, lk, dv], 42)).unwrap();
+    let dout = uniform(&[b, hq, lq, dv], 43);
+    let sinks = Var::from_tensor(&Tensor::new(&[0.5f64, 2.0, -1.0, 3.0], &Device::Cpu).unwrap()).unwrap();
+    let bias = Var::from_tensor(&uniform(&[lq, lk], 44)).unwrap();
+    let base = SdpaOptions::default().causal(true).sinks(sinks.as_tensor().clone()).dropout(0.1, 5);
+    for with_bias in [false, true] {
+        let opts = if with_bias { base.clone().bias(bias.as_tensor().clone()) } else { base.clone() };
+        let out = sdpa(&q, &k, &v, &opts).unwrap();
+        let grads = (out * &dout).unwrap().sum_all().unwrap().backward().unwrap();
+        let want = kernel_grads(&flat(&q), &flat(&k), &flat(&v), dims, &opts, &flat(&dout));
+        let ds = grads.get(&sinks).expect("a gradient for the sinks");
+        assert_eq!((ds.dtype(), ds.dims()), (DType::F64, &[hq][..]));
+        assert_useful("sinks", &flat(ds));
+        let err = max_diff(&flat(ds), want.dsinks.as_ref().unwrap());
+        assert!(err <= 1e-6, "dsinks (bias {with_bias}) differs from the kernel's by {err}");
+        for (name, t, w) in [("q", &q, &want.dq), ("k", &k, &want.dk), ("v", &v, &want.dv)] {
+            let err = max_diff(&flat(grads.get(t).unwrap()), w);
+            assert!(err <= 1e-6, "d{name} (bias {with_bias}) differs from the kernel's by {err}");
+        }
+        let db = grads.get(&bias).map(flat);
+        assert_eq!(db.is_some(), with_bias, "a bias gradient exactly when the bias is used");
+        if let Some(db) = db {
+            assert!(max_diff(&db, want.dbias.as_ref().unwrap()) <= 1e-5, "dbias differs from the kernel's");
+        }
+    }
+}
+
+/// 3-D single-head inputs take sinks `[1]`; untracked sinks still shape the output (and get no
+/// gradient), and `-inf` sinks change nothing.
+#[test]
+fn single_head_sinks_and_untracked_sinks() {
+    let (b, l, d) = (2, 5, 4);
+    let q = Var::from_tensor(&uniform(&[b, l, d], 50)).unwrap();
+    let sink = Var::from_tensor(&Tensor::new(&[1.0f32], &Device::Cpu).unwrap()).unwrap();
+    let out = sdpa(&q, &q, &q, &SdpaOptions::default().sinks(sink.as_tensor().clone())).unwrap();
+    let grads = out.sum_all().unwrap().backward().unwrap();
+    assert_useful("sink", &flat(grads.get(&sink).unwrap()));
+    let plain = sdpa(&q, &q, &q, &SdpaOptions::default()).unwrap();
+    let fixed = sdpa(&q, &q, &q, &SdpaOptions::default().sinks(Tensor::new(&[1.0f32], &Device::Cpu).unwrap())).unwrap();
+    assert_eq!(flat(&fixed), flat(&out));
+    assert_ne!(flat(&plain), flat(&out));
+    let none = Tensor::new(&[f32::NEG_INFINITY], &Device::Cpu).unwrap();
+    assert_eq!(flat(&sdpa(&q, &q, &q, &SdpaOptions::default().sinks(none)).unwrap()), flat(&plain));
 }
