@@ -77,7 +77,9 @@ pub(crate) fn forward(
     let (args, a2, a3) = match tracked.as_slice() {
         [] => (Args::Separate, k.clone(), v.clone()),
         parts => {
-            let kv = Tensor::cat(&[k, &v.to_dtype(k.dtype())?], 3)?;
+            // Contiguous: candle joins strided tensors along their last dimension into a
+            // transposed layout, which the kernels' views (last dimension contiguous) cannot read.
+            let kv = Tensor::cat(&[k, &v.to_dtype(k.dtype())?], 3)?.contiguous()?;
             let extra = match parts {
                 [one] => (*one).clone(),
                 _ => {

@@ -206,3 +206,28 @@ fn single_head_sinks_and_untracked_sinks() {
     let none = Tensor::new(&[f32::NEG_INFINITY], &Device::Cpu).unwrap();
     assert_eq!(flat(&sdpa(&q, &q, &q, &SdpaOptions::default().sinks(none)).unwrap()), flat(&plain));
 }
+
+/// Keys and values whose heads are strided (`[B, L, H, D]` transposed, as a module's projections
+/// make them) give the same output, tracked bias or sinks or not: the op's joined `[k | v]`
+/// argument is read as laid out, not as if its last dimension were contiguous.
+#[test]
+fn tracked_bias_and_sinks_with_strided_keys_and_values() {
+    let (b, h, lq, lk, d) = (2, 2, 5, 7, 4);
+    let q = uniform(&[b, h, lq, d], 60);
+    let k = uniform(&[b, lk, h, d], 61).transpose(1, 2).unwrap();
+    let v = uniform(&[b, lk, h, d], 62).transpose(1, 2).unwrap();
+    let (bias, sinks) = (uniform(&[lq, lk], 63), Tensor::new(&[0.5f32, -0.5], &Device::Cpu).unwrap());
+    let plain = SdpaOptions::default().causal(true).bias(bias.clone()).sinks(sinks.clone());
+    let want = flat(&sdpa(&q, &k, &v, &plain).unwrap());
+    let (bias, sinks) = (Var::from_tensor(&bias).unwrap(), Var::from_tensor(&sinks).unwrap());
+    for (tb, ts) in [(true, false), (false, true), (true, true)] {
+        let mut opts = plain.clone();
+        if tb {
+            opts.bias = Some(bias.as_tensor().clone());
+        }
+        if ts {
+            opts.sinks = Some(sinks.as_tensor().clone());
+        }
+        assert_eq!(flat(&sdpa(&q, &k, &v, &opts).unwrap()), want, "tracked bias {tb}, tracked sinks {ts}");
+    }
+}
