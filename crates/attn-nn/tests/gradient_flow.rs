@@ -50,6 +50,23 @@ fn multi_head_attention_trains_with_gqa_rope_and_dropout() {
 }
 
 #[test]
+fn multi_head_attention_trains_with_sinks() {
+    let (map, vb) = fresh();
+    let cfg = MultiHeadAttentionConfig {
+        num_kv_heads: Some(2),
+        sinks: true,
+        dropout: 0.2,
+        ..MultiHeadAttentionConfig::new(16, 4)
+    };
+    let m = MultiHeadAttention::new(cfg, vb).unwrap();
+    let x = input(&[2, 6, 16], 16);
+    let masks = AttnMasks::causal().key_padding(padding(&[6, 4], 6));
+    let out = m.forward(MhaInput::self_attention(&x).masks(masks).mode(Mode::Train)).unwrap().out;
+    // q/k/v_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, sinks.
+    assert_trains(&map, &[("x", &x)], &out, 7);
+}
+
+#[test]
 fn multi_head_attention_trains_with_bias_kv_zero_attn_sequence_first() {
     let (map, vb) = fresh();
     let cfg = MultiHeadAttentionConfig {
