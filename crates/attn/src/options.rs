@@ -101,6 +101,24 @@ impl SdpaOptions {
     }
 
     /// Sets learned attention sinks, one logit per query head (float `[Hq]`).
+    ///
+    /// The README's example (its text lives in `doc/sinks-example.rs`; `tests/readme.rs` checks
+    /// that README.md quotes it word for word, and this doctest compiles and runs it):
+    ///
+    #[doc = concat!(
+        "```\n",
+        "# #![deny(warnings, unused)]\n",
+        "# let uniform = |shape: &[usize], seed| attn::random::uniform(shape, -1.0, 1.0, seed);\n",
+        "# let (q, k, v) = (uniform(&[2, 4, 6, 8], 1)?, uniform(&[2, 4, 6, 8], 2)?, uniform(&[2, 4, 6, 8], 3)?);\n",
+        include_str!("../doc/sinks-example.rs"),
+        "# let sink = sinks.as_tensor().reshape((1, 4, 1))?.broadcast_as(lse.shape())?;\n",
+        "# let missing = (w.sum(3)? + (sink - &lse)?.exp()?)?.flatten_all()?.to_vec1::<f32>()?;\n",
+        "# assert!(missing.iter().all(|x| (x - 1.0).abs() < 1e-5), \"{missing:?}\");\n",
+        "# let dsinks = dsinks.to_vec1::<f32>()?;\n",
+        "# assert!(dsinks[3] == 0.0 && dsinks[..3].iter().all(|&x| x != 0.0), \"{dsinks:?}\");\n",
+        "# Ok::<(), attn::AttnLibError>(())\n",
+        "```",
+    )]
     pub fn sinks(mut self, sinks: Tensor) -> Self {
         self.sinks = Some(sinks);
         self
