@@ -40,26 +40,42 @@ fn assert_useful(name: &str, g: &[f32]) {
     assert!(g.iter().any(|&x| x != 0.0), "{name}: every gradient is zero");
 }
 
-/// Checks that `grads` holds, for `q`, `k`, `v` and the bias, finite non-zero gradients equal to
-/// the kernels' `want`.
-fn assert_kernel_grads(grads: &candle_core::backprop::GradStore, [q, k, v, bias]: [&Var; 4], want: &AttnGrads<f32>) {
+/// Tracked `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]` for
+/// `dims = [B, Hq, Hkv, Lq, Lk, Dk, Dv]`, drawn from the seeds `seed`, `seed + 1`, `seed + 2`.
+fn qkv(dims: [usize; 7], seed: u64) -> [Var; 3] {
+    let [b, hq, hkv, lq, lk, dk, dv] = dims;
+    let mut n = seed;
+    [[b, hq, lq, dk], [b, hkv, lk, dk], [b, hkv, lk, dv]].map(|shape| {
+        n += 1;
+        Var::from_tensor(&uniform(&shape, n - 1)).unwrap()
+    })
+}
+
+/// Checks that `grads` holds, for `q`, `k`, `v` and the bias when given, finite non-zero gradients
+/// equal to the kernels' `want`.
+fn assert_kernel_grads(
+    grads: &candle_core::backprop::GradStore,
+    [q, k, v]: [&Var; 3],
+    bias: Option<&Var>,
+    want: &AttnGrads<f32>,
+) {
     let got = |t: &Var| flat(grads.get(t).expect("a gradient"));
     for (name, t, w) in [("q", q, &want.dq), ("k", k, &want.dk), ("v", v, &want.dv)] {
         assert_useful(name, &got(t));
         assert!(max_diff(&got(t), w) <= 1e-6, "d{name} differs from the kernel's by {}", max_diff(&got(t), w));
     }
-    let db = got(bias);
-    assert_useful("bias", &db);
-    assert!(max_diff(&db, want.dbias.as_ref().unwrap()) <= 1e-5, "dbias differs from the kernel's");
+    if let Some(bias) = bias {
+        let db = got(bias);
+        assert_useful("bias", &db);
+        assert!(max_diff(&db, want.dbias.as_ref().unwrap()) <= 1e-5, "dbias differs from the kernel's");
+    }
 }
 
 #[test]
 fn gradients_reach_q_k_v_and_bias_and_equal_the_kernels() {
     let dims = [2, 4, 2, 9, 13, 8, 6];
-    let [b, hq, hkv, lq, lk, dk, dv] = dims;
-    let q = Var::from_tensor(&uniform(&[b, hq, lq, dk], 1)).unwrap();
-    let k = Var::from_tensor(&uniform(&[b, hkv, lk, dk], 2)).unwrap();
-    let v = Var::from_tensor(&uniform(&[b, hkv, lk, dv], 3)).unwrap();
+    let [b, hq, _, lq, lk, _, dv] = dims;
+    let [q, k, v] = qkv(dims, 1);
     let bias = Var::from_tensor(&uniform(&[lq, lk], 4)).unwrap();
     let dout = uniform(&[b, hq, lq, dv], 5);
     let dropout = Dropout { p: 0.2, seed: 11 };
@@ -68,7 +84,7 @@ fn gradients_reach_q_k_v_and_bias_and_equal_the_kernels() {
     let loss = (out * &dout).unwrap().sum_all().unwrap();
     let grads = loss.backward().unwrap();
     let want = kernel_grads(&flat(&q), &flat(&k), &flat(&v), dims, &opts, &flat(&dout));
-    assert_kernel_grads(&grads, [&q, &k, &v, &bias], &want);
+    assert_kernel_grads(&grads, [&q, &k, &v], Some(&bias), &want);
 }
 
 #[test]
@@ -138,10 +154,8 @@ fn masks_keep_their_meaning_under_autograd() {
 #[test]
 fn a_full_size_mask_and_bias_serve_the_forward_and_every_backward() {
     let dims = [2, 4, 2, 48, 80, 8, 8];
-    let [b, hq, hkv, lq, lk, dk, dv] = dims;
-    let q = Var::from_tensor(&uniform(&[b, hq, lq, dk], 21)).unwrap();
-    let k = Var::from_tensor(&uniform(&[b, hkv, lk, dk], 22)).unwrap();
-    let v = Var::from_tensor(&uniform(&[b, hkv, lk, dv], 23)).unwrap();
+    let [b, hq, _, lq, lk, _, dv] = dims;
+    let [q, k, v] = qkv(dims, 21);
     let bias = Var::from_tensor(&uniform(&[b, hq, lq, lk], 24)).unwrap();
     let keep = uniform(&[b, hq, lq, lk], 25).ge(-0.6).unwrap();
     let dout = uniform(&[b, hq, lq, dv], 26);
@@ -150,7 +164,7 @@ fn a_full_size_mask_and_bias_serve_the_forward_and_every_backward() {
     let loss = (out * &dout).unwrap().sum_all().unwrap();
     let want = kernel_grads(&flat(&q), &flat(&k), &flat(&v), dims, &opts, &flat(&dout));
     for _ in 0..2 {
-        assert_kernel_grads(&loss.backward().unwrap(), [&q, &k, &v, &bias], &want);
+        assert_kernel_grads(&loss.backward().unwrap(), [&q, &k, &v], Some(&bias), &want);
     }
 }
 
@@ -159,10 +173,8 @@ fn a_full_size_mask_and_bias_serve_the_forward_and_every_backward() {
 #[test]
 fn gradients_reach_sinks_alone_and_beside_a_bias() {
     let dims = [2, 4, 2, 9, 13, 8, 6];
-    let [b, hq, hkv, lq, lk, dk, dv] = dims;
-    let q = Var::from_tensor(&uniform(&[b, hq, lq, dk], 40)).unwrap();
-    let k = Var::from_tensor(&uniform(&[b, hkv, lk, dk], 41)).unwrap();
-    let v = Var::from_tensor(&uniform(&[b, hkv, lk, dv], 42)).unwrap();
+    let [b, hq, _, lq, lk, _, dv] = dims;
+    let [q, k, v] = qkv(dims, 40);
     let dout = uniform(&[b, hq, lq, dv], 43);
     let sinks = Var::from_tensor(&Tensor::new(&[0.5f64, 2.0, -1.0, 3.0], &Device::Cpu).unwrap()).unwrap();
     let bias = Var::from_tensor(&uniform(&[lq, lk], 44)).unwrap();
@@ -172,20 +184,13 @@ fn gradients_reach_sinks_alone_and_beside_a_bias() {
         let out = sdpa(&q, &k, &v, &opts).unwrap();
         let grads = (out * &dout).unwrap().sum_all().unwrap().backward().unwrap();
         let want = kernel_grads(&flat(&q), &flat(&k), &flat(&v), dims, &opts, &flat(&dout));
+        assert_kernel_grads(&grads, [&q, &k, &v], with_bias.then_some(&bias), &want);
+        assert_eq!(grads.get(&bias).is_some(), with_bias, "a bias gradient exactly when the bias is used");
         let ds = grads.get(&sinks).expect("a gradient for the sinks");
         assert_eq!((ds.dtype(), ds.dims()), (DType::F64, &[hq][..]));
         assert_useful("sinks", &flat(ds));
         let err = max_diff(&flat(ds), want.dsinks.as_ref().unwrap());
         assert!(err <= 1e-6, "dsinks (bias {with_bias}) differs from the kernel's by {err}");
-        for (name, t, w) in [("q", &q, &want.dq), ("k", &k, &want.dk), ("v", &v, &want.dv)] {
-            let err = max_diff(&flat(grads.get(t).unwrap()), w);
-            assert!(err <= 1e-6, "d{name} (bias {with_bias}) differs from the kernel's by {err}");
-        }
-        let db = grads.get(&bias).map(flat);
-        assert_eq!(db.is_some(), with_bias, "a bias gradient exactly when the bias is used");
-        if let Some(db) = db {
-            assert!(max_diff(&db, want.dbias.as_ref().unwrap()) <= 1e-5, "dbias differs from the kernel's");
-        }
     }
 }
 
