@@ -7,8 +7,8 @@
 //! are there), packs each chunk's keys into panels (`pack`, in a reused `workspace` buffer) and
 //! runs the jobs on rayon's threads, whole (`forward::run`, one block of query rows through the
 //! online softmax) or as key shards merged through their log-sum-exps (`split`). Attention sinks
-//! are joined after every job, once per row ([`fold_sink_rows`]): the blocks and shards never see
-//! them.
+//! are joined after every job, once per row (`merge::fold_sink_rows`): the blocks and shards
+//! never see them.
 //!
 //! The pieces of a block live beside it: the shared block types and tile geometry (`block`), the
 //! score tile and its masking (`scores`, shared by every pass that recomputes scores), the
