@@ -38,7 +38,7 @@ pub use flash::{BackwardTuning, Path, Tuning};
 pub use grad::{AttnGrads, Saved};
 pub use isa::Isa;
 pub use mask::{Align, MaskSpec, Window};
-pub use merge::{merge_partials, Partial};
+pub use merge::{fold_sinks, merge_partials, Partial};
 pub use problem::{AttnParams, Dims, Problem};
 pub use reference::{reference, reference_backward, AttnOutput, Real};
 pub use score_mod::{ScoreFn, ScoreMod};

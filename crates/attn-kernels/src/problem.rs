@@ -2,6 +2,8 @@
 //! `Problem`: every dimension, the head grouping, the resolved masks and the scalar options,
 //! checked once so kernels can index without further checks.
 
+use num_traits::Float;
+
 use crate::dropout::Dropout;
 use crate::error::{AttnError, Result};
 use crate::mask::{Band, ElementMask, MaskSpec};
@@ -20,6 +22,14 @@ pub struct AttnParams<'a, T> {
     pub dropout: Option<Dropout>,
     /// A programmable modification of the scaled scores, before the soft-cap, bias and masks.
     pub score_mod: Option<ScoreFn<'a>>,
+    /// Learned attention sinks (gpt-oss), one logit per query head, `[Hq]`: `sink_h` joins the
+    /// softmax denominator of every row of head `h`, `p_ij = exp(s_ij) / (Σ_k exp(s_ik) +
+    /// exp(sink_h))`, so a row's weights sum to less than 1 and the missing mass attends to nothing
+    /// (the sink has no value). Dropout never drops the sink. The returned `lse` includes it,
+    /// `logaddexp(lse_keys, sink_h)`; a row with no allowed key then gives `out = 0`,
+    /// `lse = sink_h`. Each entry is finite or −∞ (−∞: that head has no sink, bit for bit as without
+    /// `sinks`); NaN and +∞ are refused.
+    pub sinks: Option<&'a [T]>,
 }
 
 /// Sizes of one call.
@@ -91,9 +101,11 @@ pub struct Problem<'a, T> {
     pub dropout: Option<Dropout>,
     /// Score modification, its table checked against its length.
     pub score_mod: Option<ScoreFn<'a>>,
+    /// Sink logits per query head, `[Hq]`, each finite or −∞ (see [`AttnParams::sinks`]).
+    pub sinks: Option<&'a [T]>,
 }
 
-impl<'a, T> Problem<'a, T> {
+impl<'a, T: Float> Problem<'a, T> {
     /// Checks the input shapes `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]` and the
     /// options against each other.
     pub fn new(q: [usize; 4], k: [usize; 4], v: [usize; 4], p: &AttnParams<'a, T>) -> Result<Self> {
@@ -140,6 +152,16 @@ impl<'a, T> Problem<'a, T> {
                 });
             }
         }
+        if let Some(sinks) = p.sinks {
+            expect("sinks", "heads", hq, sinks.len())?;
+            if let Some((h, x)) = sinks.iter().enumerate().find(|(_, x)| x.is_nan() || **x == T::infinity()) {
+                let x = if x.is_nan() { "NaN" } else { "+inf" };
+                return Err(AttnError::Param {
+                    field: "sinks",
+                    reason: format!("entry {h} is {x}; expected a finite logit, or -inf for no sink"),
+                });
+            }
+        }
         let target = [b, hq, lq, lk];
         let keep = match &p.mask.keep {
             Some(m) => Some(crate::view::Resolved { data: m.data(), strides: m.strides_for("mask", target)? }),
@@ -164,7 +186,14 @@ impl<'a, T> Problem<'a, T> {
             elem: ElementMask { keep, bias, block: p.mask.block },
             dropout: p.dropout.filter(|d| d.p > 0.0),
             score_mod: p.score_mod,
+            sinks: p.sinks,
         })
+    }
+
+    /// The sink logit of query head `h`; `None` without sinks or where it is −∞ (no sink).
+    #[inline]
+    pub fn sink(&self, h: usize) -> Option<T> {
+        self.sinks.map(|s| s[h]).filter(|&x| x != T::neg_infinity())
     }
 
     /// Allowed key range `lo..hi` of query row `i` in batch `b` from the band and key length.

@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use attn_kernels::sparse::{BlockClass, BlockMask, BlockShape, MaskMod, MaskModExt, SPARSE_BLOCK};
 use attn_kernels::{Align, AttnError, BackwardTuning, Dims, Dropout, Kernel, KvView, Tuning, View4, Window};
-use half::bf16;
 use common::{kernel_tests, random_bias, random_keep, Case, Rng, Sparse};
-use gradients_parts::harness::{assert_grads, check_grads, grads, grads64, grads_kv, random_dout};
+use gradients_parts::harness::{assert_grads, check_grads, grads, grads64, grads_kv, random_dout, Terms};
+use half::bf16;
 
 kernel_tests! {
     random_patterns => check_random_patterns,
@@ -191,7 +191,7 @@ fn check_half_precision_kv(kernel: Kernel) {
     let dout = random_dout(&case, 7);
     let fast = grads_kv(&case, kernel, (Tuning::default(), BackwardTuning::default()), &k, &v, &dout).unwrap();
     let g32 = grads(&widened, Kernel::Reference, &dout).unwrap();
-    assert_grads(&format!("{} bf16 K/V", kernel.name()), &fast, &grads64(&widened, &dout), &g32, None);
+    assert_grads(&format!("{} bf16 K/V", kernel.name()), &fast, &grads64(&widened, &dout), &g32, &Terms::default());
 }
 
 /// The reference with a block mask equals, bit for bit, the reference with the predicate

@@ -37,6 +37,13 @@ pub struct SdpaOptions {
     /// Dropout on the weights, `0 <= p < 1`; the keep decision is a pure function of
     /// `(seed, b, h, i, j)`.
     pub dropout: Option<Dropout>,
+    /// Learned attention sinks (gpt-oss), a float `[Hq]`: head `h`'s logit `sink_h` joins the
+    /// softmax denominator of each of its rows, `p_ij = exp(s_ij) / (Σ_k exp(s_ik) + exp(sink_h))`,
+    /// so a row's weights sum to less than 1 (the sink attends to nothing). Differentiable: a
+    /// tracked tensor (a `Var`, or computed from one) gets its gradient. The log-sum-exp then
+    /// includes the sink; a fully masked row gives 0 with `lse = sink_h`. Entries finite, or `-inf`
+    /// for no sink; dropout never drops the sink.
+    pub sinks: Option<Tensor>,
     /// Which kernel computes the call.
     pub kernel: Kernel,
     /// Whether [`sdpa_full`](crate::sdpa_full) returns the weights `[B, Hq, Lq, Lk]`.
@@ -101,6 +108,30 @@ impl SdpaOptions {
     /// Sets the block-sparse mask (e.g. `Pattern::Longformer { .. }.block_mask(l, l)?`).
     pub fn block_mask(mut self, mask: Arc<BlockMask>) -> Self {
         self.block_mask = Some(mask);
+        self
+    }
+
+    /// Sets learned attention sinks, one logit per query head (float `[Hq]`).
+    ///
+    /// The README's example (its text lives in `doc/sinks-example.rs`; `tests/readme.rs` checks
+    /// that README.md quotes it word for word, and this doctest compiles and runs it):
+    ///
+    #[doc = concat!(
+        "```\n",
+        "# #![deny(warnings, unused)]\n",
+        "# let uniform = |shape: &[usize], seed| attn::random::uniform(shape, -1.0, 1.0, seed);\n",
+        "# let (q, k, v) = (uniform(&[2, 4, 6, 8], 1)?, uniform(&[2, 4, 6, 8], 2)?, uniform(&[2, 4, 6, 8], 3)?);\n",
+        include_str!("../doc/sinks-example.rs"),
+        "# let sink = sinks.as_tensor().reshape((1, 4, 1))?.broadcast_as(lse.shape())?;\n",
+        "# let missing = (w.sum(3)? + (sink - &lse)?.exp()?)?.flatten_all()?.to_vec1::<f32>()?;\n",
+        "# assert!(missing.iter().all(|x| (x - 1.0).abs() < 1e-5), \"{missing:?}\");\n",
+        "# let dsinks = dsinks.to_vec1::<f32>()?;\n",
+        "# assert!(dsinks[3] == 0.0 && dsinks[..3].iter().all(|&x| x != 0.0), \"{dsinks:?}\");\n",
+        "# Ok::<(), attn::AttnLibError>(())\n",
+        "```",
+    )]
+    pub fn sinks(mut self, sinks: Tensor) -> Self {
+        self.sinks = Some(sinks);
         self
     }
 

@@ -19,6 +19,13 @@
 //! `dbias` is `dS` summed over the dimensions along which the bias was broadcast. A row with no
 //! allowed key (fully masked) contributes nothing.
 //!
+//! With a sink logit `σ_h` (step 1's softmax then has `exp(σ_h − m)` in its denominator, see the
+//! parent module) `A_ij` depends on `σ_h` through the denominator alone, `∂A_ij/∂σ_h = −A_ij ·
+//! p_σ` with `p_σ = exp(σ_h − m) / l` the sink's own probability, so
+//! 7. `dσ_h += −p_σ · Σ_j A_ij · dA_ij`, over every row of head `h` (a fully masked row has no
+//!    `A_ij` and adds 0). Steps 2 to 6 are unchanged: the row term `Σ_j A_ij · dA_ij` of step 4 is
+//!    the same sum.
+//!
 //! Why not `A_ij = exp(s_j − lse_i)` from the saved log-sum-exp: `lse_i` rounded to the working
 //! precision is off by up to half an ulp of `|lse_i|`, so every `A_ij` of the row is off by that
 //! much relative and the row no longer sums to 1. Step 4's `Σ_j dS_ij = 0` then fails by
@@ -36,7 +43,7 @@ use crate::view::View4;
 /// Reference gradients. `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]` and
 /// `params` as given to the forward, `saved` the forward's log-sum-exp and the output's
 /// gradient `dO: [B, Hq, Lq, Dv]`. With `want_dbias` and a bias in `params`,
-/// also the bias's gradient in its own shape.
+/// also the bias's gradient in its own shape; with sinks, their gradient `dsinks: [Hq]`.
 pub fn reference_backward<T: Real>(
     q: &View4<T>,
     k: &View4<T>,
@@ -50,7 +57,7 @@ pub fn reference_backward<T: Real>(
     saved.check(&d)?;
     let dout = &saved.dout;
     let bias_len = params.mask.bias.filter(|_| want_dbias).map(|b| b.data().len());
-    let mut g = AttnGrads::zeros(&d, bias_len, pb.score_mod.map(|f| f.table.len()))?;
+    let mut g = AttnGrads::zeros(&d, bias_len, pb.sinks.is_some(), pb.score_mod.map(|f| f.table.len()))?;
     let mut scores: Vec<Option<Score<T>>> = alloc::filled("scores of a row", &[d.lk], None)?;
     // `A_ij`, `dA_ij` and `z_j` of the allowed keys of one row.
     let mut a = alloc::filled("weights of a row", &[d.lk], T::zero())?;
@@ -61,7 +68,8 @@ pub fn reference_backward<T: Real>(
             for i in 0..d.lq {
                 let row = (b * d.hq + h) * d.lq + i;
                 row_scores(&pb, q, k, [b, h, i], &mut scores);
-                let Some((m, l)) = softmax_stats(&scores) else { continue };
+                let sink = pb.sink(h);
+                let Some((m, l)) = softmax_stats(&scores, sink) else { continue };
                 let key = pb.dropout.map(|dr| dr.row_key(b, h, i, [d.hq, d.lq]));
                 let doi = dout.row(b, h, i);
                 // Steps 1 to 3.
@@ -87,6 +95,10 @@ pub fn reference_backward<T: Real>(
                     .enumerate()
                     .filter(|(_, sc)| sc.is_some())
                     .fold(T::zero(), |acc, (j, _)| acc + a[j] * da[j]);
+                // Step 7.
+                if let (Some(ds), Some(sink)) = (g.dsinks.as_mut(), sink) {
+                    ds[h] = ds[h] - (sink - m).exp() / l * rowsum;
+                }
                 let scale = T::from_f64(pb.scale).unwrap();
                 for (j, sc) in scores.iter().enumerate() {
                     let Some(sc) = sc else { continue };

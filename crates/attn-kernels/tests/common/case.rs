@@ -50,6 +50,8 @@ pub struct Case {
     pub sparse: Option<Sparse>,
     /// A score modification and its table.
     pub score: Option<Scored>,
+    /// Sink logits per query head, `[Hq]`.
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// A score modification with its table.
@@ -110,6 +112,7 @@ impl Case {
             dropout: None,
             sparse: None,
             score: None,
+            sinks: None,
         }
     }
 
@@ -179,11 +182,15 @@ impl Case {
         if let Some(x) = &self.score {
             s += &format!(" score_mod({x:?})");
         }
+        if let Some(sinks) = &self.sinks {
+            s += &format!(" sinks={sinks:?}");
+        }
         s
     }
 
-    /// The call's parameters in `T`, with the bias data given already converted to `T`.
-    pub fn params<'a, T>(&'a self, bias: Option<&'a [T]>) -> AttnParams<'a, T> {
+    /// The call's parameters in `T`, with the bias and sinks data given already converted to `T`
+    /// (each ignored where the case has none).
+    pub fn params<'a, T>(&'a self, bias: Option<&'a [T]>, sinks: Option<&'a [T]>) -> AttnParams<'a, T> {
         let keep = self.keep.as_ref().map(|m| Broadcast::new("mask", &m.data, &m.shape).expect("keep-mask layout"));
         let bias =
             self.bias.as_ref().zip(bias).map(|(m, data)| Broadcast::new("bias", data, &m.shape).expect("bias layout"));
@@ -201,7 +208,13 @@ impl Case {
             softcap: self.softcap,
             dropout: self.dropout,
             score_mod: self.score.as_ref().map(|x| ScoreFn { m: &*x.m, table: &x.table }),
+            sinks: sinks.filter(|_| self.sinks.is_some()),
         }
+    }
+
+    /// The call's parameters in `f32`, the case's own bias and sinks.
+    pub fn params32(&self) -> AttnParams<'_, f32> {
+        self.params(self.bias.as_ref().map(|m| &m.data[..]), self.sinks.as_deref())
     }
 
     /// Every query row `(b, h, i)`.

@@ -2,8 +2,8 @@
 //! file or `.npz` archive, or from `.npy` files, checked for its role and converted into the
 //! `attn` library's call; the library's refusals are reported naming the file of the tensor
 //! concerned. With `grad_out`
-//! the call also runs backward through candle's autograd: `q`, `k`, `v` and the bias become
-//! `Var`s and `Σ out·grad_out` is differentiated.
+//! the call also runs backward through candle's autograd: `q`, `k`, `v`, the bias and the sinks
+//! become `Var`s and `Σ out·grad_out` is differentiated.
 
 use std::path::{Path, PathBuf};
 
@@ -16,7 +16,7 @@ use super::Args;
 use crate::io::{read_npy, read_tensors, HostData, HostTensor, IoError, IoErrorKind};
 
 /// Tensor names accepted in the input file.
-const ACCEPTED: [&str; 7] = ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out"];
+const ACCEPTED: [&str; 8] = ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out", "sinks"];
 
 /// A tensor and the file it came from.
 struct Sourced {
@@ -40,6 +40,7 @@ pub(super) struct Inputs {
     mask: Option<Sourced>,
     bias: Option<Sourced>,
     key_lengths: Option<Sourced>,
+    sinks: Option<Sourced>,
     grad_out: Option<Sourced>,
 }
 
@@ -50,7 +51,8 @@ impl Inputs {
         let file = path.display().to_string();
         let mut map = read_tensors(path).map_err(|e| match e.kind {
             IoErrorKind::SingleArray => anyhow!(
-                "{e}; pass .npy files with --q, --k, --v (and --mask, --bias, --key-lengths, --grad-out) instead"
+                "{e}; pass .npy files with --q, --k, --v (and --mask, --bias, --key-lengths, --sinks, --grad-out) \
+                 instead"
             ),
             _ => e.into(),
         })?;
@@ -64,12 +66,13 @@ impl Inputs {
             take(name).ok_or_else(|| IoError::tensor(&file, name, IoErrorKind::Missing { found: found.clone() }))
         };
         let (q, k, v) = (need("q")?, need("k")?, need("v")?);
-        let (mask, bias, key_lengths, grad_out) = (take("mask"), take("bias"), take("key_lengths"), take("grad_out"));
-        Ok(Self { q, k, v, mask, bias, key_lengths, grad_out })
+        let (mask, bias, key_lengths) = (take("mask"), take("bias"), take("key_lengths"));
+        let (sinks, grad_out) = (take("sinks"), take("grad_out"));
+        Ok(Self { q, k, v, mask, bias, key_lengths, sinks, grad_out })
     }
 
     /// The `.npy` files named by `--q`, `--k`, `--v` and the optional `--mask`, `--bias`,
-    /// `--key-lengths`, `--grad-out`.
+    /// `--key-lengths`, `--sinks`, `--grad-out`.
     pub(super) fn from_npy(args: &Args) -> Result<Self, IoError> {
         let read = |path: &Option<PathBuf>| -> Result<Option<Sourced>, IoError> {
             path.as_deref().map(|p| Ok(Sourced { file: p.display().to_string(), tensor: read_npy(p)? })).transpose()
@@ -86,6 +89,7 @@ impl Inputs {
             mask: read(&args.mask)?,
             bias: read(&args.bias)?,
             key_lengths: read(&args.key_lengths)?,
+            sinks: read(&args.sinks)?,
             grad_out: read(&args.grad_out)?,
         })
     }
@@ -96,6 +100,7 @@ impl Inputs {
             ("mask", self.mask.as_ref()),
             ("bias", self.bias.as_ref()),
             ("key_lengths", self.key_lengths.as_ref()),
+            ("sinks", self.sinks.as_ref()),
             ("grad_out", self.grad_out.as_ref()),
         ];
         [("q", &self.q), ("k", &self.k), ("v", &self.v)]
@@ -113,7 +118,8 @@ impl Inputs {
     /// Checks each tensor for its role and converts it: `q`, `k`, `v` rank 4 and float (`q` as
     /// F32, so `out` and `weights` come back as F32; `k` and `v` in their stored type), the
     /// output's gradient float `[B, Hq, Lq, Dv]` (as F32), the mask BOOL/U8 with non-zero = may
-    /// attend, the bias float, the key lengths I32/I64 `[B]`, these three added to `opts`.
+    /// attend, the bias float, the key lengths I32/I64 `[B]`, the sinks float rank 1 (their length
+    /// `Hq` is the library's check), these four added to `opts`.
     pub(super) fn into_call(self, mut opts: SdpaOptions) -> Result<Call, IoError> {
         let files = self.roles().map(|(n, s)| (n, s.file.clone())).collect();
         let q = self.q.convert("q", |t| rank4(t)?.into_f32_tensor())?;
@@ -143,6 +149,12 @@ impl Inputs {
             opts.key_lengths = Some(kl.convert("key_lengths", |t| match t.shape.len() {
                 1 => t.to_usize_vec(),
                 _ => Err(IoErrorKind::Shape { found: t.shape, expected: "rank 1 [B]".into() }),
+            })?);
+        }
+        if let Some(s) = self.sinks {
+            opts.sinks = Some(s.convert("sinks", |t| match t.shape.len() {
+                1 => t.into_float_tensor(),
+                _ => Err(IoErrorKind::Shape { found: t.shape, expected: "rank 1 [Hq]".into() }),
             })?);
         }
         Ok(Call { q, k, v, grad_out, opts, files })
@@ -182,7 +194,8 @@ pub(super) struct RunOutput {
     pub sdpa: SdpaOutput,
     /// With the weights, the keep-mask `[B, Hq, Lq, Lk]` (`U8`) of the cells masking set to 0.
     pub keep: Option<Tensor>,
-    /// `dq`, `dk`, `dv` and `dbias` (with a bias) as F32 when `grad_out` is given, else empty.
+    /// `dq`, `dk`, `dv`, `dbias` (with a bias) and `dsinks` (with sinks) as F32 when `grad_out` is
+    /// given, else empty.
     pub grads: Vec<(&'static str, Tensor)>,
 }
 
@@ -207,13 +220,18 @@ impl Call {
         let var = |t: &Tensor| Var::from_tensor(t).map_err(|e| self.candle_error(e));
         let (q, k, v) = (var(&self.q)?, var(&self.k)?, var(&self.v)?);
         let bias = self.opts.bias.as_ref().map(var).transpose()?;
-        let opts = SdpaOptions { bias: bias.as_ref().map(|b| b.as_tensor().clone()), ..self.opts.clone() };
+        let sinks = self.opts.sinks.as_ref().map(var).transpose()?;
+        let tracked = |v: &Option<Var>| v.as_ref().map(|v| v.as_tensor().clone());
+        let opts = SdpaOptions { bias: tracked(&bias), sinks: tracked(&sinks), ..self.opts.clone() };
         let sdpa = sdpa_full(&q, &k, &v, &opts).map_err(|e| self.error(e))?;
         let store = (&sdpa.out * grad_out)
             .and_then(|prod| prod.sum_all())
             .and_then(|loss| loss.backward())
             .map_err(|e| self.candle_error(e))?;
-        let wanted = [("dq", &q), ("dk", &k), ("dv", &v)].into_iter().chain(bias.as_ref().map(|b| ("dbias", b)));
+        let optional = [("dbias", bias.as_ref()), ("dsinks", sinks.as_ref())];
+        let wanted = [("dq", &q), ("dk", &k), ("dv", &v)]
+            .into_iter()
+            .chain(optional.into_iter().filter_map(|(n, v)| v.map(|v| (n, v))));
         let grads = wanted
             .map(|(name, var)| {
                 let grad = store.get(var).ok_or_else(|| anyhow!("{}: no gradient reached {name}", self.files[0].1))?;
@@ -233,6 +251,8 @@ impl Call {
 
     fn error(&self, e: AttnLibError) -> anyhow::Error {
         let tensor = match &e {
+            // Sinks are a tensor of the input, not an option.
+            AttnLibError::Kernel(AttnError::Param { field: "sinks", .. }) => "sinks",
             AttnLibError::Kernel(AttnError::Param { .. }) => return anyhow!("option --{e}"),
             // Names its buffer and size, which no input file holds.
             AttnLibError::Kernel(AttnError::Alloc(_)) => return anyhow!("{e}"),

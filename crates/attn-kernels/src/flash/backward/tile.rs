@@ -90,11 +90,23 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     grow(&mut w.qt, rows * d.dk);
     grow(&mut w.dot, rows * d.dv);
     // Plain loops here and in `dot_as_panel`: a closure would not inherit the target features.
+    // With a sink the row's one-key exactness is gone (`dS = P·dP·p_sink`, not 0) and what is
+    // left of `Δ`'s error is `O`'s rounding plus the dot product's: the latter is removed by
+    // taking the products and their sum in `f64`.
     w.delta.clear();
     for h in job.kvh * g..(job.kvh + 1) * g {
         for i in 0..d.lq {
-            // SAFETY: CPU supports `S`.
-            w.delta.push(unsafe { dot_as_panel::<S>(cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i)) });
+            let (dout, out) = (cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i));
+            if cx.pb.sink(h).is_some() {
+                let mut delta = 0.0f64;
+                for (&x, &y) in dout.iter().zip(out) {
+                    delta += x as f64 * y as f64;
+                }
+                w.delta.push(delta as f32);
+            } else {
+                // SAFETY: CPU supports `S`.
+                w.delta.push(unsafe { dot_as_panel::<S>(dout, out) });
+            }
         }
     }
     if whole {
