@@ -75,6 +75,6 @@ pub use attn_kernels::{Align, AllocError, AttnError, Dropout, Kernel, Window};
 pub use candle_core;
 pub use error::{AttnLibError, Result};
 pub use mask::{key_lengths_from_tokens, padding_mask, Mask, Polarity};
-pub use options::SdpaOptions;
+pub use options::{ScoreModOption, SdpaOptions};
 pub use params::KernelParams;
 pub use sdpa::{sdpa, sdpa_full, SdpaOutput};

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use attn_kernels::{Align, BlockMask, Dropout, Kernel, Window};
+use attn_kernels::{Align, BlockMask, Dropout, Kernel, ScoreMod, Window};
 use candle_core::Tensor;
 
 use crate::mask::Mask;
@@ -44,6 +44,9 @@ pub struct SdpaOptions {
     /// includes the sink; a fully masked row gives 0 with `lse = sink_h`. Entries finite, or `-inf`
     /// for no sink; dropout never drops the sink.
     pub sinks: Option<Tensor>,
+    /// A programmable modification of the scaled scores ([`crate::score_mod`]), applied before the
+    /// soft-cap, bias and masks, with the table it reads.
+    pub score_mod: Option<ScoreModOption>,
     /// Which kernel computes the call.
     pub kernel: Kernel,
     /// Whether [`sdpa_full`](crate::sdpa_full) returns the weights `[B, Hq, Lq, Lk]`.
@@ -135,6 +138,13 @@ impl SdpaOptions {
         self
     }
 
+    /// Sets a score modification and, when it reads one, its table (a float tensor of
+    /// `m.table_len()` elements, any shape; a tracked tensor gets its gradient).
+    pub fn score_mod(mut self, m: Arc<dyn ScoreMod>, table: Option<Tensor>) -> Self {
+        self.score_mod = Some(ScoreModOption { m, table });
+        self
+    }
+
     /// Chooses the kernel.
     pub fn kernel(mut self, kernel: Kernel) -> Self {
         self.kernel = kernel;
@@ -145,5 +155,20 @@ impl SdpaOptions {
     pub fn return_weights(mut self, yes: bool) -> Self {
         self.return_weights = yes;
         self
+    }
+}
+
+/// A score modification with the table it reads ([`SdpaOptions::score_mod`]).
+#[derive(Clone)]
+pub struct ScoreModOption {
+    /// The modification.
+    pub m: Arc<dyn ScoreMod>,
+    /// Its table, `m.table_len()` elements (`None` when it reads none).
+    pub table: Option<Tensor>,
+}
+
+impl std::fmt::Debug for ScoreModOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ScoreModOption(table: {:?})", self.table.as_ref().map(|t| t.dims().to_vec()))
     }
 }

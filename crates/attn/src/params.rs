@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 
-use attn_kernels::{AttnParams, Broadcast, MaskSpec, Problem};
+use attn_kernels::{AttnParams, Broadcast, MaskSpec, Problem, ScoreFn};
 use candle_core::{Device, Tensor, WithDType};
 
 use crate::convert::float_values;
@@ -25,6 +25,8 @@ pub struct KernelParams<'o, T> {
     keep: HostPart<bool>,
     bias: HostPart<T>,
     sinks: Option<Vec<T>>,
+    /// The score modification's table, always `f32` (the kernels read it so).
+    table: Vec<f32>,
 }
 
 impl SdpaOptions {
@@ -53,7 +55,11 @@ impl SdpaOptions {
             Some(s) => Some(float_values::<T>("sinks", s)?),
             None => None,
         };
-        Ok(KernelParams { opts: Cow::Borrowed(self), keep, bias, sinks })
+        let table = match self.score_mod.as_ref().and_then(|s| s.table.as_ref()) {
+            Some(t) => float_values::<f32>("score_table", t)?,
+            None => Vec::new(),
+        };
+        Ok(KernelParams { opts: Cow::Borrowed(self), keep, bias, sinks, table })
     }
 }
 
@@ -93,7 +99,8 @@ impl<T> KernelParams<'_, T> {
     /// The same parameters holding their own copy of the options (a cheap clone: tensors are
     /// shared), so they can outlive the caller's options, as the autograd op's do.
     pub(crate) fn into_owned(self) -> KernelParams<'static, T> {
-        KernelParams { opts: Cow::Owned(self.opts.into_owned()), keep: self.keep, bias: self.bias, sinks: self.sinks }
+        let KernelParams { opts, keep, bias, sinks, table } = self;
+        KernelParams { opts: Cow::Owned(opts.into_owned()), keep, bias, sinks, table }
     }
 
     /// The kernels' parameters of the call, borrowing the host copies.
@@ -112,7 +119,7 @@ impl<T> KernelParams<'_, T> {
             },
             softcap: o.softcap,
             dropout: o.dropout,
-            score_mod: None,
+            score_mod: o.score_mod.as_ref().map(|s| ScoreFn { m: &*s.m, table: &self.table }),
             sinks: self.sinks.as_deref(),
         })
     }
