@@ -83,14 +83,7 @@ impl ScoreMod for Softcap {
         1.0 - t * t
     }
     fn score_row(&self, _t: &[f32], _row: [usize; 3], _kv0: usize, s: &mut [f32], d: Option<&mut [f32]>) {
-        let cap = self.0 as f32;
-        match d {
-            Some(d) => s.iter_mut().zip(d).for_each(|(x, dx)| {
-                let t = (*x / cap).tanh();
-                (*x, *dx) = (cap * t, 1.0 - t * t);
-            }),
-            None => s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh()),
-        }
+        crate::flash::softcap_any(s, self.0 as f32, d);
     }
 }
 

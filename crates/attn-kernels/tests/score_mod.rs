@@ -114,6 +114,24 @@ fn softcap_and_alibi_equal_the_builtin_paths() {
     assert!(worst < 1e-6, "ALiBi as a modification differs from its bias by {worst}");
 }
 
+/// The fastest kernel computes the soft-cap modification element for element as its built-in
+/// soft-cap: outputs and gradients bit for bit.
+#[test]
+fn softcap_modification_is_the_builtin_bit_for_bit() {
+    let d = common::dims(2, 4, 2, 70, 150, 16, 16);
+    let base = Case { causal: true, ..Case::new(d, 12) };
+    let builtin = Case { softcap: Some(4.0), ..base.clone() };
+    let modded = Case { score: Some(Scored { m: Arc::new(Softcap(4.0)), table: vec![], name: "cap".into() }), ..base };
+    let (a, b) = (builtin.run(Kernel::Auto, true).unwrap(), modded.run(Kernel::Auto, true).unwrap());
+    common::assert_bit_identical("softcap as a modification", &a, &b);
+    let dout = random_dout(&builtin, 4);
+    let (ga, gb) = (
+        gradients_parts::harness::grads(&builtin, Kernel::Auto, &dout).unwrap(),
+        gradients_parts::harness::grads(&modded, Kernel::Auto, &dout).unwrap(),
+    );
+    assert!(ga.dq == gb.dq && ga.dk == gb.dk && ga.dv == gb.dv, "soft-cap gradients differ");
+}
+
 /// The reference's `dtable` against central differences of `Σ out·dO` in the table entries.
 #[test]
 fn table_gradient_matches_finite_differences() {

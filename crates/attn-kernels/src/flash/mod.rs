@@ -78,6 +78,7 @@ mod pack;
 mod plan;
 mod scores;
 mod simd;
+mod softcap;
 mod split;
 mod workspace;
 
@@ -96,6 +97,7 @@ use forward::run;
 use plan::Plan;
 pub use plan::{Path, Tuning, BLOCK_ROWS, BLOCK_ROWS_STREAMING, DECODE_ROWS, MIN_SHARD_KEYS, PACK_BUDGET};
 use simd::KvElem;
+pub(crate) use softcap::softcap_any;
 
 /// One block of query rows through the forward, compiled for one instruction set (an entry point).
 type BlockFn<E> = unsafe fn(&Ctx<E>, Option<&[f32]>, &Job, Outs, &mut Work);

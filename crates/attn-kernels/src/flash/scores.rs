@@ -13,7 +13,8 @@ use std::ops::Range;
 
 use super::block::{rows_per_call, with_rows, Ctx, Job, Work, LDS};
 use super::micro::{qk_panel, qk_rows};
-use super::simd::{tanh, KvElem, Simd};
+use super::simd::{KvElem, Simd};
+use super::softcap::softcap_row;
 use crate::problem::Problem;
 
 /// Scaled (and soft-capped, biased) scores of every row of `job` against keys `j0..j0+n`, written
@@ -218,15 +219,8 @@ pub(in crate::flash) unsafe fn mask_row<S: Simd>(
         (None, None) => {}
     }
     if let Some(cap) = pb.softcap {
-        let cap = cap as f32;
         // SAFETY: the CPU supports `S` (the caller's contract); `row` is whole vectors.
-        unsafe { softcap_row::<S>(row, cap) };
-        if let Some(d) = derivs {
-            for (d, &x) in d.dcap.iter_mut().zip(row.iter()) {
-                let t = x / cap;
-                *d = 1.0 - t * t;
-            }
-        }
+        unsafe { softcap_row::<S>(row, cap as f32, derivs.map(|d| d.dcap)) };
     } else if let Some(d) = derivs {
         d.dcap.fill(1.0);
     }
@@ -313,23 +307,6 @@ fn apply_keep(row: &mut [f32], kv: &[bool], st: usize, j0: usize) -> bool {
         }
     }
     true
-}
-
-/// `row[c] = cap · tanh(row[c] / cap)` in place.
-///
-/// # Safety
-/// The CPU supports `S`'s instruction set, and `row.len()` is a multiple of `S::W`.
-#[inline(always)]
-unsafe fn softcap_row<S: Simd>(row: &mut [f32], cap: f32) {
-    // SAFETY: the CPU supports `S` (the caller's contract); the loop reads and writes whole
-    // vectors inside `row`, whose length is a multiple of `S::W`.
-    unsafe {
-        let c = S::splat(cap);
-        for i in (0..row.len()).step_by(S::W) {
-            let p = row.as_mut_ptr().add(i);
-            S::store(p, S::mul(c, tanh::<S>(S::div(S::load(p), c))));
-        }
-    }
 }
 
 /// Keys of the tile `j0..j0+n` outside `clean` (the columns no row masks, as [`scores`] returns
