@@ -5,6 +5,8 @@
 //! - [`flash`]: the fast tiled kernel, with micro-kernels per instruction set ([`Isa`], whose
 //!   availability on this CPU is checked in one place, [`Isa::is_available`]).
 //! - [`alloc`]: fallible allocation of every buffer sized by the caller's shapes ([`AllocError`]).
+//! - [`varlen`]: packed variable-length sequences (FlashAttention's `flash_attn_varlen_func`),
+//!   forward and backward, on the same kernels.
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
 //!   into a [`Problem`] by every kernel.
 
@@ -24,6 +26,7 @@ pub mod reference;
 // `splitmix64`; the other crates reach the generator as `attn::random::SplitMix64`.
 #[doc(hidden)]
 pub mod rng;
+pub mod varlen;
 pub mod view;
 
 pub use alloc::AllocError;
@@ -37,4 +40,5 @@ pub use mask::{Align, MaskSpec, Window};
 pub use merge::{merge_partials, Partial};
 pub use problem::{AttnParams, Dims, Problem};
 pub use reference::{reference, reference_backward, AttnOutput, Real};
+pub use varlen::{attention_varlen, attention_varlen_backward, CuSeqlens, Packed, PackedKv, VarlenOutput, VarlenSaved};
 pub use view::{Broadcast, View4};

@@ -1,0 +1,161 @@
+//! Packed variable-length sequences, shaped like FlashAttention's `flash_attn_varlen_func`:
+//! `q: [total_q, Hq, Dk]`, `k: [total_k, Hkv, Dk]`, `v: [total_k, Hkv, Dv]` hold `B` sequences one
+//! after another with no padding, cut by [`CuSeqlens`] (`cu_seqlens_q`, `cu_seqlens_k`, `[B + 1]`).
+//! Sequence `s` attends only within itself: its queries `cu_seqlens_q[s]..cu_seqlens_q[s + 1]` see
+//! its keys `cu_seqlens_k[s]..cu_seqlens_k[s + 1]`, and its lengths `Lq_s`, `Lk_s` may differ.
+//!
+//! Semantics per sequence are those of [`attention`] on the sequence alone (`B = 1`, `Lq = Lq_s`,
+//! `Lk = Lk_s`): causal masking, the window and their alignment apply within each sequence (so
+//! bottom-right aligns each sequence's last query with its own last key), as do scale, soft-cap,
+//! grouped-query heads and `f16`/`bf16` keys and values. Element masks (`keep`, `bias`) and
+//! `key_lengths` have no packed form and are refused ([`AttnError::Param`] naming the field).
+//!
+//! Results: `out: [total_q, Hq, Dv]` and, FlashAttention's convention, `lse: [Hq, total_q]`
+//! (head-major, the rows of every sequence side by side). A sequence with no keys gets output 0
+//! and log-sum-exp −∞, like a fully masked row.
+//!
+//! Dropout: sequence `s` is keyed as a call of its own whose seed is
+//! [`Dropout::for_sequence`]`(s)`, its rows `(h, i)` then keyed as in that call (batch 0, query `i`
+//! counted from the sequence's start). So the decisions of a sequence depend on the seed, its
+//! index and its lengths only — not on where it sits in the packed buffer or on the other
+//! sequences — and the backward replays them.
+//!
+//! How it runs: each sequence is one call of the dense kernels on strided views into the packed
+//! buffers (a sequence's rows `[len, H, D]` are the view `[1, H, len, D]`, strides `[_, D, H·D]`),
+//! one sequence after another; each call spreads over rayon's threads itself. No padding exists,
+//! so no work or memory goes to it; a call's result is copied once into the packed layout (the
+//! kernels write `[1, Hq, len, Dv]`).
+
+mod backward;
+mod packed;
+
+use std::ops::Range;
+
+pub use backward::{attention_varlen_backward, VarlenSaved};
+pub use packed::{CuSeqlens, Packed, PackedKv};
+
+use crate::alloc;
+use crate::dispatch::{attention, Kernel};
+use crate::dropout::Dropout;
+use crate::error::{AttnError, Result};
+use crate::problem::{AttnParams, Problem};
+use crate::rng::splitmix64;
+
+/// Results of a packed call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VarlenOutput {
+    /// `[total_q, Hq, Dv]`.
+    pub out: Vec<f32>,
+    /// Natural log-sum-exp per row, `[Hq, total_q]`; −∞ for a row with no allowed key.
+    pub lse: Vec<f32>,
+    /// The rounding residue of each `lse` ([`AttnOutput::lse_residue`](crate::AttnOutput)),
+    /// `[Hq, total_q]`; hand it to the backward.
+    pub lse_residue: Vec<f32>,
+}
+
+impl Dropout {
+    /// The dropout of sequence `s` of a packed call: the same `p`, the seed
+    /// `splitmix64(seed ^ splitmix64(s))`.
+    pub fn for_sequence(&self, s: usize) -> Dropout {
+        Dropout { p: self.p, seed: splitmix64(self.seed ^ splitmix64(s as u64)) }
+    }
+}
+
+/// A validated packed call: sizes and every sequence's query and key rows.
+struct Call {
+    /// `total_q, Hq, Hkv, Dk, Dv`.
+    total_q: usize,
+    hq: usize,
+    hkv: usize,
+    dk: usize,
+    dv: usize,
+    total_k: usize,
+    /// `(query rows, key rows)` per sequence.
+    seqs: Vec<(Range<usize>, Range<usize>)>,
+}
+
+impl Call {
+    /// Checks the packed shapes, the offsets and the options against each other.
+    fn new(q: [usize; 3], k: [usize; 3], v: [usize; 3], cu: &CuSeqlens, p: &AttnParams<f32>) -> Result<Call> {
+        let [total_q, hq, dk] = q;
+        let [total_k, hkv, kd] = k;
+        let [vt, vh, dv] = v;
+        for (tensor, dim, expected, found) in
+            [("k", "head_dim", dk, kd), ("v", "heads", hkv, vh), ("v", "total", total_k, vt)]
+        {
+            if expected != found {
+                return Err(AttnError::DimMismatch { tensor, dim, expected, found });
+            }
+        }
+        for (field, given) in [
+            ("key_lengths", p.mask.key_lengths.is_some()),
+            ("mask", p.mask.keep.is_some()),
+            ("bias", p.mask.bias.is_some()),
+        ] {
+            if given {
+                return Err(AttnError::Param {
+                    field,
+                    reason: "packed sequences take no element-wise masks or key lengths; cu_seqlens_k sets each \
+                             sequence's keys"
+                        .into(),
+                });
+            }
+        }
+        // Heads, scale, soft-cap and dropout, checked as a dense call checks them.
+        Problem::new([1, hq, 0, dk], [1, hkv, 0, dk], [1, hkv, 0, dv], p)?;
+        let seqs = cu.sequences(total_q, total_k)?;
+        Ok(Call { total_q, hq, hkv, dk, dv, total_k, seqs })
+    }
+
+    /// The parameters of sequence `s`: `p` with its dropout keyed for the sequence.
+    fn params<'a>(&self, p: &AttnParams<'a, f32>, s: usize) -> AttnParams<'a, f32> {
+        AttnParams { dropout: p.dropout.map(|d| d.for_sequence(s)), ..*p }
+    }
+}
+
+/// Attention over packed sequences in `f32` (see the [module](self) header):
+/// `q: [total_q, Hq, Dk]`, `k: [total_k, Hkv, Dk]`, `v: [total_k, Hkv, Dv]`, sequences cut by `cu`;
+/// returns `out: [total_q, Hq, Dv]` and `lse`, `lse_residue: [Hq, total_q]`.
+pub fn attention_varlen(
+    kernel: Kernel,
+    q: &Packed<f32>,
+    k: &PackedKv,
+    v: &PackedKv,
+    cu: &CuSeqlens,
+    params: &AttnParams<f32>,
+) -> Result<VarlenOutput> {
+    let c = Call::new(q.dims(), k.dims(), v.dims(), cu, params)?;
+    let (tq, hq, dv) = (c.total_q, c.hq, c.dv);
+    let mut out = alloc::filled("attention output", &[tq, hq, dv], 0.0f32)?;
+    let mut lse = alloc::filled("log-sum-exp", &[hq, tq], f32::NEG_INFINITY)?;
+    let mut lse_residue = alloc::filled("log-sum-exp residue", &[hq, tq], 0.0f32)?;
+    for (s, (qr, kr)) in c.seqs.iter().enumerate() {
+        if qr.is_empty() || kr.is_empty() {
+            // No rows, or rows with no key: output 0 and log-sum-exp −∞ as allocated.
+            continue;
+        }
+        let (qv, kv, vv) = (q.view("q", qr.clone())?, k.view("k", kr.clone())?, v.view("v", kr.clone())?);
+        let r = attention(kernel, &qv, &kv, &vv, &c.params(params, s), false)?;
+        scatter_rows(&r.out, &mut out, qr, hq, dv);
+        for h in 0..hq {
+            let rows = h * tq + qr.start..h * tq + qr.end;
+            lse[rows.clone()].copy_from_slice(&r.lse[h * qr.len()..(h + 1) * qr.len()]);
+            lse_residue[rows].copy_from_slice(&r.lse_residue[h * qr.len()..(h + 1) * qr.len()]);
+        }
+    }
+    Ok(VarlenOutput { out, lse, lse_residue })
+}
+
+/// Copies a sequence's result `[H, len, D]` (head-major, as the dense kernels write it) into rows
+/// `rows` of the packed `[total, H, D]`.
+fn scatter_rows(seq: &[f32], packed: &mut [f32], rows: &Range<usize>, h: usize, d: usize) {
+    let len = rows.len();
+    if h * d == 0 {
+        return;
+    }
+    for (i, row) in packed[rows.start * h * d..rows.end * h * d].chunks_exact_mut(h * d).enumerate() {
+        for (hi, dst) in row.chunks_exact_mut(d).enumerate() {
+            dst.copy_from_slice(&seq[(hi * len + i) * d..][..d]);
+        }
+    }
+}
