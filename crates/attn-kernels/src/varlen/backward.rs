@@ -1,9 +1,9 @@
-//! The backward of packed sequences: each sequence through the dense backward on strided views
-//! into the packed inputs, output and output gradient (its log-sum-exp rows gathered from the
-//! head-major `[Hq, total_q]`), its gradients copied once into the packed layout.
+//! The backward of packed sequences: each sequence through the dense backward on its inputs,
+//! output and output gradient gathered head-major (and its log-sum-exp rows from the head-major
+//! `[Hq, total_q]`), its gradients copied into the packed layout.
 
-use super::packed::{CuSeqlens, Packed, PackedKv};
-use super::{scatter_rows, Call, VarlenOutput};
+use super::packed::{scatter_rows, CuSeqlens, KvBuf, Packed, PackedKv};
+use super::{Call, VarlenOutput};
 use crate::alloc;
 use crate::dispatch::{attention_backward, Kernel};
 use crate::error::{AttnError, Result};
@@ -76,6 +76,8 @@ pub fn attention_varlen_backward(
         dbias: None,
     };
     let (mut lse, mut residue) = (Vec::new(), Vec::new());
+    let (mut qbuf, mut obuf, mut dobuf) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut kbuf, mut vbuf) = (KvBuf::default(), KvBuf::default());
     for (s, (qr, kr)) in c.seqs.iter().enumerate() {
         if qr.is_empty() || kr.is_empty() {
             // No query sees a key: every gradient of the sequence is 0, as allocated.
@@ -90,14 +92,15 @@ pub fn attention_varlen_backward(
             gather(r, &mut residue);
         }
         let seq_saved = Saved {
-            out: saved.out.view("out", qr.clone())?,
+            out: saved.out.gather("out", qr.clone(), &mut obuf)?,
             lse: &lse,
             lse_residue: saved.lse_residue.map(|_| &residue[..]),
             // The path the forward chose for these sizes: it ran untuned.
             forward_path: None,
-            dout: saved.dout.view("grad_out", qr.clone())?,
+            dout: saved.dout.gather("grad_out", qr.clone(), &mut dobuf)?,
         };
-        let (qv, kv, vv) = (q.view("q", qr.clone())?, k.view("k", kr.clone())?, v.view("v", kr.clone())?);
+        let qv = q.gather("q", qr.clone(), &mut qbuf)?;
+        let (kv, vv) = (k.gather("k", kr.clone(), &mut kbuf)?, v.gather("v", kr.clone(), &mut vbuf)?);
         let sg = attention_backward(kernel, &qv, &kv, &vv, &seq_saved, &c.params(params, s), false)?;
         scatter_rows(&sg.dq, &mut g.dq, qr, c.hq, c.dk);
         scatter_rows(&sg.dk, &mut g.dk, kr, c.hkv, c.dk);

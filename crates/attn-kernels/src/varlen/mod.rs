@@ -20,11 +20,12 @@
 //! index and its lengths only — not on where it sits in the packed buffer or on the other
 //! sequences — and the backward replays them.
 //!
-//! How it runs: each sequence is one call of the dense kernels on strided views into the packed
-//! buffers (a sequence's rows `[len, H, D]` are the view `[1, H, len, D]`, strides `[_, D, H·D]`),
-//! one sequence after another; each call spreads over rayon's threads itself. No padding exists,
-//! so no work or memory goes to it; a call's result is copied once into the packed layout (the
-//! kernels write `[1, Hq, len, Dv]`).
+//! How it runs: each sequence is one call of the dense kernels, one sequence after another; each
+//! call spreads over rayon's threads itself. The sequence's rows are gathered head-major into
+//! buffers reused from sequence to sequence (`[1, H, len, D]`, the layout the kernels read
+//! fastest; see `Packed::gather`), and the call's results `[1, Hq, len, Dv]` are copied into the
+//! packed layout. No padding exists, so no work goes to it, and the extra memory is one
+//! sequence's inputs and results.
 
 mod backward;
 mod packed;
@@ -32,6 +33,7 @@ mod packed;
 use std::ops::Range;
 
 pub use backward::{attention_varlen_backward, VarlenSaved};
+use packed::{scatter_rows, KvBuf};
 pub use packed::{CuSeqlens, Packed, PackedKv};
 
 use crate::alloc;
@@ -129,12 +131,14 @@ pub fn attention_varlen(
     let mut out = alloc::filled("attention output", &[tq, hq, dv], 0.0f32)?;
     let mut lse = alloc::filled("log-sum-exp", &[hq, tq], f32::NEG_INFINITY)?;
     let mut lse_residue = alloc::filled("log-sum-exp residue", &[hq, tq], 0.0f32)?;
+    let (mut qbuf, mut kbuf, mut vbuf) = (Vec::new(), KvBuf::default(), KvBuf::default());
     for (s, (qr, kr)) in c.seqs.iter().enumerate() {
         if qr.is_empty() || kr.is_empty() {
             // No rows, or rows with no key: output 0 and log-sum-exp −∞ as allocated.
             continue;
         }
-        let (qv, kv, vv) = (q.view("q", qr.clone())?, k.view("k", kr.clone())?, v.view("v", kr.clone())?);
+        let qv = q.gather("q", qr.clone(), &mut qbuf)?;
+        let (kv, vv) = (k.gather("k", kr.clone(), &mut kbuf)?, v.gather("v", kr.clone(), &mut vbuf)?);
         let r = attention(kernel, &qv, &kv, &vv, &c.params(params, s), false)?;
         scatter_rows(&r.out, &mut out, qr, hq, dv);
         for h in 0..hq {
@@ -144,18 +148,4 @@ pub fn attention_varlen(
         }
     }
     Ok(VarlenOutput { out, lse, lse_residue })
-}
-
-/// Copies a sequence's result `[H, len, D]` (head-major, as the dense kernels write it) into rows
-/// `rows` of the packed `[total, H, D]`.
-fn scatter_rows(seq: &[f32], packed: &mut [f32], rows: &Range<usize>, h: usize, d: usize) {
-    let len = rows.len();
-    if h * d == 0 {
-        return;
-    }
-    for (i, row) in packed[rows.start * h * d..rows.end * h * d].chunks_exact_mut(h * d).enumerate() {
-        for (hi, dst) in row.chunks_exact_mut(d).enumerate() {
-            dst.copy_from_slice(&seq[(hi * len + i) * d..][..d]);
-        }
-    }
 }
