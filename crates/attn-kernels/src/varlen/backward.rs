@@ -76,7 +76,7 @@ pub fn attention_varlen_backward(
         dbias: None,
     };
     let (mut lse, mut residue) = (Vec::new(), Vec::new());
-    let (mut qbuf, mut obuf, mut dobuf) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut qbuf, mut dobuf) = (Vec::new(), Vec::new());
     let (mut kbuf, mut vbuf) = (KvBuf::default(), KvBuf::default());
     for (s, (qr, kr)) in c.seqs.iter().enumerate() {
         if qr.is_empty() || kr.is_empty() {
@@ -92,7 +92,8 @@ pub fn attention_varlen_backward(
             gather(r, &mut residue);
         }
         let seq_saved = Saved {
-            out: saved.out.gather("out", qr.clone(), &mut obuf)?,
+            // Read once per row, for `Δ = dO·O`: no gather.
+            out: saved.out.view("out", qr.clone())?,
             lse: &lse,
             lse_residue: saved.lse_residue.map(|_| &residue[..]),
             // The path the forward chose for these sizes: it ran untuned.

@@ -21,10 +21,10 @@
 //! sequences — and the backward replays them.
 //!
 //! How it runs: each sequence is one call of the dense kernels, one sequence after another; each
-//! call spreads over rayon's threads itself. The sequence's rows are gathered head-major into
-//! buffers reused from sequence to sequence (`[1, H, len, D]`, the layout the kernels read
-//! fastest; see `Packed::gather`), and the call's results `[1, Hq, len, Dv]` are copied into the
-//! packed layout. No padding exists, so no work goes to it, and the extra memory is one
+//! call spreads over rayon's threads itself. The tensors the kernels read tile after tile are
+//! gathered head-major into buffers reused from sequence to sequence (`[1, H, len, D]`, the layout
+//! the kernels read fastest; see `Packed::gather`), the others read through strided views, and the
+//! call's results `[1, Hq, len, Dv]` are copied into the packed layout. No padding exists, so no work goes to it, and the extra memory is one
 //! sequence's inputs and results.
 
 mod backward;
@@ -131,13 +131,14 @@ pub fn attention_varlen(
     let mut out = alloc::filled("attention output", &[tq, hq, dv], 0.0f32)?;
     let mut lse = alloc::filled("log-sum-exp", &[hq, tq], f32::NEG_INFINITY)?;
     let mut lse_residue = alloc::filled("log-sum-exp residue", &[hq, tq], 0.0f32)?;
-    let (mut qbuf, mut kbuf, mut vbuf) = (Vec::new(), KvBuf::default(), KvBuf::default());
+    let (mut kbuf, mut vbuf) = (KvBuf::default(), KvBuf::default());
     for (s, (qr, kr)) in c.seqs.iter().enumerate() {
         if qr.is_empty() || kr.is_empty() {
             // No rows, or rows with no key: output 0 and log-sum-exp −∞ as allocated.
             continue;
         }
-        let qv = q.gather("q", qr.clone(), &mut qbuf)?;
+        // Each query row is read once, into the kernel's own scratch: no gather.
+        let qv = q.view("q", qr.clone())?;
         let (kv, vv) = (k.gather("k", kr.clone(), &mut kbuf)?, v.gather("v", kr.clone(), &mut vbuf)?);
         let r = attention(kernel, &qv, &kv, &vv, &c.params(params, s), false)?;
         scatter_rows(&r.out, &mut out, qr, hq, dv);

@@ -31,15 +31,23 @@ impl<'a, T> Packed<'a, T> {
     /// A strided `[total, H, D]`: element `[t, h, d]` at `data[t·strides[0] + h·strides[1] + d]`;
     /// every reachable element must lie inside `data`.
     pub fn strided(name: &'static str, data: &'a [T], dims: [usize; 3], strides: [usize; 2]) -> Result<Self> {
-        let [total, h, d] = dims;
-        let [st, sh] = strides;
-        View4::strided(name, data, [1, h, total, d], [0, sh, st])?;
-        Ok(Self { data, dims, strides })
+        let p = Self { data, dims, strides };
+        p.view(name, 0..dims[0])?;
+        Ok(p)
     }
 
     /// `[total, H, D]`.
     pub fn dims(&self) -> [usize; 3] {
         self.dims
+    }
+
+    /// Rows `rows` (within `0..total`) as the strided `[1, H, len, D]` view (strides
+    /// `[_, s_h, s_t]`), for a tensor the kernels read once per row (see [`Packed::gather`]).
+    pub(super) fn view(&self, name: &'static str, rows: Range<usize>) -> Result<View4<'a, T>> {
+        let [_, h, d] = self.dims;
+        let [st, sh] = self.strides;
+        let data = self.data.get(rows.start.saturating_mul(st)..).unwrap_or(&[]);
+        View4::strided(name, data, [1, h, rows.len(), d], [0, sh, st])
     }
 
     /// The row `[D]` of token `t`, head `h`.
@@ -51,10 +59,10 @@ impl<'a, T> Packed<'a, T> {
 
 impl<T: Copy + Default + Send + Sync> Packed<'_, T> {
     /// Rows `rows` (within `0..total`) copied head-major into `buf` (reused from call to call)
-    /// and viewed as the contiguous `[1, H, len, D]` the dense kernels take. A copy, because the
-    /// kernels read key, value and query rows in place at the row stride: packed, that stride is
-    /// `H·D`, often a power of two, whose rows crowd into few cache sets (measured 14% slower
-    /// forward at `H = 8, D = 64`).
+    /// and viewed as the contiguous `[1, H, len, D]` the dense kernels take. For the tensors the
+    /// kernels read in place tile after tile (keys and values; in the backward also queries and
+    /// output gradients): packed, their row stride is `H·D`, often a power of two, whose rows
+    /// crowd into few cache sets (measured 14% slower forward at `H = 8, D = 64`).
     pub(super) fn gather<'b>(
         &self,
         name: &'static str,
