@@ -1,14 +1,33 @@
-//! The README's library example is the text the crate's doctest compiles (`doc/library-example.rs`,
-//! included in `src/lib.rs` with warnings denied): this checks README.md quotes it word for word,
-//! so an edit to one without the other fails here.
+//! The README's library and packed-sequences examples are the texts the crate's doctests compile
+//! (`doc/library-example.rs` in `src/lib.rs`, `doc/varlen-example.rs` in `src/varlen/mod.rs`, with
+//! warnings denied): this checks README.md quotes them word for word, so an edit to one without
+//! the other fails here.
 
 const README: &str = include_str!("../../../README.md");
 const EXAMPLE: &str = include_str!("../doc/library-example.rs");
+const VARLEN_EXAMPLE: &str = include_str!("../doc/varlen-example.rs");
+
+/// The first rust block of README.md's section `heading`.
+fn first_rust_block(heading: &str) -> &'static str {
+    let section = README.split_once(&format!("\n## {heading}\n")).unwrap_or_else(|| panic!("no '## {heading}'")).1;
+    let block = section.split_once("```rust\n").expect("the section has a rust block").1;
+    &block[..block.find("```").expect("the rust block is closed")]
+}
 
 #[test]
 fn readme_library_block_is_the_doctested_example() {
-    let section = README.split_once("\n## Library\n").expect("README has a '## Library' section").1;
-    let block = section.split_once("```rust\n").expect("the Library section has a rust block").1;
-    let block = &block[..block.find("```").expect("the rust block is closed")];
-    assert_eq!(block, EXAMPLE, "README.md's Library block differs from crates/attn/doc/library-example.rs");
+    assert_eq!(
+        first_rust_block("Library"),
+        EXAMPLE,
+        "README.md's Library block differs from crates/attn/doc/library-example.rs"
+    );
+}
+
+#[test]
+fn readme_packed_sequences_block_is_the_doctested_example() {
+    assert_eq!(
+        first_rust_block("Packed sequences"),
+        VARLEN_EXAMPLE,
+        "README.md's Packed sequences block differs from crates/attn/doc/varlen-example.rs"
+    );
 }

@@ -15,6 +15,25 @@
 //! computed in `f32` (keys and values stored as `f16`/`bf16` read in place), the output in `q`'s
 //! dtype, CPU only. The output is differentiable through candle's autograd with respect to `q`,
 //! `k` and `v` (the packed backward kernel, dropout replayed from its seed).
+//!
+//! The README's example (its text lives in `doc/varlen-example.rs`; `tests/readme.rs` checks that
+//! README.md quotes it word for word):
+//!
+#![doc = concat!(
+    "```\n",
+    "# #![deny(warnings, unused)]\n",
+    "# use candle_core::Var;\n",
+    "# let var = |shape: &[usize], seed| -> attn::Result<Var> {\n",
+    "#     Ok(Var::from_tensor(&attn::random::uniform(shape, -1.0, 1.0, seed)?)?)\n",
+    "# };\n",
+    "# let (q, k, v) = (var(&[16, 4, 8], 1)?, var(&[16, 2, 8], 2)?, var(&[16, 2, 8], 3)?);\n",
+    "# let target = attn::random::uniform(&[16, 4, 8], -1.0, 1.0, 4)?;\n",
+    include_str!("../../doc/varlen-example.rs"),
+    "# assert_eq!((cu.as_slice(), r.lse.dims()), (&[0, 5, 7, 16][..], &[4, 16][..]));\n",
+    "# assert_eq!(grads.get(&k).unwrap().dims(), &[16, 2, 8]);\n",
+    "# Ok::<(), attn::AttnLibError>(())\n",
+    "```",
+)]
 
 mod op;
 
