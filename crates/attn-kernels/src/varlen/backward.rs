@@ -1,9 +1,12 @@
-//! The backward of packed sequences: each sequence through the dense backward on its inputs,
+//! The backward of packed sequences: each sequence (a rayon task, as in the forward) through the
+//! dense backward on its inputs,
 //! output and output gradient gathered head-major (and its log-sum-exp rows from the head-major
 //! `[Hq, total_q]`), its gradients copied into the packed layout.
 
+use rayon::prelude::*;
+
 use super::packed::{scatter_rows, CuSeqlens, KvBuf, Packed, PackedKv};
-use super::{Call, VarlenOutput};
+use super::{split_rows, Call, VarlenOutput};
 use crate::alloc;
 use crate::dispatch::{attention_backward, Kernel};
 use crate::error::{AttnError, Result};
@@ -53,6 +56,18 @@ impl<'a> VarlenSaved<'a> {
     }
 }
 
+/// One worker's buffers for a sequence: its log-sum-exp rows and residues, and its gathered
+/// queries, output gradients, keys and values.
+#[derive(Default)]
+struct Bufs {
+    lse: Vec<f32>,
+    residue: Vec<f32>,
+    q: Vec<f32>,
+    dout: Vec<f32>,
+    k: KvBuf,
+    v: KvBuf,
+}
+
 /// Gradients of [`attention_varlen`](super::attention_varlen): `q`, `k`, `v`, `cu` and `params` as
 /// given to the forward, `saved` its results and the output's gradient; returns
 /// `dq: [total_q, Hq, Dk]`, `dk: [total_k, Hkv, Dk]` and `dv: [total_k, Hkv, Dv]` (in the inputs'
@@ -75,37 +90,43 @@ pub fn attention_varlen_backward(
         dv: alloc::filled("gradient dv", &[c.total_k, c.hkv, c.dv], 0.0f32)?,
         dbias: None,
     };
-    let (mut lse, mut residue) = (Vec::new(), Vec::new());
-    let (mut qbuf, mut dobuf) = (Vec::new(), Vec::new());
-    let (mut kbuf, mut vbuf) = (KvBuf::default(), KvBuf::default());
-    for (s, (qr, kr)) in c.seqs.iter().enumerate() {
-        if qr.is_empty() || kr.is_empty() {
-            // No query sees a key: every gradient of the sequence is 0, as allocated.
-            continue;
-        }
-        let gather = |from: &[f32], to: &mut Vec<f32>| {
-            to.clear();
-            to.extend((0..c.hq).flat_map(|h| &from[h * tq + qr.start..h * tq + qr.end]));
-        };
-        gather(saved.lse, &mut lse);
-        if let Some(r) = saved.lse_residue {
-            gather(r, &mut residue);
-        }
-        let seq_saved = Saved {
-            // Read once per row, for `Δ = dO·O`: no gather.
-            out: saved.out.view("out", qr.clone())?,
-            lse: &lse,
-            lse_residue: saved.lse_residue.map(|_| &residue[..]),
-            // The path the forward chose for these sizes: it ran untuned.
-            forward_path: None,
-            dout: saved.dout.gather("grad_out", qr.clone(), &mut dobuf)?,
-        };
-        let qv = q.gather("q", qr.clone(), &mut qbuf)?;
-        let (kv, vv) = (k.gather("k", kr.clone(), &mut kbuf)?, v.gather("v", kr.clone(), &mut vbuf)?);
-        let sg = attention_backward(kernel, &qv, &kv, &vv, &seq_saved, &c.params(params, s), false)?;
-        scatter_rows(&sg.dq, &mut g.dq, qr, c.hq, c.dk);
-        scatter_rows(&sg.dk, &mut g.dk, kr, c.hkv, c.dk);
-        scatter_rows(&sg.dv, &mut g.dv, kr, c.hkv, c.dv);
-    }
+    let (hq, hkv, dk, dv) = (c.hq, c.hkv, c.dk, c.dv);
+    let gq = split_rows(&mut g.dq, &c.seqs, |(qr, _)| qr.len() * hq * dk);
+    let gk = split_rows(&mut g.dk, &c.seqs, |(_, kr)| kr.len() * hkv * dk);
+    let gv = split_rows(&mut g.dv, &c.seqs, |(_, kr)| kr.len() * hkv * dv);
+    let parts: Vec<_> = gq.into_iter().zip(gk).zip(gv).collect();
+    c.seqs.par_iter().zip(parts).enumerate().try_for_each_init(
+        Bufs::default,
+        |b, (s, ((qr, kr), ((gq, gk), gv)))| {
+            if qr.is_empty() || kr.is_empty() {
+                // No query sees a key: every gradient of the sequence is 0, as allocated.
+                return Ok(());
+            }
+            let gather = |from: &[f32], to: &mut Vec<f32>| {
+                to.clear();
+                to.extend((0..hq).flat_map(|h| &from[h * tq + qr.start..h * tq + qr.end]));
+            };
+            gather(saved.lse, &mut b.lse);
+            if let Some(r) = saved.lse_residue {
+                gather(r, &mut b.residue);
+            }
+            let seq_saved = Saved {
+                // Read once per row, for `Δ = dO·O`: no gather.
+                out: saved.out.view("out", qr.clone())?,
+                lse: &b.lse,
+                lse_residue: saved.lse_residue.map(|_| &b.residue[..]),
+                // The path the forward chose for these sizes: it ran untuned.
+                forward_path: None,
+                dout: saved.dout.gather("grad_out", qr.clone(), &mut b.dout)?,
+            };
+            let qv = q.gather("q", qr.clone(), &mut b.q)?;
+            let (kv, vv) = (k.gather("k", kr.clone(), &mut b.k)?, v.gather("v", kr.clone(), &mut b.v)?);
+            let sg = attention_backward(kernel, &qv, &kv, &vv, &seq_saved, &c.params(params, s), false)?;
+            scatter_rows(&sg.dq, gq, hq, dk);
+            scatter_rows(&sg.dk, gk, hkv, dk);
+            scatter_rows(&sg.dv, gv, hkv, dv);
+            Ok::<(), AttnError>(())
+        },
+    )?;
     Ok(g)
 }

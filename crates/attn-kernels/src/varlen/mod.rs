@@ -20,8 +20,10 @@
 //! index and its lengths only — not on where it sits in the packed buffer or on the other
 //! sequences — and the backward replays them.
 //!
-//! How it runs: each sequence is one call of the dense kernels, one sequence after another; each
-//! call spreads over rayon's threads itself. The tensors the kernels read tile after tile are
+//! How it runs: each sequence is one call of the dense kernels. The sequences are rayon tasks and
+//! each call spreads over rayon's threads itself, so threads left idle by a short sequence's few
+//! jobs (or by a thread the system took away) take other sequences' work, and no sequence waits
+//! for the one before. The tensors the kernels read tile after tile are
 //! gathered head-major into buffers reused from sequence to sequence (`[1, H, len, D]`, the layout
 //! the kernels read fastest; see `Packed::gather`), the others read through strided views, and the
 //! call's results `[1, Hq, len, Dv]` are copied into the packed layout. No padding exists, so no work goes to it, and the extra memory is one
@@ -35,6 +37,7 @@ use std::ops::Range;
 pub use backward::{attention_varlen_backward, VarlenSaved};
 use packed::{scatter_rows, KvBuf};
 pub use packed::{CuSeqlens, Packed, PackedKv};
+use rayon::prelude::*;
 
 use crate::alloc;
 use crate::dispatch::{attention, Kernel};
@@ -42,6 +45,21 @@ use crate::dropout::Dropout;
 use crate::error::{AttnError, Result};
 use crate::problem::{AttnParams, Problem};
 use crate::rng::splitmix64;
+
+/// A sequence's `(query rows, key rows)`.
+type Rows = (Range<usize>, Range<usize>);
+
+/// `buf` cut into consecutive parts of `len(seq)` elements, one per sequence (the sequences' rows
+/// are consecutive from 0, so each part holds its sequence's rows of a packed tensor).
+fn split_rows<'b>(mut buf: &'b mut [f32], seqs: &[Rows], len: impl Fn(&Rows) -> usize) -> Vec<&'b mut [f32]> {
+    seqs.iter()
+        .map(|s| {
+            let (part, rest) = std::mem::take(&mut buf).split_at_mut(len(s));
+            buf = rest;
+            part
+        })
+        .collect()
+}
 
 /// Results of a packed call.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,7 +91,7 @@ struct Call {
     dv: usize,
     total_k: usize,
     /// `(query rows, key rows)` per sequence.
-    seqs: Vec<(Range<usize>, Range<usize>)>,
+    seqs: Vec<Rows>,
 }
 
 impl Call {
@@ -131,21 +149,28 @@ pub fn attention_varlen(
     let mut out = alloc::filled("attention output", &[tq, hq, dv], 0.0f32)?;
     let mut lse = alloc::filled("log-sum-exp", &[hq, tq], f32::NEG_INFINITY)?;
     let mut lse_residue = alloc::filled("log-sum-exp residue", &[hq, tq], 0.0f32)?;
-    let (mut kbuf, mut vbuf) = (KvBuf::default(), KvBuf::default());
-    for (s, (qr, kr)) in c.seqs.iter().enumerate() {
-        if qr.is_empty() || kr.is_empty() {
-            // No rows, or rows with no key: output 0 and log-sum-exp −∞ as allocated.
-            continue;
-        }
-        // Each query row is read once, into the kernel's own scratch: no gather.
-        let qv = q.view("q", qr.clone())?;
-        let (kv, vv) = (k.gather("k", kr.clone(), &mut kbuf)?, v.gather("v", kr.clone(), &mut vbuf)?);
-        let r = attention(kernel, &qv, &kv, &vv, &c.params(params, s), false)?;
-        scatter_rows(&r.out, &mut out, qr, hq, dv);
+    let parts = split_rows(&mut out, &c.seqs, |(qr, _)| qr.len() * hq * dv);
+    let stats = c.seqs.par_iter().zip(parts).enumerate().map_init(
+        || (KvBuf::default(), KvBuf::default()),
+        |(kbuf, vbuf), (s, ((qr, kr), out))| -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+            if qr.is_empty() || kr.is_empty() {
+                // No rows, or rows with no key: output 0 and log-sum-exp −∞ as allocated.
+                return Ok(None);
+            }
+            // Each query row is read once, into the kernel's own scratch: no gather.
+            let qv = q.view("q", qr.clone())?;
+            let (kv, vv) = (k.gather("k", kr.clone(), kbuf)?, v.gather("v", kr.clone(), vbuf)?);
+            let r = attention(kernel, &qv, &kv, &vv, &c.params(params, s), false)?;
+            scatter_rows(&r.out, out, hq, dv);
+            Ok(Some((r.lse, r.lse_residue)))
+        },
+    );
+    for ((qr, _), st) in c.seqs.iter().zip(stats.collect::<Result<Vec<_>>>()?) {
+        let Some((l, res)) = st else { continue };
         for h in 0..hq {
             let rows = h * tq + qr.start..h * tq + qr.end;
-            lse[rows.clone()].copy_from_slice(&r.lse[h * qr.len()..(h + 1) * qr.len()]);
-            lse_residue[rows].copy_from_slice(&r.lse_residue[h * qr.len()..(h + 1) * qr.len()]);
+            lse[rows.clone()].copy_from_slice(&l[h * qr.len()..(h + 1) * qr.len()]);
+            lse_residue[rows].copy_from_slice(&res[h * qr.len()..(h + 1) * qr.len()]);
         }
     }
     Ok(VarlenOutput { out, lse, lse_residue })

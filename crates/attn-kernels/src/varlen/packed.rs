@@ -84,14 +84,14 @@ impl<T: Copy + Default + Send + Sync> Packed<'_, T> {
     }
 }
 
-/// Copies a sequence's result `[H, len, D]` (head-major, as the dense kernels write it) into rows
-/// `rows` of the contiguous packed `[total, H, D]`.
-pub(super) fn scatter_rows(seq: &[f32], packed: &mut [f32], rows: &Range<usize>, h: usize, d: usize) {
-    let len = rows.len();
+/// Copies a sequence's result `[H, len, D]` (head-major, as the dense kernels write it) into its
+/// rows `[len, H, D]` of a contiguous packed tensor.
+pub(super) fn scatter_rows(seq: &[f32], rows: &mut [f32], h: usize, d: usize) {
     if h * d == 0 {
         return;
     }
-    packed[rows.start * h * d..rows.end * h * d].par_chunks_exact_mut(h * d).enumerate().for_each(|(i, row)| {
+    let len = rows.len() / (h * d);
+    rows.par_chunks_exact_mut(h * d).enumerate().for_each(|(i, row)| {
         for (hi, dst) in row.chunks_exact_mut(d).enumerate() {
             dst.copy_from_slice(&seq[(hi * len + i) * d..][..d]);
         }
