@@ -16,7 +16,9 @@ As in bench_vs_torch.py: the same thread count for both (default 2), rounds alte
 (torch, attn packed, attn padded, torch, ...) so drifting machine load hits all alike, each round
 the median of --reps calls after --warmup calls, the table the median over rounds. Rates are
 GFLOP/s of useful work, the same FLOPs for the three: 4*D per (query, key) pair inside a
-sequence's causal band, times 3.5 with --backward. The pair ratio padded/packed printed first is
+sequence's causal band, times 3.5 with --backward. The speed-ups are given as ratios of the
+medians (as bench_vs_torch.py) and as medians of each round's own ratios, the steadier of the two
+when the load drifts between rounds. The pair ratio padded/packed printed first is
 the most attn's padded call can lose to packing (it computes a sequence's causal triangle plus
 every padded query against the sequence's keys).
 
@@ -151,8 +153,13 @@ def main():
     for name, ts in rounds.items():
         print(f"{name:<14} {med[name] * 1e3:>10.1f} {f / med[name] / 1e9:>8.1f}  "
               + " ".join(f"{x * 1e3:.1f}" for x in ts))
+    # Within a round the three ran seconds apart; the median of the rounds' own ratios is the
+    # steadier figure when the machine's load drifts.
+    per_round = {other: statistics.median(o / p for o, p in zip(rounds[other], rounds["attn packed"]))
+                 for other in ("attn padded", "torch padded")}
     print(f"packed speed-up: {med['attn padded'] / med['attn packed']:.2f}x over attn padded, "
-          f"{med['torch padded'] / med['attn packed']:.2f}x over torch padded "
+          f"{med['torch padded'] / med['attn packed']:.2f}x over torch padded (ratios of the medians); "
+          f"{per_round['attn padded']:.2f}x and {per_round['torch padded']:.2f}x (medians of the rounds' ratios) "
           f"(torch backend {backend}, attn kernel {kernel})")
     if a.json_out:
         with open(a.json_out, "w") as out:
@@ -160,6 +167,7 @@ def main():
                        "seed": a.seed, "rounds": a.rounds, "reps": a.reps, "flops": f, "pair_ratio": pair_ratio,
                        "torch_backend": backend, "attn_kernel": kernel,
                        "median_ms": {n: m * 1e3 for n, m in med.items()},
+                       "median_round_ratio": per_round,
                        "round_ms": {n: [x * 1e3 for x in ts] for n, ts in rounds.items()}}, out, indent=2)
 
 
