@@ -145,6 +145,12 @@ fn packed_refusals_name_the_file_and_the_tensor_or_option() {
         e.contains("in.safetensors: tensor 'mask': packed sequences (cu_seqlens_q, cu_seqlens_k) take no mask"),
         "{e}"
     );
+    let sinks = f32_tensor(&[2], 4);
+    let e = refused(&with(&base, &[("cu_seqlens_q", &cq), ("cu_seqlens_k", &ck), ("sinks", &sinks)]), &[]);
+    assert!(
+        e.contains("in.safetensors: tensor 'sinks': packed sequences (cu_seqlens_q, cu_seqlens_k) take no sinks"),
+        "{e}"
+    );
     let short = i64s(&[0, 4, 5]);
     let e = refused(&with(&base, &[("cu_seqlens_q", &cq), ("cu_seqlens_k", &short)]), &["--causal"]);
     assert!(e.contains("in.safetensors: cu_seqlens_k: ends at 5, expected the 6 rows of k"), "{e}");

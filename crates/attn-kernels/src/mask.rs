@@ -1,6 +1,7 @@
 //! Mask semantics shared by every kernel: causal and sliding-window bands with their alignment,
 //! per-batch key lengths (these three reduce to one contiguous key range per query row), and the
-//! element-wise boolean mask and additive bias read through broadcast strides.
+//! element-wise boolean mask and additive bias read through broadcast strides, and the block-sparse
+//! [`BlockMask`] (see [`crate::sparse`]).
 //!
 //! Conventions (PyTorch `scaled_dot_product_attention` unless chosen otherwise):
 //! - `keep = true` means the query may attend to the key;
@@ -11,6 +12,7 @@
 //! - a key at or beyond its batch's key length is masked;
 //! - a bias equal to −∞ masks its key exactly like a `false` in the boolean mask.
 
+use crate::sparse::BlockMask;
 use crate::view::{Broadcast, Resolved};
 
 /// Where the causal diagonal (and a window's centre) sits when `Lq != Lk`.
@@ -48,6 +50,8 @@ pub struct MaskSpec<'a, T> {
     pub keep: Option<Broadcast<'a, bool>>,
     /// Additive bias broadcastable to `[B, Hq, Lq, Lk]`, added to the (soft-capped) scaled scores.
     pub bias: Option<Broadcast<'a, T>>,
+    /// A block-sparse (and programmable) mask: the flash kernels visit only its listed blocks.
+    pub block: Option<&'a BlockMask>,
 }
 
 /// The band masks of one call resolved to numbers: the contiguous key range of any query row.
@@ -91,4 +95,6 @@ pub struct ElementMask<'a, T> {
     pub keep: Option<Resolved<'a, bool>>,
     /// Additive bias.
     pub bias: Option<Resolved<'a, T>>,
+    /// Block-sparse mask, checked against the call's sizes.
+    pub block: Option<&'a BlockMask>,
 }

@@ -3,19 +3,23 @@
 //! gradients — causal in both alignments with `Lq ≠ Lk` per sequence, windows, grouped-query
 //! heads, half-precision K/V, soft-cap and scale, empty sequences, dropout — and a property test
 //! over random lengths and options; the packed result equals the dense kernel on each sequence
-//! alone bit for bit; dropout is keyed per sequence; bad offsets and unsupported masks are typed
-//! errors naming the field.
+//! alone bit for bit; dropout is keyed per sequence; bad offsets, masks with no packed form, sinks
+//! and score modifications are typed errors naming the field.
 
 mod common;
 mod varlen_parts;
 
+use attn_kernels::score_mod::Softcap;
+use attn_kernels::sparse::patterns::GlobalKeys;
 use attn_kernels::{
     attention, attention_varlen, attention_varlen_backward, Align, AttnError, AttnParams, Broadcast, CuSeqlens,
     Dropout, Kernel, KvView, MaskSpec, Packed, VarlenSaved, View4, Window,
 };
+use attn_kernels::{BlockMask, BlockShape, ScoreFn};
 use common::kernel_tests;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use std::sync::Arc;
 use varlen_parts::case::{head_major, KvType, PackedCase};
 
 kernel_tests! {
@@ -224,6 +228,31 @@ fn element_masks_and_key_lengths_are_refused() {
         &AttnParams { mask: MaskSpec { bias: Some(bias), ..MaskSpec::default() }, ..case.params() },
     );
     assert_field(e, "bias", "element-wise");
+}
+
+#[test]
+fn block_masks_sinks_and_score_modifications_are_refused() {
+    let case = PackedCase::new(&[(3, 4), (5, 2)], (2, 1), (4, 4), 15);
+    let (cq, ck) = (case.cu_q(), case.cu_k());
+    let shape = BlockShape { batch: 1, heads: 1, lq: 8, lk: 6 };
+    let block = BlockMask::build(shape, Arc::new(GlobalKeys(2))).unwrap();
+    let e = refusal(
+        &case,
+        &cq,
+        &ck,
+        &AttnParams { mask: MaskSpec { block: Some(&block), ..MaskSpec::default() }, ..case.params() },
+    );
+    assert_field(e, "block_mask", "block masks");
+    let sinks = [0.5f32, -1.0];
+    assert_field(
+        refusal(&case, &cq, &ck, &AttnParams { sinks: Some(&sinks), ..case.params() }),
+        "sinks",
+        "no sinks or score modification yet",
+    );
+    let softcap = Softcap(2.0);
+    let score_mod = ScoreFn { m: &softcap, table: &[] };
+    let e = refusal(&case, &cq, &ck, &AttnParams { score_mod: Some(score_mod), ..case.params() });
+    assert_field(e, "score_mod", "no sinks or score modification yet");
 }
 
 #[test]

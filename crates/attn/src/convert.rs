@@ -47,8 +47,8 @@ fn last_dim_contiguous(t: Tensor) -> Result<Tensor> {
     Ok(if last_ok { t } else { t.contiguous()? })
 }
 
-/// A `[B, H, L, D]` view of rank-4 CPU storage of element type `T` whose last dimension is
-/// contiguous.
+/// A `[B, H, L, D]` view of rank-4 CPU storage of element type `T`; refuses a layout whose last
+/// dimension is not contiguous (the views read it as if it were).
 pub(crate) fn view4<'a, T: WithDType>(
     name: &'static str,
     cpu: &'a CpuStorage,
@@ -56,6 +56,10 @@ pub(crate) fn view4<'a, T: WithDType>(
 ) -> Result<View4<'a, T>> {
     let (data, dims) = storage(name, cpu, layout, "rank 4")?;
     let s = layout.stride();
+    if dims[3] > 1 && s[3] != 1 {
+        let reason = format!("last dimension has stride {}, expected 1", s[3]);
+        return Err(attn_kernels::AttnError::Layout { tensor: name, reason }.into());
+    }
     Ok(View4::strided(name, data, dims, [s[0], s[1], s[2]])?)
 }
 

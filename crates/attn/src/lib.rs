@@ -70,11 +70,16 @@ pub mod write_file;
 /// Fallible allocation of buffers sized by the caller's shapes ([`AllocError`] instead of an
 /// abort), as the kernels allocate; [`alloc::human_bytes`] prints byte counts.
 pub use attn_kernels::alloc;
+/// Programmable score modifications: [`score_mod::ScoreMod`] and the built-ins.
+pub use attn_kernels::score_mod;
+/// Block-sparse and programmable masks: [`sparse::MaskMod`], [`sparse::BlockMask`], the named
+/// [`sparse::Pattern`]s.
+pub use attn_kernels::sparse;
 pub use attn_kernels::{Align, AllocError, AttnError, Dropout, Kernel, Window};
 pub use candle_core;
 pub use error::{AttnLibError, Result};
 pub use mask::{key_lengths_from_tokens, padding_mask, Mask, Polarity};
-pub use options::SdpaOptions;
+pub use options::{ScoreModOption, SdpaOptions};
 pub use params::KernelParams;
 pub use sdpa::{sdpa, sdpa_full, SdpaOutput};
 pub use varlen::{cu_seqlens, sdpa_varlen, sdpa_varlen_full, SdpaVarlenOutput};

@@ -1,15 +1,17 @@
-//! The README's library and packed-sequences examples are the texts the crate's doctests compile
-//! (`doc/library-example.rs` in `src/lib.rs`, `doc/varlen-example.rs` in `src/varlen/mod.rs`, with
-//! warnings denied): this checks README.md quotes them word for word, so an edit to one without
-//! the other fails here.
+//! The README's library, sinks and packed-sequences examples are the texts the crate's doctests
+//! compile (`doc/library-example.rs`, included in `src/lib.rs`, `doc/sinks-example.rs`, on
+//! `SdpaOptions::sinks`, and `doc/varlen-example.rs`, in `src/varlen/mod.rs`, all with warnings
+//! denied): this checks README.md quotes them word for word, so an edit to one without the other
+//! fails here.
 
 const README: &str = include_str!("../../../README.md");
 const EXAMPLE: &str = include_str!("../doc/library-example.rs");
+const SINKS_EXAMPLE: &str = include_str!("../doc/sinks-example.rs");
 const VARLEN_EXAMPLE: &str = include_str!("../doc/varlen-example.rs");
 
 /// The first rust block of README.md's section `heading`.
-fn first_rust_block(heading: &str) -> &'static str {
-    let section = README.split_once(&format!("\n## {heading}\n")).unwrap_or_else(|| panic!("no '## {heading}'")).1;
+fn first_block(heading: &str) -> &'static str {
+    let section = README.split_once(&format!("\n## {heading}\n")).expect("README has the section").1;
     let block = section.split_once("```rust\n").expect("the section has a rust block").1;
     &block[..block.find("```").expect("the rust block is closed")]
 }
@@ -17,17 +19,23 @@ fn first_rust_block(heading: &str) -> &'static str {
 #[test]
 fn readme_library_block_is_the_doctested_example() {
     assert_eq!(
-        first_rust_block("Library"),
+        first_block("Library"),
         EXAMPLE,
         "README.md's Library block differs from crates/attn/doc/library-example.rs"
     );
 }
 
 #[test]
+fn readme_sinks_block_is_the_doctested_example() {
+    let block = first_block("Attention sinks");
+    assert_eq!(block, SINKS_EXAMPLE, "README.md's Attention sinks block differs from crates/attn/doc/sinks-example.rs");
+}
+
+#[test]
 fn readme_packed_sequences_block_is_the_doctested_example() {
+    let block = first_block("Packed sequences");
     assert_eq!(
-        first_rust_block("Packed sequences"),
-        VARLEN_EXAMPLE,
+        block, VARLEN_EXAMPLE,
         "README.md's Packed sequences block differs from crates/attn/doc/varlen-example.rs"
     );
 }

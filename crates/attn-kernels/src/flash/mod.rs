@@ -6,7 +6,9 @@
 //! `plan` how to cut the call (prefill or decode path, packing chunks, split-KV shards; the rules
 //! are there), packs each chunk's keys into panels (`pack`, in a reused `workspace` buffer) and
 //! runs the jobs on rayon's threads, whole (`forward::run`, one block of query rows through the
-//! online softmax) or as key shards merged through their log-sum-exps (`split`).
+//! online softmax) or as key shards merged through their log-sum-exps (`split`). Attention sinks
+//! are joined after every job, once per row (`merge::fold_sink_rows`): the blocks and shards
+//! never see them.
 //!
 //! The pieces of a block live beside it: the shared block types and tile geometry (`block`), the
 //! score tile and its masking (`scores`, shared by every pass that recomputes scores), the
@@ -83,6 +85,7 @@ use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::isa::Isa;
+use crate::merge::{fold_sink_rows, SinkRows};
 use crate::problem::Problem;
 use crate::reference::AttnOutput;
 use crate::view::View4;
@@ -116,7 +119,7 @@ pub(crate) fn forward<E: KvElem>(
     let d = pb.dims;
     let AttnOutput { mut out, mut lse, mut lse_residue, mut weights, .. } =
         AttnOutput::alloc(&d, want_weights, 0.0, f32::NEG_INFINITY)?;
-    let plan = Plan::new(&d, w, want_weights, tuning, rayon::current_num_threads());
+    let plan = Plan::new(&d, w, want_weights, pb.elem.block.is_some(), tuning, rayon::current_num_threads());
     let path = Some(if plan.decode { Path::Decode } else { Path::Prefill });
     if out.is_empty() && lse.is_empty() {
         return Ok(AttnOutput { out, lse, lse_residue, weights, path });
@@ -143,6 +146,11 @@ pub(crate) fn forward<E: KvElem>(
             unsafe { split::run_split(&cx, run, &panels_of, chunk_outs, plan.shards, d.lk, d.dv) }?;
         }
         workspace::give(panels);
+    }
+    if let Some(sinks) = pb.sinks {
+        let weights = weights.as_deref_mut().map(|w| (w, d.lk));
+        let rows = SinkRows { out: &mut out, dv: d.dv, lse: &mut lse, residue: Some(&mut lse_residue), weights };
+        fold_sink_rows(sinks, d.lq, rows);
     }
     Ok(AttnOutput { out, lse, lse_residue, weights, path })
 }

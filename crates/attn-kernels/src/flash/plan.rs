@@ -3,7 +3,8 @@
 //!   per `(b, kvh)`) when a group's query rows, `Hq/Hkv · Lq`, are at most [`DECODE_ROWS`];
 //!   **prefill** otherwise, one job per `(b, h, block of queries)` of [`BLOCK_ROWS`] rows, or
 //!   [`BLOCK_ROWS_STREAMING`] when a head's keys and values outgrow half of this CPU's L2
-//!   (`cache::caches`);
+//!   (`cache::caches`); under a block mask, [`SPARSE_ROWS`] or [`SPARSE_ROWS_STREAMING`] so that
+//!   each job lies inside one of its query blocks;
 //! - the packing chunks (prefill): the key/value heads whose packed keys are held at once, as many
 //!   as fit in [`PACK_BUDGET`] bytes (decode packs nothing: one chunk of every head);
 //! - split-KV: when there are fewer than [`JOBS_PER_THREAD`] jobs per thread, each job's keys are
@@ -20,6 +21,11 @@ pub const BLOCK_ROWS: usize = 24;
 /// Query rows per prefill job otherwise, so each pass over the keys and values from L3 serves
 /// more rows.
 pub const BLOCK_ROWS_STREAMING: usize = 96;
+/// [`BLOCK_ROWS`] under a block mask: a divisor of its query block, so a job sees one list.
+pub const SPARSE_ROWS: usize = 32;
+/// [`BLOCK_ROWS_STREAMING`] under a block mask.
+pub const SPARSE_ROWS_STREAMING: usize = crate::sparse::SPARSE_BLOCK;
+const _: () = assert!(crate::sparse::SPARSE_BLOCK.is_multiple_of(SPARSE_ROWS));
 /// At most this many stacked query rows per key/value head use the decode path.
 pub const DECODE_ROWS: usize = 16;
 /// Bytes of packed keys held at once.
@@ -65,12 +71,13 @@ pub(super) struct Plan {
 
 impl Plan {
     /// The plan for sizes `d` with key panels of `2·w` keys on `threads` threads.
-    pub(super) fn new(d: &Dims, w: usize, want_weights: bool, tuning: Tuning, threads: usize) -> Plan {
+    /// With `sparse` (a block mask), prefill jobs lie inside one of its query blocks.
+    pub(super) fn new(d: &Dims, w: usize, want_weights: bool, sparse: bool, tuning: Tuning, threads: usize) -> Plan {
         let decode = match tuning.path {
             Some(p) => p == Path::Decode,
             None => decodes(d),
         };
-        let jobs = jobs(d, decode);
+        let jobs = jobs(d, decode, sparse);
         let shards = match tuning.shards {
             _ if want_weights || jobs.is_empty() || d.lk == 0 => 1,
             Some(n) => n.max(1),
@@ -94,11 +101,18 @@ pub(super) fn decodes(d: &Dims) -> bool {
     d.group() * d.lq <= DECODE_ROWS
 }
 
-/// Every job of the path over all keys, in order of `(b, kvh)`.
-fn jobs(d: &Dims, decode: bool) -> Vec<Job> {
+/// Every job of the path over all keys, in order of `(b, kvh)`; with `sparse`, prefill jobs of
+/// [`SPARSE_ROWS`] or [`SPARSE_ROWS_STREAMING`] rows, each inside one block mask's query block.
+fn jobs(d: &Dims, decode: bool, sparse: bool) -> Vec<Job> {
     let g = d.group();
     let head_bytes = d.lk.saturating_mul(d.dk + d.dv).saturating_mul(4);
-    let block_rows = if head_bytes > super::cache::caches().l2 / 2 { BLOCK_ROWS_STREAMING } else { BLOCK_ROWS };
+    let streaming = head_bytes > super::cache::caches().l2 / 2;
+    let block_rows = match (sparse, streaming) {
+        (false, false) => BLOCK_ROWS,
+        (false, true) => BLOCK_ROWS_STREAMING,
+        (true, false) => SPARSE_ROWS,
+        (true, true) => SPARSE_ROWS_STREAMING,
+    };
     (0..d.b)
         .flat_map(|b| (0..d.hkv).map(move |kvh| (b, kvh)))
         .flat_map(|(b, kvh)| -> Vec<Job> {

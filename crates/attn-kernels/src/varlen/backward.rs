@@ -71,7 +71,7 @@ struct Bufs {
 /// Gradients of [`attention_varlen`](super::attention_varlen): `q`, `k`, `v`, `cu` and `params` as
 /// given to the forward, `saved` its results and the output's gradient; returns
 /// `dq: [total_q, Hq, Dk]`, `dk: [total_k, Hkv, Dk]` and `dv: [total_k, Hkv, Dv]` (in the inputs'
-/// packed shapes; `dbias` is `None`). Dropout replays the forward's decisions from its seed.
+/// packed shapes; `dbias`, `dtable` and `dsinks` are `None`). Dropout replays the forward's decisions from its seed.
 pub fn attention_varlen_backward(
     kernel: Kernel,
     q: &Packed<f32>,
@@ -89,6 +89,8 @@ pub fn attention_varlen_backward(
         dk: alloc::filled("gradient dk", &[c.total_k, c.hkv, c.dk], 0.0f32)?,
         dv: alloc::filled("gradient dv", &[c.total_k, c.hkv, c.dv], 0.0f32)?,
         dbias: None,
+        dtable: None,
+        dsinks: None,
     };
     let (hq, hkv, dk, dv) = (c.hq, c.hkv, c.dk, c.dv);
     let gq = split_rows(&mut g.dq, &c.seqs, |(qr, _)| qr.len() * hq * dk);

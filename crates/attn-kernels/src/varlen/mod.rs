@@ -7,8 +7,10 @@
 //! Semantics per sequence are those of [`attention`] on the sequence alone (`B = 1`, `Lq = Lq_s`,
 //! `Lk = Lk_s`): causal masking, the window and their alignment apply within each sequence (so
 //! bottom-right aligns each sequence's last query with its own last key), as do scale, soft-cap,
-//! grouped-query heads and `f16`/`bf16` keys and values. Element masks (`keep`, `bias`) and
-//! `key_lengths` have no packed form and are refused ([`AttnError::Param`] naming the field).
+//! grouped-query heads and `f16`/`bf16` keys and values. Element masks (`keep`, `bias`), block
+//! masks and `key_lengths` have no packed form, and sinks and score modifications are not
+//! supported yet: all are refused ([`AttnError::Param`] naming the field: `mask`, `bias`,
+//! `block_mask`, `key_lengths`, `sinks`, `score_mod`).
 //!
 //! Results: `out: [total_q, Hq, Dv]` and, FlashAttention's convention, `lse: [Hq, total_q]`
 //! (head-major, the rows of every sequence side by side). A sequence with no keys gets output 0
@@ -107,18 +109,19 @@ impl Call {
                 return Err(AttnError::DimMismatch { tensor, dim, expected, found });
             }
         }
-        for (field, given) in [
-            ("key_lengths", p.mask.key_lengths.is_some()),
-            ("mask", p.mask.keep.is_some()),
-            ("bias", p.mask.bias.is_some()),
+        let no_packed_form = "packed sequences take no element-wise or block masks or key lengths; cu_seqlens_k \
+                              sets each sequence's keys";
+        let not_yet = "packed sequences take no sinks or score modification yet";
+        for (field, given, reason) in [
+            ("key_lengths", p.mask.key_lengths.is_some(), no_packed_form),
+            ("mask", p.mask.keep.is_some(), no_packed_form),
+            ("bias", p.mask.bias.is_some(), no_packed_form),
+            ("block_mask", p.mask.block.is_some(), no_packed_form),
+            ("sinks", p.sinks.is_some(), not_yet),
+            ("score_mod", p.score_mod.is_some(), not_yet),
         ] {
             if given {
-                return Err(AttnError::Param {
-                    field,
-                    reason: "packed sequences take no element-wise masks or key lengths; cu_seqlens_k sets each \
-                             sequence's keys"
-                        .into(),
-                });
+                return Err(AttnError::Param { field, reason: reason.into() });
             }
         }
         // Heads, scale, soft-cap and dropout, checked as a dense call checks them.

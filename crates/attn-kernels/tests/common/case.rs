@@ -2,7 +2,11 @@
 //! layout, its description for failure messages, its parameters as the kernels take them, and the
 //! edits tests make to it (poisoned keys, repeated K/V heads).
 
-use attn_kernels::{Align, AttnParams, Broadcast, Dims, Dropout, MaskSpec, Window};
+use std::sync::Arc;
+
+use attn_kernels::{
+    Align, AttnParams, BlockMask, Broadcast, Dims, Dropout, MaskMod, MaskSpec, ScoreFn, ScoreMod, Window,
+};
 
 use super::dense::Dense;
 use super::generator::Rng;
@@ -42,6 +46,47 @@ pub struct Case {
     pub bias: Option<Dense<f32>>,
     /// Dropout.
     pub dropout: Option<Dropout>,
+    /// A block-sparse mask and the predicate it was made from.
+    pub sparse: Option<Sparse>,
+    /// A score modification and its table.
+    pub score: Option<Scored>,
+    /// Sink logits per query head, `[Hq]`.
+    pub sinks: Option<Vec<f32>>,
+}
+
+/// A score modification with its table.
+#[derive(Clone)]
+pub struct Scored {
+    /// The modification.
+    pub m: Arc<dyn ScoreMod>,
+    /// Its table.
+    pub table: Vec<f32>,
+    /// A name for failure messages.
+    pub name: String,
+}
+
+impl std::fmt::Debug for Scored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (table of {})", self.name, self.table.len())
+    }
+}
+
+/// A block mask with the element predicate that defines it, which the tests' mask rules read
+/// directly (so a block mask that misrepresents its predicate is caught).
+#[derive(Clone)]
+pub struct Sparse {
+    /// `(b, h, i, j) -> may attend`.
+    pub keep: Arc<dyn MaskMod>,
+    /// The block mask the kernels take.
+    pub mask: Arc<BlockMask>,
+    /// A name for failure messages.
+    pub name: String,
+}
+
+impl std::fmt::Debug for Sparse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {:?}", self.name, self.mask)
+    }
 }
 
 impl Case {
@@ -65,6 +110,9 @@ impl Case {
             keep: None,
             bias: None,
             dropout: None,
+            sparse: None,
+            score: None,
+            sinks: None,
         }
     }
 
@@ -128,11 +176,21 @@ impl Case {
         if let Some(dr) = self.dropout {
             s += &format!(" dropout(p={}, seed={})", dr.p, dr.seed);
         }
+        if let Some(sp) = &self.sparse {
+            s += &format!(" sparse({sp:?})");
+        }
+        if let Some(x) = &self.score {
+            s += &format!(" score_mod({x:?})");
+        }
+        if let Some(sinks) = &self.sinks {
+            s += &format!(" sinks={sinks:?}");
+        }
         s
     }
 
-    /// The call's parameters in `T`, with the bias data given already converted to `T`.
-    pub fn params<'a, T>(&'a self, bias: Option<&'a [T]>) -> AttnParams<'a, T> {
+    /// The call's parameters in `T`, with the bias and sinks data given already converted to `T`
+    /// (each ignored where the case has none).
+    pub fn params<'a, T>(&'a self, bias: Option<&'a [T]>, sinks: Option<&'a [T]>) -> AttnParams<'a, T> {
         let keep = self.keep.as_ref().map(|m| Broadcast::new("mask", &m.data, &m.shape).expect("keep-mask layout"));
         let bias =
             self.bias.as_ref().zip(bias).map(|(m, data)| Broadcast::new("bias", data, &m.shape).expect("bias layout"));
@@ -145,10 +203,18 @@ impl Case {
                 key_lengths: self.key_lengths.as_deref(),
                 keep,
                 bias,
+                block: self.sparse.as_ref().map(|s| &*s.mask),
             },
             softcap: self.softcap,
             dropout: self.dropout,
+            score_mod: self.score.as_ref().map(|x| ScoreFn { m: &*x.m, table: &x.table }),
+            sinks: sinks.filter(|_| self.sinks.is_some()),
         }
+    }
+
+    /// The call's parameters in `f32`, the case's own bias and sinks.
+    pub fn params32(&self) -> AttnParams<'_, f32> {
+        self.params(self.bias.as_ref().map(|m| &m.data[..]), self.sinks.as_deref())
     }
 
     /// Every query row `(b, h, i)`.

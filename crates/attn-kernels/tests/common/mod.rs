@@ -21,7 +21,7 @@ mod mask_rules;
 mod math_path;
 mod run;
 
-pub use case::{dims, Case};
+pub use case::{dims, Case, Scored, Sparse};
 pub use dense::{broadcast_shape, Dense, SHAPE_CODES};
 pub use generator::{random_bias, random_keep, Rng};
 pub use kernels::{assert_available, for_kernel};

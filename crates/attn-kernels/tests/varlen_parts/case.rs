@@ -129,9 +129,12 @@ impl PackedCase {
                 key_lengths: None,
                 keep: None,
                 bias: None,
+                block: None,
             },
             softcap: self.softcap,
             dropout: self.dropout,
+            score_mod: None,
+            sinks: None,
         }
     }
 
@@ -190,8 +193,14 @@ impl PackedCase {
         let mut out = vec![T::zero(); tq * hq * dv];
         let mut lse = vec![T::neg_infinity(); hq * tq];
         let zeros = |n| vec![T::zero(); n];
-        let mut g =
-            AttnGrads { dq: zeros(tq * hq * dk), dk: zeros(tk * hkv * dk), dv: zeros(tk * hkv * dv), dbias: None };
+        let mut g = AttnGrads {
+            dq: zeros(tq * hq * dk),
+            dk: zeros(tk * hkv * dk),
+            dv: zeros(tk * hkv * dv),
+            dbias: None,
+            dtable: None,
+            dsinks: None,
+        };
         let (cq, ck) = (self.cu_q(), self.cu_k());
         for s in 0..self.lens.len() {
             let (qr, kr) = (cq[s]..cq[s + 1], ck[s]..ck[s + 1]);

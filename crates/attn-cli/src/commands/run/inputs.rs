@@ -3,8 +3,8 @@
 //! `attn` library's call (`sdpa_full`, or `sdpa_varlen_full` for packed sequences, see
 //! [`packed`](super::packed)); the library's refusals are reported naming the file of the tensor
 //! concerned. With `grad_out`
-//! the call also runs backward through candle's autograd: `q`, `k`, `v` and the bias become
-//! `Var`s and `Σ out·grad_out` is differentiated.
+//! the call also runs backward through candle's autograd: `q`, `k`, `v`, the bias and the sinks
+//! become `Var`s and `Σ out·grad_out` is differentiated.
 
 use std::path::{Path, PathBuf};
 
@@ -18,7 +18,8 @@ use super::Args;
 use crate::io::{read_npy, read_tensors, HostData, HostTensor, IoError, IoErrorKind};
 
 /// Tensor names accepted in the input file.
-const ACCEPTED: [&str; 9] = ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out", "cu_seqlens_q", "cu_seqlens_k"];
+const ACCEPTED: [&str; 10] =
+    ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out", "sinks", "cu_seqlens_q", "cu_seqlens_k"];
 
 /// A tensor and the file it came from.
 pub(super) struct Sourced {
@@ -46,6 +47,7 @@ pub(super) struct Inputs {
     mask: Option<Sourced>,
     bias: Option<Sourced>,
     key_lengths: Option<Sourced>,
+    sinks: Option<Sourced>,
     grad_out: Option<Sourced>,
     /// The offsets of packed sequences, `[B + 1]` each (INPUT files only).
     cu_seqlens_q: Option<Sourced>,
@@ -59,7 +61,8 @@ impl Inputs {
         let file = path.display().to_string();
         let mut map = read_tensors(path).map_err(|e| match e.kind {
             IoErrorKind::SingleArray => anyhow!(
-                "{e}; pass .npy files with --q, --k, --v (and --mask, --bias, --key-lengths, --grad-out) instead"
+                "{e}; pass .npy files with --q, --k, --v (and --mask, --bias, --key-lengths, --sinks, --grad-out) \
+                 instead"
             ),
             _ => e.into(),
         })?;
@@ -73,13 +76,14 @@ impl Inputs {
             take(name).ok_or_else(|| IoError::tensor(&file, name, IoErrorKind::Missing { found: found.clone() }))
         };
         let (q, k, v) = (need("q")?, need("k")?, need("v")?);
-        let (mask, bias, key_lengths, grad_out) = (take("mask"), take("bias"), take("key_lengths"), take("grad_out"));
+        let (mask, bias, key_lengths) = (take("mask"), take("bias"), take("key_lengths"));
+        let (sinks, grad_out) = (take("sinks"), take("grad_out"));
         let (cu_seqlens_q, cu_seqlens_k) = (take("cu_seqlens_q"), take("cu_seqlens_k"));
-        Ok(Self { q, k, v, mask, bias, key_lengths, grad_out, cu_seqlens_q, cu_seqlens_k })
+        Ok(Self { q, k, v, mask, bias, key_lengths, sinks, grad_out, cu_seqlens_q, cu_seqlens_k })
     }
 
     /// The `.npy` files named by `--q`, `--k`, `--v` and the optional `--mask`, `--bias`,
-    /// `--key-lengths`, `--grad-out`.
+    /// `--key-lengths`, `--sinks`, `--grad-out`.
     pub(super) fn from_npy(args: &Args) -> Result<Self, IoError> {
         let read = |path: &Option<PathBuf>| -> Result<Option<Sourced>, IoError> {
             path.as_deref().map(|p| Ok(Sourced { file: p.display().to_string(), tensor: read_npy(p)? })).transpose()
@@ -96,6 +100,7 @@ impl Inputs {
             mask: read(&args.mask)?,
             bias: read(&args.bias)?,
             key_lengths: read(&args.key_lengths)?,
+            sinks: read(&args.sinks)?,
             grad_out: read(&args.grad_out)?,
             cu_seqlens_q: None,
             cu_seqlens_k: None,
@@ -108,6 +113,7 @@ impl Inputs {
             ("mask", self.mask.as_ref()),
             ("bias", self.bias.as_ref()),
             ("key_lengths", self.key_lengths.as_ref()),
+            ("sinks", self.sinks.as_ref()),
             ("grad_out", self.grad_out.as_ref()),
             ("cu_seqlens_q", self.cu_seqlens_q.as_ref()),
             ("cu_seqlens_k", self.cu_seqlens_k.as_ref()),
@@ -128,10 +134,12 @@ impl Inputs {
     /// and float (`q` as F32, so `out` and `weights` come back as F32; `k` and `v` in their stored
     /// type), the output's gradient float `[B, Hq, Lq, Dv]` (packed: `[total_q, Hq, Dv]`; as F32),
     /// the mask BOOL/U8 with non-zero = may attend, the bias float, the key lengths I32/I64 `[B]`,
-    /// these three added to `opts`; the packed offsets as [`packed::offsets`] says.
+    /// the sinks float rank 1 (their length `Hq` is the library's check), these four added to
+    /// `opts`; the packed offsets as [`packed::offsets`] says.
     pub(super) fn into_call(self, mut opts: SdpaOptions) -> Result<Call, IoError> {
         let files = self.roles().map(|(n, s)| (n, s.file.clone())).collect();
-        let dense_only = [("mask", &self.mask), ("bias", &self.bias), ("key_lengths", &self.key_lengths)];
+        let dense_only =
+            [("mask", &self.mask), ("bias", &self.bias), ("key_lengths", &self.key_lengths), ("sinks", &self.sinks)];
         let offsets = packed::offsets(self.cu_seqlens_q, self.cu_seqlens_k, &self.q.file, dense_only)?;
         let (rank, grad_dims) = if offsets.is_some() { (3, "[total_q, Hq, Dv]") } else { (4, "[B, Hq, Lq, Dv]") };
         let q = self.q.convert("q", |t| with_rank(t, rank)?.into_f32_tensor())?;
@@ -159,6 +167,12 @@ impl Inputs {
         }
         if let Some(kl) = self.key_lengths {
             opts.key_lengths = Some(kl.convert("key_lengths", |t| packed::rank1_counts(t, "[B]"))?);
+        }
+        if let Some(s) = self.sinks {
+            opts.sinks = Some(s.convert("sinks", |t| match t.shape.len() {
+                1 => t.into_float_tensor(),
+                _ => Err(IoErrorKind::Shape { found: t.shape, expected: "rank 1 [Hq]".into() }),
+            })?);
         }
         Ok(Call { q, k, v, grad_out, opts, offsets, files })
     }
@@ -203,7 +217,8 @@ pub(super) struct RunOutput {
     pub sdpa: SdpaOutput,
     /// With the weights, the keep-mask `[B, Hq, Lq, Lk]` (`U8`) of the cells masking set to 0.
     pub keep: Option<Tensor>,
-    /// `dq`, `dk`, `dv` and `dbias` (with a bias) as F32 when `grad_out` is given, else empty.
+    /// `dq`, `dk`, `dv`, `dbias` (with a bias) and `dsinks` (with sinks) as F32 when `grad_out` is
+    /// given, else empty.
     pub grads: Vec<(&'static str, Tensor)>,
 }
 
@@ -228,13 +243,18 @@ impl Call {
         let var = |t: &Tensor| Var::from_tensor(t).map_err(|e| self.candle_error(e));
         let (q, k, v) = (var(&self.q)?, var(&self.k)?, var(&self.v)?);
         let bias = self.opts.bias.as_ref().map(var).transpose()?;
-        let opts = SdpaOptions { bias: bias.as_ref().map(|b| b.as_tensor().clone()), ..self.opts.clone() };
+        let sinks = self.opts.sinks.as_ref().map(var).transpose()?;
+        let tracked = |v: &Option<Var>| v.as_ref().map(|v| v.as_tensor().clone());
+        let opts = SdpaOptions { bias: tracked(&bias), sinks: tracked(&sinks), ..self.opts.clone() };
         let sdpa = self.attend(&q, &k, &v, &opts)?;
         let store = (&sdpa.out * grad_out)
             .and_then(|prod| prod.sum_all())
             .and_then(|loss| loss.backward())
             .map_err(|e| self.candle_error(e))?;
-        let wanted = [("dq", &q), ("dk", &k), ("dv", &v)].into_iter().chain(bias.as_ref().map(|b| ("dbias", b)));
+        let optional = [("dbias", bias.as_ref()), ("dsinks", sinks.as_ref())];
+        let wanted = [("dq", &q), ("dk", &k), ("dv", &v)]
+            .into_iter()
+            .chain(optional.into_iter().filter_map(|(n, v)| v.map(|v| (n, v))));
         let grads = wanted
             .map(|(name, var)| {
                 let grad = store.get(var).ok_or_else(|| anyhow!("{}: no gradient reached {name}", self.files[0].1))?;
@@ -266,7 +286,11 @@ impl Call {
     fn error(&self, e: AttnLibError) -> anyhow::Error {
         let tensor = match &e {
             AttnLibError::Value { field: "return_weights", reason } => return anyhow!("option --weights: {reason}"),
-            AttnLibError::Kernel(AttnError::Param { field: field @ ("cu_seqlens_q" | "cu_seqlens_k"), .. }) => *field,
+            // Sinks and the packed offsets are tensors of the input, not options.
+            AttnLibError::Kernel(AttnError::Param {
+                field: field @ ("sinks" | "cu_seqlens_q" | "cu_seqlens_k"),
+                ..
+            }) => *field,
             AttnLibError::Kernel(AttnError::Param { .. }) => return anyhow!("option --{e}"),
             // Names its buffer and size, which no input file holds.
             AttnLibError::Kernel(AttnError::Alloc(_)) => return anyhow!("{e}"),

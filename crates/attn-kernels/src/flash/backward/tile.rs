@@ -1,5 +1,6 @@
 //! One backward job: for each of its key blocks, every tile of [`TILE_ROWS`] query rows that can
-//! see the block goes through
+//! see the block (by the band, and by a block mask's transposed lists: key blocks no query block
+//! lists are skipped whole) goes through
 //! 1. `S = scale·Q·Kᵀ` (soft-capped, biased, masked to −∞ like the forward) with the
 //!    micro-kernel the forward scored with (`qk_panel` on packed key panels, or `qk_rows` on keys
 //!    in place after a decode-path forward), and `dP̄ = dO·Vᵀ` with `qk_panel` on packed values
@@ -7,7 +8,8 @@
 //! 2. `P = exp((S − lse) − lse_residue)`, dropout replayed (`P̄ = z·P`, `dP = keep·dP̄` with `dP̄ = dO·(c·V)`,
 //!    `z = keep·c`, `c = 1/(1 − p)`),
 //!    `dS = P∘(dP − Δ)` (0 wherever `S` is masked, whatever `dP̄` holds), added into `dbias`,
-//!    and `dX = scale·dS·(1 − tanh²)` through the soft-cap;
+//!    `dS·(1 − tanh²)` into the score modification's table (`dtable`), and
+//!    `dX = scale·dS·(1 − tanh²)·f'` through the soft-cap and the modification;
 //! 3. `dV += P̄ᵀ·dO`, `dK += dXᵀ·Q` into the block's accumulators and `dQ += dX·K`, with the
 //!    forward's `pv` micro-kernel; key rows holding a non-finite number are added one product
 //!    at a time, skipping the rows that mask them.
@@ -19,8 +21,9 @@ use crate::flash::forward::accumulate::pv_block;
 use crate::flash::forward::softmax::exp_row;
 use crate::flash::micro::qk_panel;
 use crate::flash::pack::{pack_keys, panel_len};
-use crate::flash::scores::{all_finite, decode_scores, mask_row};
+use crate::flash::scores::{all_finite, decode_scores, mask_row, RowDerivs};
 use crate::flash::simd::{KvElem, Simd};
+use crate::sparse::SPARSE_BLOCK;
 
 /// Most bytes of a job's queries and output gradients transposed once for all its key blocks;
 /// larger heads are transposed tile by tile.
@@ -38,13 +41,19 @@ pub struct BwdWork {
     /// when they fit [`TRANSPOSED_BUDGET`], else of the tile.
     qt: Vec<f32>,
     dot: Vec<f32>,
-    /// Scores `S`, probabilities `P` (and `P̄` under dropout), `dP` then `dS` then `dX`,
-    /// soft-cap derivatives: `[TILE_ROWS, LDB]`.
+    /// Scores `S`, probabilities `P` (and `P̄` under dropout), `dP` then `dS` then `dX`, the
+    /// score modification's and the soft-cap's derivatives, the scaled products before the
+    /// modification: `[TILE_ROWS, LDB]`.
     s: Vec<f32>,
     p: Vec<f32>,
     pd: Vec<f32>,
     dp: Vec<f32>,
+    dmod: Vec<f32>,
     dcap: Vec<f32>,
+    x: Vec<f32>,
+    /// One row's gradient of the modified score, `[LDB]`, and the tile's table gradient.
+    g: Vec<f32>,
+    dtable: Vec<f32>,
     /// The block's `dK` `[KEY_BLOCK, Dk]` and `dV` `[KEY_BLOCK, Dv]`.
     dk: Vec<f32>,
     dv: Vec<f32>,
@@ -52,6 +61,8 @@ pub struct BwdWork {
     delta: Vec<f32>,
     /// Block columns whose key row holds a non-finite number.
     bad_keys: Vec<usize>,
+    /// The tiles' spans of the block: `(query head, first row, end row)`.
+    spans: Vec<(usize, usize, usize)>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -69,20 +80,33 @@ fn grow(v: &mut Vec<f32>, n: usize) {
 pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork) {
     let d = cx.pb.dims;
     let g = d.group();
-    for v in [&mut w.s, &mut w.p, &mut w.pd, &mut w.dp, &mut w.dcap] {
+    for v in [&mut w.s, &mut w.p, &mut w.pd, &mut w.dp, &mut w.dmod, &mut w.dcap, &mut w.x] {
         grow(v, TILE_ROWS * LDB);
     }
+    grow(&mut w.g, LDB);
     let (rq, _) = rows_per_call::<S>();
     let whole = cx.whole_heads.unwrap_or(g * d.lq * (d.dk + d.dv) * 4 <= TRANSPOSED_BUDGET);
     let rows = if whole { g * d.lq } else { TILE_ROWS };
     grow(&mut w.qt, rows * d.dk);
     grow(&mut w.dot, rows * d.dv);
     // Plain loops here and in `dot_as_panel`: a closure would not inherit the target features.
+    // With a sink the row's one-key exactness is gone (`dS = P·dP·p_sink`, not 0) and what is
+    // left of `Δ`'s error is `O`'s rounding plus the dot product's: the latter is removed by
+    // taking the products and their sum in `f64`.
     w.delta.clear();
     for h in job.kvh * g..(job.kvh + 1) * g {
         for i in 0..d.lq {
-            // SAFETY: CPU supports `S`.
-            w.delta.push(unsafe { dot_as_panel::<S>(cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i)) });
+            let (dout, out) = (cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i));
+            if cx.pb.sink(h).is_some() {
+                let mut delta = 0.0f64;
+                for (&x, &y) in dout.iter().zip(out) {
+                    delta += x as f64 * y as f64;
+                }
+                w.delta.push(delta as f32);
+            } else {
+                // SAFETY: CPU supports `S`.
+                w.delta.push(unsafe { dot_as_panel::<S>(dout, out) });
+            }
         }
     }
     if whole {
@@ -100,6 +124,22 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     let dq = unsafe { cx.dq.part((job.shard * d.b * d.hkv + unit) * head_dq, head_dq) };
     for j0 in (job.shard * KEY_BLOCK..d.lk).step_by(cx.shards * KEY_BLOCK) {
         let n = KEY_BLOCK.min(d.lk - j0);
+        let (ia, ib) = rows_seeing(cx, job.b, j0, n);
+        w.spans.clear();
+        for h in job.kvh * g..(job.kvh + 1) * g {
+            match cx.pb.elem.block {
+                // Tiles start at multiples of `TILE_ROWS` and end at a multiple of `rq` (or `Lq`), so
+                // their micro-kernel chunks are those of the whole head; the extra rows see none of
+                // the block.
+                None if ia < ib => w.spans.push((h, ia / TILE_ROWS * TILE_ROWS, ib.next_multiple_of(rq).min(d.lq))),
+                None => {}
+                Some(bm) => listed_rows(bm.q_blocks(job.b, h, j0 / KEY_BLOCK).0, ia, ib, rq, d.lq)
+                    .for_each(|(a, z)| w.spans.push((h, a, z))),
+            }
+        }
+        if w.spans.is_empty() {
+            continue;
+        }
         w.kp.resize(panel_len(n, d.dk, S::W), 0.0);
         w.vp.resize(panel_len(n, d.dv, S::W), 0.0);
         // Scored in place after a decode-path forward: no packed keys.
@@ -120,11 +160,8 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         w.dk.resize(n * d.dk, 0.0);
         w.dv.clear();
         w.dv.resize(n * d.dv, 0.0);
-        // Tiles start at multiples of `TILE_ROWS` and end at a multiple of `rq` (or `Lq`), so their
-        // micro-kernel chunks are those of the whole head; the extra rows see none of the block.
-        let (ia, ib) = rows_seeing(cx, job.b, j0, n);
-        let (ia, ib) = (ia / TILE_ROWS * TILE_ROWS, ib.next_multiple_of(rq).min(d.lq));
-        for h in job.kvh * g..(job.kvh + 1) * g {
+        for x in 0..w.spans.len() {
+            let (h, ia, ib) = w.spans[x];
             for i0 in (ia..ib).step_by(TILE_ROWS) {
                 let nr = TILE_ROWS.min(ib - i0);
                 let dq_rows = &mut dq[((h - job.kvh * g) * d.lq + i0) * d.dk..][..nr * d.dk];
@@ -160,6 +197,34 @@ fn rows_seeing<E>(cx: &BwdCtx<E>, b: usize, j0: usize, n: usize) -> (usize, usiz
     let ia = first(&|i| cx.pb.key_range(b, i).1 > j0);
     let ib = first(&|i| cx.pb.key_range(b, i).0 >= j0 + n);
     (ia, ib.max(ia))
+}
+
+/// The query rows, within the band's `ia..ib`, of the runs of consecutive query blocks `listed`
+/// (sorted), each widened to multiples of `rq` (or `Lq`) so that the micro-kernel chunks of its
+/// tiles are those of the whole head; runs are a block apart, so widened spans never overlap.
+fn listed_rows(
+    listed: &[u32],
+    ia: usize,
+    ib: usize,
+    rq: usize,
+    lq: usize,
+) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut x = 0;
+    std::iter::from_fn(move || {
+        while x < listed.len() {
+            let mut y = x + 1;
+            while y < listed.len() && listed[y] == listed[y - 1] + 1 {
+                y += 1;
+            }
+            let a = (listed[x] as usize * SPARSE_BLOCK).max(ia);
+            let z = ((listed[y - 1] as usize + 1) * SPARSE_BLOCK).min(ib);
+            x = y;
+            if a < z {
+                return Some((a / rq * rq, z.next_multiple_of(rq).min(lq)));
+            }
+        }
+        None
+    })
 }
 
 /// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk of `rq` rows:
@@ -287,13 +352,18 @@ unsafe fn score_grads<S: Simd>(cx: &BwdCtx<impl KvElem>, job: &BwdJob, w: &mut B
     let row0 = (b * d.hq + h) * d.lq + i0;
     // `dS` is needed on its own for `dbias`, and the soft-cap's factor is per element: then `dX`
     // takes a second pass; otherwise `dX = scale·dS` comes out of the first.
-    let two_pass = cx.dbias.is_some() || pb.softcap.is_some();
+    let chain = pb.softcap.is_some() || pb.score_mod.is_some();
+    let two_pass = cx.dbias.is_some() || cx.dtable.is_some() || chain;
     for r in 0..nr {
         let i = i0 + r;
-        let s = &mut w.s[r * LDB..(r + 1) * LDB];
-        let dcap = pb.softcap.map(|_| &mut w.dcap[r * LDB..(r + 1) * LDB]);
-        // SAFETY: `s` holds `LDB`, a multiple of `S::W`; CPU supports `S`.
-        let m = unsafe { mask_row::<S>(pb, [b, h, i], s, n, j0, pb.key_range(b, i), dcap) };
+        let row = r * LDB..(r + 1) * LDB;
+        let s = &mut w.s[row.clone()];
+        if cx.dtable.is_some() {
+            w.x[row.clone()].copy_from_slice(s);
+        }
+        let derivs = chain.then(|| RowDerivs { dmod: &mut w.dmod[row.clone()], dcap: &mut w.dcap[row.clone()] });
+        // SAFETY: `s` and the derivative rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.
+        let m = unsafe { mask_row::<S>(pb, [b, h, i], s, n, j0, pb.key_range(b, i), derivs) };
         let (hi, lo) = (cx.lse[row0 + r], cx.lse_residue.map_or(0.0, |x| x[row0 + r]));
         let p = &mut w.p[r * LDB..(r + 1) * LDB];
         if m.empty || hi == f32::NEG_INFINITY {
@@ -330,10 +400,27 @@ unsafe fn score_grads<S: Simd>(cx: &BwdCtx<impl KvElem>, job: &BwdJob, w: &mut B
             }
         }
     }
+    if let (Some(dtable), Some(f)) = (&cx.dtable, pb.score_mod) {
+        w.dtable.clear();
+        w.dtable.resize(f.table.len(), 0.0);
+        for r in 0..nr {
+            let row = r * LDB..r * LDB + n;
+            // The gradient of the modified score: `dS` through the soft-cap.
+            for (g, (&ds, &dc)) in w.g.iter_mut().zip(w.dp[row.clone()].iter().zip(&w.dcap[row.clone()])) {
+                *g = ds * dc;
+            }
+            f.m.dtable_row(f.table, [b, h, i0 + r], j0, &w.x[row], &w.g[..n], &mut w.dtable);
+        }
+        let mut gt = dtable.lock().unwrap_or_else(|e| e.into_inner());
+        gt.iter_mut().zip(&w.dtable).for_each(|(a, &x)| *a += x);
+    }
     if two_pass {
         for r in 0..nr {
             let row = r * LDB..(r + 1) * LDB;
-            let dcap = pb.softcap.map(|_| &w.dcap[row.clone()]);
+            if pb.score_mod.is_some() {
+                w.dcap[row.clone()].iter_mut().zip(&w.dmod[row.clone()]).for_each(|(c, &m)| *c *= m);
+            }
+            let dcap = chain.then(|| &w.dcap[row.clone()]);
             // SAFETY: rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.
             unsafe { scale_masked::<S>(&w.s[row.clone()], &mut w.dp[row], pb.scale as f32, dcap) };
         }

@@ -6,7 +6,8 @@
 //!
 //! Scores stay in natural units and are scaled after the dot product, like the formula; the
 //! exponential of `s − m` is taken to about 1 ulp (`simd::exp`) and the output divided by the
-//! denominator. Tiles outside every row's band are never visited. The path is chosen by whether
+//! denominator. Tiles outside every row's band are never visited, nor key blocks that a block mask
+//! lists for none of the block's rows. The path is chosen by whether
 //! `panels` is given: packed keys (prefill, queries stored transposed per micro-kernel call, tiles
 //! aligned to the panel width) or keys read in place (decode).
 
@@ -17,6 +18,7 @@ use super::block::{head, rows_per_call, tile_keys, Ctx, Job, Outs, Work};
 use super::scores::{bad_columns, scores};
 use super::simd::{KvElem, Simd};
 use crate::lse::lse_parts;
+use crate::sparse::{BlockMask, SPARSE_BLOCK};
 use accumulate::accumulate;
 use softmax::{softmax_update, write_weights};
 
@@ -58,9 +60,8 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     let (khead, ldk) = head(&cx.k, job.b, job.kvh);
     let (vhead, ldv) = head(&cx.v, job.b, job.kvh);
 
-    // Key tiles `j0..j0+n` covering `start..hi`.
-    let tiles = || (start..hi).step_by(tile).map(|j0| (j0, tile.min(hi - j0)));
-    for (j0, n) in tiles() {
+    let tiles = key_tiles(start, hi, tile, pb.elem.block.map(|bm| job_blocks(bm, job)).as_deref());
+    for &(j0, n) in &tiles {
         // SAFETY: forwarded from the caller; tiles stay within `0..Lk`.
         let masked = unsafe { scores::<S, E>(cx, panels, job, w, khead, ldk, j0, n) };
         let bad = masked.map_or_else(Vec::new, |clean| bad_columns(vhead, ldv, d.dv, j0, n, clean, w, rows));
@@ -80,7 +81,7 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
         outs.o[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|x| *x /= l);
     }
     if let Some(wt) = outs.weights {
-        for (j0, n) in tiles() {
+        for &(j0, n) in &tiles {
             // SAFETY: as above.
             unsafe {
                 scores::<S, E>(cx, panels, job, w, khead, ldk, j0, n);
@@ -88,4 +89,44 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
             }
         }
     }
+}
+
+/// The key tiles `(j0, n)` of a block whose rows see keys `start..hi`: steps of `tile` keys or, with
+/// a block mask's listed key blocks `blocks` (sorted), steps of `tile` over each run of consecutive
+/// listed blocks within `start..hi`. Tiles start at `start` or at block edges, so a tile that
+/// started at a multiple of the key panel still does.
+fn key_tiles(start: usize, hi: usize, tile: usize, blocks: Option<&[u32]>) -> Vec<(usize, usize)> {
+    let steps = |a: usize, z: usize| (a..z).step_by(tile).map(move |j0| (j0, tile.min(z - j0)));
+    let Some(bl) = blocks else { return steps(start, hi).collect() };
+    let mut out = Vec::new();
+    let mut x = 0;
+    while x < bl.len() {
+        let mut y = x + 1;
+        while y < bl.len() && bl[y] == bl[y - 1] + 1 {
+            y += 1;
+        }
+        let a = (bl[x] as usize * SPARSE_BLOCK).max(start);
+        let z = ((bl[y - 1] as usize + 1) * SPARSE_BLOCK).min(hi);
+        out.extend(steps(a, z));
+        x = y;
+    }
+    out
+}
+
+/// The key blocks `bm` lists for any row of `job`: its heads × the query blocks its rows fall in.
+fn job_blocks(bm: &BlockMask, job: &Job) -> Vec<u32> {
+    let qbs = job.i0 / SPARSE_BLOCK..(job.i0 + job.ni).div_ceil(SPARSE_BLOCK);
+    let mut all: Vec<u32> = Vec::new();
+    let mut lists = 0;
+    for h in job.h0..job.h0 + job.nh {
+        for qb in qbs.clone() {
+            all.extend_from_slice(bm.kv_blocks(job.b, h, qb).0);
+            lists += 1;
+        }
+    }
+    if lists > 1 {
+        all.sort_unstable();
+        all.dedup();
+    }
+    all
 }
