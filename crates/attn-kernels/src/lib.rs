@@ -7,6 +7,8 @@
 //! - [`alloc`]: fallible allocation of every buffer sized by the caller's shapes ([`AllocError`]).
 //! - [`score_mod`]: programmable score modifications ([`ScoreMod`]) with their derivatives.
 //! - [`sparse`]: programmable masks ([`MaskMod`]) and their block-sparse description ([`BlockMask`]).
+//! - [`varlen`]: packed variable-length sequences (FlashAttention's `flash_attn_varlen_func`),
+//!   forward and backward, on the same kernels.
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
 //!   into a [`Problem`] by every kernel.
 
@@ -28,6 +30,7 @@ pub mod sparse;
 // `splitmix64`; the other crates reach the generator as `attn::random::SplitMix64`.
 #[doc(hidden)]
 pub mod rng;
+pub mod varlen;
 pub mod view;
 
 pub use alloc::AllocError;
@@ -43,4 +46,5 @@ pub use problem::{AttnParams, Dims, Problem};
 pub use reference::{reference, reference_backward, AttnOutput, Real};
 pub use score_mod::{ScoreFn, ScoreMod};
 pub use sparse::{BlockClass, BlockMask, BlockShape, MaskMod, MaskModExt, SPARSE_BLOCK};
+pub use varlen::{attention_varlen, attention_varlen_backward, CuSeqlens, Packed, PackedKv, VarlenOutput, VarlenSaved};
 pub use view::{Broadcast, View4};

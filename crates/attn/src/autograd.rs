@@ -35,17 +35,18 @@ enum Args {
     Packed { dk: usize, bias: bool, sinks: bool, table: bool },
 }
 
-/// What the forward leaves for the caller and the backward.
+/// What the forward leaves for the caller and the backward (of this op and of the packed
+/// sequences' op, `crate::varlen`).
 #[derive(Debug, Default)]
-struct ForwardState {
-    lse: Vec<f32>,
+pub(crate) struct ForwardState {
+    pub(crate) lse: Vec<f32>,
     /// `lse`'s rounding residue, which makes the backward's probabilities as exact as the forward's.
-    lse_residue: Vec<f32>,
+    pub(crate) lse_residue: Vec<f32>,
     /// The flash path that scored the keys, which the backward scores them by again.
-    path: Option<attn_kernels::Path>,
-    weights: Option<Vec<f32>>,
+    pub(crate) path: Option<attn_kernels::Path>,
+    pub(crate) weights: Option<Vec<f32>>,
     /// Why the forward failed, kept typed (candle's error would only carry its text).
-    error: Option<AttnLibError>,
+    pub(crate) error: Option<AttnLibError>,
 }
 
 /// The differentiable attention of one call.
@@ -107,13 +108,21 @@ pub(crate) fn forward(
     }
 }
 
+/// candle's error for a forward that failed with `e`, which is kept typed in `saved` for the
+/// caller to return (candle's error would only carry its text).
+pub(crate) fn failed(saved: &Mutex<ForwardState>, e: AttnLibError) -> candle_core::Error {
+    let text = e.to_string();
+    saved.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e);
+    candle_core::Error::Msg(text)
+}
+
 /// A copy of the log-sum-exp the op keeps, allocated fallibly.
-fn copy_lse(lse: &[f32]) -> Result<Vec<f32>> {
+pub(crate) fn copy_lse(lse: &[f32]) -> Result<Vec<f32>> {
     Ok(alloc::collect("log-sum-exp", &[lse.len()], lse.iter().copied())?)
 }
 
 /// The CPU storage of a tensor the op received.
-fn cpu(s: &Storage) -> Result<&CpuStorage> {
+pub(crate) fn cpu(s: &Storage) -> Result<&CpuStorage> {
     match s {
         Storage::Cpu(c) => Ok(c),
         _ => Err(AttnLibError::Device { tensor: "q", found: "not the CPU".into() }),
@@ -203,11 +212,7 @@ impl CustomOp3 for SdpaOp {
             *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = saved;
             Ok((CpuStorage::F32(out), Shape::from((b, hq, lq, dv))))
         };
-        run().map_err(|e| {
-            let text = e.to_string();
-            self.saved.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e);
-            candle_core::Error::Msg(text)
-        })
+        run().map_err(|e| failed(&self.saved, e))
     }
 
     fn bwd(

@@ -1,11 +1,13 @@
-//! The README's library and sinks examples are the texts the crate's doctests compile
-//! (`doc/library-example.rs`, included in `src/lib.rs`, and `doc/sinks-example.rs`, on
-//! `SdpaOptions::sinks`, both with warnings denied): this checks README.md quotes them word for
-//! word, so an edit to one without the other fails here.
+//! The README's library, sinks and packed-sequences examples are the texts the crate's doctests
+//! compile (`doc/library-example.rs`, included in `src/lib.rs`, `doc/sinks-example.rs`, on
+//! `SdpaOptions::sinks`, and `doc/varlen-example.rs`, in `src/varlen/mod.rs`, all with warnings
+//! denied): this checks README.md quotes them word for word, so an edit to one without the other
+//! fails here.
 
 const README: &str = include_str!("../../../README.md");
 const EXAMPLE: &str = include_str!("../doc/library-example.rs");
 const SINKS_EXAMPLE: &str = include_str!("../doc/sinks-example.rs");
+const VARLEN_EXAMPLE: &str = include_str!("../doc/varlen-example.rs");
 
 /// The first rust block of README.md's section `heading`.
 fn first_block(heading: &str) -> &'static str {
@@ -27,4 +29,13 @@ fn readme_library_block_is_the_doctested_example() {
 fn readme_sinks_block_is_the_doctested_example() {
     let block = first_block("Attention sinks");
     assert_eq!(block, SINKS_EXAMPLE, "README.md's Attention sinks block differs from crates/attn/doc/sinks-example.rs");
+}
+
+#[test]
+fn readme_packed_sequences_block_is_the_doctested_example() {
+    let block = first_block("Packed sequences");
+    assert_eq!(
+        block, VARLEN_EXAMPLE,
+        "README.md's Packed sequences block differs from crates/attn/doc/varlen-example.rs"
+    );
 }

@@ -4,13 +4,15 @@
 //! with the keep-mask `mask` of the cells masking set to 0) to a safetensors file or `.npz`
 //! archive, as the output's extension says; with `grad_out`, also the gradients `dq`, `dk`, `dv`
 //! (and `dbias`, `dsinks`) through the library's autograd (`loss = Σ out·grad_out`,
-//! `loss.backward()`).
+//! `loss.backward()`). An INPUT file holding `cu_seqlens_q` and `cu_seqlens_k` asks for packed
+//! variable-length sequences instead ([`attn::sdpa_varlen_full`]; see `packed`).
 //! Every refusal is one line naming the file, the tensor and what was expected versus found, and
 //! comes before anything is computed or written (the output's extension is checked before the
 //! inputs are read), as is an output that is one of the inputs. The work runs in a pool of
 //! `--threads` threads; the output line names the kernel `auto` resolved to and the dropout seed.
 
 mod inputs;
+mod packed;
 
 use std::path::{Path, PathBuf};
 
@@ -30,7 +32,10 @@ pub struct Args {
     /// broadcastable), `key_lengths` (I32/I64, `[B]`), `sinks` (float, `[Hq]`: gpt-oss's learned
     /// attention sinks, one logit per query head joining its rows' softmax denominator) and
     /// `grad_out` (float, `[B, Hq, Lq, Dv]`: the gradient of the output, which asks for the
-    /// gradients).
+    /// gradients). Packed variable-length sequences: `cu_seqlens_q` and `cu_seqlens_k` (I32/I64,
+    /// `[B+1]`, FlashAttention's offsets) with `q: [total_q, Hq, D]`, `k: [total_k, Hkv, D]`,
+    /// `v: [total_k, Hkv, Dv]` (and `grad_out: [total_q, Hq, Dv]`); the masking flags then apply
+    /// within each sequence, and `mask`, `bias`, `key_lengths`, `sinks` and `--weights` are refused.
     #[arg(required_unless_present = "q", conflicts_with = "q")]
     pub input: Option<PathBuf>,
     /// Output file, in the format its extension names: `.safetensors`/`.st` or `.npz` (one
@@ -40,10 +45,12 @@ pub struct Args {
     /// causal band, window and −∞ bias together, which `attn heatmap` uses to draw masked cells
     /// apart from small weights); when `grad_out` is given, `dq: [B, Hq, Lq, D]`, `dk: [B, Hkv, Lk, D]`,
     /// `dv: [B, Hkv, Lk, Dv]`, with a bias `dbias` (the bias's shape) and with sinks
-    /// `dsinks: [Hq]`. All floats are F32. The gradients are those of `Σ out·grad_out` through the
-    /// library's autograd, by the backward of `--kernel`, with dropout replayed from `--seed`; `dk`,
-    /// `dv`, `dbias` and `dsinks` come in the stored precision of `k`, `v`, the bias and the sinks.
-    /// With sinks, `lse` includes them and a row's weights sum to less than 1.
+    /// `dsinks: [Hq]`; packed sequences give `out: [total_q, Hq, Dv]`, `lse: [Hq, total_q]` and
+    /// gradients in their inputs' shapes. All floats are F32. The gradients are those of
+    /// `Σ out·grad_out` through the library's autograd, by the backward of `--kernel`, with dropout
+    /// replayed from `--seed`; `dk`, `dv`, `dbias` and `dsinks` come in the stored precision of `k`,
+    /// `v`, the bias and the sinks. With sinks, `lse` includes them and a row's weights sum to less
+    /// than 1.
     #[arg(short, long)]
     pub output: PathBuf,
     /// `.npy` file of `q: [B, Hq, Lq, D]`, instead of INPUT.

@@ -1,6 +1,7 @@
 //! The inputs of `attn run`: each tensor with the file it came from, read from one safetensors
 //! file or `.npz` archive, or from `.npy` files, checked for its role and converted into the
-//! `attn` library's call; the library's refusals are reported naming the file of the tensor
+//! `attn` library's call (`sdpa_full`, or `sdpa_varlen_full` for packed sequences, see
+//! [`packed`](super::packed)); the library's refusals are reported naming the file of the tensor
 //! concerned. With `grad_out`
 //! the call also runs backward through candle's autograd: `q`, `k`, `v`, the bias and the sinks
 //! become `Var`s and `Σ out·grad_out` is differentiated.
@@ -9,24 +10,30 @@ use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 use attn::AttnError;
-use attn::{sdpa_full, AttnLibError, Mask, SdpaOptions, SdpaOutput};
+use attn::{sdpa_full, sdpa_varlen_full, AttnLibError, Mask, SdpaOptions, SdpaOutput};
 use candle_core::{DType, Tensor, Var};
 
+use super::packed::{self, Offsets};
 use super::Args;
 use crate::io::{read_npy, read_tensors, HostData, HostTensor, IoError, IoErrorKind};
 
 /// Tensor names accepted in the input file.
-const ACCEPTED: [&str; 8] = ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out", "sinks"];
+const ACCEPTED: [&str; 10] =
+    ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out", "sinks", "cu_seqlens_q", "cu_seqlens_k"];
 
 /// A tensor and the file it came from.
-struct Sourced {
-    file: String,
-    tensor: HostTensor,
+pub(super) struct Sourced {
+    pub(super) file: String,
+    pub(super) tensor: HostTensor,
 }
 
 impl Sourced {
     /// The tensor converted by `f`; a refusal names the file and the tensor `name`.
-    fn convert<T>(self, name: &str, f: impl FnOnce(HostTensor) -> Result<T, IoErrorKind>) -> Result<T, IoError> {
+    pub(super) fn convert<T>(
+        self,
+        name: &str,
+        f: impl FnOnce(HostTensor) -> Result<T, IoErrorKind>,
+    ) -> Result<T, IoError> {
         let Sourced { file, tensor } = self;
         f(tensor).map_err(|kind| IoError::tensor(file, name, kind))
     }
@@ -42,6 +49,9 @@ pub(super) struct Inputs {
     key_lengths: Option<Sourced>,
     sinks: Option<Sourced>,
     grad_out: Option<Sourced>,
+    /// The offsets of packed sequences, `[B + 1]` each (INPUT files only).
+    cu_seqlens_q: Option<Sourced>,
+    cu_seqlens_k: Option<Sourced>,
 }
 
 impl Inputs {
@@ -68,7 +78,8 @@ impl Inputs {
         let (q, k, v) = (need("q")?, need("k")?, need("v")?);
         let (mask, bias, key_lengths) = (take("mask"), take("bias"), take("key_lengths"));
         let (sinks, grad_out) = (take("sinks"), take("grad_out"));
-        Ok(Self { q, k, v, mask, bias, key_lengths, sinks, grad_out })
+        let (cu_seqlens_q, cu_seqlens_k) = (take("cu_seqlens_q"), take("cu_seqlens_k"));
+        Ok(Self { q, k, v, mask, bias, key_lengths, sinks, grad_out, cu_seqlens_q, cu_seqlens_k })
     }
 
     /// The `.npy` files named by `--q`, `--k`, `--v` and the optional `--mask`, `--bias`,
@@ -91,6 +102,8 @@ impl Inputs {
             key_lengths: read(&args.key_lengths)?,
             sinks: read(&args.sinks)?,
             grad_out: read(&args.grad_out)?,
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
         })
     }
 
@@ -102,6 +115,8 @@ impl Inputs {
             ("key_lengths", self.key_lengths.as_ref()),
             ("sinks", self.sinks.as_ref()),
             ("grad_out", self.grad_out.as_ref()),
+            ("cu_seqlens_q", self.cu_seqlens_q.as_ref()),
+            ("cu_seqlens_k", self.cu_seqlens_k.as_ref()),
         ];
         [("q", &self.q), ("k", &self.k), ("v", &self.v)]
             .into_iter()
@@ -115,23 +130,28 @@ impl Inputs {
         parts.join(", ")
     }
 
-    /// Checks each tensor for its role and converts it: `q`, `k`, `v` rank 4 and float (`q` as
-    /// F32, so `out` and `weights` come back as F32; `k` and `v` in their stored type), the
-    /// output's gradient float `[B, Hq, Lq, Dv]` (as F32), the mask BOOL/U8 with non-zero = may
-    /// attend, the bias float, the key lengths I32/I64 `[B]`, the sinks float rank 1 (their length
-    /// `Hq` is the library's check), these four added to `opts`.
+    /// Checks each tensor for its role and converts it: `q`, `k`, `v` rank 4 (rank 3 when packed)
+    /// and float (`q` as F32, so `out` and `weights` come back as F32; `k` and `v` in their stored
+    /// type), the output's gradient float `[B, Hq, Lq, Dv]` (packed: `[total_q, Hq, Dv]`; as F32),
+    /// the mask BOOL/U8 with non-zero = may attend, the bias float, the key lengths I32/I64 `[B]`,
+    /// the sinks float rank 1 (their length `Hq` is the library's check), these four added to
+    /// `opts`; the packed offsets as [`packed::offsets`] says.
     pub(super) fn into_call(self, mut opts: SdpaOptions) -> Result<Call, IoError> {
         let files = self.roles().map(|(n, s)| (n, s.file.clone())).collect();
-        let q = self.q.convert("q", |t| rank4(t)?.into_f32_tensor())?;
-        let k = self.k.convert("k", |t| rank4(t)?.into_float_tensor())?;
-        let v = self.v.convert("v", |t| rank4(t)?.into_float_tensor())?;
+        let dense_only =
+            [("mask", &self.mask), ("bias", &self.bias), ("key_lengths", &self.key_lengths), ("sinks", &self.sinks)];
+        let offsets = packed::offsets(self.cu_seqlens_q, self.cu_seqlens_k, &self.q.file, dense_only)?;
+        let (rank, grad_dims) = if offsets.is_some() { (3, "[total_q, Hq, Dv]") } else { (4, "[B, Hq, Lq, Dv]") };
+        let q = self.q.convert("q", |t| with_rank(t, rank)?.into_f32_tensor())?;
+        let k = self.k.convert("k", |t| with_rank(t, rank)?.into_float_tensor())?;
+        let v = self.v.convert("v", |t| with_rank(t, rank)?.into_float_tensor())?;
         let grad_out = match self.grad_out {
             Some(g) => {
-                // `q` and `v` have rank 4 here: `[B, Hq, Lq]` of `q`, then `Dv` of `v`.
-                let want: Vec<usize> = q.dims()[..3].iter().chain(&v.dims()[3..]).copied().collect();
+                // `q` and `v` have rank `rank` here: all but the last size of `q`, then `Dv` of `v`.
+                let want: Vec<usize> = q.dims()[..rank - 1].iter().chain(&v.dims()[rank - 1..]).copied().collect();
                 Some(g.convert("grad_out", |t| {
                     if t.shape != want {
-                        let expected = format!("[B, Hq, Lq, Dv] = {want:?} (from q and v)");
+                        let expected = format!("{grad_dims} = {want:?} (from q and v)");
                         return Err(IoErrorKind::Shape { found: t.shape, expected });
                     }
                     t.into_f32_tensor()
@@ -146,10 +166,7 @@ impl Inputs {
             opts.bias = Some(b.convert("bias", HostTensor::into_float_tensor)?);
         }
         if let Some(kl) = self.key_lengths {
-            opts.key_lengths = Some(kl.convert("key_lengths", |t| match t.shape.len() {
-                1 => t.to_usize_vec(),
-                _ => Err(IoErrorKind::Shape { found: t.shape, expected: "rank 1 [B]".into() }),
-            })?);
+            opts.key_lengths = Some(kl.convert("key_lengths", |t| packed::rank1_counts(t, "[B]"))?);
         }
         if let Some(s) = self.sinks {
             opts.sinks = Some(s.convert("sinks", |t| match t.shape.len() {
@@ -157,7 +174,7 @@ impl Inputs {
                 _ => Err(IoErrorKind::Shape { found: t.shape, expected: "rank 1 [Hq]".into() }),
             })?);
         }
-        Ok(Call { q, k, v, grad_out, opts, files })
+        Ok(Call { q, k, v, grad_out, opts, offsets, files })
     }
 }
 
@@ -168,10 +185,14 @@ impl HostTensor {
     }
 }
 
-/// `t` if it has rank 4, `[B, H, L, D]`.
-fn rank4(t: HostTensor) -> Result<HostTensor, IoErrorKind> {
+/// `t` if it has rank `rank`: 4, `[B, H, L, D]`, or 3 for packed sequences, `[total, H, D]`.
+fn with_rank(t: HostTensor, rank: usize) -> Result<HostTensor, IoErrorKind> {
     match t.shape.len() {
-        4 => Ok(t),
+        r if r == rank => Ok(t),
+        _ if rank == 3 => Err(IoErrorKind::Shape {
+            found: t.shape,
+            expected: "rank 3 [total, H, D] (packed sequences: cu_seqlens_q and cu_seqlens_k are given)".into(),
+        }),
         _ => Err(IoErrorKind::Shape { found: t.shape, expected: "rank 4 [B, H, L, D]".into() }),
     }
 }
@@ -184,6 +205,8 @@ pub(super) struct Call {
     /// The output's gradient, `[B, Hq, Lq, Dv]` F32, when the gradients are asked for.
     grad_out: Option<Tensor>,
     opts: SdpaOptions,
+    /// The packed sequences' offsets, when `q`, `k`, `v` are packed.
+    offsets: Option<Offsets>,
     /// `(role, file)`, `q` first.
     files: Vec<(&'static str, String)>,
 }
@@ -214,7 +237,7 @@ impl Call {
             Ok(Some(self.opts.keep_mask(q[0], q[1], q[2], lk).map_err(|e| self.error(e))?))
         };
         let Some(grad_out) = &self.grad_out else {
-            let sdpa = sdpa_full(&self.q, &self.k, &self.v, &self.opts).map_err(|e| self.error(e))?;
+            let sdpa = self.attend(&self.q, &self.k, &self.v, &self.opts)?;
             return Ok(RunOutput { sdpa, keep: keep()?, grads: Vec::new() });
         };
         let var = |t: &Tensor| Var::from_tensor(t).map_err(|e| self.candle_error(e));
@@ -223,7 +246,7 @@ impl Call {
         let sinks = self.opts.sinks.as_ref().map(var).transpose()?;
         let tracked = |v: &Option<Var>| v.as_ref().map(|v| v.as_tensor().clone());
         let opts = SdpaOptions { bias: tracked(&bias), sinks: tracked(&sinks), ..self.opts.clone() };
-        let sdpa = sdpa_full(&q, &k, &v, &opts).map_err(|e| self.error(e))?;
+        let sdpa = self.attend(&q, &k, &v, &opts)?;
         let store = (&sdpa.out * grad_out)
             .and_then(|prod| prod.sum_all())
             .and_then(|loss| loss.backward())
@@ -241,6 +264,17 @@ impl Call {
         Ok(RunOutput { sdpa, keep: keep()?, grads })
     }
 
+    /// The library's attention on `q`, `k`, `v`: dense, or packed when the offsets are given.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) -> anyhow::Result<SdpaOutput> {
+        let result = match &self.offsets {
+            None => sdpa_full(q, k, v, opts),
+            Some(Offsets { q: cq, k: ck }) => {
+                sdpa_varlen_full(q, k, v, cq, ck, opts).map(|r| SdpaOutput { out: r.out, lse: r.lse, weights: None })
+            }
+        };
+        result.map_err(|e| self.error(e))
+    }
+
     /// A candle error while computing, as one line naming `q`'s file; a library refusal inside
     /// it keeps its own text.
     fn candle_error(&self, e: candle_core::Error) -> anyhow::Error {
@@ -251,8 +285,12 @@ impl Call {
 
     fn error(&self, e: AttnLibError) -> anyhow::Error {
         let tensor = match &e {
-            // Sinks are a tensor of the input, not an option.
-            AttnLibError::Kernel(AttnError::Param { field: "sinks", .. }) => "sinks",
+            AttnLibError::Value { field: "return_weights", reason } => return anyhow!("option --weights: {reason}"),
+            // Sinks and the packed offsets are tensors of the input, not options.
+            AttnLibError::Kernel(AttnError::Param {
+                field: field @ ("sinks" | "cu_seqlens_q" | "cu_seqlens_k"),
+                ..
+            }) => *field,
             AttnLibError::Kernel(AttnError::Param { .. }) => return anyhow!("option --{e}"),
             // Names its buffer and size, which no input file holds.
             AttnLibError::Kernel(AttnError::Alloc(_)) => return anyhow!("{e}"),
