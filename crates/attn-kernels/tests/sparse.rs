@@ -229,15 +229,7 @@ fn builder_classes_are_exact() {
         for qb in 0..shape.q_blocks() {
             for kb in 0..shape.kv_blocks() {
                 let (qs, ks) = shape.block(qb, kb);
-                let n = qs.len() * ks.len();
-                let kept =
-                    qs.clone().flat_map(|i| ks.clone().map(move |j| (i, j))).filter(|&(i, j)| m.keep(0, 0, i, j));
-                let kept = kept.count();
-                let want = match kept {
-                    0 => BlockClass::Empty,
-                    k if k == n => BlockClass::Full,
-                    _ => BlockClass::Partial,
-                };
+                let want = common::block_truth(&*m, qs, ks);
                 let got = bm.class(0, 0, qb, kb);
                 let sound = got == want || (got == BlockClass::Partial && name != "plain");
                 assert!(sound, "{name}: block ({qb}, {kb}) classed {got:?}, its elements say {want:?}");

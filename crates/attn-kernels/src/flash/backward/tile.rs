@@ -23,7 +23,7 @@ use crate::flash::micro::qk_panel;
 use crate::flash::pack::{pack_keys, panel_len};
 use crate::flash::scores::{all_finite, decode_scores, mask_row, RowDerivs};
 use crate::flash::simd::{KvElem, Simd};
-use crate::sparse::SPARSE_BLOCK;
+use crate::sparse::runs;
 
 /// Most bytes of a job's queries and output gradients transposed once for all its key blocks;
 /// larger heads are transposed tile by tile.
@@ -209,22 +209,7 @@ fn listed_rows(
     rq: usize,
     lq: usize,
 ) -> impl Iterator<Item = (usize, usize)> + '_ {
-    let mut x = 0;
-    std::iter::from_fn(move || {
-        while x < listed.len() {
-            let mut y = x + 1;
-            while y < listed.len() && listed[y] == listed[y - 1] + 1 {
-                y += 1;
-            }
-            let a = (listed[x] as usize * SPARSE_BLOCK).max(ia);
-            let z = ((listed[y - 1] as usize + 1) * SPARSE_BLOCK).min(ib);
-            x = y;
-            if a < z {
-                return Some((a / rq * rq, z.next_multiple_of(rq).min(lq)));
-            }
-        }
-        None
-    })
+    runs(listed, ia..ib).map(move |r| (r.start / rq * rq, r.end.next_multiple_of(rq).min(lq)))
 }
 
 /// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk of `rq` rows:
