@@ -13,14 +13,15 @@ Run (rewrites every fixture; the output is deterministic, so an unchanged grid g
 Each case becomes `crates/attn-kernels/tests/fixtures/<name>.safetensors` holding
 - inputs: `q` [B,Hq,Lq,Dk], `k` [B,Hkv,Lk,Dk], `v` [B,Hkv,Lk,Dv] (F64); optionally `mask` (BOOL,
   rank 1-4, broadcastable to [B,Hq,Lq,Lk], true = may attend), `bias` (F64, same broadcasting, may hold
-  -inf) and `key_lengths` (I64 [B]);
+  -inf), `key_lengths` (I64 [B]) and `sinks` (F64 [Hq], learned attention sinks as in gpt-oss, one
+  head's may be -inf = no sink);
 - expected results: `out` [B,Hq,Lq,Dv], `lse` [B,Hq,Lq] (natural log), `weights` [B,Hq,Lq,Lk] (F64);
 - gradients (F64): a deterministic output gradient `grad_out` [B,Hq,Lq,Dv] (standard normal, drawn
   from its own generator seeded by "<name>/grad_out", so the inputs do not depend on it) and the
   gradients of `(out * grad_out).sum()`: `dq` [B,Hq,Lq,Dk], `dk` [B,Hkv,Lk,Dk], `dv` [B,Hkv,Lk,Dv]
-  (for grouped-query heads summed over the query heads sharing each key/value head) and, when there
-  is a bias, `dbias` in the bias's own (broadcast) shape. Fully masked rows and masked positions get
-  exactly zero gradient;
+  (for grouped-query heads summed over the query heads sharing each key/value head), when there
+  is a bias, `dbias` in the bias's own (broadcast) shape, and with sinks `dsinks` [Hq]. Fully masked
+  rows and masked positions get exactly zero gradient;
 - metadata (all strings): `name`, `scale` ("default" = 1/sqrt(Dk), else a Python float repr),
   `causal` ("true"/"false"), `align` ("top_left"/"bottom_right"), `window_left` / `window_right`
   (keys allowed before/after the aligned diagonal, "none" = unbounded), `softcap` ("none" or a float),
@@ -28,8 +29,12 @@ Each case becomes `crates/attn-kernels/tests/fixtures/<name>.safetensors` holdin
 
 Expected values come from an explicit float64 torch implementation written as the formula reads
 (scores = q@k^T * scale, softcap via tanh, + bias, masked_fill(-inf), softmax, @ v; lse via
-torch.logsumexp). Wherever PyTorch's own kernels apply (every case without softcap), the script
-asserts that they agree with it: `F.scaled_dot_product_attention` for `out` (using `is_causal`,
+torch.logsumexp). Sinks follow gpt-oss's reference `sdpa` (gpt_oss/torch/model.py): the head's sink
+logit is concatenated to each row of scores as one more column, the softmax taken over the row, the
+sink's column dropped, and the lse taken over the row with that column. Wherever PyTorch's own kernels
+apply (every case without softcap), the script asserts that they agree with it (with sinks, after
+rescaling their results by `exp(lse_keys - lse)`, the share of the keys, and checking
+`lse = logaddexp(lse_keys, sink)`): `F.scaled_dot_product_attention` for `out` (using `is_causal`,
 `enable_gqa` and `scale` natively, and an `attn_mask` for the boolean mask, the bias and the masks
 SDPA lacks: bottom-right alignment, windows, key lengths), `aten._scaled_dot_product_attention_math`
 for `weights` and `aten._scaled_dot_product_flash_attention_for_cpu` for `lse`.
@@ -39,7 +44,8 @@ leaves; K/V heads repeated with `repeat_interleave` inside the graph, so autogra
 A fully masked row has its scores replaced by zeros before the softmax and its weights zeroed after
 it, so no NaN arises and no gradient flows from it; `masked_fill` gives masked positions exactly
 zero (the script asserts those zeros: `dq` of dead rows, `dk`/`dv` of keys no query may attend,
-`dbias` where masked for every query it reaches). Wherever SDPA applies (no softcap), the script also asserts that autograd through
+`dbias` where masked for every query it reaches). Wherever SDPA applies (no softcap, no sinks: SDPA
+has no sink), the script also asserts that autograd through
 `F.scaled_dot_product_attention` with the math backend (same arguments as above, the bias reaching
 it through the attention mask) gives the same `dq`, `dk`, `dv` and `dbias` to 1e-10 (relative to
 1 + the gradient's magnitude); it prints the worst discrepancy seen.
@@ -64,8 +70,8 @@ MAX_TOTAL_BYTES = 5_000_000
 TOL = dict(rtol=1e-11, atol=1e-11)
 # Autograd through SDPA (math backend) against autograd through `explicit`: max |a - b| / (1 + max |b|).
 GRAD_TOL = 1e-10
-# The inputs that get a gradient, in the order `dq`, `dk`, `dv`, `dbias`.
-GRAD_NAMES = ("q", "k", "v", "bias")
+# The inputs that get a gradient, in the order `dq`, `dk`, `dv`, `dbias`, `dsinks`.
+GRAD_NAMES = ("q", "k", "v", "bias", "sinks")
 F64 = torch.float64
 
 
@@ -96,6 +102,10 @@ class Case:
     softcap: float | None = None
     # Standard deviation of q and k (larger makes the softmax peakier / exercises softcap).
     spread: float = 1.0
+    # Learned attention sinks [Hq], uniform in [-1, 5) (near the rows' log-sum-exps); `sink_none`
+    # makes head 0's -inf (no sink).
+    sinks: bool = False
+    sink_none: bool = False
 
 
 def cases() -> list[Case]:
@@ -172,6 +182,15 @@ def cases() -> list[Case]:
         # Everything at once.
         c("combined_all", 2, 4, 2, 13, 29, 8, 12, scale=-0.7, causal=True, bottom_right=True, window=(6, None),
           key_lengths=(29, 17), mask=(4, 1, 29), bias=(2, 1, 13, 29), bias_neginf=0.1, softcap=4.0, spread=2.0),
+        # Attention sinks (gpt-oss): every row's softmax gets the head's sink logit in its denominator.
+        c("sinks_mha", 2, 3, 3, 7, 9, 8, 8, sinks=True),
+        c("sinks_l65_gqa_hkv1", 1, 2, 1, 65, 65, 8, 8, sinks=True),
+        c("sinks_causal_br_dead_rows_gqa", 1, 4, 2, 40, 24, 8, 8, causal=True, bottom_right=True, sinks=True,
+          sink_none=True),
+        c("sinks_keylen_decode_gqa", 4, 4, 2, 1, 40, 8, 8, key_lengths=(40, 1, 0, 23), sinks=True),
+        c("sinks_bias_key_broadcast", 2, 4, 2, 10, 13, 8, 8, causal=True, bias=(2, 4, 10, 1), sinks=True),
+        c("sinks_combined", 2, 4, 2, 13, 29, 8, 12, scale=-0.7, window=(6, None), mask=(4, 1, 29),
+          bias=(2, 1, 13, 29), bias_neginf=0.1, softcap=4.0, spread=2.0, sinks=True, sink_none=True),
     ]
 
 
@@ -196,6 +215,11 @@ def draw_inputs(case: Case) -> dict[str, torch.Tensor]:
         t["bias"] = bias
     if case.key_lengths is not None:
         t["key_lengths"] = torch.tensor(case.key_lengths, dtype=torch.int64)
+    if case.sinks:
+        sinks = torch.rand(case.hq, generator=g, dtype=F64) * 6.0 - 1.0
+        if case.sink_none:
+            sinks[0] = -math.inf
+        t["sinks"] = sinks
     return t
 
 
@@ -240,13 +264,20 @@ def explicit(case: Case, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]
         scores = scores + t["bias"]
     allowed = allowed_mask(case, t)
     scores = scores.masked_fill(~allowed, -math.inf)
-    lse = torch.logsumexp(scores, dim=-1)  # -inf on a fully masked row
+    dead = ~allowed.any(dim=-1, keepdim=True)
+    if "sinks" in t:
+        # gpt-oss: the sink logit as one more column of every row, dropped after the softmax.
+        sink = t["sinks"].view(1, -1, 1, 1)
+        scores = torch.cat([scores, sink.expand(case.b, case.hq, case.lq, 1)], dim=-1)
+        dead = dead & (sink == -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)  # -inf on a fully masked row (without a sink)
     # A fully masked row: softmax over all -inf gives NaN in PyTorch (and SDPA's math path gives 0
     # weights). Our semantics are output 0, lse -inf, weights 0 - so such a row's scores are
     # replaced by zeros (finite softmax, no NaN in the forward or the backward) and its weights
-    # by zeros after the softmax (nothing flows back from it, and its output is 0).
-    dead = ~allowed.any(dim=-1, keepdim=True)
+    # by zeros after the softmax (nothing flows back from it, and its output is 0). With a sink the
+    # row is a softmax over the sink alone: weights 0, output 0, lse = the sink.
     weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+    weights = weights[..., :case.lk]
     out = weights @ v
     return out, lse, weights, allowed
 
@@ -295,40 +326,48 @@ def full_float_mask(t: dict[str, torch.Tensor], allowed: torch.Tensor) -> torch.
 
 def cross_check(case: Case, t: dict[str, torch.Tensor], out, lse, weights, allowed) -> None:
     """Asserts that PyTorch's kernels reproduce the explicit results on every row with a live key
-    (fully masked rows hold our convention, set explicitly in `explicit`, so they are left out)."""
+    (fully masked rows hold our convention, set explicitly in `explicit`, so they are left out).
+    PyTorch has no sinks: with them its results over the keys are rescaled by the keys' share of
+    the row, `exp(lse_keys - lse)`, and its lse joined to the sink, before the comparison."""
     if case.softcap is not None or 0 in (case.b, case.lq, case.lk):
         return
     attn_mask, is_causal = sdpa_mask(case, t, allowed)
     live = allowed.any(dim=-1)
     q, k, v, scale = t["q"], t["k"], t["v"], case.scale
-
-    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                          enable_gqa=case.hq != case.hkv)
-    assert torch.allclose(sdpa[live], out[live], **TOL), f"{case.name}: SDPA out differs"
-
-    # The aten ops below add their mask: a boolean one goes in as 0 / -inf.
-    additive = attn_mask
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        additive = torch.zeros(attn_mask.shape, dtype=F64).masked_fill(~attn_mask, -math.inf)
     group = case.hq // case.hkv
     kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    _, w_math = torch.ops.aten._scaled_dot_product_attention_math(q, kr, vr, additive, 0.0, is_causal,
-                                                                   scale=scale)
-    assert torch.allclose(w_math[live], weights[live], **TOL), f"{case.name}: SDPA math weights differ"
 
     # The CPU flash op wants one head size: zero columns change neither the scores nor the lse.
     d = max(case.dk, case.dv)
     qp, kp, vp = (F.pad(x, (0, d - x.shape[-1])) for x in (q, kr, vr))
     float_mask = None if attn_mask is None else full_float_mask(t, allowed)
-    _, lse_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+    _, lse_keys = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         qp, kp, vp, 0.0, is_causal, attn_mask=float_mask, scale=scale_of(case))
+    lse_flash, share = lse_keys, torch.ones_like(lse)
+    if "sinks" in t:
+        lse_flash = torch.logaddexp(lse_keys, t["sinks"].view(1, -1, 1).expand_as(lse_keys))
+        share = torch.exp(lse_keys - lse)
     assert torch.allclose(lse_flash[live], lse[live], **TOL), f"{case.name}: SDPA flash lse differs"
+
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                          enable_gqa=case.hq != case.hkv)
+    sdpa = sdpa * share.unsqueeze(-1)
+    assert torch.allclose(sdpa[live], out[live], **TOL), f"{case.name}: SDPA out differs"
+
+    # The aten op below adds its mask: a boolean one goes in as 0 / -inf.
+    additive = attn_mask
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        additive = torch.zeros(attn_mask.shape, dtype=F64).masked_fill(~attn_mask, -math.inf)
+    _, w_math = torch.ops.aten._scaled_dot_product_attention_math(q, kr, vr, additive, 0.0, is_causal,
+                                                                   scale=scale)
+    w_math = w_math * share.unsqueeze(-1)
+    assert torch.allclose(w_math[live], weights[live], **TOL), f"{case.name}: SDPA math weights differ"
 
 
 def cross_check_grads(case: Case, t: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], grad_out, allowed) -> float:
     """Asserts that autograd through SDPA (math backend) reproduces the explicit gradients; returns
-    the worst relative discrepancy (0 where SDPA does not apply: softcap, empty sizes)."""
-    if case.softcap is not None or 0 in (case.b, case.lq, case.lk):
+    the worst relative discrepancy (0 where SDPA does not apply: softcap, sinks, empty sizes)."""
+    if case.softcap is not None or case.sinks or 0 in (case.b, case.lq, case.lk):
         return 0.0
     t = leaves(t)
     attn_mask, is_causal = sdpa_mask(case, t, allowed)

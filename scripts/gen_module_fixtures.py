@@ -3,8 +3,8 @@
 each of the attn-nn modules against its PyTorch counterpart (`nn.MultiheadAttention`,
 `nn.TransformerEncoderLayer`, `nn.TransformerDecoderLayer`, `nn.Transformer`) or, where PyTorch has
 none, a short PyTorch module written here with the Rust module's weight names (grouped-query and
-rotary attention, a token-level Seq2Seq, single-head self-attention, additive attention); plus the
-position helpers (ALiBi, sinusoidal table).
+rotary attention, gpt-oss's learned attention sinks, a token-level Seq2Seq, single-head
+self-attention, additive attention); plus the position helpers (ALiBi, sinusoidal table).
 
 Setup (once, from the repository root; CPU-only torch is enough):
 
@@ -46,8 +46,9 @@ Every module runs in eval mode with dropout 0, `batch_first=True` unless its con
 `batch_first: false` (inputs `[L, B, E]`; inputs of rank 2 are unbatched); inputs require grad and
 grad is enabled, so PyTorch's fused fast paths (which skip the masks' NaN handling and nested
 tensors) are never taken. Config fields added after the first fixtures (`add_bias_kv`,
-`add_zero_attn`, `batch_first`, a layer's `bias`) appear only in the cases that set them; the Rust
-harness reads an absent one as PyTorch's value in those first fixtures (false, false, true, true). Where a PyTorch module gets a causal flag (`is_causal`, `tgt_is_causal`: only a
+`add_zero_attn`, `batch_first`, a layer's `bias`, `sinks`) appear only in the cases that set them;
+the Rust harness reads an absent one as PyTorch's value in those first fixtures (false, false,
+true, true; no sinks). Where a PyTorch module gets a causal flag (`is_causal`, `tgt_is_causal`: only a
 hint there) it also gets the matching boolean mask; the fixture then stores the flag, not the mask.
 """
 
@@ -252,9 +253,12 @@ def rope(x: torch.Tensor, base: float) -> torch.Tensor:
 
 
 class GroupedQueryAttention(nn.Module):
-    """Causal self-attention with `num_kv_heads` key/value heads shared by groups of query heads."""
+    """Causal self-attention with `num_kv_heads` key/value heads shared by groups of query heads;
+    with `sinks`, gpt-oss's learned attention sinks (a parameter `sinks` [H], applied as
+    gpt_oss/torch/model.py's `sdpa` does: the head's sink logit concatenated to every row of
+    scores, the softmax taken, the sink's column dropped)."""
 
-    def __init__(self, e: int, h: int, hkv: int, rope_base: float | None):
+    def __init__(self, e: int, h: int, hkv: int, rope_base: float | None, sinks: bool = False):
         super().__init__()
         self.h, self.hkv, self.hd, self.rope_base = h, hkv, e // h, rope_base
         kv = hkv * self.hd
@@ -263,6 +267,7 @@ class GroupedQueryAttention(nn.Module):
         self.v_proj_weight = nn.Parameter(torch.empty(kv, e, dtype=F64))
         self.in_proj_bias = nn.Parameter(torch.empty(e + 2 * kv, dtype=F64))
         self.out_proj = nn.Linear(e, e, dtype=F64)
+        self.sinks = nn.Parameter(torch.empty(h, dtype=F64)) if sinks else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, length, e = x.shape
@@ -276,16 +281,23 @@ class GroupedQueryAttention(nn.Module):
         v = heads(self.v_proj_weight, bv, self.hkv)
         if self.rope_base is not None:
             q, k = rope(q, self.rope_base), rope(k, self.rope_base)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [B, H, L, hd]
+        if self.sinks is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [B, H, L, hd]
+        else:
+            group = self.h // self.hkv
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            scores = (q @ k.transpose(-1, -2) / math.sqrt(self.hd)).masked_fill(causal_block(length), -math.inf)
+            sink = self.sinks.view(1, -1, 1, 1).expand(b, self.h, length, 1)
+            o = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
         return self.out_proj(o.transpose(1, 2).reshape(b, length, e))
 
 
-def gqa_case(e: int, h: int, hkv: int, rope_base: float | None) -> Callable[[torch.Generator], Built]:
+def gqa_case(e: int, h: int, hkv: int, rope_base: float | None, sinks: bool = False) -> Callable[[torch.Generator], Built]:
     def build(g: torch.Generator) -> Built:
-        m = GroupedQueryAttention(e, h, hkv, rope_base)
+        m = GroupedQueryAttention(e, h, hkv, rope_base, sinks)
         randomize(m, g)
         x = randn(g, BATCH, 7, e)
-        cfg = mha_config(e, h, num_kv_heads=hkv, causal=True, rope=rope_base)
+        cfg = mha_config(e, h, num_kv_heads=hkv, causal=True, rope=rope_base) | ({"sinks": True} if sinks else {})
         return Built(m, cfg, lambda: (m(x), None), {"x": x})
 
     return build
@@ -511,6 +523,7 @@ MODULE_CASES: dict[str, tuple[str, Callable[[torch.Generator], Built]]] = {
     "mha_unbatched_bias_kv_zero_attn": ("mha", mha_unbatched_bias_kv_zero_attn),
     "gqa_causal": ("mha", gqa_case(32, 4, 2, None)),
     "gqa_rope_mqa": ("mha", gqa_case(32, 4, 1, 10000.0)),
+    "gqa_rope_sinks": ("mha", gqa_case(32, 4, 2, 10000.0, sinks=True)),
     "encoder_post_relu_padding": ("encoder_layer", encoder_post_relu_padding),
     "encoder_pre_gelu_causal": ("encoder_layer", encoder_pre_gelu_causal),
     "decoder_causal_padding": ("decoder_layer", decoder_causal_padding),

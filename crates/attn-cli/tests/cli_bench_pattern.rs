@@ -131,6 +131,11 @@ fn refusals_name_the_flag_and_the_shape() {
             &["--random", "needs it"],
         ),
         (&["--shape", "1,1,128,8", "--stride", "4"], &["--pattern"]),
+        // Packed sequences take no block mask.
+        (
+            &["--shape", "1,1,128,8", "--seq-lens", "64", "--pattern", "strided", "--stride", "4"],
+            &["--seq-lens", "--pattern"],
+        ),
     ] {
         let out = attn_bench(args);
         let err = String::from_utf8(out.stderr).unwrap();

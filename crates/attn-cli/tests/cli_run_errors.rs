@@ -114,3 +114,18 @@ fn corrupt_npy_names_its_file() {
     let e = run_err(&[&args[..], &["-o", out.to_str().unwrap()]].concat(), &[]);
     assert!(e.contains("k.npy: header length 65535 exceeds file size 12"), "{e}");
 }
+
+#[test]
+fn bad_sinks_are_named() {
+    let (q, kv) = (f32_tensor(&[1, 2, 3, 4], 1), f32_tensor(&[1, 1, 3, 4], 2));
+    let base = [("q", &q), ("k", &kv), ("v", &kv)];
+    let with = |sinks: &HostTensor| fails_on(&[base.as_slice(), &[("sinks", sinks)]].concat(), &[]);
+    let e = with(&f32_tensor(&[3], 3));
+    assert!(e.contains("in.safetensors: sinks: dimension heads is 3, expected 2"), "{e}");
+    let e = with(&f32_tensor(&[1, 2], 4));
+    assert!(e.contains("in.safetensors: tensor 'sinks': shape [1, 2], expected rank 1 [Hq]"), "{e}");
+    let e = with(&tensor(&[2], HostData::I64(vec![0, 1])));
+    assert!(e.contains("in.safetensors: tensor 'sinks': dtype I64, expected F16, BF16, F32 or F64"), "{e}");
+    let e = with(&tensor(&[2], HostData::F32(vec![0.0, f32::NAN])));
+    assert!(e.contains("in.safetensors: sinks: entry 1 is NaN; expected a finite logit, or -inf for no sink"), "{e}");
+}

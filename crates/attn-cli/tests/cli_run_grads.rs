@@ -1,6 +1,6 @@
-//! `attn run` with `grad_out`: the gradients it writes (`dq`, `dk`, `dv`, `dbias`) against the `f64`
-//! reference backward with the gradient rule, in both input forms, and dropout replayed from the
-//! seed as the kernels' backward replays it.
+//! `attn run` with `grad_out`: the gradients it writes (`dq`, `dk`, `dv`, `dbias`, `dsinks`) against
+//! the `f64` reference backward with the gradient rule, in both input forms, and dropout replayed
+//! from the seed as the kernels' backward replays it.
 
 mod common;
 
@@ -70,4 +70,36 @@ fn dropout_gradients_equal_the_kernel_backward_with_the_same_seed() {
     }
     let other_seed = kernel_grads(Kernel::Auto, &q, &k, &v, &grad_out, &SdpaOptions::default().dropout(0.3, 18));
     assert!(max_diff(&got("dq"), &other_seed.dq) > 1e-3, "the seed does not matter");
+}
+
+#[test]
+fn sinks_give_dsinks_in_both_input_forms() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, hq, hkv, lq, lk, d) = (2, 4, 2, 6, 9, 8);
+    let (q, k, v) =
+        (f32_tensor(&[b, hq, lq, d], 51), f32_tensor(&[b, hkv, lk, d], 52), f32_tensor(&[b, hkv, lk, d], 53));
+    // F64 sinks, one head without a sink; dsinks comes back as F32 like every gradient.
+    let sinks = tensor(&[hq], HostData::F64(vec![0.5, -1.0, f64::NEG_INFINITY, 2.0]));
+    let (bias, grad_out) = (f32_tensor(&[lq, lk], 54), f32_tensor(&[b, hq, lq, d], 55));
+    let input = dir.path().join("in.safetensors");
+    write(&input, &[("q", &q), ("k", &k), ("v", &v), ("bias", &bias), ("sinks", &sinks), ("grad_out", &grad_out)]);
+    let out = out_path(dir.path());
+    let (result, stdout) = run_ok(&["--causal", "--weights", "-o", out.to_str().unwrap()], &[&input], &out);
+    let float = |t: &HostTensor| t.clone().into_float_tensor().unwrap();
+    let opts = SdpaOptions::default().causal(true).bias(float(&bias)).sinks(float(&sinks));
+    let case = Case::new(&q, &k, &v, opts);
+    case.check(&result, true);
+    case.check_grads(&result, &grad_out);
+    assert!(stdout.contains("sinks [4] F64") && stdout.contains("dsinks [4]"), "{stdout}");
+    let dsinks = f32_of(&result["dsinks"]);
+    assert!(dsinks[2] == 0.0 && dsinks.iter().all(|x| x.is_finite()), "dsinks {dsinks:?}");
+
+    // The .npy form, without a bias.
+    let out = dir.path().join("npy.safetensors");
+    let mut args = npy_args(dir.path(), &[("q", &q), ("k", &k), ("v", &v), ("sinks", &sinks), ("grad_out", &grad_out)]);
+    args.extend(["-o".into(), out.to_str().unwrap().into()]);
+    let (result, _) = run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[], &out);
+    let case = Case::new(&q, &k, &v, SdpaOptions::default().sinks(float(&sinks)));
+    case.check(&result, false);
+    case.check_grads(&result, &grad_out);
 }

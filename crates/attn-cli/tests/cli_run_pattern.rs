@@ -176,6 +176,14 @@ fn missing_foreign_and_bad_parameters_are_refused_naming_the_flag() {
             assert!(e.contains(w), "{flags:?}: {w:?} not in {e}");
         }
     }
+    // Packed sequences take no pattern.
+    let packed = f32_tensor(&[10, 1, 4], 52);
+    let cu = tensor(&[3], HostData::I64(vec![0, 4, 10]));
+    let e = fails_on(
+        &[("q", &packed), ("k", &packed), ("v", &packed), ("cu_seqlens_q", &cu), ("cu_seqlens_k", &cu)],
+        &["--pattern", "prefix-lm", "--prefix", "2"],
+    );
+    assert!(e.contains("--pattern prefix-lm") && e.contains("packed sequences") && e.contains("in.safetensors"), "{e}");
     // --seed serves dropout or bigbird's random blocks: alone it is refused.
     let e = fails_on(&[("q", &q), ("k", &q), ("v", &q)], &["--seed", "3"]);
     assert!(e.contains("--dropout") && e.contains("--random"), "{e}");

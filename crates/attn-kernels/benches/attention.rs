@@ -1,5 +1,6 @@
 //! Criterion benchmarks of `attn_kernels::attention`: one group per case (full, causal, a full
-//! additive bias, soft-capping, grouped-query decoding), one benchmark per kernel (the reference
+//! additive bias, soft-capping and ALiBi both built in and as score modifications, grouped-query
+//! decoding), one benchmark per kernel (the reference
 //! kernel only on the first case, where it finishes in reasonable time).
 //! Throughput is given as `Elements(flops)`: criterion's "elements/s" are FLOP/s, counted as
 //! `2·Dk + 2·Dv` per unmasked (query, key) pair per batch and query head (`attn bench --help`).
@@ -9,7 +10,8 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use attn_kernels::{attention, AttnParams, Broadcast, Kernel, KvView, MaskSpec, View4};
+use attn_kernels::score_mod::{Alibi, Softcap};
+use attn_kernels::{attention, Align, AttnParams, Broadcast, Kernel, KvView, MaskSpec, ScoreFn, View4};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 /// One benchmark shape: `q: [b, hq, lq, d]`, `k, v: [b, hkv, lk, d]`.
@@ -34,6 +36,12 @@ enum Extra {
     Bias,
     /// Logit soft-capping at 50 (Gemma 2).
     Softcap,
+    /// Soft-capping at 50 as a score modification ([`Softcap`]).
+    SoftcapMod,
+    /// ALiBi as an additive bias `[Hq, Lq, Lk]` (the form the built-in path takes).
+    AlibiBias,
+    /// ALiBi as a score modification ([`Alibi`]).
+    AlibiMod,
 }
 
 /// A `1×8×512×64` case.
@@ -41,11 +49,16 @@ const fn small(name: &'static str, causal: bool, extra: Extra, with_reference: b
     Case { name, b: 1, hq: 8, hkv: 8, lq: 512, lk: 512, d: 64, causal, extra, with_reference }
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 10] = [
     small("1x8x512x64_full", false, Extra::None, true),
     small("1x8x512x64_causal", true, Extra::None, false),
     small("1x8x512x64_bias_lq_lk", false, Extra::Bias, false),
     small("1x8x512x64_softcap50", false, Extra::Softcap, false),
+    small("1x8x512x64_softcap50_mod", false, Extra::SoftcapMod, false),
+    small("1x8x512x64_causal_alibi_bias", true, Extra::AlibiBias, false),
+    small("1x8x512x64_causal_alibi_mod", true, Extra::AlibiMod, false),
+    Case { name: "1x8x2048x64_causal_alibi_bias", lq: 2048, lk: 2048, ..small("", true, Extra::AlibiBias, false) },
+    Case { name: "1x8x2048x64_causal_alibi_mod", lq: 2048, lk: 2048, ..small("", true, Extra::AlibiMod, false) },
     Case {
         name: "decode_hq32_hkv8_lk4096_d128",
         b: 1,
@@ -89,11 +102,27 @@ fn bench_attention(c: &mut Criterion) {
         let vv = KvView::F32(View4::contiguous("v", &v, [case.b, case.hkv, case.lk, case.d]).expect("v shape"));
         let bias: Vec<f32> =
             (0..case.lq * case.lk).map(|x| if x % case.lk >= case.lk - 8 { f32::NEG_INFINITY } else { 0.0 }).collect();
-        let bias = (case.extra == Extra::Bias)
-            .then(|| Broadcast::new("bias", &bias, &[case.lq, case.lk]).expect("bias shape"));
+        let alibi = Alibi::new(case.hq, case.lq, case.lk, Align::TopLeft);
+        let alibi_bias: Vec<f32> = (0..case.hq * case.lq * case.lk)
+            .map(|x| {
+                (-alibi.slopes[x / (case.lq * case.lk)] * (x / case.lk % case.lq).abs_diff(x % case.lk) as f64) as f32
+            })
+            .collect();
+        let bias = match case.extra {
+            Extra::Bias => Some(Broadcast::new("bias", &bias, &[case.lq, case.lk]).expect("bias shape")),
+            Extra::AlibiBias => Some(Broadcast::new("bias", &alibi_bias, &[case.hq, case.lq, case.lk]).expect("bias")),
+            _ => None,
+        };
+        let cap = Softcap(50.0);
+        let score_mod = match case.extra {
+            Extra::SoftcapMod => Some(ScoreFn { m: &cap, table: &[] }),
+            Extra::AlibiMod => Some(ScoreFn { m: &alibi, table: &[] }),
+            _ => None,
+        };
         let params = AttnParams {
             mask: MaskSpec { causal: case.causal, bias, ..Default::default() },
             softcap: (case.extra == Extra::Softcap).then_some(50.0),
+            score_mod,
             ..Default::default()
         };
 

@@ -18,18 +18,33 @@ pub struct AttnGrads<T> {
     pub dv: Vec<T>,
     /// The bias's gradient in the bias's own (broadcast) shape, when asked for and a bias is given.
     pub dbias: Option<Vec<T>>,
+    /// The gradient of the score modification's table, when it reads one.
+    pub dtable: Option<Vec<T>>,
+    /// The sinks' gradient `[Hq]` when the call has [sinks](crate::AttnParams::sinks):
+    /// `dsink_h = −Σ_{b,i} p_sink,bhi · Δ_bhi` with `p_sink = exp(sink_h − lse)` and
+    /// `Δ_i = Σ_j A_ij·dA_ij = dO_i·O_i` (dropout included: `O` holds the kept weights); 0 for a −∞
+    /// sink.
+    pub dsinks: Option<Vec<T>>,
 }
 
 impl<T: Elem + Default> AttnGrads<T> {
-    /// Zeroed gradients for `d`, with a zeroed `dbias` of `bias_len` elements when given,
-    /// allocated fallibly.
-    pub fn zeros(d: &Dims, bias_len: Option<usize>) -> std::result::Result<Self, AllocError> {
+    /// Zeroed gradients for `d`, with a zeroed `dbias` of `bias_len` elements when given, a zeroed
+    /// `dsinks: [Hq]` with `sinks`, and `dtable` of `table_len` when given (a table of 0 entries
+    /// gets none), allocated fallibly.
+    pub fn zeros(
+        d: &Dims,
+        bias_len: Option<usize>,
+        sinks: bool,
+        table_len: Option<usize>,
+    ) -> std::result::Result<Self, AllocError> {
         let zeros = |what, shape: &[usize]| alloc::filled(what, shape, T::default());
         Ok(Self {
             dq: zeros("gradient dq", &[d.b, d.hq, d.lq, d.dk])?,
             dk: zeros("gradient dk", &[d.b, d.hkv, d.lk, d.dk])?,
             dv: zeros("gradient dv", &[d.b, d.hkv, d.lk, d.dv])?,
             dbias: bias_len.map(|n| zeros("gradient dbias", &[n])).transpose()?,
+            dtable: table_len.filter(|&n| n > 0).map(|n| zeros("gradient dtable", &[n])).transpose()?,
+            dsinks: if sinks { Some(zeros("gradient dsinks", &[d.hq])?) } else { None },
         })
     }
 }
@@ -40,7 +55,8 @@ pub struct Saved<'a, T> {
     /// The forward's output `[B, Hq, Lq, Dv]` (fast kernels take `Σ_j A_ij·dA_ij` as `dO_i·O_i`;
     /// the reference computes it from its definition and only checks the shape).
     pub out: View4<'a, T>,
-    /// The forward's log-sum-exp `[B, Hq, Lq]`.
+    /// The forward's log-sum-exp `[B, Hq, Lq]` (with sinks, the sink-inclusive one the forward
+    /// returned).
     pub lse: &'a [T],
     /// The forward's [`lse_residue`](crate::AttnOutput::lse_residue) `[B, Hq, Lq]`, when at hand
     /// (`None` for a log-sum-exp from elsewhere: the fast backward's probabilities are then off by

@@ -5,7 +5,10 @@
 //! - [`flash`]: the fast tiled kernel, with micro-kernels per instruction set ([`Isa`], whose
 //!   availability on this CPU is checked in one place, [`Isa::is_available`]).
 //! - [`alloc`]: fallible allocation of every buffer sized by the caller's shapes ([`AllocError`]).
+//! - [`score_mod`]: programmable score modifications ([`ScoreMod`]) with their derivatives.
 //! - [`sparse`]: programmable masks ([`MaskMod`]) and their block-sparse description ([`BlockMask`]).
+//! - [`varlen`]: packed variable-length sequences (FlashAttention's `flash_attn_varlen_func`),
+//!   forward and backward, on the same kernels.
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
 //!   into a [`Problem`] by every kernel.
 
@@ -21,11 +24,13 @@ pub mod mask;
 pub mod merge;
 pub mod problem;
 pub mod reference;
+pub mod score_mod;
 pub mod sparse;
 // A workspace utility, not part of the kernels' interface: dropout keys its rows with
 // `splitmix64`; the other crates reach the generator as `attn::random::SplitMix64`.
 #[doc(hidden)]
 pub mod rng;
+pub mod varlen;
 pub mod view;
 
 pub use alloc::AllocError;
@@ -36,8 +41,10 @@ pub use flash::{BackwardTuning, Path, Tuning};
 pub use grad::{AttnGrads, Saved};
 pub use isa::Isa;
 pub use mask::{Align, MaskSpec, Window};
-pub use merge::{merge_partials, Partial};
+pub use merge::{fold_sinks, merge_partials, Partial};
 pub use problem::{AttnParams, Dims, Problem};
 pub use reference::{reference, reference_backward, AttnOutput, Real};
+pub use score_mod::{ScoreFn, ScoreMod};
 pub use sparse::{BlockClass, BlockMask, BlockShape, MaskMod, MaskModExt, SPARSE_BLOCK};
+pub use varlen::{attention_varlen, attention_varlen_backward, CuSeqlens, Packed, PackedKv, VarlenOutput, VarlenSaved};
 pub use view::{Broadcast, View4};

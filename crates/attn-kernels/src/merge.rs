@@ -4,9 +4,14 @@
 //! masked (`lse_s = −∞`) contributes nothing; a row masked in every shard gives `O = 0`,
 //! `lse = −∞`. This is the building block of split-KV decoding and of attention spread over
 //! several workers or machines.
+//!
+//! Attention sinks ([`AttnParams::sinks`](crate::AttnParams)) belong to the whole row, not to a
+//! shard: compute every shard **without** sinks, merge, then join the sinks once with
+//! [`fold_sinks`]. Shards computed with sinks would each count `exp(sink)` in their denominator,
+//! and the merge would count it once per shard.
 
 use crate::error::{AttnError, Result};
-use crate::lse::lse_parts;
+use crate::lse::{join_sink, lse_parts};
 
 /// One shard's partial result: `out: [rows, Dv]`, `lse: [rows]` (natural log).
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +42,70 @@ pub fn merge_partials(parts: &[Partial], dv: usize, out: &mut [f32], lse: &mut [
         (lse[r], _) = merge_row(shards, &mut out[r * dv..(r + 1) * dv]);
     }
     Ok(())
+}
+
+/// Joins per-query-head sink logits `sinks: [Hq]` to complete results laid out `[B, Hq, Lq]`:
+/// `out: [B, Hq, Lq, Dv]` and `lse: [B, Hq, Lq]` over all keys without sinks (from one call, or
+/// merged from shards by [`merge_partials`]) become the results with the sinks, as one call with
+/// [`AttnParams::sinks`](crate::AttnParams) gives them: `lse' = logaddexp(lse, sink_h)` and
+/// `out' = out · exp(lse − lse')`. A row with no key (`lse = −∞`) gets `lse' = sink_h` and keeps
+/// `out = 0`; a −∞ sink leaves its head's rows unchanged. Sinks must be finite or −∞ and `lse`
+/// must hold a multiple of `Hq · Lq` rows.
+pub fn fold_sinks(sinks: &[f32], lq: usize, dv: usize, out: &mut [f32], lse: &mut [f32]) -> Result<()> {
+    let rows = lse.len();
+    if let Some((h, x)) = sinks.iter().enumerate().find(|(_, x)| x.is_nan() || **x == f32::INFINITY) {
+        return Err(AttnError::Param {
+            field: "sinks",
+            reason: format!("entry {h} is {x}; expected a finite logit, or -inf for no sink"),
+        });
+    }
+    let per_batch = sinks.len() * lq;
+    if (per_batch == 0 && rows != 0) || (per_batch != 0 && !rows.is_multiple_of(per_batch)) {
+        return Err(AttnError::Layout {
+            tensor: "lse",
+            reason: format!("{rows} rows, not a multiple of Hq·Lq = {} · {lq}", sinks.len()),
+        });
+    }
+    if out.len() != rows * dv {
+        return Err(AttnError::Output { tensor: "out", expected: rows * dv, found: out.len() });
+    }
+    fold_sink_rows(sinks, lq, SinkRows { out, dv, lse, residue: None, weights: None });
+    Ok(())
+}
+
+/// The rows of results `[B, Hq, Lq]` that [`fold_sink_rows`] rewrites.
+pub(crate) struct SinkRows<'a> {
+    /// `[rows, Dv]`.
+    pub out: &'a mut [f32],
+    pub dv: usize,
+    /// `[rows]`.
+    pub lse: &'a mut [f32],
+    /// `[rows]`, the rounding residues of `lse`, when kept.
+    pub residue: Option<&'a mut [f32]>,
+    /// `[rows, Lk]` and `Lk`, when asked for.
+    pub weights: Option<(&'a mut [f32], usize)>,
+}
+
+/// [`fold_sinks`] without the checks, also rewriting the log-sum-exps' residues and the weights:
+/// row `r` belongs to head `r / lq % Hq`; a −∞ sink leaves its rows untouched (bit for bit).
+pub(crate) fn fold_sink_rows(sinks: &[f32], lq: usize, rows: SinkRows) {
+    let SinkRows { out, dv, lse, mut residue, mut weights } = rows;
+    for (r, l) in lse.iter_mut().enumerate() {
+        let sink = sinks[r / lq % sinks.len()];
+        if sink == f32::NEG_INFINITY {
+            continue;
+        }
+        let lo = residue.as_deref().map_or(0.0, |x| x[r]);
+        let (hi, lo, keep) = join_sink(*l, lo, sink);
+        *l = hi;
+        if let Some(res) = residue.as_deref_mut() {
+            res[r] = lo;
+        }
+        out[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= keep);
+        if let Some((w, lk)) = weights.as_mut() {
+            w[r * *lk..(r + 1) * *lk].iter_mut().for_each(|x| *x *= keep);
+        }
+    }
 }
 
 /// Merges one row from `(lse_s, residue_s, O_s)` triples (each shard's log-sum-exp is

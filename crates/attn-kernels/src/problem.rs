@@ -2,9 +2,12 @@
 //! `Problem`: every dimension, the head grouping, the resolved masks and the scalar options,
 //! checked once so kernels can index without further checks.
 
+use num_traits::Float;
+
 use crate::dropout::Dropout;
 use crate::error::{AttnError, Result};
 use crate::mask::{Band, ElementMask, MaskSpec};
+use crate::score_mod::ScoreFn;
 
 /// Options of one attention call.
 #[derive(Debug, Clone, Copy, Default)]
@@ -17,6 +20,16 @@ pub struct AttnParams<'a, T> {
     pub softcap: Option<f64>,
     /// Dropout on the attention weights.
     pub dropout: Option<Dropout>,
+    /// A programmable modification of the scaled scores, before the soft-cap, bias and masks.
+    pub score_mod: Option<ScoreFn<'a>>,
+    /// Learned attention sinks (gpt-oss), one logit per query head, `[Hq]`: `sink_h` joins the
+    /// softmax denominator of every row of head `h`, `p_ij = exp(s_ij) / (Σ_k exp(s_ik) +
+    /// exp(sink_h))`, so a row's weights sum to less than 1 and the missing mass attends to nothing
+    /// (the sink has no value). Dropout never drops the sink. The returned `lse` includes it,
+    /// `logaddexp(lse_keys, sink_h)`; a row with no allowed key then gives `out = 0`,
+    /// `lse = sink_h`. Each entry is finite or −∞ (−∞: that head has no sink, bit for bit as without
+    /// `sinks`); NaN and +∞ are refused.
+    pub sinks: Option<&'a [T]>,
 }
 
 /// Sizes of one call.
@@ -86,9 +99,13 @@ pub struct Problem<'a, T> {
     pub elem: ElementMask<'a, T>,
     /// Dropout, `None` when absent or `p == 0` (so `p = 0` is bit-identical to no dropout).
     pub dropout: Option<Dropout>,
+    /// Score modification, its table checked against its length.
+    pub score_mod: Option<ScoreFn<'a>>,
+    /// Sink logits per query head, `[Hq]`, each finite or −∞ (see [`AttnParams::sinks`]).
+    pub sinks: Option<&'a [T]>,
 }
 
-impl<'a, T> Problem<'a, T> {
+impl<'a, T: Float> Problem<'a, T> {
     /// Checks the input shapes `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]` and the
     /// options against each other.
     pub fn new(q: [usize; 4], k: [usize; 4], v: [usize; 4], p: &AttnParams<'a, T>) -> Result<Self> {
@@ -135,6 +152,16 @@ impl<'a, T> Problem<'a, T> {
                 });
             }
         }
+        if let Some(sinks) = p.sinks {
+            expect("sinks", "heads", hq, sinks.len())?;
+            if let Some((h, x)) = sinks.iter().enumerate().find(|(_, x)| x.is_nan() || **x == T::infinity()) {
+                let x = if x.is_nan() { "NaN" } else { "+inf" };
+                return Err(AttnError::Param {
+                    field: "sinks",
+                    reason: format!("entry {h} is {x}; expected a finite logit, or -inf for no sink"),
+                });
+            }
+        }
         let target = [b, hq, lq, lk];
         let keep = match &p.mask.keep {
             Some(m) => Some(crate::view::Resolved { data: m.data(), strides: m.strides_for("mask", target)? }),
@@ -144,6 +171,9 @@ impl<'a, T> Problem<'a, T> {
             Some(m) => Some(crate::view::Resolved { data: m.data(), strides: m.strides_for("bias", target)? }),
             None => None,
         };
+        if let Some(f) = p.score_mod {
+            expect("score_table", "length", f.m.table_len(), f.table.len())?;
+        }
         if let Some(bm) = p.mask.block {
             bm.check(b, hq, lq, lk)?;
         }
@@ -155,7 +185,15 @@ impl<'a, T> Problem<'a, T> {
             key_lengths: p.mask.key_lengths,
             elem: ElementMask { keep, bias, block: p.mask.block },
             dropout: p.dropout.filter(|d| d.p > 0.0),
+            score_mod: p.score_mod,
+            sinks: p.sinks,
         })
+    }
+
+    /// The sink logit of query head `h`; `None` without sinks or where it is −∞ (no sink).
+    #[inline]
+    pub fn sink(&self, h: usize) -> Option<T> {
+        self.sinks.map(|s| s[h]).filter(|&x| x != T::neg_infinity())
     }
 
     /// Allowed key range `lo..hi` of query row `i` in batch `b` from the band and key length.

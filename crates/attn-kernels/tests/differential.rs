@@ -1,15 +1,16 @@
 //! A randomised differential test of every kernel, forward and backward, against the `f64`
 //! reference: seeded configurations drawn over sizes 1…300, grouped-query ratios up to 7, every
 //! mask kind combined (causal in both alignments, window, key lengths, broadcast keep-masks and
-//! biases with −∞), soft-capping, dropout, scales −0.7…3 and input magnitudes 0.01…4, so that
-//! scores reach the hundreds. Each fast kernel's `out`, `lse`, `dq`, `dk`, `dv` and `dbias` must meet
-//! the oracle rule with naive32 taken as the larger error of two plain `f32` runs — the reference
-//! kernel, and the algorithm written as PyTorch's math path computes it, with fused multiply-adds
-//! (`common::math_path`), as FlashAttention's tests take the plain algorithm twice with its
-//! operations reordered: with scores in the hundreds a result's largest error often hangs on the
-//! rounding of one score, which either ordering may happen to round worse. The reference kernel's
-//! gradients must meet the rule against the math path alone: the reference is the yardstick of
-//! every fast kernel, so it may be no looser than the plain algorithm a PyTorch user runs.
+//! biases with −∞), soft-capping, dropout, attention sinks (some −∞), scales −0.7…3 and input
+//! magnitudes 0.01…4, so that scores reach the hundreds. Each fast kernel's `out`, `lse`, `dq`,
+//! `dk`, `dv`, `dbias` and `dsinks` must meet the oracle rule with naive32 taken as the larger
+//! error of two plain `f32` runs — the reference kernel, and the algorithm written as PyTorch's
+//! math path computes it, with fused multiply-adds (`common::math_path`), as FlashAttention's tests
+//! take the plain algorithm twice with its operations reordered: with scores in the hundreds a
+//! result's largest error often hangs on the rounding of one score, which either ordering may
+//! happen to round worse. The reference kernel's gradients must meet the rule against the math path
+//! alone: the reference is the yardstick of every fast kernel, so it may be no looser than the
+//! plain algorithm a PyTorch user runs.
 //!
 //! `ATTN_DIFFERENTIAL_CASES` sets the number of configurations (default 300; each at most
 //! `WORK_BUDGET` multiply-adds per pass); failures are collected and reported together.
@@ -21,7 +22,7 @@ use attn_kernels::{Align, AttnGrads, BackwardTuning, Dims, Dropout, Kernel, Tuni
 use attn_testkit::oracle::worse_of;
 use common::{broadcast_shape, kernel_tests, math_path, oracle_verdict, random_bias, random_keep};
 use common::{Case, Rng, SHAPE_CODES};
-use gradients_parts::harness::{dbias_terms, grads, grads64, grads_tuned, grads_verdict, random_dout};
+use gradients_parts::harness::{grads, grads64, grads_tuned, grads_verdict, random_dout, terms};
 
 kernel_tests! {
     differential => check_differential,
@@ -83,8 +84,17 @@ fn configuration(n: usize) -> Case {
         softcap: rng.chance(0.25).then(|| 0.5 + 29.5 * rng.unit()),
         scale: rng.chance(0.6).then(|| -0.7 + 3.7 * rng.unit()),
         dropout: rng.chance(0.2).then(|| Dropout { p: 0.05 + 0.45 * rng.unit() as f32, seed: n as u64 }),
+        // Drawn last, so the other draws of a configuration are those before sinks existed.
+        sinks: rng.chance(0.25).then(|| random_sinks(d.hq, magnitude, &mut rng)),
         ..case
     }
+}
+
+/// Sink logits `[hq]` near the row log-sum-exps of inputs of `magnitude` (scores up to about
+/// `magnitude²·Dk`, sums over up to 300 keys), one in four −∞ (no sink for that head).
+fn random_sinks(hq: usize, magnitude: f32, rng: &mut Rng) -> Vec<f32> {
+    let spread = 3.0 + magnitude * magnitude;
+    (0..hq).map(|_| if rng.chance(0.25) { f32::NEG_INFINITY } else { rng.uniform(-spread, 2.0 * spread) }).collect()
 }
 
 /// `a` and `b` merged by [`worse_of`] against `r`, gradient by gradient.
@@ -94,6 +104,8 @@ fn worse_grads(a: AttnGrads<f32>, b: &AttnGrads<f32>, r: &AttnGrads<f64>) -> Att
         dk: worse_of(&a.dk, &b.dk, &r.dk),
         dv: worse_of(&a.dv, &b.dv, &r.dv),
         dbias: a.dbias.zip(b.dbias.as_ref()).zip(r.dbias.as_ref()).map(|((a, b), r)| worse_of(&a, b, r)),
+        dtable: None,
+        dsinks: a.dsinks.zip(b.dsinks.as_ref()).zip(r.dsinks.as_ref()).map(|((a, b), r)| worse_of(&a, b, r)),
     }
 }
 
@@ -112,20 +124,20 @@ fn verdict(kernel: Kernel, case: &Case) -> Result<(), String> {
     }
     oracle_verdict(&fwd, &oracle).map_err(|e| format!("forward: {e}"))?;
     let g64 = grads64(case, &dout);
-    let terms = dbias_terms(case, &dout);
+    let terms = terms(case, &dout);
     let fast = grads(case, kernel, &dout).map_err(refused("backward"))?;
     let baseline = match kernel {
         Kernel::Reference => math.grads,
         _ => worse_grads(grads(case, Kernel::Reference, &dout).map_err(refused("naive32"))?, &math.grads, &g64),
     };
-    grads_verdict(&fast, &g64, &baseline, terms.as_deref()).map_err(|e| format!("backward: {e}"))?;
+    grads_verdict(&fast, &g64, &baseline, &terms).map_err(|e| format!("backward: {e}"))?;
     if kernel == Kernel::Reference {
         return Ok(());
     }
     // After a split-KV forward: the shards' log-sum-exps and residues merged.
     let split = (Tuning { path: None, shards: Some(3) }, BackwardTuning::default());
     let fast = grads_tuned(case, kernel, split, &dout).map_err(refused("backward after split-KV"))?;
-    grads_verdict(&fast, &g64, &baseline, terms.as_deref()).map_err(|e| format!("backward after split-KV: {e}"))
+    grads_verdict(&fast, &g64, &baseline, &terms).map_err(|e| format!("backward after split-KV: {e}"))
 }
 
 fn check_differential(kernel: Kernel) {

@@ -1,6 +1,6 @@
 //! Golden tests: every kernel against attention computed by PyTorch in float64, stored in
 //! `tests/fixtures/*.safetensors` by `scripts/gen_fixtures.py` (shapes at tile edges, GQA, every
-//! mask kind, softcap, negative scale, fully masked rows).
+//! mask kind, softcap, negative scale, fully masked rows, attention sinks).
 //!
 //! - The `f64` reference must match PyTorch to `1e-10 · (1 + magnitude)`.
 //! - Each kernel of [`Kernel::ALL`] runs on the inputs cast to `f32` and must pass
@@ -37,7 +37,8 @@ fn check_all(check: impl Fn(&Fixture) -> Result<(), String>) {
 
 fn check_reference_f64(fx: &Fixture) -> Result<(), String> {
     let [q, k, v] = fx.views([&fx.q.data, &fx.k.data, &fx.v.data])?;
-    let params = fx.params(fx.bias.as_ref().map(|b| b.data.as_slice()))?;
+    let params =
+        fx.params(fx.bias.as_ref().map(|b| b.data.as_slice()), fx.sinks.as_ref().map(|s| s.data.as_slice()))?;
     let got = reference(&q, &k, &v, &params, true).map_err(|e| format!("{}: reference: {e}", fx.file))?;
     let weights = got.weights.ok_or_else(|| format!("{}: reference returned no weights", fx.file))?;
     check_f64(&format!("{}: out", fx.file), &got.out, &fx.out.data)?;
@@ -60,9 +61,9 @@ const TUNINGS: [Tuning; 5] = [
 
 fn check_kernel(kernel: Kernel, fx: &Fixture) -> Result<(), String> {
     let (q32, k32, v32) = (to_f32(&fx.q.data), to_f32(&fx.k.data), to_f32(&fx.v.data));
-    let bias32 = fx.bias.as_ref().map(|b| to_f32(&b.data));
+    let (bias32, sinks32) = (fx.bias.as_ref().map(|b| to_f32(&b.data)), fx.sinks.as_ref().map(|s| to_f32(&s.data)));
     let [q, k, v] = fx.views([&q32, &k32, &v32])?;
-    let params = fx.params(bias32.as_deref())?;
+    let params = fx.params(bias32.as_deref(), sinks32.as_deref())?;
     let naive = reference(&q, &k, &v, &params, true).map_err(|e| format!("{}: reference f32: {e}", fx.file))?;
     let naive_weights = naive.weights.as_deref().unwrap_or_default();
     let plans = if kernel == Kernel::Reference { &TUNINGS[..1] } else { &TUNINGS[..] };
@@ -101,13 +102,13 @@ fn check_kernel_half<H: Copy>(
     let (q32, k32, v32) = (to_f32(&fx.q.data), widened(&kh), widened(&vh));
     let wide = |x: &[f32]| x.iter().map(|&x| x as f64).collect::<Vec<_>>();
     let (q64, k64, v64) = (wide(&q32), wide(&k32), wide(&v32));
-    let bias32 = fx.bias.as_ref().map(|b| to_f32(&b.data));
-    let bias64 = bias32.as_deref().map(wide);
+    let (bias32, sinks32) = (fx.bias.as_ref().map(|b| to_f32(&b.data)), fx.sinks.as_ref().map(|s| to_f32(&s.data)));
+    let (bias64, sinks64) = (bias32.as_deref().map(wide), sinks32.as_deref().map(wide));
     let [q, k, v] = fx.views([&q32, &k32, &v32])?;
     let [qw, kw, vw] = fx.views([&q64, &k64, &v64])?;
-    let params = fx.params(bias32.as_deref())?;
+    let params = fx.params(bias32.as_deref(), sinks32.as_deref())?;
     let fail = |e: attn_kernels::AttnError| format!("{}: {e}", fx.file);
-    let oracle = reference(&qw, &kw, &vw, &fx.params(bias64.as_deref())?, false).map_err(fail)?;
+    let oracle = reference(&qw, &kw, &vw, &fx.params(bias64.as_deref(), sinks64.as_deref())?, false).map_err(fail)?;
     let naive = reference(&q, &k, &v, &params, false).map_err(fail)?;
     let kv = View4::contiguous("k", &kh, k.dims()).map_err(fail)?;
     let vv = View4::contiguous("v", &vh, v.dims()).map_err(fail)?;

@@ -1,6 +1,6 @@
 //! Golden gradient tests: the backward of every kernel against PyTorch float64 autograd, stored in
 //! `tests/fixtures/*.safetensors` by `scripts/gen_fixtures.py` next to the forward results (an
-//! output gradient `grad_out` and the gradients `dq`, `dk`, `dv`, `dbias` of
+//! output gradient `grad_out` and the gradients `dq`, `dk`, `dv`, `dbias`, `dsinks` of
 //! `(out * grad_out).sum()`; the same shapes and masks as `golden.rs`, fully masked rows included).
 //!
 //! - The `f64` reference backward (after the `f64` reference forward) must match PyTorch to
@@ -27,7 +27,7 @@ use attn_kernels::{
 };
 use attn_testkit::oracle::{self, GRADIENT_FACTOR};
 use golden_parts::compare::check_f64_within;
-use golden_parts::fixture::{fixture_paths, Fixture, Grads};
+use golden_parts::fixture::{fixture_paths, Fixture, Grads, Tensor};
 use half::{bf16, f16};
 
 /// Relative tolerance of the `f64` reference backward against PyTorch.
@@ -108,15 +108,17 @@ struct Oracle<'a> {
     dk: &'a [f64],
     dv: &'a [f64],
     dbias: Option<&'a [f64]>,
+    dsinks: Option<&'a [f64]>,
 }
 
 impl<'a> Oracle<'a> {
     fn of_fixture(g: &'a Grads) -> Self {
-        Self { dq: &g.dq.data, dk: &g.dk.data, dv: &g.dv.data, dbias: g.dbias.as_ref().map(|b| b.data.as_slice()) }
+        let data = |t: &'a Option<Tensor<f64>>| t.as_ref().map(|t| t.data.as_slice());
+        Self { dq: &g.dq.data, dk: &g.dk.data, dv: &g.dv.data, dbias: data(&g.dbias), dsinks: data(&g.dsinks) }
     }
 
     fn of_reference(g: &'a AttnGrads<f64>) -> Self {
-        Self { dq: &g.dq, dk: &g.dk, dv: &g.dv, dbias: g.dbias.as_deref() }
+        Self { dq: &g.dq, dk: &g.dk, dv: &g.dv, dbias: g.dbias.as_deref(), dsinks: g.dsinks.as_deref() }
     }
 }
 
@@ -140,11 +142,17 @@ fn check_grads(
         (None, None, None, _) => Ok(()),
         _ => Err(format!("{tag}: dbias present in some results only")),
     };
+    let dsinks = match (&fast.dsinks, oracle.dsinks, &naive.dsinks) {
+        (Some(f), Some(r), Some(n)) => rule("dsinks", f, r, n),
+        (None, None, None) => Ok(()),
+        _ => Err(format!("{tag}: dsinks present in some results only")),
+    };
     let results = [
         rule("dq", &fast.dq, oracle.dq, &naive.dq),
         rule("dk", &fast.dk, oracle.dk, &naive.dk),
         rule("dv", &fast.dv, oracle.dv, &naive.dv),
         dbias,
+        dsinks,
     ];
     let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
     if errors.is_empty() {
@@ -183,7 +191,11 @@ fn check_dbias_terms(tag: &str, fast: &[f32], r: &[f64], naive: &[f32], terms: &
 /// and `dout` (the oracle's inputs) with the bias expanded to `[B, Hq, Lq, Lk]`; else `None`.
 /// Such a `dbias` sums `dS_ij` over the keys of a row, which cancel exactly, so its reference value
 /// is ~0 and a kernel taking `Σ_j A∘dA` as `dO·O` keeps the rounding of `O` in each row's sum.
-fn dbias_terms(fx: &Fixture, [q, k, v, dout]: [&[f64]; 4], bias: Option<&[f64]>) -> Result<Option<Vec<f64>>, String> {
+fn dbias_terms(
+    fx: &Fixture,
+    [q, k, v, dout]: [&[f64]; 4],
+    [bias, sinks]: [Option<&[f64]>; 2],
+) -> Result<Option<Vec<f64>>, String> {
     let (Some(shape), Some(bias)) = (fx.bias.as_ref().map(|b| &b.shape), bias) else { return Ok(None) };
     let [b, hq, lq, _] = fx.q.dims4();
     let lk = fx.k.dims4()[2];
@@ -198,7 +210,7 @@ fn dbias_terms(fx: &Fixture, [q, k, v, dout]: [&[f64]; 4], bias: Option<&[f64]>)
         idx.iter().zip(st).map(|(i, s)| i * s).sum::<usize>()
     };
     let full: Vec<f64> = (0..b * hq * lq * lk).map(|x| bias[at(x)]).collect();
-    let mut params = fx.params(Some(bias))?;
+    let mut params = fx.params(Some(bias), sinks)?;
     params.mask.bias = Some(Broadcast::new("bias", &full, &target).map_err(fail)?);
     let ds = reference_grads(fx, [q, k, v, dout], &params)?.dbias.ok_or_else(|| format!("{}: no dS", fx.file))?;
     let mut terms = vec![0.0; bias.len()];
@@ -210,7 +222,8 @@ fn dbias_terms(fx: &Fixture, [q, k, v, dout]: [&[f64]; 4], bias: Option<&[f64]>)
 
 fn check_reference_f64(fx: &Fixture) -> Result<(), String> {
     let g = grads_of(fx)?;
-    let params = fx.params(fx.bias.as_ref().map(|b| b.data.as_slice()))?;
+    let params =
+        fx.params(fx.bias.as_ref().map(|b| b.data.as_slice()), fx.sinks.as_ref().map(|s| s.data.as_slice()))?;
     let got = reference_grads(fx, [&fx.q.data, &fx.k.data, &fx.v.data, &g.grad_out.data], &params)?;
     let tol = GRAD_F64_TOLERANCE;
     check_f64_within(&format!("{}: dq", fx.file), &got.dq, &g.dq.data, tol)?;
@@ -220,6 +233,11 @@ fn check_reference_f64(fx: &Fixture) -> Result<(), String> {
         (Some(got), Some(want)) => check_f64_within(&format!("{}: dbias", fx.file), got, &want.data, tol),
         (None, None) => Ok(()),
         _ => Err(format!("{}: dbias present in one of reference and fixture only", fx.file)),
+    }?;
+    match (&got.dsinks, &g.dsinks) {
+        (Some(got), Some(want)) => check_f64_within(&format!("{}: dsinks", fx.file), got, &want.data, tol),
+        (None, None) => Ok(()),
+        _ => Err(format!("{}: dsinks present in one of reference and fixture only", fx.file)),
     }
 }
 
@@ -229,13 +247,13 @@ fn check_kernel(kernel: Kernel, fx: &Fixture) -> Result<(), String> {
     let g = grads_of(fx)?;
     let (q32, k32, v32, dout32) =
         (to_f32(&fx.q.data), to_f32(&fx.k.data), to_f32(&fx.v.data), to_f32(&g.grad_out.data));
-    let bias32 = fx.bias.as_ref().map(|b| to_f32(&b.data));
-    let params = fx.params(bias32.as_deref())?;
+    let (bias32, sinks32) = (fx.bias.as_ref().map(|b| to_f32(&b.data)), fx.sinks.as_ref().map(|s| to_f32(&s.data)));
+    let params = fx.params(bias32.as_deref(), sinks32.as_deref())?;
     let naive = reference_grads(fx, [&q32, &k32, &v32, &dout32], &params)?;
     let [_, k, v] = fx.views([&q32, &k32, &v32])?;
     let fast = kernel_grads(kernel, fx, &q32, [&KvView::F32(k), &KvView::F32(v)], &dout32, &params)?;
-    let bias64 = fx.bias.as_ref().map(|b| b.data.as_slice());
-    let terms = dbias_terms(fx, [&fx.q.data, &fx.k.data, &fx.v.data, &g.grad_out.data], bias64)?;
+    let fx64 = [fx.bias.as_ref().map(|b| b.data.as_slice()), fx.sinks.as_ref().map(|s| s.data.as_slice())];
+    let terms = dbias_terms(fx, [&fx.q.data, &fx.k.data, &fx.v.data, &g.grad_out.data], fx64)?;
     let tag = format!("{}: {} (f32 K/V)", fx.file, kernel.name());
     check_grads(&tag, &fast, &Oracle::of_fixture(g), &naive, terms.as_deref())
 }
@@ -257,16 +275,16 @@ fn check_kernel_half<H: Copy>(
     let widened = |x: &[H]| x.iter().map(|&x| widen(x)).collect::<Vec<f32>>();
     let (q32, k32, v32, dout32) = (to_f32(&fx.q.data), widened(&kh), widened(&vh), to_f32(&g.grad_out.data));
     let (q64, k64, v64, dout64) = (wide(&q32), wide(&k32), wide(&v32), wide(&dout32));
-    let bias32 = fx.bias.as_ref().map(|b| to_f32(&b.data));
-    let bias64 = bias32.as_deref().map(wide);
-    let params = fx.params(bias32.as_deref())?;
-    let oracle = reference_grads(fx, [&q64, &k64, &v64, &dout64], &fx.params(bias64.as_deref())?)?;
+    let (bias32, sinks32) = (fx.bias.as_ref().map(|b| to_f32(&b.data)), fx.sinks.as_ref().map(|s| to_f32(&s.data)));
+    let (bias64, sinks64) = (bias32.as_deref().map(wide), sinks32.as_deref().map(wide));
+    let params = fx.params(bias32.as_deref(), sinks32.as_deref())?;
+    let oracle = reference_grads(fx, [&q64, &k64, &v64, &dout64], &fx.params(bias64.as_deref(), sinks64.as_deref())?)?;
     let naive = reference_grads(fx, [&q32, &k32, &v32, &dout32], &params)?;
     let fail = |e: attn_kernels::AttnError| format!("{}: {e}", fx.file);
     let kv = View4::contiguous("k", &kh, fx.k.dims4()).map_err(fail)?;
     let vv = View4::contiguous("v", &vh, fx.v.dims4()).map_err(fail)?;
     let fast = kernel_grads(kernel, fx, &q32, [&view(kv), &view(vv)], &dout32, &params)?;
-    let terms = dbias_terms(fx, [&q64, &k64, &v64, &dout64], bias64.as_deref())?;
+    let terms = dbias_terms(fx, [&q64, &k64, &v64, &dout64], [bias64.as_deref(), sinks64.as_deref()])?;
     let tag = format!("{}: {} ({storage} K/V)", fx.file, kernel.name());
     check_grads(&tag, &fast, &Oracle::of_reference(&oracle), &naive, terms.as_deref())
 }

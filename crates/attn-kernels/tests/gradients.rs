@@ -13,7 +13,7 @@ use attn_kernels::{Align, BackwardTuning, Dropout, Kernel, KvView, Saved, Tuning
 use common::{broadcast_shape, dims, kernel_tests, random_bias, random_keep, Case, Rng, SHAPE_CODES};
 use gradients_parts::consistency::check_forward_path_consistency;
 use gradients_parts::finite_diff::assert_finite_differences;
-use gradients_parts::harness::{assert_grads, check_grads, grads, grads64, grads_kv, out_dims, random_dout};
+use gradients_parts::harness::{assert_grads, check_grads, grads, grads64, grads_kv, out_dims, random_dout, Terms};
 
 #[test]
 fn reference_matches_finite_differences() {
@@ -179,7 +179,7 @@ fn check_gqa_and_half_kv(kernel: Kernel) {
         let fast = grads_kv(&case, kernel, (Tuning::default(), BackwardTuning::default()), &k, &v, &dout).unwrap();
         let g64 = grads64(&widened, &dout);
         let g32 = grads(&widened, Kernel::Reference, &dout).unwrap();
-        assert_grads(&format!("{} {half} K/V", kernel.name()), &fast, &g64, &g32, None);
+        assert_grads(&format!("{} {half} K/V", kernel.name()), &fast, &g64, &g32, &Terms::default());
     }
 }
 
@@ -269,7 +269,7 @@ fn check_empty_and_errors(kernel: Kernel) {
         assert_eq!((g.dq.len(), g.dk.len()), (b * 2 * lq * 4, b * lk * 4));
     }
     let case = Case::new(dims(1, 2, 1, 6, 7, 4, 4), 1001);
-    let params = case.params(None);
+    let params = case.params(None, None);
     let q = View4::contiguous("q", &case.q, case.q_dims()).unwrap();
     let k = KvView::F32(View4::contiguous("k", &case.k, case.k_dims()).unwrap());
     let v = KvView::F32(View4::contiguous("v", &case.v, case.v_dims()).unwrap());
@@ -318,7 +318,7 @@ fn check_strided(kernel: Kernel) {
     let case = Case { causal: true, ..Case::new(dims(2, 4, 2, 37, 70, 16, 8), 1100) };
     let dout = random_dout(&case, 3);
     let want = grads(&case, kernel, &dout).unwrap();
-    let params = case.params(None);
+    let params = case.params(None, None);
     let (q, qs) = interleaved(&case.q, case.q_dims());
     let (k, ks) = interleaved(&case.k, case.k_dims());
     let (v, vs) = interleaved(&case.v, case.v_dims());

@@ -13,14 +13,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use attn_kernels::sparse::{BlockClass, BlockMask, BlockShape, MaskMod, MaskModExt, SPARSE_BLOCK};
-use attn_kernels::{Align, AttnError, Dims, Dropout, Kernel, Window};
+use attn_kernels::{Align, AttnError, BackwardTuning, Dims, Dropout, Kernel, KvView, Tuning, View4, Window};
 use common::{kernel_tests, random_bias, random_keep, Case, Rng, Sparse};
-use gradients_parts::harness::{check_grads, grads, random_dout};
+use gradients_parts::harness::{assert_grads, check_grads, grads, grads64, grads_kv, random_dout, Terms};
+use half::bf16;
 
 kernel_tests! {
     random_patterns => check_random_patterns,
     predicate_only_in_partial_blocks => check_predicate_only_in_partial_blocks,
     unseen_keys_never_read => check_unseen_keys_never_read,
+    half_precision_kv => check_half_precision_kv,
 }
 
 /// A well-mixed hash of a few indices.
@@ -167,6 +169,31 @@ fn check_unseen_keys_never_read(kernel: Kernel) {
     }
 }
 
+/// K/V stored as bf16 under a random pattern: forward and gradients of the widened values under
+/// the oracle rule.
+fn check_half_precision_kv(kernel: Kernel) {
+    let case = configuration(3);
+    let case = Case { dropout: None, ..case };
+    let (k16, v16): (Vec<bf16>, Vec<bf16>) =
+        (case.k.iter().map(|&x| bf16::from_f32(x)).collect(), case.v.iter().map(|&x| bf16::from_f32(x)).collect());
+    let widened = Case {
+        k: k16.iter().map(|x| x.to_f32()).collect(),
+        v: v16.iter().map(|x| x.to_f32()).collect(),
+        ..case.clone()
+    };
+    let (k, v) = (
+        KvView::Bf16(View4::contiguous("k", &k16, case.k_dims()).unwrap()),
+        KvView::Bf16(View4::contiguous("v", &v16, case.v_dims()).unwrap()),
+    );
+    let q = View4::contiguous("q", &case.q, case.q_dims()).unwrap();
+    let fwd = widened.run_views(kernel, &q, &k, &v, false).unwrap();
+    common::assert_oracle(&format!("{} bf16 K/V", kernel.name()), &fwd, &widened.oracle());
+    let dout = random_dout(&case, 7);
+    let fast = grads_kv(&case, kernel, (Tuning::default(), BackwardTuning::default()), &k, &v, &dout).unwrap();
+    let g32 = grads(&widened, Kernel::Reference, &dout).unwrap();
+    assert_grads(&format!("{} bf16 K/V", kernel.name()), &fast, &grads64(&widened, &dout), &g32, &Terms::default());
+}
+
 /// The reference with a block mask equals, bit for bit, the reference with the predicate
 /// materialised as a dense keep-mask.
 #[test]
@@ -202,15 +229,7 @@ fn builder_classes_are_exact() {
         for qb in 0..shape.q_blocks() {
             for kb in 0..shape.kv_blocks() {
                 let (qs, ks) = shape.block(qb, kb);
-                let n = qs.len() * ks.len();
-                let kept =
-                    qs.clone().flat_map(|i| ks.clone().map(move |j| (i, j))).filter(|&(i, j)| m.keep(0, 0, i, j));
-                let kept = kept.count();
-                let want = match kept {
-                    0 => BlockClass::Empty,
-                    k if k == n => BlockClass::Full,
-                    _ => BlockClass::Partial,
-                };
+                let want = common::block_truth(&*m, qs, ks);
                 let got = bm.class(0, 0, qb, kb);
                 let sound = got == want || (got == BlockClass::Partial && name != "plain");
                 assert!(sound, "{name}: block ({qb}, {kb}) classed {got:?}, its elements say {want:?}");

@@ -89,10 +89,7 @@ fn block_classes_are_sound() {
         for qb in 0..s.q_blocks() {
             for kb in 0..s.kv_blocks() {
                 let (qs, ks) = s.block(qb, kb);
-                let n = qs.len() * ks.len();
-                let kept =
-                    qs.clone().flat_map(|i| ks.clone().map(move |j| (i, j))).filter(|&(i, j)| m.keep(0, 0, i, j));
-                let truth = BlockClass::of(kept.clone().count() > 0, kept.count() == n);
+                let truth = common::block_truth(&*m, qs, ks);
                 let got = bm.class(0, 0, qb, kb);
                 let ok = got == truth || (!exact && got == BlockClass::Partial);
                 assert!(ok, "{p:?}: block ({qb}, {kb}) classed {got:?}, its elements say {truth:?}");
@@ -116,9 +113,7 @@ fn column_primitives_classify_soundly() {
         for (q0, k0) in [(0, 0), (5, 0), (0, 9), (64, 3), (100, 30), (130, 129), (20, 90)] {
             for (nq, nk) in [(1, 1), (3, 7), (9, 2), (16, 16), (64, 64)] {
                 let (qs, ks) = (q0..q0 + nq, k0..k0 + nk);
-                let kept =
-                    qs.clone().flat_map(|i| ks.clone().map(move |j| (i, j))).filter(|&(i, j)| m.keep(0, 0, i, j));
-                let truth = BlockClass::of(kept.clone().count() > 0, kept.count() == nq * nk);
+                let truth = common::block_truth(&**m, qs.clone(), ks.clone());
                 let got = m.classify(0, 0, qs.clone(), ks.clone());
                 assert!(got == truth || got == BlockClass::Partial, "{name} {qs:?}×{ks:?}: {got:?}, truth {truth:?}");
             }

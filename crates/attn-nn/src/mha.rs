@@ -8,7 +8,9 @@
 //! width `E` and every head has its own keys (`num_kv_heads == num_heads`); otherwise
 //! `q_proj_weight [E, E]`, `k_proj_weight [Hkv·hd, kdim]`, `v_proj_weight [Hkv·hd, vdim]`; with
 //! `bias`, `in_proj_bias [E + 2·Hkv·hd]`; `out_proj.weight [E, E]`, `out_proj.bias [E]`; with
-//! `add_bias_kv`, `bias_k [1, 1, Hkv·hd]` and `bias_v [1, 1, Hkv·hd]`.
+//! `add_bias_kv`, `bias_k [1, 1, Hkv·hd]` and `bias_v [1, 1, Hkv·hd]`; with `sinks`, gpt-oss's
+//! learned attention sinks `sinks [H]` (its name in gpt-oss's checkpoints too), one logit per
+//! query head joining the softmax denominator of each of its rows (see [`SdpaOptions::sinks`]).
 //!
 //! `add_bias_kv` appends the learned key `bias_k` and value `bias_v` (projected space, not rotated
 //! by RoPE) after the keys, `add_zero_attn` then a zero key and value; as in PyTorch every query
@@ -56,6 +58,11 @@ pub struct MultiHeadAttentionConfig {
     pub dropout: f32,
     /// Rotary embeddings applied to queries and keys.
     pub rope: Option<RopeConfig>,
+    /// gpt-oss's learned attention sinks: a parameter `sinks [H]` whose logit `sink_h` joins the
+    /// softmax denominator of head `h`, `p_ij = exp(s_ij) / (Σ_k exp(s_ik) + exp(sink_h))`, so
+    /// each row's weights sum to less than 1 (the missing share attends to nothing). Created as
+    /// N(0, 0.02²), as Hugging Face's `GptOssAttention` initialises it.
+    pub sinks: bool,
     /// The attention kernel (the fastest by default; `Kernel::Reference` for the plain one).
     pub kernel: Kernel,
     /// Seed of the dropout stream (combined with the module's path).
@@ -77,6 +84,7 @@ impl MultiHeadAttentionConfig {
             batch_first: true,
             dropout: 0.0,
             rope: None,
+            sinks: false,
             kernel: Kernel::Auto,
             seed: 0,
         }
@@ -181,7 +189,7 @@ pub struct MhaOutput {
     pub out: Tensor,
     /// `[B, H, Lq, Lk]` or `[B, Lq, Lk]` when asked (without `B` when unbatched, batch first
     /// otherwise, as PyTorch; `Lk` counts the keys `add_bias_kv` and `add_zero_attn` append);
-    /// softmax weights before dropout, not differentiable.
+    /// softmax weights before dropout, not differentiable (with sinks a row sums to less than 1).
     pub weights: Option<Tensor>,
 }
 
@@ -210,6 +218,8 @@ pub struct MultiHeadAttention {
     out_proj: Linear,
     /// `bias_k`, `bias_v`, each `[1, 1, Hkv·hd]`, with `add_bias_kv`.
     bias_kv: Option<(Tensor, Tensor)>,
+    /// `sinks [H]`, with `sinks`.
+    sinks: Option<Tensor>,
     cfg: MultiHeadAttentionConfig,
     seeds: SeedStream,
 }
@@ -258,6 +268,8 @@ impl MultiHeadAttention {
         } else {
             None
         };
+        let sinks_init = Init::Randn { mean: 0.0, stdev: 0.02 };
+        let sinks = if cfg.sinks { Some(vb.get_with_hints(cfg.num_heads, "sinks", sinks_init)?) } else { None };
         let seeds = SeedStream::new(cfg.seed, &vb.prefix());
         Ok(Self {
             q_proj: Linear::new(wq, bq),
@@ -265,6 +277,7 @@ impl MultiHeadAttention {
             v_proj: Linear::new(wv, bv),
             out_proj,
             bias_kv,
+            sinks,
             cfg,
             seeds,
         })
@@ -326,6 +339,7 @@ impl MultiHeadAttention {
         let lk = k.dims()[2];
         let (k, v) = self.append_extra_keys(k, v)?; // [B, Hkv, Lk + extra, hd]
         let mut opts = SdpaOptions::default().kernel(cfg.kernel).return_weights(input.need_weights.is_some());
+        opts.sinks = self.sinks.clone();
         if cfg.dropout > 0.0 {
             if let Some(seed) = self.seeds.seed(input.mode) {
                 opts = opts.dropout(cfg.dropout, seed);

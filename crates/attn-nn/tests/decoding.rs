@@ -1,6 +1,7 @@
 //! Incremental decoding through the KV caches gives what the full causal forward gives: for
-//! multi-head self-attention (with grouped-query heads and RoPE, whose offsets follow the cache, and
-//! with `add_bias_kv`/`add_zero_attn`, whose keys are appended after the cache at every step),
+//! multi-head self-attention (with grouped-query heads and RoPE, whose offsets follow the cache,
+//! with `add_bias_kv`/`add_zero_attn`, whose keys are appended after the cache at every step, and
+//! with attention sinks),
 //! for cross-attention (keys/values projected once), for a decoder stack, and for the Seq2Seq
 //! model's greedy decoding against re-running the whole prefix at every step.
 
@@ -26,18 +27,21 @@ fn steps(x: &Tensor, from: usize, n: usize) -> Tensor {
 #[test]
 fn self_attention_step_by_step_equals_the_causal_forward() {
     let cases = [
-        (4, None, false),
-        (2, Some(RopeConfig::default()), false),
-        (1, Some(RopeConfig { base: 500.0 }), false),
-        (2, None, true),
+        (4, None, false, false),
+        (2, Some(RopeConfig::default()), false, false),
+        (1, Some(RopeConfig { base: 500.0 }), false, false),
+        (2, None, true, false),
+        (2, Some(RopeConfig::default()), false, true),
+        (4, None, true, true),
     ];
-    for (hkv, rope, extra_keys) in cases {
+    for (hkv, rope, extra_keys, sinks) in cases {
         let (_map, vb) = fresh();
         let cfg = MultiHeadAttentionConfig {
             num_kv_heads: Some(hkv),
             rope,
             add_bias_kv: extra_keys,
             add_zero_attn: extra_keys,
+            sinks,
             ..MultiHeadAttentionConfig::new(16, 4)
         };
         let m = MultiHeadAttention::new(cfg, vb).unwrap();
@@ -54,7 +58,8 @@ fn self_attention_step_by_step_equals_the_causal_forward() {
         assert_eq!(cache.len(), 7);
         let stepped = Tensor::cat(&parts, 1).unwrap();
         let d = max_diff(&full, &stepped);
-        assert!(d < 1e-5, "hkv {hkv}, rope {rope:?}, bias_kv/zero_attn {extra_keys}: step-by-step differs by {d}");
+        let what = format!("hkv {hkv}, rope {rope:?}, bias_kv/zero_attn {extra_keys}, sinks {sinks}");
+        assert!(d < 1e-5, "{what}: step-by-step differs by {d}");
     }
 }
 

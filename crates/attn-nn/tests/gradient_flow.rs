@@ -32,21 +32,39 @@ fn self_attention_trains() {
     assert_trains(&map, &[("x", &x)], &out, 6);
 }
 
+/// `MultiHeadAttention` of `cfg` (16 wide) in training on causal, padded self-attention of input
+/// seed `seed`: every one of its `params` parameters and the input get a gradient.
+fn mha_self_attention_trains(cfg: MultiHeadAttentionConfig, params: usize, seed: u64) {
+    let (map, vb) = fresh();
+    let m = MultiHeadAttention::new(cfg, vb).unwrap();
+    let x = input(&[2, 6, 16], seed);
+    let masks = AttnMasks::causal().key_padding(padding(&[6, 4], 6));
+    let out = m.forward(MhaInput::self_attention(&x).masks(masks).mode(Mode::Train)).unwrap().out;
+    assert_trains(&map, &[("x", &x)], &out, params);
+}
+
 #[test]
 fn multi_head_attention_trains_with_gqa_rope_and_dropout() {
-    let (map, vb) = fresh();
     let cfg = MultiHeadAttentionConfig {
         num_kv_heads: Some(2),
         rope: Some(RopeConfig::default()),
         dropout: 0.2,
         ..MultiHeadAttentionConfig::new(16, 4)
     };
-    let m = MultiHeadAttention::new(cfg, vb).unwrap();
-    let x = input(&[2, 6, 16], 2);
-    let masks = AttnMasks::causal().key_padding(padding(&[6, 4], 6));
-    let out = m.forward(MhaInput::self_attention(&x).masks(masks).mode(Mode::Train)).unwrap().out;
     // q/k/v_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias.
-    assert_trains(&map, &[("x", &x)], &out, 6);
+    mha_self_attention_trains(cfg, 6, 2);
+}
+
+#[test]
+fn multi_head_attention_trains_with_sinks() {
+    let cfg = MultiHeadAttentionConfig {
+        num_kv_heads: Some(2),
+        sinks: true,
+        dropout: 0.2,
+        ..MultiHeadAttentionConfig::new(16, 4)
+    };
+    // q/k/v_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, sinks.
+    mha_self_attention_trains(cfg, 7, 16);
 }
 
 #[test]

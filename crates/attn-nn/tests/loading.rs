@@ -2,7 +2,7 @@
 //! by `safetensors.torch.save_file(module.state_dict(), ..)` in `scripts/gen_module_fixtures.py`)
 //! through the library's strict loader: every loading path refuses weights the module does not
 //! use, by name; a state dict loads into trainable variables, listed by PyTorch name, that an
-//! optimiser fine-tunes.
+//! optimiser fine-tunes; gpt-oss's attention sinks load under their name, `sinks`.
 
 mod common;
 
@@ -118,4 +118,25 @@ fn named_parameters_of_a_fresh_module() {
     MultiHeadAttention::new(cfg, attn_nn::init::seeded(&map, 0)).unwrap();
     let names: Vec<String> = attn_nn::named_parameters(&map).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["bias_k", "bias_v", "in_proj_weight", "out_proj.weight"]);
+}
+
+/// gpt-oss's `sinks [H]` load under that name into a module with sinks and reach its output; a
+/// module without sinks refuses them by name; sinks all `-inf` give the output of no sinks.
+#[test]
+fn attention_sinks_load_by_their_gpt_oss_name() {
+    let cpu = &Device::Cpu;
+    let mut tensors = candle_core::safetensors::load(state_dict("mha_add_bias_kv"), cpu).unwrap();
+    let cfg = |sinks| MultiHeadAttentionConfig { add_bias_kv: true, sinks, ..MultiHeadAttentionConfig::new(16, 4) };
+    let run = |tensors: &HashMap<String, Tensor>, sinks: bool| {
+        let m = StateDict::from_tensors(tensors.clone(), "dict")
+            .build(DType::F32, cpu, |vb| MultiHeadAttention::new(cfg(sinks), vb))?;
+        Ok::<_, NnError>(flat(&m.forward(MhaInput::self_attention(&uniform(&[2, 3, 16], 1)))?.out))
+    };
+    let plain = run(&tensors, false).unwrap();
+    tensors.insert("sinks".into(), Tensor::new(&[0.5f32, -1.0, 2.0, 0.0], cpu).unwrap());
+    assert_ne!(run(&tensors, true).unwrap(), plain, "the sinks change the output");
+    let e = run(&tensors, false).unwrap_err();
+    assert!(matches!(&e, NnError::StateDict { .. }) && e.to_string().contains("sinks"), "{e}");
+    tensors.insert("sinks".into(), Tensor::new(&[f32::NEG_INFINITY; 4], cpu).unwrap());
+    assert_eq!(run(&tensors, true).unwrap(), plain, "-inf sinks are no sinks");
 }

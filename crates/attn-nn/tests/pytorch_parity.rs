@@ -226,6 +226,7 @@ parity_cases!(
     mha_unbatched_bias_kv_zero_attn,
     gqa_causal,
     gqa_rope_mqa,
+    gqa_rope_sinks,
     encoder_post_relu_padding,
     encoder_pre_gelu_causal,
     decoder_causal_padding,
@@ -285,9 +286,10 @@ enum Fault {
 }
 
 /// One weight per case whose absence or wrong shape must be reported by its full name.
-const BROKEN: [(&str, &str); 5] = [
+const BROKEN: [(&str, &str); 6] = [
     ("mha_cross_kdim_vdim", "k_proj_weight"),
     ("gqa_rope_mqa", "in_proj_bias"),
+    ("gqa_rope_sinks", "sinks"),
     ("transformer", "decoder.layers.1.multihead_attn.in_proj_weight"),
     ("seq2seq", "transformer.encoder.norm.weight"),
     ("additive", "w_v.weight"),

@@ -3,12 +3,15 @@
 //! runs the fused backward kernel on that log-sum-exp, the output and the incoming gradient —
 //! never recomputing the forward. Dropout is replayed from the same seed.
 //!
-//! Arguments: `(q, k, v)`; when the bias needs a gradient, `(q, kv, bias)` with
-//! `kv = [k | v]` concatenated along the last dimension (candle's `cat` routes the gradient back
-//! to `k` and `v`), since a custom op takes at most three tensors. The mask, key lengths and
-//! scalar options are constants of the op: [`forward`] converts them to the kernels' parameters
-//! once (copying the mask and bias to host memory), checks them against the sizes once, and the
-//! op's forward and backward both borrow that one conversion.
+//! Arguments: `(q, k, v)`; when the bias, the sinks or the score modification's table need a
+//! gradient, `(q, kv, extra)` with `kv = [k | v]` concatenated along the last dimension and `extra`
+//! the one tracked tensor, or the tracked ones flattened and joined `[bias… | sinks… | table…]`
+//! (candle's `cat` and reshapes route the gradients back to `k`, `v` and each of them), since a
+//! custom op takes at most three tensors. The op reads their values from its parameters, never
+//! from `extra`, which only carries their gradients. The mask, key lengths and scalar options are
+//! constants of the op: [`forward`] converts them to the kernels' parameters once (copying the
+//! mask and bias to host memory), checks them against the sizes once, and the op's forward and
+//! backward both borrow that one conversion.
 
 use std::sync::{Arc, Mutex};
 
@@ -21,26 +24,29 @@ use crate::error::{AttnLibError, Result};
 use crate::options::SdpaOptions;
 use crate::params::KernelParams;
 
-/// How the op's second and third arguments hold the keys, values and bias.
+/// How the op's second and third arguments hold the keys, values, bias, sinks and table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Args {
     /// `(q, k, v)`.
     Separate,
-    /// `(q, [k | v], bias)`, with `Dk` columns of keys.
-    Packed { dk: usize },
+    /// `(q, [k | v], extra)`, with `Dk` columns of keys; `extra` holds the tracked ones of the
+    /// bias, the sinks and the table (as flagged), flattened and joined in that order when more
+    /// than one.
+    Packed { dk: usize, bias: bool, sinks: bool, table: bool },
 }
 
-/// What the forward leaves for the caller and the backward.
+/// What the forward leaves for the caller and the backward (of this op and of the packed
+/// sequences' op, `crate::varlen`).
 #[derive(Debug, Default)]
-struct ForwardState {
-    lse: Vec<f32>,
+pub(crate) struct ForwardState {
+    pub(crate) lse: Vec<f32>,
     /// `lse`'s rounding residue, which makes the backward's probabilities as exact as the forward's.
-    lse_residue: Vec<f32>,
+    pub(crate) lse_residue: Vec<f32>,
     /// The flash path that scored the keys, which the backward scores them by again.
-    path: Option<attn_kernels::Path>,
-    weights: Option<Vec<f32>>,
+    pub(crate) path: Option<attn_kernels::Path>,
+    pub(crate) weights: Option<Vec<f32>>,
     /// Why the forward failed, kept typed (candle's error would only carry its text).
-    error: Option<AttnLibError>,
+    pub(crate) error: Option<AttnLibError>,
 }
 
 /// The differentiable attention of one call.
@@ -52,7 +58,8 @@ pub(crate) struct SdpaOp {
 }
 
 /// Runs `opts` on 4-D `q: [B, Hq, Lq, Dk]` (f32), `k`, `v` (f32, f16 or bf16) through the op, so
-/// that gradients reach `q`, `k`, `v` and, when it is tracked, the bias. Returns
+/// that gradients reach `q`, `k`, `v` and, when they are tracked, the bias, the sinks and the
+/// score modification's table. Returns
 /// `out: [B, Hq, Lq, Dv]` (f32, differentiable), `lse: [B·Hq·Lq]` and the weights when asked.
 pub(crate) fn forward(
     q: &Tensor,
@@ -69,12 +76,26 @@ pub(crate) fn forward(
     };
     Problem::new(dims(q)?, dims(k)?, dims(v)?, &host.attn_params()?)?;
     let bias = opts.bias.as_ref().filter(|b| b.track_op());
-    let (args, a2, a3) = match bias {
-        Some(b) => {
-            let kv = Tensor::cat(&[k, &v.to_dtype(k.dtype())?], 3)?;
-            (Args::Packed { dk: k.dims()[3] }, kv, b.clone())
+    let sinks = opts.sinks.as_ref().filter(|s| s.track_op());
+    let table = opts.score_mod.as_ref().and_then(|s| s.table.as_ref()).filter(|t| t.track_op());
+    let tracked: Vec<&Tensor> = [bias, sinks, table].into_iter().flatten().collect();
+    let (args, a2, a3) = match tracked.as_slice() {
+        [] => (Args::Separate, k.clone(), v.clone()),
+        parts => {
+            // Contiguous: candle joins strided tensors along their last dimension into a
+            // transposed layout, which the kernels' views (last dimension contiguous) cannot read.
+            let kv = Tensor::cat(&[k, &v.to_dtype(k.dtype())?], 3)?.contiguous()?;
+            let extra = match parts {
+                [one] => (*one).clone(),
+                _ => {
+                    let flat = parts.iter().map(|t| t.flatten_all()?.to_dtype(DType::F32));
+                    Tensor::cat(&flat.collect::<candle_core::Result<Vec<_>>>()?, 0)?
+                }
+            };
+            let args =
+                Args::Packed { dk: k.dims()[3], bias: bias.is_some(), sinks: sinks.is_some(), table: table.is_some() };
+            (args, kv, extra)
         }
-        None => (Args::Separate, k.clone(), v.clone()),
     };
     let saved = Arc::new(Mutex::new(ForwardState::default()));
     let op = SdpaOp { host, args, saved: saved.clone() };
@@ -87,13 +108,21 @@ pub(crate) fn forward(
     }
 }
 
+/// candle's error for a forward that failed with `e`, which is kept typed in `saved` for the
+/// caller to return (candle's error would only carry its text).
+pub(crate) fn failed(saved: &Mutex<ForwardState>, e: AttnLibError) -> candle_core::Error {
+    let text = e.to_string();
+    saved.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e);
+    candle_core::Error::Msg(text)
+}
+
 /// A copy of the log-sum-exp the op keeps, allocated fallibly.
-fn copy_lse(lse: &[f32]) -> Result<Vec<f32>> {
+pub(crate) fn copy_lse(lse: &[f32]) -> Result<Vec<f32>> {
     Ok(alloc::collect("log-sum-exp", &[lse.len()], lse.iter().copied())?)
 }
 
 /// The CPU storage of a tensor the op received.
-fn cpu(s: &Storage) -> Result<&CpuStorage> {
+pub(crate) fn cpu(s: &Storage) -> Result<&CpuStorage> {
     match s {
         Storage::Cpu(c) => Ok(c),
         _ => Err(AttnLibError::Device { tensor: "q", found: "not the CPU".into() }),
@@ -105,7 +134,7 @@ impl SdpaOp {
     fn kv<'a>(&self, s2: &'a CpuStorage, l2: &Layout, s3: &'a CpuStorage, l3: &Layout) -> Result<[KvView<'a>; 2]> {
         match self.args {
             Args::Separate => Ok([kv_view("k", s2, l2)?, kv_view("v", s3, l3)?]),
-            Args::Packed { dk } => {
+            Args::Packed { dk, .. } => {
                 let dims = l2.dims();
                 let dv = dims[3] - dk;
                 let k = l2.clone().narrow(3, 0, dk)?;
@@ -147,7 +176,7 @@ impl SdpaOp {
             let s = self.saved.lock().unwrap_or_else(|e| e.into_inner());
             (copy_lse(&s.lse)?, copy_lse(&s.lse_residue)?, s.path)
         };
-        let want_dbias = matches!(self.args, Args::Packed { .. });
+        let want_dbias = matches!(self.args, Args::Packed { bias: true, .. });
         Ok(attention_backward(
             self.host.options().kernel,
             &q,
@@ -183,11 +212,7 @@ impl CustomOp3 for SdpaOp {
             *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = saved;
             Ok((CpuStorage::F32(out), Shape::from((b, hq, lq, dv))))
         };
-        run().map_err(|e| {
-            let text = e.to_string();
-            self.saved.lock().unwrap_or_else(|p| p.into_inner()).error = Some(e);
-            candle_core::Error::Msg(text)
-        })
+        run().map_err(|e| failed(&self.saved, e))
     }
 
     fn bwd(
@@ -209,11 +234,12 @@ impl CustomOp3 for SdpaOp {
             let dv_t = Tensor::from_vec(g.dv, (b, hkv, lk, dv), cpu)?;
             Ok(match self.args {
                 Args::Separate => (Some(dq), Some(dk_t.to_dtype(a2.dtype())?), Some(dv_t.to_dtype(a3.dtype())?)),
-                Args::Packed { .. } => {
+                Args::Packed { bias, sinks, table, .. } => {
                     let dkv = Tensor::cat(&[dk_t, dv_t], 3)?.to_dtype(a2.dtype())?;
-                    let dbias =
-                        g.dbias.map(|d| Tensor::from_vec(d, a3.dims(), cpu)?.to_dtype(a3.dtype())).transpose()?;
-                    (Some(dq), Some(dkv), dbias)
+                    let parts = [g.dbias.filter(|_| bias), g.dsinks.filter(|_| sinks), g.dtable.filter(|_| table)];
+                    let dextra: Vec<f32> = parts.into_iter().flatten().flatten().collect();
+                    let dextra = Tensor::from_vec(dextra, a3.dims(), cpu)?.to_dtype(a3.dtype())?;
+                    (Some(dq), Some(dkv), Some(dextra))
                 }
             })
         };

@@ -7,7 +7,7 @@
 //! whose last dimension is strided is made contiguous; other strides are used as they are.
 
 use attn_kernels::alloc::{self, Elem};
-use attn_kernels::{KvView, View4};
+use attn_kernels::{KvView, Packed, PackedKv, View4};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Device, Layout, Tensor, WithDType};
 use half::{bf16, f16};
@@ -47,22 +47,38 @@ fn last_dim_contiguous(t: Tensor) -> Result<Tensor> {
     Ok(if last_ok { t } else { t.contiguous()? })
 }
 
-/// A `[B, H, L, D]` view of rank-4 CPU storage of element type `T` whose last dimension is
-/// contiguous.
+/// A `[B, H, L, D]` view of rank-4 CPU storage of element type `T`; refuses a layout whose last
+/// dimension is not contiguous (the views read it as if it were).
 pub(crate) fn view4<'a, T: WithDType>(
     name: &'static str,
     cpu: &'a CpuStorage,
     layout: &Layout,
 ) -> Result<View4<'a, T>> {
+    let (data, dims) = storage(name, cpu, layout, "rank 4")?;
+    let s = layout.stride();
+    if dims[3] > 1 && s[3] != 1 {
+        let reason = format!("last dimension has stride {}, expected 1", s[3]);
+        return Err(attn_kernels::AttnError::Layout { tensor: name, reason }.into());
+    }
+    Ok(View4::strided(name, data, dims, [s[0], s[1], s[2]])?)
+}
+
+/// The elements of `T` of CPU storage from `layout`'s start on, and its dimensions, which must
+/// number `N` (`rank` names them in the error).
+fn storage<'a, T: WithDType, const N: usize>(
+    name: &'static str,
+    cpu: &'a CpuStorage,
+    layout: &Layout,
+    rank: &str,
+) -> Result<(&'a [T], [usize; N])> {
     let data = cpu.as_slice::<T>()?;
     let data = data.get(layout.start_offset()..).unwrap_or(&[]);
-    let dims: [usize; 4] = layout.dims().try_into().map_err(|_| AttnLibError::Shape {
+    let dims = layout.dims().try_into().map_err(|_| AttnLibError::Shape {
         tensor: name,
         found: layout.dims().to_vec(),
-        expected: "rank 4".into(),
+        expected: rank.into(),
     })?;
-    let s = layout.stride();
-    Ok(View4::strided(name, data, dims, [s[0], s[1], s[2]])?)
+    Ok((data, dims))
 }
 
 /// A key/value view of the CPU storage of a tensor prepared by [`as_key_value`].
@@ -71,6 +87,28 @@ pub(crate) fn kv_view<'a>(name: &'static str, cpu: &'a CpuStorage, layout: &Layo
         DType::F32 => Ok(KvView::F32(view4(name, cpu, layout)?)),
         DType::F16 => Ok(KvView::F16(view4(name, cpu, layout)?)),
         DType::BF16 => Ok(KvView::Bf16(view4(name, cpu, layout)?)),
+        found => Err(AttnLibError::DType { tensor: name, found, expected: "f32, f16 or bf16" }),
+    }
+}
+
+/// A packed `[total, H, D]` view of rank-3 CPU storage of element type `T` whose last dimension
+/// is contiguous.
+pub(crate) fn packed<'a, T: WithDType>(
+    name: &'static str,
+    cpu: &'a CpuStorage,
+    layout: &Layout,
+) -> Result<Packed<'a, T>> {
+    let (data, dims) = storage(name, cpu, layout, "rank 3 [total, H, D]")?;
+    let s = layout.stride();
+    Ok(Packed::strided(name, data, dims, [s[0], s[1]])?)
+}
+
+/// A packed key/value view of the CPU storage of a rank-3 tensor prepared by [`as_key_value`].
+pub(crate) fn packed_kv<'a>(name: &'static str, cpu: &'a CpuStorage, layout: &Layout) -> Result<PackedKv<'a>> {
+    match cpu.dtype() {
+        DType::F32 => Ok(PackedKv::F32(packed(name, cpu, layout)?)),
+        DType::F16 => Ok(PackedKv::F16(packed(name, cpu, layout)?)),
+        DType::BF16 => Ok(PackedKv::Bf16(packed(name, cpu, layout)?)),
         found => Err(AttnLibError::DType { tensor: name, found, expected: "f32, f16 or bf16" }),
     }
 }

@@ -3,6 +3,9 @@
 //!
 //! - [`sdpa`](fn@sdpa) / [`sdpa_full`]: attention on `[B, H, L, D]` (or single-head `[B, L, D]`) tensors,
 //!   configured by [`SdpaOptions`]; [`sdpa_full`] also returns the log-sum-exp and the weights.
+//! - [`sdpa_varlen`] / [`sdpa_varlen_full`]: attention over packed variable-length sequences
+//!   (`[total, H, D]` cut by `cu_seqlens`, FlashAttention's `flash_attn_varlen_func`), built from
+//!   lengths with [`cu_seqlens`].
 //! - [`SdpaOptions::kernel_params`]: the same options as `attn_kernels` parameters, for calling the
 //!   kernels directly.
 //! - [`Mask`], [`padding_mask`], [`key_lengths_from_tokens`]: building masks.
@@ -82,11 +85,14 @@ mod params;
 pub mod picture;
 pub mod random;
 pub mod sdpa;
+pub mod varlen;
 pub mod write_file;
 
 /// Fallible allocation of buffers sized by the caller's shapes ([`AllocError`] instead of an
 /// abort), as the kernels allocate; [`alloc::human_bytes`] prints byte counts.
 pub use attn_kernels::alloc;
+/// Programmable score modifications: [`score_mod::ScoreMod`] and the built-ins.
+pub use attn_kernels::score_mod;
 /// Block-sparse and programmable masks: [`sparse::MaskMod`], [`sparse::BlockMask`], the named
 /// [`sparse::Pattern`]s.
 pub use attn_kernels::sparse;
@@ -94,6 +100,7 @@ pub use attn_kernels::{Align, AllocError, AttnError, Dropout, Kernel, Window};
 pub use candle_core;
 pub use error::{AttnLibError, Result};
 pub use mask::{key_lengths_from_tokens, padding_mask, Mask, Polarity};
-pub use options::SdpaOptions;
+pub use options::{ScoreModOption, SdpaOptions};
 pub use params::KernelParams;
 pub use sdpa::{sdpa, sdpa_full, SdpaOutput};
+pub use varlen::{cu_seqlens, sdpa_varlen, sdpa_varlen_full, SdpaVarlenOutput};

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use attn_kernels::{Align, BlockMask, Dropout, Kernel, Window};
+use attn_kernels::{Align, BlockMask, Dropout, Kernel, ScoreMod, Window};
 use candle_core::Tensor;
 
 use crate::mask::Mask;
@@ -37,6 +37,16 @@ pub struct SdpaOptions {
     /// Dropout on the weights, `0 <= p < 1`; the keep decision is a pure function of
     /// `(seed, b, h, i, j)`.
     pub dropout: Option<Dropout>,
+    /// Learned attention sinks (gpt-oss), a float `[Hq]`: head `h`'s logit `sink_h` joins the
+    /// softmax denominator of each of its rows, `p_ij = exp(s_ij) / (Σ_k exp(s_ik) + exp(sink_h))`,
+    /// so a row's weights sum to less than 1 (the sink attends to nothing). Differentiable: a
+    /// tracked tensor (a `Var`, or computed from one) gets its gradient. The log-sum-exp then
+    /// includes the sink; a fully masked row gives 0 with `lse = sink_h`. Entries finite, or `-inf`
+    /// for no sink; dropout never drops the sink.
+    pub sinks: Option<Tensor>,
+    /// A programmable modification of the scaled scores ([`crate::score_mod`]), applied before the
+    /// soft-cap, bias and masks, with the table it reads.
+    pub score_mod: Option<ScoreModOption>,
     /// Which kernel computes the call.
     pub kernel: Kernel,
     /// Whether [`sdpa_full`](crate::sdpa_full) returns the weights `[B, Hq, Lq, Lk]`.
@@ -104,6 +114,37 @@ impl SdpaOptions {
         self
     }
 
+    /// Sets learned attention sinks, one logit per query head (float `[Hq]`).
+    ///
+    /// The README's example (its text lives in `doc/sinks-example.rs`; `tests/readme.rs` checks
+    /// that README.md quotes it word for word, and this doctest compiles and runs it):
+    ///
+    #[doc = concat!(
+        "```\n",
+        "# #![deny(warnings, unused)]\n",
+        "# let uniform = |shape: &[usize], seed| attn::random::uniform(shape, -1.0, 1.0, seed);\n",
+        "# let (q, k, v) = (uniform(&[2, 4, 6, 8], 1)?, uniform(&[2, 4, 6, 8], 2)?, uniform(&[2, 4, 6, 8], 3)?);\n",
+        include_str!("../doc/sinks-example.rs"),
+        "# let sink = sinks.as_tensor().reshape((1, 4, 1))?.broadcast_as(lse.shape())?;\n",
+        "# let missing = (w.sum(3)? + (sink - &lse)?.exp()?)?.flatten_all()?.to_vec1::<f32>()?;\n",
+        "# assert!(missing.iter().all(|x| (x - 1.0).abs() < 1e-5), \"{missing:?}\");\n",
+        "# let dsinks = dsinks.to_vec1::<f32>()?;\n",
+        "# assert!(dsinks[3] == 0.0 && dsinks[..3].iter().all(|&x| x != 0.0), \"{dsinks:?}\");\n",
+        "# Ok::<(), attn::AttnLibError>(())\n",
+        "```",
+    )]
+    pub fn sinks(mut self, sinks: Tensor) -> Self {
+        self.sinks = Some(sinks);
+        self
+    }
+
+    /// Sets a score modification and, when it reads one, its table (a float tensor of
+    /// `m.table_len()` elements, any shape; a tracked tensor gets its gradient).
+    pub fn score_mod(mut self, m: Arc<dyn ScoreMod>, table: Option<Tensor>) -> Self {
+        self.score_mod = Some(ScoreModOption { m, table });
+        self
+    }
+
     /// Chooses the kernel.
     pub fn kernel(mut self, kernel: Kernel) -> Self {
         self.kernel = kernel;
@@ -114,5 +155,20 @@ impl SdpaOptions {
     pub fn return_weights(mut self, yes: bool) -> Self {
         self.return_weights = yes;
         self
+    }
+}
+
+/// A score modification with the table it reads ([`SdpaOptions::score_mod`]).
+#[derive(Clone)]
+pub struct ScoreModOption {
+    /// The modification.
+    pub m: Arc<dyn ScoreMod>,
+    /// Its table, `m.table_len()` elements (`None` when it reads none).
+    pub table: Option<Tensor>,
+}
+
+impl std::fmt::Debug for ScoreModOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ScoreModOption(table: {:?})", self.table.as_ref().map(|t| t.dims().to_vec()))
     }
 }

@@ -1,14 +1,14 @@
 //! The one conversion of [`SdpaOptions`] into the kernels' [`AttnParams`]. The kernels borrow
-//! plain slices, so the mask and bias tensors are first copied to host memory in the form the
-//! kernels read (keep flags; bias values in the kernel's float type `T`), and the parameters then
-//! borrow from that copy. [`sdpa_full`](crate::sdpa_full) computes through it, and so does any
+//! plain slices, so the mask, bias and sinks tensors are first copied to host memory in the form
+//! the kernels read (keep flags; bias and sink values in the kernel's float type `T`), and the
+//! parameters then borrow from that copy. [`sdpa_full`](crate::sdpa_full) computes through it, and so does any
 //! caller of `attn_kernels` that starts from options (a test running the `f64` reference kernel,
 //! say). [`SdpaOptions::keep_mask`] spells out, through the same conversion, which query may
 //! attend which key.
 
 use std::borrow::Cow;
 
-use attn_kernels::{AttnParams, Broadcast, MaskSpec, Problem};
+use attn_kernels::{AttnParams, Broadcast, MaskSpec, Problem, ScoreFn};
 use candle_core::{Device, Tensor, WithDType};
 
 use crate::convert::float_values;
@@ -24,13 +24,17 @@ pub struct KernelParams<'o, T> {
     opts: Cow<'o, SdpaOptions>,
     keep: HostPart<bool>,
     bias: HostPart<T>,
+    sinks: Option<Vec<T>>,
+    /// The score modification's table, always `f32` (the kernels read it so).
+    table: Vec<f32>,
 }
 
 impl SdpaOptions {
-    /// Reads the mask (as keep flags) and the bias (as `T`) into host memory for inputs
-    /// `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`: both must have rank 1 to 4 and broadcast
-    /// right-aligned to `[B, Hq, Lq, Lk]` (the broadcast itself is checked by the kernel, which
-    /// knows the sizes). The bias must have a float dtype.
+    /// Reads the mask (as keep flags), the bias and the sinks (as `T`) into host memory for inputs
+    /// `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`: mask and bias must have rank 1 to 4 and
+    /// broadcast right-aligned to `[B, Hq, Lq, Lk]`, the sinks rank 1 (the broadcast and the
+    /// sinks' length `Hq` are checked by the kernel, which knows the sizes). The bias and the
+    /// sinks must have a float dtype.
     pub fn kernel_params<T: WithDType>(&self) -> Result<KernelParams<'_, T>> {
         let keep = match &self.mask {
             Some(m) => Some((m.keep_values()?, elementwise_shape("mask", m.shape())?)),
@@ -40,7 +44,22 @@ impl SdpaOptions {
             Some(b) => Some((float_values::<T>("bias", b)?, elementwise_shape("bias", b.dims())?)),
             None => None,
         };
-        Ok(KernelParams { opts: Cow::Borrowed(self), keep, bias })
+        let sinks = match &self.sinks {
+            Some(s) if s.rank() != 1 => {
+                return Err(AttnLibError::Shape {
+                    tensor: "sinks",
+                    found: s.dims().to_vec(),
+                    expected: "rank 1 [Hq]".into(),
+                })
+            }
+            Some(s) => Some(float_values::<T>("sinks", s)?),
+            None => None,
+        };
+        let table = match self.score_mod.as_ref().and_then(|s| s.table.as_ref()) {
+            Some(t) => float_values::<f32>("score_table", t)?,
+            None => Vec::new(),
+        };
+        Ok(KernelParams { opts: Cow::Borrowed(self), keep, bias, sinks, table })
     }
 }
 
@@ -80,7 +99,8 @@ impl<T> KernelParams<'_, T> {
     /// The same parameters holding their own copy of the options (a cheap clone: tensors are
     /// shared), so they can outlive the caller's options, as the autograd op's do.
     pub(crate) fn into_owned(self) -> KernelParams<'static, T> {
-        KernelParams { opts: Cow::Owned(self.opts.into_owned()), keep: self.keep, bias: self.bias }
+        let KernelParams { opts, keep, bias, sinks, table } = self;
+        KernelParams { opts: Cow::Owned(opts.into_owned()), keep, bias, sinks, table }
     }
 
     /// The kernels' parameters of the call, borrowing the host copies.
@@ -99,6 +119,8 @@ impl<T> KernelParams<'_, T> {
             },
             softcap: o.softcap,
             dropout: o.dropout,
+            score_mod: o.score_mod.as_ref().map(|s| ScoreFn { m: &*s.m, table: &self.table }),
+            sinks: self.sinks.as_deref(),
         })
     }
 }

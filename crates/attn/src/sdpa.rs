@@ -16,9 +16,12 @@
 //! Results are CPU tensors.
 //!
 //! Gradients: `out` is differentiable through candle's autograd (`loss.backward()`) with respect to
-//! `q`, `k`, `v` and a tracked bias (a `Var`, or computed from one): the backward runs the fused
-//! backward kernel on the forward's log-sum-exp, replaying dropout from its seed (see
-//! `autograd`). `lse` and `weights` are plain tensors (no gradient flows through them).
+//! `q`, `k`, `v`, a tracked bias and tracked sinks (a `Var`, or computed from one): the backward
+//! runs the fused backward kernel on the forward's log-sum-exp, replaying dropout from its seed
+//! (see `autograd`). `lse` and `weights` are plain tensors (no gradient flows through them).
+//!
+//! Sinks ([`SdpaOptions::sinks`], `[Hq]`; `[1]` for 3-D inputs) join each row's softmax
+//! denominator: the weights then sum to `1 − exp(sink − lse)` and `lse` includes the sink.
 
 use candle_core::{DType, Tensor};
 
@@ -33,7 +36,8 @@ pub struct SdpaOutput {
     /// `[B, Hq, Lq, Dv]` (3-D inputs: `[B, Lq, Dv]`), in `q`'s dtype.
     pub out: Tensor,
     /// Natural log-sum-exp of each row's scores, `[B, Hq, Lq]` (3-D inputs: `[B, Lq]`), `f32`;
-    /// `-inf` for a fully masked row.
+    /// `-inf` for a fully masked row. With sinks it includes the row's sink,
+    /// `logaddexp(lse_keys, sink_h)` (the sink itself for a fully masked row).
     pub lse: Tensor,
     /// Softmax weights before dropout, `[B, Hq, Lq, Lk]` (3-D inputs: `[B, Lq, Lk]`), in `q`'s
     /// dtype, when [`SdpaOptions::return_weights`] is set.

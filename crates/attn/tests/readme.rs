@@ -1,19 +1,45 @@
-//! The README's library example and its block-sparse examples are the texts the crate's doctests
-//! compile (`doc/library-example.rs`, `doc/sparse-mask-mod.rs`, `doc/sparse-patterns.rs`, included
-//! in `src/lib.rs` with warnings denied): this checks README.md quotes them word for word, so an
-//! edit to one without the other fails here.
+//! The README's library, sinks, packed-sequences and block-sparse examples are the texts the
+//! crate's doctests compile (`doc/library-example.rs` and `doc/sparse-*.rs`, included in
+//! `src/lib.rs`, `doc/sinks-example.rs`, on `SdpaOptions::sinks`, and `doc/varlen-example.rs`, in
+//! `src/varlen/mod.rs`, all with warnings denied): this checks README.md quotes them word for word,
+//! so an edit to one without the other fails here.
 
 const README: &str = include_str!("../../../README.md");
 const EXAMPLE: &str = include_str!("../doc/library-example.rs");
+const SINKS_EXAMPLE: &str = include_str!("../doc/sinks-example.rs");
+const VARLEN_EXAMPLE: &str = include_str!("../doc/varlen-example.rs");
 const SPARSE_EXAMPLES: [&str; 2] =
     [include_str!("../doc/sparse-mask-mod.rs"), include_str!("../doc/sparse-patterns.rs")];
 
+/// The first rust block of README.md's section `heading`.
+fn first_block(heading: &str) -> &'static str {
+    let section = README.split_once(&format!("\n## {heading}\n")).expect("README has the section").1;
+    let block = section.split_once("```rust\n").expect("the section has a rust block").1;
+    &block[..block.find("```").expect("the rust block is closed")]
+}
+
 #[test]
 fn readme_library_block_is_the_doctested_example() {
-    let section = README.split_once("\n## Library\n").expect("README has a '## Library' section").1;
-    let block = section.split_once("```rust\n").expect("the Library section has a rust block").1;
-    let block = &block[..block.find("```").expect("the rust block is closed")];
-    assert_eq!(block, EXAMPLE, "README.md's Library block differs from crates/attn/doc/library-example.rs");
+    assert_eq!(
+        first_block("Library"),
+        EXAMPLE,
+        "README.md's Library block differs from crates/attn/doc/library-example.rs"
+    );
+}
+
+#[test]
+fn readme_sinks_block_is_the_doctested_example() {
+    let block = first_block("Attention sinks");
+    assert_eq!(block, SINKS_EXAMPLE, "README.md's Attention sinks block differs from crates/attn/doc/sinks-example.rs");
+}
+
+#[test]
+fn readme_packed_sequences_block_is_the_doctested_example() {
+    let block = first_block("Packed sequences");
+    assert_eq!(
+        block, VARLEN_EXAMPLE,
+        "README.md's Packed sequences block differs from crates/attn/doc/varlen-example.rs"
+    );
 }
 
 #[test]

@@ -145,6 +145,7 @@ fn all_options<'a, T: Real>(
     keep_shape: [usize; 4],
     bias: &'a [T],
     bias_shape: [usize; 2],
+    sinks: &'a [T],
 ) -> AttnParams<'a, T> {
     AttnParams {
         scale: Some(0.7),
@@ -159,6 +160,8 @@ fn all_options<'a, T: Real>(
         },
         softcap: Some(2.5),
         dropout: Some(Dropout { p: 0.25, seed: 99 }),
+        score_mod: None,
+        sinks: Some(sinks),
     }
 }
 
@@ -170,6 +173,7 @@ fn every_option_reaches_the_kernel() {
     let v = uniform(&[b, h, lk, d], -2.0, 2.0, 19).unwrap();
     let bias = uniform(&[lq, lk], -1.0, 1.0, 20).unwrap();
     let keep = uniform(&[b, 1, lq, lk], 0.0, 1.0, 21).unwrap().ge(0.3).unwrap();
+    let sinks = Tensor::new(&[0.5f64, 1.5], q.device()).unwrap();
     let opts = SdpaOptions::default()
         .scale(0.7)
         .causal(true)
@@ -180,13 +184,15 @@ fn every_option_reaches_the_kernel() {
         .key_lengths(vec![5, 6])
         .softcap(2.5)
         .dropout(0.25, 99)
+        .sinks(sinks.clone())
         .return_weights(true);
     let got = sdpa_full(&q, &k, &v, &opts).unwrap();
 
     let keep_flags: Vec<bool> = values::<u8>(&keep).into_iter().map(|x| x != 0).collect();
     let (bias64, bias32) = (values::<f64>(&bias), values::<f32>(&bias));
-    let params64 = all_options(&keep_flags, [b, 1, lq, lk], &bias64, [lq, lk]);
-    let params32 = all_options(&keep_flags, [b, 1, lq, lk], &bias32, [lq, lk]);
+    let (sinks64, sinks32) = (values::<f64>(&sinks), values::<f32>(&sinks));
+    let params64 = all_options(&keep_flags, [b, 1, lq, lk], &bias64, [lq, lk], &sinks64);
+    let params32 = all_options(&keep_flags, [b, 1, lq, lk], &bias32, [lq, lk], &sinks32);
     let r64 = run_reference::<f64>(&q, &k, &v, &params64);
     let r32 = run_reference::<f32>(&q, &k, &v, &params32);
     check("out", &values::<f32>(&got.out), &r64.out, &r32.out, OUTPUT_FACTOR).unwrap();
@@ -250,6 +256,19 @@ fn bad_inputs_are_refused_with_named_errors() {
     assert!(matches!(err(sdpa(&q, &q, &q, &opts.clone().dropout(1.0, 0))), AttnLibError::Kernel(_)));
     assert!(matches!(err(sdpa(&q, &q, &q, &opts.clone().scale(f64::NAN))), AttnLibError::Kernel(_)));
     assert!(matches!(err(sdpa(&q, &q, &q, &opts.clone().softcap(-1.0))), AttnLibError::Kernel(_)));
+
+    // Sinks: rank 1 `[Hq]` of a float dtype, finite or -inf.
+    let cpu = &candle_core::Device::Cpu;
+    let e = err(sdpa(&q, &q, &q, &opts.clone().sinks(Tensor::zeros((1, 2), DType::F32, cpu).unwrap())));
+    assert!(matches!(e, AttnLibError::Shape { tensor: "sinks", .. }), "{e}");
+    let e = err(sdpa(&q, &q, &q, &opts.clone().sinks(Tensor::zeros(3, DType::F32, cpu).unwrap())));
+    let want = attn_kernels::AttnError::DimMismatch { tensor: "sinks", dim: "heads", expected: 2, found: 3 };
+    assert!(matches!(&e, AttnLibError::Kernel(k) if *k == want), "{e}");
+    let e = err(sdpa(&q, &q, &q, &opts.clone().sinks(Tensor::zeros(2, DType::U8, cpu).unwrap())));
+    assert!(matches!(e, AttnLibError::DType { tensor: "sinks", .. }), "{e}");
+    let nan = Tensor::new(&[0.0f32, f32::NAN], cpu).unwrap();
+    let e = err(sdpa(&q, &q, &q, &opts.clone().sinks(nan)));
+    assert!(matches!(e, AttnLibError::Kernel(attn_kernels::AttnError::Param { field: "sinks", .. })), "{e}");
 }
 
 /// A wrapped candle error displays on one line: the backtrace candle attaches under

@@ -2,9 +2,11 @@
 //! of one or more shapes in a rayon pool of a chosen size, and reports the median/min/max time per
 //! call, GFLOP/s (see [`spec::FLOP_RULE`]) and the memory a call allocates beyond its output;
 //! `--backward` times forward plus backward instead (see the `backward` submodule), `--peak` adds the
-//! machine's FMA peak, `--pattern` a named block-sparse pattern, its mask built once per shape
-//! before timing, reported with the fraction of blocks computed, its building time and its bytes
-//! (see the `sparse` submodule). Output is a table, or one JSON object per line with
+//! machine's FMA peak, `--seq-lens` times packed variable-length sequences or, with `--padded`,
+//! their padded batch (see the `packed` submodule), `--pattern` a named block-sparse pattern, its
+//! mask built once per shape before timing, reported with the fraction of blocks computed, its
+//! building time and its bytes (see the `sparse` submodule). Output is a table, or one JSON
+//! object per line with
 //! `--json`. The library's own work around the kernel (checks, views, wrapping the results in
 //! tensors) costs microseconds and allocates no copy of the inputs or outputs. While a shape is
 //! timed, a spinner on stderr (hidden when stderr is not a terminal) counts its calls.
@@ -19,6 +21,7 @@ use std::time::Duration;
 
 mod backward;
 mod inputs;
+mod packed;
 mod peak;
 mod sparse;
 mod spec;
@@ -95,6 +98,16 @@ pub struct Args {
     /// loss.backward()): the same kernels plus candle's element-wise work around them.
     #[arg(long, requires = "backward")]
     pub autograd: bool,
+    /// Packed variable-length sequences: the lengths of the B sequences of --shape B,H,Lq,D (each
+    /// at most Lq; keys as long as queries). Times attention over them packed, [L1+...+LB, H, D]
+    /// cut by cu_seqlens (attn::sdpa_varlen), or with --padded the padded batch with these key
+    /// lengths. FLOPs count each sequence's own pairs, for both.
+    #[arg(long, value_name = "L1,...,LB", value_delimiter = ',', conflicts_with = "pattern")]
+    pub seq_lens: Option<Vec<usize>>,
+    /// With --seq-lens, time the padded batch [B, H, Lq, D] with the lengths as key lengths
+    /// instead of the packed sequences.
+    #[arg(long, requires = "seq_lens")]
+    pub padded: bool,
 }
 
 /// The result of one shape.
@@ -135,16 +148,29 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         print_peak(&args, p, threads);
     }
     let pattern = args.sdpa.pattern()?;
+    let mut base = args.sdpa.options();
+    if args.padded {
+        base.key_lengths = args.seq_lens.clone();
+    }
     for (i, dims) in cases.into_iter().enumerate() {
+        if let Some(lens) = &args.seq_lens {
+            packed::check(&dims, lens)?;
+        }
         let shape = || format!("--shape {}", spec::shape_text(&dims));
         let sparse = pattern.as_ref().map(|p| Sparse::build(p, &dims, &pool)).transpose().with_context(shape)?;
-        let mut opts = args.sdpa.options();
-        opts.block_mask = sparse.as_ref().map(|s| s.mask.clone());
+        let opts = SdpaOptions { block_mask: sparse.as_ref().map(|s| s.mask.clone()), ..base.clone() };
         let m = measure_case(&args, &pool, &opts, dims).with_context(shape)?;
         if i == 0 && !args.json {
             // After the first shape was measured, so that a refused shape prints nothing.
             if let Some(dropout) = args.sdpa.dropout_text() {
                 println!("{dropout}");
+            }
+            if let Some(lens) = &args.seq_lens {
+                let layout = if args.padded { "padded batch with key lengths" } else { "packed sequences" };
+                println!(
+                    "{layout} {lens:?} ({} tokens); FLOPs of the sequences' own pairs",
+                    lens.iter().sum::<usize>()
+                );
             }
             if args.backward {
                 let path = if args.autograd { "through candle autograd" } else { "by the kernels directly" };
@@ -152,7 +178,10 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             }
             println!("{}", header(peak.flatten().is_some(), pattern.is_some()));
         }
-        let forward_flops = spec::flops(&dims, &opts);
+        let forward_flops = match &args.seq_lens {
+            Some(lens) => packed::flops(&dims, lens, &opts),
+            None => spec::flops(&dims, &opts),
+        };
         let flops = if args.backward { spec::with_backward(forward_flops) } else { forward_flops };
         let row = Row { dims, flops, m, blocks: spec::blocks(&dims, &opts), sparse };
         let peak_all = peak.flatten().map(|p| p.all_gflops);
@@ -168,6 +197,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
 /// Times one shape as `args` say, in `pool`, with a spinner counting the calls.
 fn measure_case(args: &Args, pool: &rayon::ThreadPool, opts: &SdpaOptions, dims: Dims) -> anyhow::Result<Measurement> {
     let budget = Budget { warmup: args.warmup, iters: args.iters, seconds: args.budget };
+    if let Some(lens) = args.seq_lens.as_ref().filter(|_| !args.padded) {
+        return measure_packed(args, pool, opts, dims, lens, budget);
+    }
     let data = inputs::Inputs::random(dims, args.kv_dtype, args.data_seed)?;
     let bar = progress(&format!("--shape {}", spec::shape_text(&dims)));
     let started = || bar.inc(1);
@@ -190,6 +222,38 @@ fn measure_case(args: &Args, pool: &rayon::ThreadPool, opts: &SdpaOptions, dims:
         measure::measure(budget, || {
             started();
             Ok(pool.install(|| sdpa_full(&data.q, &data.k, &data.v, opts))?)
+        })
+    };
+    bar.finish_and_clear();
+    m
+}
+
+/// Times the packed sequences `lens` as `args` say, in `pool`.
+fn measure_packed(
+    args: &Args,
+    pool: &rayon::ThreadPool,
+    opts: &SdpaOptions,
+    dims: Dims,
+    lens: &[usize],
+    budget: Budget,
+) -> anyhow::Result<Measurement> {
+    let data = packed::PackedInputs::random(&dims, lens, args.kv_dtype, args.data_seed)?;
+    let bar = progress(&format!("--shape {} --seq-lens", spec::shape_text(&dims)));
+    let m = if !args.backward {
+        measure::measure(budget, || {
+            bar.inc(1);
+            Ok(pool.install(|| data.forward(opts))?)
+        })
+    } else if args.autograd {
+        measure::measure(budget, || {
+            bar.inc(1);
+            pool.install(|| data.autograd_step(opts))
+        })
+    } else {
+        let host = packed::HostPacked::new(&data)?;
+        measure::measure(budget, || {
+            bar.inc(1);
+            pool.install(|| host.step(opts))
         })
     };
     bar.finish_and_clear();
@@ -311,6 +375,8 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         "seed": args.sdpa.options().dropout.map(|d| d.seed),
         "backward": args.backward,
         "autograd": args.autograd,
+        "seq_lens": args.seq_lens,
+        "padded": args.padded,
         "median_s": row.m.median(),
         "min_s": row.m.min(),
         "max_s": row.m.max(),

@@ -1,9 +1,11 @@
-//! `attn run`: reads `q`, `k`, `v` (and optionally `mask`, `bias`, `key_lengths`, `grad_out`) from
-//! one safetensors file or `.npz` archive, or from `.npy` files, computes attention with
-//! [`attn::sdpa_full`] under the shared attention flags, and writes `out`, `lse` (and `weights`
+//! `attn run`: reads `q`, `k`, `v` (and optionally `mask`, `bias`, `key_lengths`, `sinks`,
+//! `grad_out`) from one safetensors file or `.npz` archive, or from `.npy` files, computes attention
+//! with [`attn::sdpa_full`] under the shared attention flags, and writes `out`, `lse` (and `weights`
 //! with the keep-mask `mask` of the cells masking set to 0) to a safetensors file or `.npz`
 //! archive, as the output's extension says; with `grad_out`, also the gradients `dq`, `dk`, `dv`
-//! (and `dbias`) through the library's autograd (`loss = Σ out·grad_out`, `loss.backward()`).
+//! (and `dbias`, `dsinks`) through the library's autograd (`loss = Σ out·grad_out`,
+//! `loss.backward()`). An INPUT file holding `cu_seqlens_q` and `cu_seqlens_k` asks for packed
+//! variable-length sequences instead ([`attn::sdpa_varlen_full`]; see `packed`).
 //! Every refusal is one line naming the file, the tensor and what was expected versus found, and
 //! comes before anything is computed or written (the output's extension is checked before the
 //! inputs are read), as is an output that is one of the inputs. The work runs in a pool of
@@ -12,6 +14,7 @@
 //! (the output line gives its parameters and the fraction of 64×64 blocks it lists).
 
 mod inputs;
+mod packed;
 
 use std::path::{Path, PathBuf};
 
@@ -28,8 +31,13 @@ pub struct Args {
     /// Safetensors file or `.npz` archive (`np.savez(f, q=q, k=k, v=v)`, compressed or not) holding
     /// `q: [B, Hq, Lq, D]`, `k: [B, Hkv, Lk, D]`, `v: [B, Hkv, Lk, Dv]`
     /// and optionally `mask` (BOOL/U8, broadcastable to `[B, Hq, Lq, Lk]`), `bias` (float,
-    /// broadcastable), `key_lengths` (I32/I64, `[B]`) and `grad_out` (float, `[B, Hq, Lq, Dv]`:
-    /// the gradient of the output, which asks for the gradients).
+    /// broadcastable), `key_lengths` (I32/I64, `[B]`), `sinks` (float, `[Hq]`: gpt-oss's learned
+    /// attention sinks, one logit per query head joining its rows' softmax denominator) and
+    /// `grad_out` (float, `[B, Hq, Lq, Dv]`: the gradient of the output, which asks for the
+    /// gradients). Packed variable-length sequences: `cu_seqlens_q` and `cu_seqlens_k` (I32/I64,
+    /// `[B+1]`, FlashAttention's offsets) with `q: [total_q, Hq, D]`, `k: [total_k, Hkv, D]`,
+    /// `v: [total_k, Hkv, Dv]` (and `grad_out: [total_q, Hq, Dv]`); the masking flags then apply
+    /// within each sequence, and `mask`, `bias`, `key_lengths`, `sinks` and `--weights` are refused.
     #[arg(required_unless_present = "q", conflicts_with = "q")]
     pub input: Option<PathBuf>,
     /// Output file, in the format its extension names: `.safetensors`/`.st` or `.npz` (one
@@ -38,10 +46,13 @@ pub struct Args {
     /// `mask: [B, Hq, Lq, Lk]` (BOOL, true where the query may attend the key: mask, key lengths,
     /// causal band, window and −∞ bias together, which `attn heatmap` uses to draw masked cells
     /// apart from small weights); when `grad_out` is given, `dq: [B, Hq, Lq, D]`, `dk: [B, Hkv, Lk, D]`,
-    /// `dv: [B, Hkv, Lk, Dv]` and with a bias `dbias` (the bias's shape). All floats are F32. The
-    /// gradients are those of `Σ out·grad_out` through the library's autograd, by the backward of
-    /// `--kernel`, with dropout replayed from `--seed`; `dk`, `dv` and `dbias` come in the stored
-    /// precision of `k`, `v` and the bias.
+    /// `dv: [B, Hkv, Lk, Dv]`, with a bias `dbias` (the bias's shape) and with sinks
+    /// `dsinks: [Hq]`; packed sequences give `out: [total_q, Hq, Dv]`, `lse: [Hq, total_q]` and
+    /// gradients in their inputs' shapes. All floats are F32. The gradients are those of
+    /// `Σ out·grad_out` through the library's autograd, by the backward of `--kernel`, with dropout
+    /// replayed from `--seed`; `dk`, `dv`, `dbias` and `dsinks` come in the stored precision of `k`,
+    /// `v`, the bias and the sinks. With sinks, `lse` includes them and a row's weights sum to less
+    /// than 1.
     #[arg(short, long)]
     pub output: PathBuf,
     /// `.npy` file of `q: [B, Hq, Lq, D]`, instead of INPUT.
@@ -62,6 +73,9 @@ pub struct Args {
     /// `.npy` file of the valid key count per batch, `[B]`.
     #[arg(long, requires = "q")]
     pub key_lengths: Option<PathBuf>,
+    /// `.npy` file of the attention sinks' logits, float `[Hq]`.
+    #[arg(long, requires = "q")]
+    pub sinks: Option<PathBuf>,
     /// `.npy` file of the output's gradient `grad_out: [B, Hq, Lq, Dv]` (float): also write `dq`,
     /// `dk`, `dv` (and `dbias`).
     #[arg(long, requires = "q")]
@@ -78,7 +92,7 @@ pub struct Args {
 impl Args {
     /// Every input file named on the command line.
     fn input_files(&self) -> impl Iterator<Item = &Path> {
-        let npy = [&self.q, &self.k, &self.v, &self.mask, &self.bias, &self.key_lengths, &self.grad_out];
+        let npy = [&self.q, &self.k, &self.v, &self.mask, &self.bias, &self.key_lengths, &self.sinks, &self.grad_out];
         std::iter::once(&self.input).chain(npy).filter_map(|p| p.as_deref())
     }
 }

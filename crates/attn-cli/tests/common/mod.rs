@@ -104,8 +104,8 @@ impl<'a> Case<'a> {
     }
 
     /// Checks the CLI's gradients against the `f64` reference backward under the gradient rule
-    /// (baseline error: the `f32` reference backward); `dbias` must be written exactly when the
-    /// options hold a bias, in the bias's shape.
+    /// (baseline error: the `f32` reference backward); `dbias` and `dsinks` must be written exactly
+    /// when the options hold a bias and sinks, in their shapes.
     pub fn check_grads(&self, result: &BTreeMap<String, HostTensor>, dout: &HostTensor) {
         let (g64, g32) = (self.reference_grads::<f64>(dout), self.reference_grads::<f32>(dout));
         let mut expected = vec![
@@ -116,6 +116,10 @@ impl<'a> Case<'a> {
         match &self.opts.bias {
             Some(bias) => expected.push(("dbias", bias.dims().to_vec(), g64.dbias.unwrap(), g32.dbias.unwrap())),
             None => assert!(!result.contains_key("dbias"), "dbias written without a bias"),
+        }
+        match &self.opts.sinks {
+            Some(s) => expected.push(("dsinks", s.dims().to_vec(), g64.dsinks.unwrap(), g32.dsinks.unwrap())),
+            None => assert!(!result.contains_key("dsinks"), "dsinks written without sinks"),
         }
         for (name, shape, want64, want32) in expected {
             let got = result.get(name).unwrap_or_else(|| panic!("{name} not written"));
@@ -156,7 +160,7 @@ impl<'a> Case<'a> {
 }
 
 /// The names of the gradients `attn run` writes.
-pub const GRADIENTS: [&str; 4] = ["dq", "dk", "dv", "dbias"];
+pub const GRADIENTS: [&str; 5] = ["dq", "dk", "dv", "dbias", "dsinks"];
 
 pub fn run_ok(args: &[&str], files: &[&Path], out: &Path) -> (BTreeMap<String, HostTensor>, String) {
     let o = attn(args, files);

@@ -6,7 +6,9 @@
 //! `plan` how to cut the call (prefill or decode path, packing chunks, split-KV shards; the rules
 //! are there), packs each chunk's keys into panels (`pack`, in a reused `workspace` buffer) and
 //! runs the jobs on rayon's threads, whole (`forward::run`, one block of query rows through the
-//! online softmax) or as key shards merged through their log-sum-exps (`split`).
+//! online softmax) or as key shards merged through their log-sum-exps (`split`). Attention sinks
+//! are joined after every job, once per row (`merge::fold_sink_rows`): the blocks and shards
+//! never see them.
 //!
 //! The pieces of a block live beside it: the shared block types and tile geometry (`block`), the
 //! score tile and its masking (`scores`, shared by every pass that recomputes scores), the
@@ -76,6 +78,7 @@ mod pack;
 mod plan;
 mod scores;
 mod simd;
+mod softcap;
 mod split;
 mod workspace;
 
@@ -83,6 +86,7 @@ use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::isa::Isa;
+use crate::merge::{fold_sink_rows, SinkRows};
 use crate::problem::Problem;
 use crate::reference::AttnOutput;
 use crate::view::View4;
@@ -93,6 +97,7 @@ use forward::run;
 use plan::Plan;
 pub use plan::{Path, Tuning, BLOCK_ROWS, BLOCK_ROWS_STREAMING, DECODE_ROWS, MIN_SHARD_KEYS, PACK_BUDGET};
 use simd::KvElem;
+pub(crate) use softcap::softcap_any;
 
 /// One block of query rows through the forward, compiled for one instruction set (an entry point).
 type BlockFn<E> = unsafe fn(&Ctx<E>, Option<&[f32]>, &Job, Outs, &mut Work);
@@ -143,6 +148,11 @@ pub(crate) fn forward<E: KvElem>(
             unsafe { split::run_split(&cx, run, &panels_of, chunk_outs, plan.shards, d.lk, d.dv) }?;
         }
         workspace::give(panels);
+    }
+    if let Some(sinks) = pb.sinks {
+        let weights = weights.as_deref_mut().map(|w| (w, d.lk));
+        let rows = SinkRows { out: &mut out, dv: d.dv, lse: &mut lse, residue: Some(&mut lse_residue), weights };
+        fold_sink_rows(sinks, d.lq, rows);
     }
     Ok(AttnOutput { out, lse, lse_residue, weights, path })
 }

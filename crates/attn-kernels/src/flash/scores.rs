@@ -1,8 +1,8 @@
 //! The score tile of a block and everything that masks it, shared by every pass that recomputes
 //! scores (the forward, and its weights sweep): `S = scale · Q·Kᵀ` for the block's rows against
-//! one tile of keys, then the soft-cap, the bias, the keep-mask and the band, in the reference's
-//! order; and the scan for masked keys whose values are not finite, whose products must be
-//! skipped rather than multiplied by zero.
+//! one tile of keys, then the score modification, the soft-cap, the bias, the keep-mask, the block
+//! mask and the band, in the reference's order; and the scan for masked keys whose values are not
+//! finite, whose products must be skipped rather than multiplied by zero.
 //!
 //! The product takes one of two paths, chosen by whether the keys were packed: packed panels
 //! (prefill, `qk_panel` on queries stored transposed) or keys in place (decode, `qk_rows`). The
@@ -13,7 +13,8 @@ use std::ops::Range;
 
 use super::block::{rows_per_call, with_rows, Ctx, Job, Work, LDS};
 use super::micro::{qk_panel, qk_rows};
-use super::simd::{tanh, KvElem, Simd};
+use super::simd::{KvElem, Simd};
+use super::softcap::softcap_row;
 use crate::problem::Problem;
 
 /// Scaled (and soft-capped, biased) scores of every row of `job` against keys `j0..j0+n`, written
@@ -140,7 +141,7 @@ pub(in crate::flash) unsafe fn decode_scores<S: Simd, E: KvElem>(
 }
 
 /// Masks the raw score tile of keys `j0..j0+n` in `w.s` (`width` columns per row, as [`qk_tile`]
-/// returned) in the reference's order: soft-cap, bias, keep-mask, block mask, then each row's band `w.range`;
+/// returned) in the reference's order (see [`mask_row`]), each row's band taken from `w.range`;
 /// columns from `n` to `width` become −∞. Returns what [`scores`] returns.
 ///
 /// # Safety
@@ -184,14 +185,23 @@ pub(in crate::flash) struct RowMasked {
     pub empty: bool,
 }
 
+/// The derivatives the backward's chain rule needs from [`mask_row`], per column of the row:
+/// the score modification's `∂f/∂x` at the scaled dot product `x` (`dmod`) and the soft-cap's
+/// `1 − tanh²` at the modified score (`dcap`), each 1 without its step.
+pub(in crate::flash) struct RowDerivs<'r> {
+    pub dmod: &'r mut [f32],
+    pub dcap: &'r mut [f32],
+}
+
 /// Masks one row of raw scores of keys `j0..j0+n` (`row` padded to whole vectors) in the
-/// reference's order: soft-cap, bias, keep-mask, block mask, then the row's band `lo..hi`; columns from `n`
-/// on become −∞. With `dcap`, also writes there the soft-cap's derivative `1 − tanh²` at each
-/// score (the backward's chain rule), before the bias is added. Forward and backward mask
-/// through this one function.
+/// reference's order: score modification, soft-cap, bias, keep-mask, block mask, then the row's
+/// band `lo..hi`; columns from `n` on become −∞. With `derivs`, also writes there the
+/// modification's and the soft-cap's derivatives (the backward's chain rule). Forward and
+/// backward mask through this one function.
 ///
 /// # Safety
-/// The CPU supports `S`'s instruction set; `row.len()` is a multiple of `S::W`, `>= n`.
+/// The CPU supports `S`'s instruction set; `row.len()` is a multiple of `S::W`, `>= n`, and so are
+/// the derivative rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(in crate::flash) unsafe fn mask_row<S: Simd>(
@@ -201,18 +211,18 @@ pub(in crate::flash) unsafe fn mask_row<S: Simd>(
     n: usize,
     j0: usize,
     (lo, hi): (usize, usize),
-    dcap: Option<&mut [f32]>,
+    mut derivs: Option<RowDerivs>,
 ) -> RowMasked {
+    match (pb.score_mod, derivs.as_mut()) {
+        (Some(f), d) => f.m.score_row(f.table, [b, h, i], j0, &mut row[..n], d.map(|d| &mut d.dmod[..n])),
+        (None, Some(d)) => d.dmod.fill(1.0),
+        (None, None) => {}
+    }
     if let Some(cap) = pb.softcap {
-        let cap = cap as f32;
         // SAFETY: the CPU supports `S` (the caller's contract); `row` is whole vectors.
-        unsafe { softcap_row::<S>(row, cap) };
-        if let Some(dc) = dcap {
-            for (d, &x) in dc.iter_mut().zip(row.iter()) {
-                let t = x / cap;
-                *d = 1.0 - t * t;
-            }
-        }
+        unsafe { softcap_row::<S>(row, cap as f32, derivs.map(|d| d.dcap)) };
+    } else if let Some(d) = derivs {
+        d.dcap.fill(1.0);
     }
     row[n..].fill(f32::NEG_INFINITY);
     let row = &mut row[..n];
@@ -297,23 +307,6 @@ fn apply_keep(row: &mut [f32], kv: &[bool], st: usize, j0: usize) -> bool {
         }
     }
     true
-}
-
-/// `row[c] = cap · tanh(row[c] / cap)` in place.
-///
-/// # Safety
-/// The CPU supports `S`'s instruction set, and `row.len()` is a multiple of `S::W`.
-#[inline(always)]
-unsafe fn softcap_row<S: Simd>(row: &mut [f32], cap: f32) {
-    // SAFETY: the CPU supports `S` (the caller's contract); the loop reads and writes whole
-    // vectors inside `row`, whose length is a multiple of `S::W`.
-    unsafe {
-        let c = S::splat(cap);
-        for i in (0..row.len()).step_by(S::W) {
-            let p = row.as_mut_ptr().add(i);
-            S::store(p, S::mul(c, tanh::<S>(S::div(S::load(p), c))));
-        }
-    }
 }
 
 /// Keys of the tile `j0..j0+n` outside `clean` (the columns no row masks, as [`scores`] returns

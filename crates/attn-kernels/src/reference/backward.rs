@@ -11,11 +11,20 @@
 //! 2. `dV_j += Ā_ij · dO_i`;
 //! 3. `dĀ_ij = dO_i · v_j`, `dA_ij = z_j · dĀ_ij`;
 //! 4. `dS_ij = A_ij · (dA_ij − Σ_j A_ij · dA_ij)` — the gradient of the score, and of the bias;
-//! 5. through the soft-cap: `dX_ij = dS_ij · (1 − tanh²(x_ij / cap))`, `x_ij = scale · q_i·k_j`;
+//! 5. through the soft-cap and the modification: `dX_ij = dS_ij · (1 − tanh²(f(x_ij) / cap)) ·
+//!    f'(x_ij)`, `x_ij = scale · q_i·k_j`, and the modification's table entry `e` read at `(i, j)`
+//!    gets `dS_ij · (1 − tanh²(f(x_ij) / cap)) · ∂f/∂t_e`;
 //! 6. `dQ_i += scale · Σ_j dX_ij · k_j`, `dK_j += scale · dX_ij · q_i`.
 //!
 //! `dbias` is `dS` summed over the dimensions along which the bias was broadcast. A row with no
 //! allowed key (fully masked) contributes nothing.
+//!
+//! With a sink logit `σ_h` (step 1's softmax then has `exp(σ_h − m)` in its denominator, see the
+//! parent module) `A_ij` depends on `σ_h` through the denominator alone, `∂A_ij/∂σ_h = −A_ij ·
+//! p_σ` with `p_σ = exp(σ_h − m) / l` the sink's own probability, so
+//! 7. `dσ_h += −p_σ · Σ_j A_ij · dA_ij`, over every row of head `h` (a fully masked row has no
+//!    `A_ij` and adds 0). Steps 2 to 6 are unchanged: the row term `Σ_j A_ij · dA_ij` of step 4 is
+//!    the same sum.
 //!
 //! Why not `A_ij = exp(s_j − lse_i)` from the saved log-sum-exp: `lse_i` rounded to the working
 //! precision is off by up to half an ulp of `|lse_i|`, so every `A_ij` of the row is off by that
@@ -34,7 +43,7 @@ use crate::view::View4;
 /// Reference gradients. `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]` and
 /// `params` as given to the forward, `saved` the forward's log-sum-exp and the output's
 /// gradient `dO: [B, Hq, Lq, Dv]`. With `want_dbias` and a bias in `params`,
-/// also the bias's gradient in its own shape.
+/// also the bias's gradient in its own shape; with sinks, their gradient `dsinks: [Hq]`.
 pub fn reference_backward<T: Real>(
     q: &View4<T>,
     k: &View4<T>,
@@ -48,7 +57,7 @@ pub fn reference_backward<T: Real>(
     saved.check(&d)?;
     let dout = &saved.dout;
     let bias_len = params.mask.bias.filter(|_| want_dbias).map(|b| b.data().len());
-    let mut g = AttnGrads::zeros(&d, bias_len)?;
+    let mut g = AttnGrads::zeros(&d, bias_len, pb.sinks.is_some(), pb.score_mod.map(|f| f.table.len()))?;
     let mut scores: Vec<Option<Score<T>>> = alloc::filled("scores of a row", &[d.lk], None)?;
     // `A_ij`, `dA_ij` and `z_j` of the allowed keys of one row.
     let mut a = alloc::filled("weights of a row", &[d.lk], T::zero())?;
@@ -59,7 +68,8 @@ pub fn reference_backward<T: Real>(
             for i in 0..d.lq {
                 let row = (b * d.hq + h) * d.lq + i;
                 row_scores(&pb, q, k, [b, h, i], &mut scores);
-                let Some((m, l)) = softmax_stats(&scores) else { continue };
+                let sink = pb.sink(h);
+                let Some((m, l)) = softmax_stats(&scores, sink) else { continue };
                 let key = pb.dropout.map(|dr| dr.row_key(b, h, i, [d.hq, d.lq]));
                 let doi = dout.row(b, h, i);
                 // Steps 1 to 3.
@@ -85,6 +95,10 @@ pub fn reference_backward<T: Real>(
                     .enumerate()
                     .filter(|(_, sc)| sc.is_some())
                     .fold(T::zero(), |acc, (j, _)| acc + a[j] * da[j]);
+                // Step 7.
+                if let (Some(ds), Some(sink)) = (g.dsinks.as_mut(), sink) {
+                    ds[h] = ds[h] - (sink - m).exp() / l * rowsum;
+                }
                 let scale = T::from_f64(pb.scale).unwrap();
                 for (j, sc) in scores.iter().enumerate() {
                     let Some(sc) = sc else { continue };
@@ -94,8 +108,14 @@ pub fn reference_backward<T: Real>(
                         let at = b * st[0] + h * st[1] + i * st[2] + j * st[3];
                         gb[at] = gb[at] + ds;
                     }
+                    if let (Some(gt), Some(f)) = (g.dtable.as_mut(), pb.score_mod) {
+                        let x = sc.x.to_f64().unwrap();
+                        if let Some((e, dt)) = f.m.dtable(x, f.table, b, h, i, j) {
+                            gt[e] = gt[e] + ds * sc.dcap * T::from_f64(dt).unwrap();
+                        }
+                    }
                     // Steps 5 and 6.
-                    let dx = ds * sc.dcap * scale;
+                    let dx = ds * sc.dcap * sc.dmod * scale;
                     let dqi = &mut g.dq[row * d.dk..][..d.dk];
                     axpy(dx, k.row(b, kvh, j), dqi);
                     let dkj = &mut g.dk[((b * d.hkv + kvh) * d.lk + j) * d.dk..][..d.dk];

@@ -30,8 +30,8 @@ pub fn reference<T: Real>(
                 let row = (b * d.hq + h) * d.lq + i;
                 // Steps 1 and 2.
                 row_scores(&pb, q, k, [b, h, i], &mut scores);
-                // Step 3: softmax statistics.
-                let Some((m, l)) = softmax_stats(&scores) else { continue };
+                // Step 3: softmax statistics (the sink only joins them).
+                let Some((m, l)) = softmax_stats(&scores, pb.sink(h)) else { continue };
                 (lse[row], lse_residue[row]) = lse_parts(m, l);
                 // Steps 3 to 5: weights, dropout, weighted sum of values.
                 let key = pb.dropout.map(|dr| dr.row_key(b, h, i, [d.hq, d.lq]));

@@ -3,11 +3,14 @@
 //! the tolerance rule). No tiling, no tricks; clarity over speed.
 //!
 //! For each query row `i` of head `h` (reading key/value head `h / (Hq/Hkv)`):
-//! 1. `s_j = scale · q_i·k_j`, then `s_j = cap·tanh(s_j/cap)` with soft-capping, then `s_j += bias_ij`;
+//! 1. `s_j = scale · q_i·k_j`, then `s_j = f(s_j)` with a score modification, then
+//!    `s_j = cap·tanh(s_j/cap)` with soft-capping, then `s_j += bias_ij`;
 //! 2. keys outside the band, beyond the key length, forbidden by the block mask (evaluated per
 //!    element), with `keep = false` or bias −∞ are masked and
 //!    their `k_j`, `v_j` are never read;
-//! 3. `m = max_j s_j`, `l = Σ_j exp(s_j − m)`, `lse_i = m + ln l`, `w_ij = exp(s_j − m) / l`;
+//! 3. `m = max_j s_j`, `l = Σ_j exp(s_j − m)`, `lse_i = m + ln l`, `w_ij = exp(s_j − m) / l`; with
+//!    a sink logit `σ_h` (gpt-oss) it joins the maximum and the denominator, `m = max(max_j s_j, σ_h)`,
+//!    `l = Σ_j exp(s_j − m) + exp(σ_h − m)`, so the weights sum to `1 − exp(σ_h − lse_i)`;
 //! 4. dropout: `w_ij ← keep(seed,b,h,i,j) · w_ij / (1 − p)`;
 //! 5. `o_i = Σ_j w_ij · v_j`.
 //!
@@ -16,7 +19,8 @@
 //! forward ([`reference()`], steps 3 to 5) is in `forward`, the backward ([`backward`]) follows the
 //! derivation beside it. There is one path: every row is computed the same way.
 //!
-//! A row with no allowed key (or whose scores are all −∞) gets `o_i = 0`, `lse_i = −∞`, `w_i· = 0`.
+//! A row with no allowed key (or whose scores are all −∞) gets `o_i = 0`, `w_i· = 0` and
+//! `lse_i = −∞`, or `lse_i = σ_h` with a sink.
 
 use num_traits::{Float, FromPrimitive};
 
@@ -40,14 +44,17 @@ impl Real for f64 {}
 pub struct AttnOutput<T> {
     /// `[B, Hq, Lq, Dv]`.
     pub out: Vec<T>,
-    /// Natural log-sum-exp of the scores per row, `[B, Hq, Lq]`; −∞ for a fully masked row.
+    /// Natural log-sum-exp of the scores per row, `[B, Hq, Lq]`; −∞ for a fully masked row. With
+    /// [sinks](crate::AttnParams::sinks) it includes the row's sink, `logaddexp(lse_keys, sink_h)`
+    /// (`sink_h` for a fully masked row).
     pub lse: Vec<T>,
     /// The rounding residue of each `lse` (the exact log-sum-exp is `lse + lse_residue` up to a few
     /// ulps of `ln Σ exp(s − max)`), `[B, Hq, Lq]`; 0 where `lse` is not finite. Hand it to the
     /// backward ([`Saved::lse_residue`](crate::Saved)) so that its probabilities are as accurate as
     /// the forward's.
     pub lse_residue: Vec<T>,
-    /// Softmax weights before dropout, `[B, Hq, Lq, Lk]`, when asked for.
+    /// Softmax weights before dropout, `[B, Hq, Lq, Lk]`, when asked for (with sinks a row sums to
+    /// `1 − exp(sink_h − lse)`).
     pub weights: Option<Vec<T>>,
     /// The flash path that scored the keys (`None`: the reference kernel). The backward scores them
     /// the same way ([`Saved::forward_path`](crate::Saved)), so that its `S` is bit for bit the
@@ -78,11 +85,14 @@ impl<T: Real> Elem for Option<Score<T>> {
     const NAME: &'static str = "score";
 }
 
-/// A score of an allowed key: `s` after scaling, soft-capping and bias, and `ds/dx`, the
-/// derivative of the soft-cap at the scaled dot product `x` (`1 − tanh²(x/cap)`; 1 without one).
+/// A score of an allowed key: `s` after scaling, modification, soft-capping and bias; the scaled
+/// dot product `x`; `dmod = ∂f/∂x` of the score modification (1 without one) and `dcap`, the
+/// soft-cap's derivative at the modified score `f(x)` (`1 − tanh²(f(x)/cap)`; 1 without one).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Score<T> {
     pub s: T,
+    pub x: T,
+    pub dmod: T,
     pub dcap: T,
 }
 
@@ -111,25 +121,35 @@ pub(crate) fn row_scores<T: Real>(
             continue;
         }
         let x = scale * dot(qi, k.row(b, kvh, j));
-        let (capped, dcap) = match cap {
-            Some(c) => {
-                let t = (x / c).tanh();
-                (c * t, T::one() - t * t)
+        let (m, dmod) = match pb.score_mod {
+            Some(f) => {
+                let x64 = x.to_f64().unwrap();
+                let at = |v: f64| T::from_f64(v).unwrap();
+                (at(f.m.score(x64, f.table, b, h, i, j)), at(f.m.dscore(x64, f.table, b, h, i, j)))
             }
             None => (x, T::one()),
         };
-        *s = Some(Score { s: capped + bias.unwrap_or_else(T::zero), dcap });
+        let (capped, dcap) = match cap {
+            Some(c) => {
+                let t = (m / c).tanh();
+                (c * t, T::one() - t * t)
+            }
+            None => (m, T::one()),
+        };
+        *s = Some(Score { s: capped + bias.unwrap_or_else(T::zero), x, dmod, dcap });
     }
 }
 
-/// Step 3's statistics of a row's scores: `m = max_j s_j` (NaN wins, so it reaches the output) and
-/// `l = Σ_j exp(s_j − m)`; `None` when no key is allowed or every score is −∞.
-pub(crate) fn softmax_stats<T: Real>(scores: &[Option<Score<T>>]) -> Option<(T, T)> {
-    let m = scores.iter().flatten().fold(T::neg_infinity(), |m, sc| if sc.s > m || sc.s.is_nan() { sc.s } else { m });
+/// Step 3's statistics of a row's scores and its head's `sink`: `m = max(max_j s_j, sink)` (NaN
+/// wins, so it reaches the output) and `l = Σ_j exp(s_j − m) + exp(sink − m)`; `None` when no key is
+/// allowed or every score is −∞, and there is no sink.
+pub(crate) fn softmax_stats<T: Real>(scores: &[Option<Score<T>>], sink: Option<T>) -> Option<(T, T)> {
+    let logits = scores.iter().flatten().map(|sc| sc.s).chain(sink);
+    let m = logits.clone().fold(T::neg_infinity(), |m, s| if s > m || s.is_nan() { s } else { m });
     if m == T::neg_infinity() {
         return None;
     }
-    Some((m, scores.iter().flatten().fold(T::zero(), |l, sc| l + (sc.s - m).exp())))
+    Some((m, logits.fold(T::zero(), |l, s| l + (s - m).exp())))
 }
 
 /// `a · b`.

@@ -35,6 +35,27 @@ pub use parts::{PatternParts, PATTERN_NAMES};
 
 use std::ops::Range;
 
+/// The positions `a·SPARSE_BLOCK..(z + 1)·SPARSE_BLOCK` of each run `a..=z` of consecutive block
+/// indices in the sorted `blocks`, clamped to `within`; empty runs are left out.
+pub(crate) fn runs(blocks: &[u32], within: Range<usize>) -> impl Iterator<Item = Range<usize>> + '_ {
+    let mut x = 0;
+    std::iter::from_fn(move || {
+        while x < blocks.len() {
+            let mut y = x + 1;
+            while y < blocks.len() && blocks[y] == blocks[y - 1] + 1 {
+                y += 1;
+            }
+            let a = (blocks[x] as usize * SPARSE_BLOCK).max(within.start);
+            let z = ((blocks[y - 1] as usize + 1) * SPARSE_BLOCK).min(within.end);
+            x = y;
+            if a < z {
+                return Some(a..z);
+            }
+        }
+        None
+    })
+}
+
 /// Queries and keys per block of a [`BlockMask`]: a multiple of every key panel and of the
 /// backward's key block, so the kernels' tiles fall on block edges.
 pub const SPARSE_BLOCK: usize = 64;

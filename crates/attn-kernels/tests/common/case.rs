@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use attn_kernels::{Align, AttnParams, BlockMask, Broadcast, Dims, Dropout, MaskMod, MaskSpec, Window};
+use attn_kernels::{
+    Align, AttnParams, BlockMask, Broadcast, Dims, Dropout, MaskMod, MaskSpec, ScoreFn, ScoreMod, Window,
+};
 
 use super::dense::Dense;
 use super::generator::Rng;
@@ -46,6 +48,27 @@ pub struct Case {
     pub dropout: Option<Dropout>,
     /// A block-sparse mask and the predicate it was made from.
     pub sparse: Option<Sparse>,
+    /// A score modification and its table.
+    pub score: Option<Scored>,
+    /// Sink logits per query head, `[Hq]`.
+    pub sinks: Option<Vec<f32>>,
+}
+
+/// A score modification with its table.
+#[derive(Clone)]
+pub struct Scored {
+    /// The modification.
+    pub m: Arc<dyn ScoreMod>,
+    /// Its table.
+    pub table: Vec<f32>,
+    /// A name for failure messages.
+    pub name: String,
+}
+
+impl std::fmt::Debug for Scored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (table of {})", self.name, self.table.len())
+    }
 }
 
 /// A block mask with the element predicate that defines it, which the tests' mask rules read
@@ -88,6 +111,8 @@ impl Case {
             bias: None,
             dropout: None,
             sparse: None,
+            score: None,
+            sinks: None,
         }
     }
 
@@ -154,11 +179,18 @@ impl Case {
         if let Some(sp) = &self.sparse {
             s += &format!(" sparse({sp:?})");
         }
+        if let Some(x) = &self.score {
+            s += &format!(" score_mod({x:?})");
+        }
+        if let Some(sinks) = &self.sinks {
+            s += &format!(" sinks={sinks:?}");
+        }
         s
     }
 
-    /// The call's parameters in `T`, with the bias data given already converted to `T`.
-    pub fn params<'a, T>(&'a self, bias: Option<&'a [T]>) -> AttnParams<'a, T> {
+    /// The call's parameters in `T`, with the bias and sinks data given already converted to `T`
+    /// (each ignored where the case has none).
+    pub fn params<'a, T>(&'a self, bias: Option<&'a [T]>, sinks: Option<&'a [T]>) -> AttnParams<'a, T> {
         let keep = self.keep.as_ref().map(|m| Broadcast::new("mask", &m.data, &m.shape).expect("keep-mask layout"));
         let bias =
             self.bias.as_ref().zip(bias).map(|(m, data)| Broadcast::new("bias", data, &m.shape).expect("bias layout"));
@@ -175,7 +207,14 @@ impl Case {
             },
             softcap: self.softcap,
             dropout: self.dropout,
+            score_mod: self.score.as_ref().map(|x| ScoreFn { m: &*x.m, table: &x.table }),
+            sinks: sinks.filter(|_| self.sinks.is_some()),
         }
+    }
+
+    /// The call's parameters in `f32`, the case's own bias and sinks.
+    pub fn params32(&self) -> AttnParams<'_, f32> {
+        self.params(self.bias.as_ref().map(|m| &m.data[..]), self.sinks.as_deref())
     }
 
     /// Every query row `(b, h, i)`.

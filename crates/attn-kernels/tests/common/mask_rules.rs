@@ -32,9 +32,10 @@ impl Case {
     }
 
     /// Checks the structure the mask rules impose on a run with weights of finite inputs: a row
-    /// with no allowed key has out exactly 0, lse −∞ and weights 0; any other row has finite out
-    /// and lse, non-negative weights summing to 1 and exactly 0 at masked keys. Returns the number
-    /// of fully masked rows.
+    /// with no allowed key has out exactly 0, weights 0 and lse −∞ (its head's sink, exactly, when
+    /// the case has one); any other row has finite out and lse, non-negative weights exactly 0 at
+    /// masked keys and summing to 1 (to `1 − exp(sink − lse)` with a sink). Returns the number of
+    /// fully masked rows.
     pub fn assert_structure(&self, label: &str, res: &AttnOutput<f32>) -> usize {
         let d = self.dims;
         let w = res.weights.as_ref().expect("a run with weights");
@@ -43,10 +44,11 @@ impl Case {
             let r = self.row(b, h, i);
             let out = &res.out[r * d.dv..(r + 1) * d.dv];
             let wr = &w[r * d.lk..(r + 1) * d.lk];
+            let sink = self.sinks.as_ref().map_or(f32::NEG_INFINITY, |s| s[h]);
             if !self.any_allowed(b, h, i) {
                 masked_rows += 1;
                 assert!(out.iter().all(|&x| x == 0.0), "{label}: fully masked row ({b},{h},{i}) out {out:?}");
-                assert_eq!(res.lse[r], f32::NEG_INFINITY, "{label}: fully masked row ({b},{h},{i}) lse");
+                assert_eq!(res.lse[r], sink, "{label}: fully masked row ({b},{h},{i}) lse");
                 assert!(wr.iter().all(|&x| x == 0.0), "{label}: fully masked row ({b},{h},{i}) weights {wr:?}");
                 continue;
             }
@@ -57,8 +59,9 @@ impl Case {
                 assert!(self.allowed(b, h, i, j) || x == 0.0, "{label}: masked weight ({b},{h},{i},{j}) = {x}");
             }
             let sum: f64 = wr.iter().map(|&x| x as f64).sum();
+            let want = 1.0 - (sink as f64 - res.lse[r] as f64).exp();
             let tol = 1e-5 + 2.0 * d.lk as f64 * f32::EPSILON as f64;
-            assert!((sum - 1.0).abs() <= tol, "{label}: row ({b},{h},{i}) weights sum to {sum}");
+            assert!((sum - want).abs() <= tol, "{label}: row ({b},{h},{i}) weights sum to {sum}, expected {want}");
         }
         masked_rows
     }

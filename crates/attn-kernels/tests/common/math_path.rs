@@ -3,7 +3,9 @@
 //! or `f64`, its products fused multiply-adds as in the BLAS kernels under PyTorch's matmuls:
 //! every score of a row materialised, masked scores −∞, `P = exp(S − max) / Σ exp(S − max)`,
 //! `O = P̄·V`; backward `dV = P̄ᵀ·dO`, `dP = z ∘ dO·Vᵀ`, `dS = P ∘ (dP − rowsum(P ∘ dP))`,
-//! `dQ = scale·dX·K`, `dK = scale·dXᵀ·Q`. Masks come from [`Case::allowed`] (the independent
+//! `dQ = scale·dX·K`, `dK = scale·dXᵀ·Q`. A sink is the extra column of gpt-oss's formula: its
+//! logit joins the maximum and the sum, its probability `p_sink` is dropped after the softmax, and
+//! `dsink = −Σ p_sink · rowsum(P ∘ dP)`. Masks come from [`Case::allowed`] (the independent
 //! statement of the rules), dropout from [`Case::kept`].
 //!
 //! In `f32` it is the baseline the reference kernel must match; in `f64` it also measures, per
@@ -20,13 +22,15 @@ pub struct MathPath<T> {
     pub out: Vec<T>,
     /// `lse: [B, Hq, Lq]`, −∞ for a fully masked row.
     pub lse: Vec<T>,
-    /// `dq`, `dk`, `dv` and `dbias` in the bias's shape.
+    /// `dq`, `dk`, `dv`, `dbias` in the bias's shape and `dsinks`.
     pub grads: AttnGrads<T>,
     /// Per `dbias` element, `Σ A_ij·(z_j·Σ_c |dO_ic·v_jc| + |Δ_i|)` over the scores it sums, `Δ_i =
     /// Σ_j A_ij·dA_ij`: the size of the products that `dS = A∘(dA − Δ)` subtracts. A bias
     /// broadcast along the keys has an exact gradient of 0 (softmax ignores a shift of its row),
     /// so its rounding error is a few ulps of these terms, not of the result.
     pub dbias_terms: Option<Vec<T>>,
+    /// With sinks, per head `Σ_{b,i} |p_sink · Δ_i|`: the size of the terms `dsinks` sums.
+    pub dsinks_terms: Option<Vec<T>>,
 }
 
 /// The results and gradients of `case` with output gradient `dout: [B, Hq, Lq, Dv]`, computed in
@@ -37,8 +41,9 @@ pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
     let scale = T::from_f64(case.scale.unwrap_or(1.0 / (d.dk as f64).sqrt())).unwrap();
     let cap = case.softcap.map(|c| T::from_f64(c).unwrap());
     let bias_len = case.bias.as_ref().map(|m| m.data.len());
-    let mut g = AttnGrads::<T>::zeros(&d, bias_len).unwrap();
+    let mut g = AttnGrads::<T>::zeros(&d, bias_len, case.sinks.is_some(), None).unwrap();
     let mut terms = bias_len.map(|n| vec![T::zero(); n]);
+    let mut sink_terms = case.sinks.as_ref().map(|_| vec![T::zero(); d.hq]);
     let (mut out, mut lse) = (vec![T::zero(); d.b * d.hq * d.lq * d.dv], vec![T::neg_infinity(); d.lse_len()]);
     let (mut s, mut dcap) = (vec![T::zero(); d.lk], vec![T::one(); d.lk]);
     let (mut p, mut dp, mut mag) = (vec![T::zero(); d.lk], vec![T::zero(); d.lk], vec![T::zero(); d.lk]);
@@ -61,12 +66,13 @@ pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
                 dcap[j] = c;
             }
         }
-        let m = s.iter().fold(T::neg_infinity(), |m, &x| m.max(x));
+        let sink = case.sinks.as_ref().map_or(T::neg_infinity(), |x| t(x[h]));
+        let m = s.iter().fold(sink, |m, &x| m.max(x));
         if m == T::neg_infinity() {
             continue;
         }
         s.iter().zip(&mut p).for_each(|(&x, p)| *p = (x - m).exp());
-        let l = p.iter().fold(T::zero(), |a, &x| a + x);
+        let l = p.iter().fold(T::zero(), |a, &x| a + x) + (sink - m).exp();
         p.iter_mut().for_each(|p| *p = *p / l);
         lse[case.row(b, h, i)] = m + l.ln();
         let seen: Vec<usize> = (0..d.lk).filter(|&j| p[j] != T::zero()).collect();
@@ -82,6 +88,11 @@ pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
             }
         }
         let rowsum = seen.iter().fold(T::zero(), |a, &j| a + p[j] * dp[j]);
+        if let (Some(ds), Some(st)) = (g.dsinks.as_mut(), sink_terms.as_mut()) {
+            let term = (sink - m).exp() / l * rowsum;
+            ds[h] = ds[h] - term;
+            st[h] = st[h] + term.abs();
+        }
         for &j in &seen {
             let ds = p[j] * (dp[j] - rowsum);
             if let (Some(gb), Some(tb), Some(bias)) = (g.dbias.as_mut(), terms.as_mut(), case.bias.as_ref()) {
@@ -94,7 +105,7 @@ pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
             axpy(dx, &qi, &mut g.dk[((b * d.hkv + kvh) * d.lk + j) * d.dk..][..d.dk]);
         }
     }
-    MathPath { out, lse, grads: g, dbias_terms: terms }
+    MathPath { out, lse, grads: g, dbias_terms: terms, dsinks_terms: sink_terms }
 }
 
 fn dot<T: Real>(a: &[T], b: &[T]) -> T {

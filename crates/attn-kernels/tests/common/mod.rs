@@ -1,6 +1,7 @@
 //! Shared helpers of the attention test suites, one job per file:
 //! - `generator`: a seeded generator and random masks and biases;
 //! - `dense`: owned broadcast mask/bias tensors and every broadcast shape;
+//! - `blocks`: a block's class counted from its elements;
 //! - `case`: an owned test [`Case`] (inputs plus every option);
 //! - `run`: a case run through a kernel and through `reference::<f64>` / `reference::<f32>`, and
 //!   the oracle assertion;
@@ -13,6 +14,7 @@
 // Each test binary uses its own subset of these helpers and of their re-exports.
 #![allow(dead_code, unused_imports, unused_macros)]
 
+mod blocks;
 mod case;
 mod dense;
 mod generator;
@@ -21,7 +23,8 @@ mod mask_rules;
 mod math_path;
 mod run;
 
-pub use case::{dims, Case, Sparse};
+pub use blocks::block_truth;
+pub use case::{dims, Case, Scored, Sparse};
 pub use dense::{broadcast_shape, Dense, SHAPE_CODES};
 pub use generator::{random_bias, random_keep, Rng};
 pub use kernels::{assert_available, for_kernel};

@@ -53,7 +53,7 @@ impl Case {
         v: &KvView,
         want_weights: bool,
     ) -> attn_kernels::Result<AttnOutput<f32>> {
-        attention(kernel, q, k, v, &self.params(self.bias.as_ref().map(|m| &m.data[..])), want_weights)
+        attention(kernel, q, k, v, &self.params32(), want_weights)
     }
 
     /// `kernel` without weights on contiguous `f32` views of this case with the flash plan forced.
@@ -61,7 +61,7 @@ impl Case {
         let q = View4::contiguous("q", &self.q, self.q_dims())?;
         let k = View4::contiguous("k", &self.k, self.k_dims())?;
         let v = View4::contiguous("v", &self.v, self.v_dims())?;
-        let params = self.params(self.bias.as_ref().map(|m| &m.data[..]));
+        let params = self.params32();
         attention_tuned(kernel, tuning, &q, &KvView::F32(k), &KvView::F32(v), &params, false)
     }
 
@@ -77,11 +77,11 @@ impl Case {
     pub fn reference64(&self, want_weights: bool) -> attn_kernels::Result<AttnOutput<f64>> {
         let wide = |x: &[f32]| x.iter().map(|&x| x as f64).collect::<Vec<_>>();
         let (q, k, v) = (wide(&self.q), wide(&self.k), wide(&self.v));
-        let bias = self.bias.as_ref().map(|m| wide(&m.data));
+        let (bias, sinks) = (self.bias.as_ref().map(|m| wide(&m.data)), self.sinks.as_deref().map(wide));
         let q = View4::contiguous("q", &q, self.q_dims())?;
         let k = View4::contiguous("k", &k, self.k_dims())?;
         let v = View4::contiguous("v", &v, self.v_dims())?;
-        reference(&q, &k, &v, &self.params(bias.as_deref()), want_weights)
+        reference(&q, &k, &v, &self.params(bias.as_deref(), sinks.as_deref()), want_weights)
     }
 
     /// `reference::<f32>` on the inputs.
@@ -89,7 +89,7 @@ impl Case {
         let q = View4::contiguous("q", &self.q, self.q_dims())?;
         let k = View4::contiguous("k", &self.k, self.k_dims())?;
         let v = View4::contiguous("v", &self.v, self.v_dims())?;
-        reference(&q, &k, &v, &self.params(self.bias.as_ref().map(|m| &m.data[..])), want_weights)
+        reference(&q, &k, &v, &self.params32(), want_weights)
     }
 
     /// Both references, weights included.

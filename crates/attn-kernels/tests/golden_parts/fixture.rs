@@ -67,10 +67,12 @@ pub struct Grads {
     pub dv: Tensor<f64>,
     /// The bias's gradient in the bias's own shape; present exactly when the fixture has a bias.
     pub dbias: Option<Tensor<f64>>,
+    /// The sinks' gradient `[Hq]`; present exactly when the fixture has sinks.
+    pub dsinks: Option<Tensor<f64>>,
 }
 
 /// One fixture: inputs `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`, the optional
-/// `mask`/`bias` (broadcastable to `[B, Hq, Lq, Lk]`) and `key_lengths: [B]`, the expected
+/// `mask`/`bias` (broadcastable to `[B, Hq, Lq, Lk]`), `key_lengths: [B]` and `sinks: [Hq]`, the expected
 /// `out: [B, Hq, Lq, Dv]`, `lse: [B, Hq, Lq]`, `weights: [B, Hq, Lq, Lk]`, and the gradients when
 /// the file holds them.
 // `golden.rs` reads the forward results, `golden_gradients.rs` the gradients.
@@ -91,6 +93,8 @@ pub struct Fixture {
     pub bias: Option<Tensor<f64>>,
     /// Valid keys per batch.
     pub key_lengths: Option<Vec<usize>>,
+    /// Sink logits per query head.
+    pub sinks: Option<Tensor<f64>>,
     /// Expected output.
     pub out: Tensor<f64>,
     /// Expected log-sum-exp.
@@ -114,8 +118,9 @@ impl Fixture {
         let has = |n: &str| names.contains(&n);
         let (q, k, v) = (r.f64_rank("q", 4)?, r.f64_rank("k", 4)?, r.f64_rank("v", 4)?);
         let bias = if has("bias") { Some(r.f64("bias")?) } else { None };
+        let sinks = if has("sinks") { Some(r.f64_rank("sinks", 1)?) } else { None };
         let out = r.f64_rank("out", 4)?;
-        let grads = r.grads(&names, [&q, &k, &v, &out], bias.as_ref())?;
+        let grads = r.grads(&names, [&q, &k, &v, &out], [bias.as_ref(), sinks.as_ref()])?;
         Ok(Self {
             q,
             k,
@@ -123,6 +128,7 @@ impl Fixture {
             mask: if has("mask") { Some(r.bool("mask")?) } else { None },
             bias,
             key_lengths: if has("key_lengths") { Some(r.lengths("key_lengths")?) } else { None },
+            sinks,
             out,
             lse: r.f64_rank("lse", 3)?,
             weights: r.f64_rank("weights", 4)?,
@@ -132,9 +138,13 @@ impl Fixture {
         })
     }
 
-    /// The call's parameters with `bias` (this fixture's bias in the caller's precision, same
-    /// shape) in place of the stored one.
-    pub fn params<'a, T: Copy>(&'a self, bias: Option<&'a [T]>) -> Result<AttnParams<'a, T>, String> {
+    /// The call's parameters with `bias` and `sinks` (this fixture's in the caller's precision,
+    /// same shapes) in place of the stored ones.
+    pub fn params<'a, T: Copy>(
+        &'a self,
+        bias: Option<&'a [T]>,
+        sinks: Option<&'a [T]>,
+    ) -> Result<AttnParams<'a, T>, String> {
         let err = |e: attn_kernels::AttnError| format!("{}: {e}", self.file);
         let keep = match &self.mask {
             Some(m) => Some(Broadcast::new("mask", &m.data, &m.shape).map_err(err)?),
@@ -145,6 +155,9 @@ impl Fixture {
             (None, None) => None,
             _ => return Err(format!("{}: bias given for a fixture without one, or missing", self.file)),
         };
+        if self.sinks.is_some() != sinks.is_some() {
+            return Err(format!("{}: sinks given for a fixture without them, or missing", self.file));
+        }
         let o = self.options;
         Ok(AttnParams {
             scale: o.scale,
@@ -159,6 +172,8 @@ impl Fixture {
             },
             softcap: o.softcap,
             dropout: None,
+            score_mod: None,
+            sinks,
         })
     }
 
@@ -200,7 +215,7 @@ impl Reader<'_> {
         Ok(t)
     }
 
-    /// `f64_rank(name, 4)` of the shape `like` has.
+    /// `f64(name)` of the shape `like` has.
     fn f64_like(&self, name: &str, like: &Tensor<f64>) -> Result<Tensor<f64>, String> {
         let t = self.f64(name)?;
         if t.shape != like.shape {
@@ -210,14 +225,15 @@ impl Reader<'_> {
     }
 
     /// The gradient tensors: none or all of `grad_out`, `dq`, `dk`, `dv` (shaped like `out`, `q`,
-    /// `k`, `v`), and then `dbias` (shaped like the bias) exactly when there is a bias.
+    /// `k`, `v`), and then `dbias` and `dsinks` (shaped like the bias and the sinks) exactly when
+    /// there are a bias and sinks.
     fn grads(
         &self,
         names: &[&str],
         [q, k, v, out]: [&Tensor<f64>; 4],
-        bias: Option<&Tensor<f64>>,
+        [bias, sinks]: [Option<&Tensor<f64>>; 2],
     ) -> Result<Option<Grads>, String> {
-        let parts = ["grad_out", "dq", "dk", "dv", "dbias"];
+        let parts = ["grad_out", "dq", "dk", "dv", "dbias", "dsinks"];
         let present: Vec<&str> = parts.iter().copied().filter(|p| names.contains(p)).collect();
         if present.is_empty() {
             return Ok(None);
@@ -225,18 +241,19 @@ impl Reader<'_> {
         if let Some(missing) = parts[..4].iter().find(|p| !present.contains(p)) {
             return Err(format!("{}: gradient tensors {present:?} present but {missing} missing", self.file));
         }
-        let dbias = match (bias, names.contains(&"dbias")) {
-            (Some(b), true) => Some(self.f64_like("dbias", b)?),
-            (None, false) => None,
-            (Some(_), false) => return Err(format!("{}: a bias but no dbias", self.file)),
-            (None, true) => return Err(format!("{}: dbias without a bias", self.file)),
+        let grad_of = |input: Option<&Tensor<f64>>, grad: &str, what: &str| match (input, names.contains(&grad)) {
+            (Some(x), true) => self.f64_like(grad, x).map(Some),
+            (None, false) => Ok(None),
+            (Some(_), false) => Err(format!("{}: {what} but no {grad}", self.file)),
+            (None, true) => Err(format!("{}: {grad} without {what}", self.file)),
         };
         Ok(Some(Grads {
             grad_out: self.f64_like("grad_out", out)?,
             dq: self.f64_like("dq", q)?,
             dk: self.f64_like("dk", k)?,
             dv: self.f64_like("dv", v)?,
-            dbias,
+            dbias: grad_of(bias, "dbias", "a bias")?,
+            dsinks: grad_of(sinks, "dsinks", "sinks")?,
         }))
     }
 

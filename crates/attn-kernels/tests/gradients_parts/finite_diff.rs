@@ -1,18 +1,19 @@
 //! Finite-difference checks of the `f64` reference backward: for the loss `L = Σ O ∘ dO` with a
-//! fixed `dO`, central differences of `L` in single elements of q, k, v and the bias must match
-//! the analytic gradients. Masks and dropout are constants of `L`, so every option is covered.
+//! fixed `dO`, central differences of `L` in single elements of q, k, v, the bias and the sinks
+//! must match the analytic gradients. Masks and dropout are constants of `L`, so every option is
+//! covered.
 
 use attn_kernels::{reference, View4};
 
 use super::harness::{grads64, out_dims, random_dout};
 use crate::common::Case;
 
-/// `L = Σ O ∘ dO` of the `f64` reference with `q`, `k`, `v`, `bias` replaced by the given data.
-fn loss(case: &Case, q: &[f64], k: &[f64], v: &[f64], bias: Option<&[f64]>, dout: &[f64]) -> f64 {
-    let params = case.params(bias);
-    let q = View4::contiguous("q", q, case.q_dims()).unwrap();
-    let k = View4::contiguous("k", k, case.k_dims()).unwrap();
-    let v = View4::contiguous("v", v, case.v_dims()).unwrap();
+/// `L = Σ O ∘ dO` of the `f64` reference with `q`, `k`, `v`, `bias`, `sinks` replaced by `x`.
+fn loss(case: &Case, x: &[Vec<f64>; 5], dout: &[f64]) -> f64 {
+    let params = case.params(Some(&x[3]), Some(&x[4]));
+    let q = View4::contiguous("q", &x[0], case.q_dims()).unwrap();
+    let k = View4::contiguous("k", &x[1], case.k_dims()).unwrap();
+    let v = View4::contiguous("v", &x[2], case.v_dims()).unwrap();
     let out = reference(&q, &k, &v, &params, false).unwrap().out;
     out.iter().zip(dout).map(|(o, g)| o * g).sum()
 }
@@ -24,10 +25,22 @@ pub fn assert_finite_differences(case: &Case, what: &str) {
     let analytic = grads64(case, &dout32);
     let wide = |x: &[f32]| x.iter().map(|&x| x as f64).collect::<Vec<f64>>();
     let dout = wide(&dout32);
-    let base = [wide(&case.q), wide(&case.k), wide(&case.v), case.bias.as_ref().map_or(Vec::new(), |b| wide(&b.data))];
-    let names = ["q", "k", "v", "bias"];
+    let base = [
+        wide(&case.q),
+        wide(&case.k),
+        wide(&case.v),
+        case.bias.as_ref().map_or(Vec::new(), |b| wide(&b.data)),
+        case.sinks.as_deref().map_or(Vec::new(), wide),
+    ];
+    let names = ["q", "k", "v", "bias", "sinks"];
     let none = Vec::new();
-    let grads = [&analytic.dq, &analytic.dk, &analytic.dv, analytic.dbias.as_ref().unwrap_or(&none)];
+    let grads = [
+        &analytic.dq,
+        &analytic.dk,
+        &analytic.dv,
+        analytic.dbias.as_ref().unwrap_or(&none),
+        analytic.dsinks.as_ref().unwrap_or(&none),
+    ];
     for (t, name) in names.iter().enumerate() {
         for e in 0..base[t].len() {
             if !base[t][e].is_finite() {
@@ -37,8 +50,7 @@ pub fn assert_finite_differences(case: &Case, what: &str) {
             let shifted = |delta: f64| {
                 let mut x = base.clone();
                 x[t][e] += delta;
-                let bias = case.bias.as_ref().map(|_| &x[3][..]);
-                loss(case, &x[0], &x[1], &x[2], bias, &dout)
+                loss(case, &x, &dout)
             };
             let numeric = (shifted(eps) - shifted(-eps)) / (2.0 * eps);
             let got = grads[t][e];

@@ -6,18 +6,10 @@ use candle_core::{Device, Tensor};
 
 use crate::error::Result;
 
-/// The slopes of `num_heads` heads: `2^(-8h/n)` for `h = 1..n` when `n` is a power of two; for
-/// other `n`, the slopes of the power of two below it followed by every other slope of the power
-/// of two above it (the paper's reference code).
+/// The slopes of `num_heads` heads ([`attn::score_mod::Alibi::slopes`]): `2^(-8h/n)` for
+/// `h = 1..n` when `n` is a power of two, else the paper's interleaving.
 pub fn alibi_slopes(num_heads: usize) -> Vec<f64> {
-    let pow2 = |n: usize| -> Vec<f64> { (1..=n).map(|h| 2f64.powf(-8.0 * h as f64 / n as f64)).collect() };
-    if num_heads == 0 {
-        return Vec::new();
-    }
-    let below = 1usize << (usize::BITS - 1 - num_heads.leading_zeros());
-    let mut slopes = pow2(below);
-    slopes.extend(pow2(2 * below).into_iter().step_by(2).take(num_heads - below));
-    slopes
+    attn::score_mod::Alibi::slopes(num_heads)
 }
 
 /// The bias `[1, H, Lq, Lk]`: `-m_h · |i' − j|` with `i'` query `i`'s position on the key axis

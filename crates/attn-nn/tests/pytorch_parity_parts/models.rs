@@ -206,6 +206,7 @@ impl Mha {
             add_zero_attn: c.flag("add_zero_attn")?,
             batch_first: c.flag_or("batch_first", true)?,
             rope: c.opt_f64("rope")?.map(|base| RopeConfig { base }),
+            sinks: c.flag("sinks")?,
             kernel,
             ..MultiHeadAttentionConfig::new(c.usize("embed_dim")?, c.usize("num_heads")?)
         };

@@ -12,7 +12,9 @@
 use anyhow::Context;
 use attn::random::uniform;
 use attn::{sdpa_full, SdpaOptions, SdpaOutput};
-use attn_kernels::{attention, attention_backward, AttnGrads, AttnOutput, Dims, KvView, Saved, View4};
+use attn_kernels::{
+    attention, attention_backward, AttnGrads, AttnOutput, Dims, KvView, Packed, PackedKv, Saved, View4,
+};
 use candle_core::{DType, Tensor, Var};
 use half::{bf16, f16};
 
@@ -27,7 +29,7 @@ pub fn grad_out(dims: Dims, seed: u64) -> attn::Result<Tensor> {
 }
 
 /// Keys or values in host memory, in their storage type.
-enum HostKv {
+pub(super) enum HostKv {
     F32(Vec<f32>),
     F16(Vec<f16>),
     Bf16(Vec<bf16>),
@@ -35,7 +37,7 @@ enum HostKv {
 
 impl HostKv {
     /// The elements of `t` (stored as `f32`, `f16` or `bf16`), copied.
-    fn of(t: &Tensor, what: &'static str) -> Result<Self, IoErrorKind> {
+    pub(super) fn of(t: &Tensor, what: &'static str) -> Result<Self, IoErrorKind> {
         Ok(match t.dtype() {
             DType::F16 => HostKv::F16(tensor_values(t, what)?),
             DType::BF16 => HostKv::Bf16(tensor_values(t, what)?),
@@ -48,6 +50,15 @@ impl HostKv {
             HostKv::F32(x) => KvView::F32(View4::contiguous(name, x, dims)?),
             HostKv::F16(x) => KvView::F16(View4::contiguous(name, x, dims)?),
             HostKv::Bf16(x) => KvView::Bf16(View4::contiguous(name, x, dims)?),
+        })
+    }
+
+    /// The packed `[total, H, D]` view of `dims`.
+    pub(super) fn packed(&self, name: &'static str, dims: [usize; 3]) -> attn_kernels::Result<PackedKv<'_>> {
+        Ok(match self {
+            HostKv::F32(x) => Packed::contiguous(name, x, dims)?.into(),
+            HostKv::F16(x) => Packed::contiguous(name, x, dims)?.into(),
+            HostKv::Bf16(x) => Packed::contiguous(name, x, dims)?.into(),
         })
     }
 }

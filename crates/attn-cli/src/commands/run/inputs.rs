@@ -1,9 +1,10 @@
 //! The inputs of `attn run`: each tensor with the file it came from, read from one safetensors
 //! file or `.npz` archive, or from `.npy` files, checked for its role and converted into the
-//! `attn` library's call; the library's refusals are reported naming the file of the tensor
+//! `attn` library's call (`sdpa_full`, or `sdpa_varlen_full` for packed sequences, see
+//! [`packed`](super::packed)); the library's refusals are reported naming the file of the tensor
 //! concerned. With `grad_out`
-//! the call also runs backward through candle's autograd: `q`, `k`, `v` and the bias become
-//! `Var`s and `Σ out·grad_out` is differentiated.
+//! the call also runs backward through candle's autograd: `q`, `k`, `v`, the bias and the sinks
+//! become `Var`s and `Σ out·grad_out` is differentiated.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,25 +12,31 @@ use std::sync::Arc;
 use anyhow::anyhow;
 use attn::sparse::Pattern;
 use attn::AttnError;
-use attn::{sdpa_full, AttnLibError, Mask, SdpaOptions, SdpaOutput};
+use attn::{sdpa_full, sdpa_varlen_full, AttnLibError, Mask, SdpaOptions, SdpaOutput};
 use candle_core::{DType, Tensor, Var};
 
+use super::packed::{self, Offsets};
 use super::Args;
 use crate::commands::pattern_flags::pattern_error;
 use crate::io::{read_npy, read_tensors, HostData, HostTensor, IoError, IoErrorKind};
 
 /// Tensor names accepted in the input file.
-const ACCEPTED: [&str; 7] = ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out"];
+const ACCEPTED: [&str; 10] =
+    ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out", "sinks", "cu_seqlens_q", "cu_seqlens_k"];
 
 /// A tensor and the file it came from.
-struct Sourced {
-    file: String,
-    tensor: HostTensor,
+pub(super) struct Sourced {
+    pub(super) file: String,
+    pub(super) tensor: HostTensor,
 }
 
 impl Sourced {
     /// The tensor converted by `f`; a refusal names the file and the tensor `name`.
-    fn convert<T>(self, name: &str, f: impl FnOnce(HostTensor) -> Result<T, IoErrorKind>) -> Result<T, IoError> {
+    pub(super) fn convert<T>(
+        self,
+        name: &str,
+        f: impl FnOnce(HostTensor) -> Result<T, IoErrorKind>,
+    ) -> Result<T, IoError> {
         let Sourced { file, tensor } = self;
         f(tensor).map_err(|kind| IoError::tensor(file, name, kind))
     }
@@ -43,7 +50,11 @@ pub(super) struct Inputs {
     mask: Option<Sourced>,
     bias: Option<Sourced>,
     key_lengths: Option<Sourced>,
+    sinks: Option<Sourced>,
     grad_out: Option<Sourced>,
+    /// The offsets of packed sequences, `[B + 1]` each (INPUT files only).
+    cu_seqlens_q: Option<Sourced>,
+    cu_seqlens_k: Option<Sourced>,
 }
 
 impl Inputs {
@@ -53,7 +64,8 @@ impl Inputs {
         let file = path.display().to_string();
         let mut map = read_tensors(path).map_err(|e| match e.kind {
             IoErrorKind::SingleArray => anyhow!(
-                "{e}; pass .npy files with --q, --k, --v (and --mask, --bias, --key-lengths, --grad-out) instead"
+                "{e}; pass .npy files with --q, --k, --v (and --mask, --bias, --key-lengths, --sinks, --grad-out) \
+                 instead"
             ),
             _ => e.into(),
         })?;
@@ -67,12 +79,14 @@ impl Inputs {
             take(name).ok_or_else(|| IoError::tensor(&file, name, IoErrorKind::Missing { found: found.clone() }))
         };
         let (q, k, v) = (need("q")?, need("k")?, need("v")?);
-        let (mask, bias, key_lengths, grad_out) = (take("mask"), take("bias"), take("key_lengths"), take("grad_out"));
-        Ok(Self { q, k, v, mask, bias, key_lengths, grad_out })
+        let (mask, bias, key_lengths) = (take("mask"), take("bias"), take("key_lengths"));
+        let (sinks, grad_out) = (take("sinks"), take("grad_out"));
+        let (cu_seqlens_q, cu_seqlens_k) = (take("cu_seqlens_q"), take("cu_seqlens_k"));
+        Ok(Self { q, k, v, mask, bias, key_lengths, sinks, grad_out, cu_seqlens_q, cu_seqlens_k })
     }
 
     /// The `.npy` files named by `--q`, `--k`, `--v` and the optional `--mask`, `--bias`,
-    /// `--key-lengths`, `--grad-out`.
+    /// `--key-lengths`, `--sinks`, `--grad-out`.
     pub(super) fn from_npy(args: &Args) -> Result<Self, IoError> {
         let read = |path: &Option<PathBuf>| -> Result<Option<Sourced>, IoError> {
             path.as_deref().map(|p| Ok(Sourced { file: p.display().to_string(), tensor: read_npy(p)? })).transpose()
@@ -89,7 +103,10 @@ impl Inputs {
             mask: read(&args.mask)?,
             bias: read(&args.bias)?,
             key_lengths: read(&args.key_lengths)?,
+            sinks: read(&args.sinks)?,
             grad_out: read(&args.grad_out)?,
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
         })
     }
 
@@ -99,7 +116,10 @@ impl Inputs {
             ("mask", self.mask.as_ref()),
             ("bias", self.bias.as_ref()),
             ("key_lengths", self.key_lengths.as_ref()),
+            ("sinks", self.sinks.as_ref()),
             ("grad_out", self.grad_out.as_ref()),
+            ("cu_seqlens_q", self.cu_seqlens_q.as_ref()),
+            ("cu_seqlens_k", self.cu_seqlens_k.as_ref()),
         ];
         [("q", &self.q), ("k", &self.k), ("v", &self.v)]
             .into_iter()
@@ -113,22 +133,28 @@ impl Inputs {
         parts.join(", ")
     }
 
-    /// Checks each tensor for its role and converts it: `q`, `k`, `v` rank 4 and float (`q` as
-    /// F32, so `out` and `weights` come back as F32; `k` and `v` in their stored type), the
-    /// output's gradient float `[B, Hq, Lq, Dv]` (as F32), the mask BOOL/U8 with non-zero = may
-    /// attend, the bias float, the key lengths I32/I64 `[B]`, these three added to `opts`.
+    /// Checks each tensor for its role and converts it: `q`, `k`, `v` rank 4 (rank 3 when packed)
+    /// and float (`q` as F32, so `out` and `weights` come back as F32; `k` and `v` in their stored
+    /// type), the output's gradient float `[B, Hq, Lq, Dv]` (packed: `[total_q, Hq, Dv]`; as F32),
+    /// the mask BOOL/U8 with non-zero = may attend, the bias float, the key lengths I32/I64 `[B]`,
+    /// the sinks float rank 1 (their length `Hq` is the library's check), these four added to
+    /// `opts`; the packed offsets as [`packed::offsets`] says.
     pub(super) fn into_call(self, mut opts: SdpaOptions) -> Result<Call, IoError> {
         let files = self.roles().map(|(n, s)| (n, s.file.clone())).collect();
-        let q = self.q.convert("q", |t| rank4(t)?.into_f32_tensor())?;
-        let k = self.k.convert("k", |t| rank4(t)?.into_float_tensor())?;
-        let v = self.v.convert("v", |t| rank4(t)?.into_float_tensor())?;
+        let dense_only =
+            [("mask", &self.mask), ("bias", &self.bias), ("key_lengths", &self.key_lengths), ("sinks", &self.sinks)];
+        let offsets = packed::offsets(self.cu_seqlens_q, self.cu_seqlens_k, &self.q.file, dense_only)?;
+        let (rank, grad_dims) = if offsets.is_some() { (3, "[total_q, Hq, Dv]") } else { (4, "[B, Hq, Lq, Dv]") };
+        let q = self.q.convert("q", |t| with_rank(t, rank)?.into_f32_tensor())?;
+        let k = self.k.convert("k", |t| with_rank(t, rank)?.into_float_tensor())?;
+        let v = self.v.convert("v", |t| with_rank(t, rank)?.into_float_tensor())?;
         let grad_out = match self.grad_out {
             Some(g) => {
-                // `q` and `v` have rank 4 here: `[B, Hq, Lq]` of `q`, then `Dv` of `v`.
-                let want: Vec<usize> = q.dims()[..3].iter().chain(&v.dims()[3..]).copied().collect();
+                // `q` and `v` have rank `rank` here: all but the last size of `q`, then `Dv` of `v`.
+                let want: Vec<usize> = q.dims()[..rank - 1].iter().chain(&v.dims()[rank - 1..]).copied().collect();
                 Some(g.convert("grad_out", |t| {
                     if t.shape != want {
-                        let expected = format!("[B, Hq, Lq, Dv] = {want:?} (from q and v)");
+                        let expected = format!("{grad_dims} = {want:?} (from q and v)");
                         return Err(IoErrorKind::Shape { found: t.shape, expected });
                     }
                     t.into_f32_tensor()
@@ -143,12 +169,15 @@ impl Inputs {
             opts.bias = Some(b.convert("bias", HostTensor::into_float_tensor)?);
         }
         if let Some(kl) = self.key_lengths {
-            opts.key_lengths = Some(kl.convert("key_lengths", |t| match t.shape.len() {
-                1 => t.to_usize_vec(),
-                _ => Err(IoErrorKind::Shape { found: t.shape, expected: "rank 1 [B]".into() }),
+            opts.key_lengths = Some(kl.convert("key_lengths", |t| packed::rank1_counts(t, "[B]"))?);
+        }
+        if let Some(s) = self.sinks {
+            opts.sinks = Some(s.convert("sinks", |t| match t.shape.len() {
+                1 => t.into_float_tensor(),
+                _ => Err(IoErrorKind::Shape { found: t.shape, expected: "rank 1 [Hq]".into() }),
             })?);
         }
-        Ok(Call { q, k, v, grad_out, opts, files })
+        Ok(Call { q, k, v, grad_out, opts, offsets, files })
     }
 }
 
@@ -159,10 +188,14 @@ impl HostTensor {
     }
 }
 
-/// `t` if it has rank 4, `[B, H, L, D]`.
-fn rank4(t: HostTensor) -> Result<HostTensor, IoErrorKind> {
+/// `t` if it has rank `rank`: 4, `[B, H, L, D]`, or 3 for packed sequences, `[total, H, D]`.
+fn with_rank(t: HostTensor, rank: usize) -> Result<HostTensor, IoErrorKind> {
     match t.shape.len() {
-        4 => Ok(t),
+        r if r == rank => Ok(t),
+        _ if rank == 3 => Err(IoErrorKind::Shape {
+            found: t.shape,
+            expected: "rank 3 [total, H, D] (packed sequences: cu_seqlens_q and cu_seqlens_k are given)".into(),
+        }),
         _ => Err(IoErrorKind::Shape { found: t.shape, expected: "rank 4 [B, H, L, D]".into() }),
     }
 }
@@ -175,6 +208,8 @@ pub(super) struct Call {
     /// The output's gradient, `[B, Hq, Lq, Dv]` F32, when the gradients are asked for.
     grad_out: Option<Tensor>,
     opts: SdpaOptions,
+    /// The packed sequences' offsets, when `q`, `k`, `v` are packed.
+    offsets: Option<Offsets>,
     /// `(role, file)`, `q` first.
     files: Vec<(&'static str, String)>,
 }
@@ -185,17 +220,22 @@ pub(super) struct RunOutput {
     pub sdpa: SdpaOutput,
     /// With the weights, the keep-mask `[B, Hq, Lq, Lk]` (`U8`) of the cells masking set to 0.
     pub keep: Option<Tensor>,
-    /// `dq`, `dk`, `dv` and `dbias` (with a bias) as F32 when `grad_out` is given, else empty.
+    /// `dq`, `dk`, `dv`, `dbias` (with a bias) and `dsinks` (with sinks) as F32 when `grad_out` is
+    /// given, else empty.
     pub grads: Vec<(&'static str, Tensor)>,
 }
 
 impl Call {
     /// Adds the block mask of `pattern` for this call's `Lq × Lk` (`q: [B, Hq, Lq, D]`,
     /// `k: [B, Hkv, Lk, D]`) and returns the fraction of blocks it lists; a pattern that does not
-    /// fit the sizes is refused naming its flag.
+    /// fit the sizes is refused naming its flag, and so are packed sequences.
     pub(super) fn set_pattern(&mut self, pattern: &Pattern) -> anyhow::Result<f64> {
-        let (&[_, _, lq, _], &[_, _, lk, _]) = (self.q.dims(), self.k.dims()) else {
-            return Err(anyhow!("--pattern {}: needs q: [B, Hq, Lq, D] and k: [B, Hkv, Lk, D]", pattern.name()));
+        let (&[_, _, lq, _], &[_, _, lk, _], None) = (self.q.dims(), self.k.dims(), &self.offsets) else {
+            return Err(anyhow!(
+                "--pattern {}: packed sequences (cu_seqlens_q, cu_seqlens_k in {}) take no block-sparse pattern",
+                pattern.name(),
+                self.files[0].1
+            ));
         };
         let mask = pattern.block_mask(lq, lk).map_err(pattern_error)?;
         let density = mask.density();
@@ -217,19 +257,24 @@ impl Call {
             Ok(Some(self.opts.keep_mask(q[0], q[1], q[2], lk).map_err(|e| self.error(e))?))
         };
         let Some(grad_out) = &self.grad_out else {
-            let sdpa = sdpa_full(&self.q, &self.k, &self.v, &self.opts).map_err(|e| self.error(e))?;
+            let sdpa = self.attend(&self.q, &self.k, &self.v, &self.opts)?;
             return Ok(RunOutput { sdpa, keep: keep()?, grads: Vec::new() });
         };
         let var = |t: &Tensor| Var::from_tensor(t).map_err(|e| self.candle_error(e));
         let (q, k, v) = (var(&self.q)?, var(&self.k)?, var(&self.v)?);
         let bias = self.opts.bias.as_ref().map(var).transpose()?;
-        let opts = SdpaOptions { bias: bias.as_ref().map(|b| b.as_tensor().clone()), ..self.opts.clone() };
-        let sdpa = sdpa_full(&q, &k, &v, &opts).map_err(|e| self.error(e))?;
+        let sinks = self.opts.sinks.as_ref().map(var).transpose()?;
+        let tracked = |v: &Option<Var>| v.as_ref().map(|v| v.as_tensor().clone());
+        let opts = SdpaOptions { bias: tracked(&bias), sinks: tracked(&sinks), ..self.opts.clone() };
+        let sdpa = self.attend(&q, &k, &v, &opts)?;
         let store = (&sdpa.out * grad_out)
             .and_then(|prod| prod.sum_all())
             .and_then(|loss| loss.backward())
             .map_err(|e| self.candle_error(e))?;
-        let wanted = [("dq", &q), ("dk", &k), ("dv", &v)].into_iter().chain(bias.as_ref().map(|b| ("dbias", b)));
+        let optional = [("dbias", bias.as_ref()), ("dsinks", sinks.as_ref())];
+        let wanted = [("dq", &q), ("dk", &k), ("dv", &v)]
+            .into_iter()
+            .chain(optional.into_iter().filter_map(|(n, v)| v.map(|v| (n, v))));
         let grads = wanted
             .map(|(name, var)| {
                 let grad = store.get(var).ok_or_else(|| anyhow!("{}: no gradient reached {name}", self.files[0].1))?;
@@ -237,6 +282,17 @@ impl Call {
             })
             .collect::<anyhow::Result<_>>()?;
         Ok(RunOutput { sdpa, keep: keep()?, grads })
+    }
+
+    /// The library's attention on `q`, `k`, `v`: dense, or packed when the offsets are given.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) -> anyhow::Result<SdpaOutput> {
+        let result = match &self.offsets {
+            None => sdpa_full(q, k, v, opts),
+            Some(Offsets { q: cq, k: ck }) => {
+                sdpa_varlen_full(q, k, v, cq, ck, opts).map(|r| SdpaOutput { out: r.out, lse: r.lse, weights: None })
+            }
+        };
+        result.map_err(|e| self.error(e))
     }
 
     /// A candle error while computing, as one line naming `q`'s file; a library refusal inside
@@ -249,6 +305,12 @@ impl Call {
 
     fn error(&self, e: AttnLibError) -> anyhow::Error {
         let tensor = match &e {
+            AttnLibError::Value { field: "return_weights", reason } => return anyhow!("option --weights: {reason}"),
+            // Sinks and the packed offsets are tensors of the input, not options.
+            AttnLibError::Kernel(AttnError::Param {
+                field: field @ ("sinks" | "cu_seqlens_q" | "cu_seqlens_k"),
+                ..
+            }) => *field,
             AttnLibError::Kernel(AttnError::Param { .. }) => return anyhow!("option --{e}"),
             // Names its buffer and size, which no input file holds.
             AttnLibError::Kernel(AttnError::Alloc(_)) => return anyhow!("{e}"),

@@ -1,7 +1,8 @@
 //! The fused backward kernel (FlashAttention-2's scheme on the CPU): the probabilities are
 //! recomputed tile by tile from the forward's log-sum-exp, `Δ_i = dO_i·O_i` is taken once per
 //! row and job (with the rounding of the micro-kernel's `dO·v`, so a row that sees one key gets
-//! `dS = 0` exactly, as the exact gradient), and no `Lq × Lk` buffer ever exists. Extra memory per
+//! `dS = 0` exactly, as the exact gradient; in `f64` for a head with a sink, where that row's `dS`
+//! is not 0), and no `Lq × Lk` buffer ever exists. Extra memory per
 //! thread: O(tile), `Δ` of the job's rows, and its queries and output gradients transposed (at most
 //! 8 MiB, else tile by tile); when the keys are split (below), one `dq` partial per shard.
 //!
@@ -18,9 +19,15 @@
 //!   causal shards balanced), each shard accumulates into its own `dq` partial, and the partials
 //!   are summed afterwards — all cores stay busy even for one head;
 //! - `dbias` (only when asked for) may be shared by many jobs through broadcasting, so each tile
-//!   adds its `dS` under one lock (an `O(tile)` addition after `O(tile · D)` of arithmetic).
+//!   adds its `dS` under one lock (an `O(tile)` addition after `O(tile · D)` of arithmetic); so
+//!   does the score modification's table gradient `dtable`, from a per-tile buffer.
+//!
+//! Attention sinks need nothing of the jobs: the forward's log-sum-exp and output include the
+//! sink, so `P = exp(S − lse)` and `Δ = dO·O` are already those of the softmax with the sink, and
+//! `dsinks` is one pass over the rows afterwards ([`sinks`]).
 
 mod rows;
+mod sinks;
 mod tile;
 
 use std::marker::PhantomData;
@@ -94,6 +101,8 @@ pub(super) struct BwdCtx<'a, E> {
     pub dk: Disjoint<'a>,
     pub dv: Disjoint<'a>,
     pub dbias: Option<Mutex<&'a mut [f32]>>,
+    /// The score modification's table gradient, when it reads a table.
+    pub dtable: Option<Mutex<&'a mut [f32]>>,
     /// Key shards per key/value head.
     pub shards: usize,
     /// Forced transposition plan ([`BackwardTuning::whole_heads`]).
@@ -141,7 +150,10 @@ pub(crate) fn backward<E: KvElem>(
     let (run, _) = entry::of::<E>(isa);
     let d = pb.dims;
     let bias_len = pb.elem.bias.filter(|_| want_dbias).map(|b| b.data.len());
-    let mut g = AttnGrads::zeros(&d, bias_len)?;
+    let mut g = AttnGrads::zeros(&d, bias_len, pb.sinks.is_some(), pb.score_mod.map(|f| f.table.len()))?;
+    if let (Some(sinks), Some(ds)) = (pb.sinks, g.dsinks.as_deref_mut()) {
+        sinks::sink_grads(sinks, saved, &d, ds);
+    }
     if d.b == 0 || d.lq == 0 || d.lk == 0 {
         return Ok(g);
     }
@@ -176,6 +188,7 @@ pub(crate) fn backward<E: KvElem>(
             dk: Disjoint::new(&mut g.dk),
             dv: Disjoint::new(&mut g.dv),
             dbias: g.dbias.as_deref_mut().map(Mutex::new),
+            dtable: g.dtable.as_deref_mut().map(Mutex::new),
             shards,
             whole_heads: tuning.whole_heads,
             decode_scores: saved.forward_path.map_or(plan::decodes(&d), |p| p == Path::Decode),

@@ -8,7 +8,8 @@
 //! 2. `P = exp((S − lse) − lse_residue)`, dropout replayed (`P̄ = z·P`, `dP = keep·dP̄` with `dP̄ = dO·(c·V)`,
 //!    `z = keep·c`, `c = 1/(1 − p)`),
 //!    `dS = P∘(dP − Δ)` (0 wherever `S` is masked, whatever `dP̄` holds), added into `dbias`,
-//!    and `dX = scale·dS·(1 − tanh²)` through the soft-cap;
+//!    `dS·(1 − tanh²)` into the score modification's table (`dtable`), and
+//!    `dX = scale·dS·(1 − tanh²)·f'` through the soft-cap and the modification;
 //! 3. `dV += P̄ᵀ·dO`, `dK += dXᵀ·Q` into the block's accumulators and `dQ += dX·K`, with the
 //!    forward's `pv` micro-kernel; key rows holding a non-finite number are added one product
 //!    at a time, skipping the rows that mask them.
@@ -20,9 +21,9 @@ use crate::flash::forward::accumulate::pv_block;
 use crate::flash::forward::softmax::exp_row;
 use crate::flash::micro::qk_panel;
 use crate::flash::pack::{pack_keys, panel_len};
-use crate::flash::scores::{all_finite, decode_scores, mask_row};
+use crate::flash::scores::{all_finite, decode_scores, mask_row, RowDerivs};
 use crate::flash::simd::{KvElem, Simd};
-use crate::sparse::SPARSE_BLOCK;
+use crate::sparse::runs;
 
 /// Most bytes of a job's queries and output gradients transposed once for all its key blocks;
 /// larger heads are transposed tile by tile.
@@ -40,13 +41,19 @@ pub struct BwdWork {
     /// when they fit [`TRANSPOSED_BUDGET`], else of the tile.
     qt: Vec<f32>,
     dot: Vec<f32>,
-    /// Scores `S`, probabilities `P` (and `P̄` under dropout), `dP` then `dS` then `dX`,
-    /// soft-cap derivatives: `[TILE_ROWS, LDB]`.
+    /// Scores `S`, probabilities `P` (and `P̄` under dropout), `dP` then `dS` then `dX`, the
+    /// score modification's and the soft-cap's derivatives, the scaled products before the
+    /// modification: `[TILE_ROWS, LDB]`.
     s: Vec<f32>,
     p: Vec<f32>,
     pd: Vec<f32>,
     dp: Vec<f32>,
+    dmod: Vec<f32>,
     dcap: Vec<f32>,
+    x: Vec<f32>,
+    /// One row's gradient of the modified score, `[LDB]`, and the tile's table gradient.
+    g: Vec<f32>,
+    dtable: Vec<f32>,
     /// The block's `dK` `[KEY_BLOCK, Dk]` and `dV` `[KEY_BLOCK, Dv]`.
     dk: Vec<f32>,
     dv: Vec<f32>,
@@ -73,20 +80,33 @@ fn grow(v: &mut Vec<f32>, n: usize) {
 pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork) {
     let d = cx.pb.dims;
     let g = d.group();
-    for v in [&mut w.s, &mut w.p, &mut w.pd, &mut w.dp, &mut w.dcap] {
+    for v in [&mut w.s, &mut w.p, &mut w.pd, &mut w.dp, &mut w.dmod, &mut w.dcap, &mut w.x] {
         grow(v, TILE_ROWS * LDB);
     }
+    grow(&mut w.g, LDB);
     let (rq, _) = rows_per_call::<S>();
     let whole = cx.whole_heads.unwrap_or(g * d.lq * (d.dk + d.dv) * 4 <= TRANSPOSED_BUDGET);
     let rows = if whole { g * d.lq } else { TILE_ROWS };
     grow(&mut w.qt, rows * d.dk);
     grow(&mut w.dot, rows * d.dv);
     // Plain loops here and in `dot_as_panel`: a closure would not inherit the target features.
+    // With a sink the row's one-key exactness is gone (`dS = P·dP·p_sink`, not 0) and what is
+    // left of `Δ`'s error is `O`'s rounding plus the dot product's: the latter is removed by
+    // taking the products and their sum in `f64`.
     w.delta.clear();
     for h in job.kvh * g..(job.kvh + 1) * g {
         for i in 0..d.lq {
-            // SAFETY: CPU supports `S`.
-            w.delta.push(unsafe { dot_as_panel::<S>(cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i)) });
+            let (dout, out) = (cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i));
+            if cx.pb.sink(h).is_some() {
+                let mut delta = 0.0f64;
+                for (&x, &y) in dout.iter().zip(out) {
+                    delta += x as f64 * y as f64;
+                }
+                w.delta.push(delta as f32);
+            } else {
+                // SAFETY: CPU supports `S`.
+                w.delta.push(unsafe { dot_as_panel::<S>(dout, out) });
+            }
         }
     }
     if whole {
@@ -189,22 +209,7 @@ fn listed_rows(
     rq: usize,
     lq: usize,
 ) -> impl Iterator<Item = (usize, usize)> + '_ {
-    let mut x = 0;
-    std::iter::from_fn(move || {
-        while x < listed.len() {
-            let mut y = x + 1;
-            while y < listed.len() && listed[y] == listed[y - 1] + 1 {
-                y += 1;
-            }
-            let a = (listed[x] as usize * SPARSE_BLOCK).max(ia);
-            let z = ((listed[y - 1] as usize + 1) * SPARSE_BLOCK).min(ib);
-            x = y;
-            if a < z {
-                return Some((a / rq * rq, z.next_multiple_of(rq).min(lq)));
-            }
-        }
-        None
-    })
+    runs(listed, ia..ib).map(move |r| (r.start / rq * rq, r.end.next_multiple_of(rq).min(lq)))
 }
 
 /// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk of `rq` rows:
@@ -332,13 +337,18 @@ unsafe fn score_grads<S: Simd>(cx: &BwdCtx<impl KvElem>, job: &BwdJob, w: &mut B
     let row0 = (b * d.hq + h) * d.lq + i0;
     // `dS` is needed on its own for `dbias`, and the soft-cap's factor is per element: then `dX`
     // takes a second pass; otherwise `dX = scale·dS` comes out of the first.
-    let two_pass = cx.dbias.is_some() || pb.softcap.is_some();
+    let chain = pb.softcap.is_some() || pb.score_mod.is_some();
+    let two_pass = cx.dbias.is_some() || cx.dtable.is_some() || chain;
     for r in 0..nr {
         let i = i0 + r;
-        let s = &mut w.s[r * LDB..(r + 1) * LDB];
-        let dcap = pb.softcap.map(|_| &mut w.dcap[r * LDB..(r + 1) * LDB]);
-        // SAFETY: `s` holds `LDB`, a multiple of `S::W`; CPU supports `S`.
-        let m = unsafe { mask_row::<S>(pb, [b, h, i], s, n, j0, pb.key_range(b, i), dcap) };
+        let row = r * LDB..(r + 1) * LDB;
+        let s = &mut w.s[row.clone()];
+        if cx.dtable.is_some() {
+            w.x[row.clone()].copy_from_slice(s);
+        }
+        let derivs = chain.then(|| RowDerivs { dmod: &mut w.dmod[row.clone()], dcap: &mut w.dcap[row.clone()] });
+        // SAFETY: `s` and the derivative rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.
+        let m = unsafe { mask_row::<S>(pb, [b, h, i], s, n, j0, pb.key_range(b, i), derivs) };
         let (hi, lo) = (cx.lse[row0 + r], cx.lse_residue.map_or(0.0, |x| x[row0 + r]));
         let p = &mut w.p[r * LDB..(r + 1) * LDB];
         if m.empty || hi == f32::NEG_INFINITY {
@@ -375,10 +385,27 @@ unsafe fn score_grads<S: Simd>(cx: &BwdCtx<impl KvElem>, job: &BwdJob, w: &mut B
             }
         }
     }
+    if let (Some(dtable), Some(f)) = (&cx.dtable, pb.score_mod) {
+        w.dtable.clear();
+        w.dtable.resize(f.table.len(), 0.0);
+        for r in 0..nr {
+            let row = r * LDB..r * LDB + n;
+            // The gradient of the modified score: `dS` through the soft-cap.
+            for (g, (&ds, &dc)) in w.g.iter_mut().zip(w.dp[row.clone()].iter().zip(&w.dcap[row.clone()])) {
+                *g = ds * dc;
+            }
+            f.m.dtable_row(f.table, [b, h, i0 + r], j0, &w.x[row], &w.g[..n], &mut w.dtable);
+        }
+        let mut gt = dtable.lock().unwrap_or_else(|e| e.into_inner());
+        gt.iter_mut().zip(&w.dtable).for_each(|(a, &x)| *a += x);
+    }
     if two_pass {
         for r in 0..nr {
             let row = r * LDB..(r + 1) * LDB;
-            let dcap = pb.softcap.map(|_| &w.dcap[row.clone()]);
+            if pb.score_mod.is_some() {
+                w.dcap[row.clone()].iter_mut().zip(&w.dmod[row.clone()]).for_each(|(c, &m)| *c *= m);
+            }
+            let dcap = chain.then(|| &w.dcap[row.clone()]);
             // SAFETY: rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.
             unsafe { scale_masked::<S>(&w.s[row.clone()], &mut w.dp[row], pb.scale as f32, dcap) };
         }

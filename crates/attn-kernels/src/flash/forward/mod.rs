@@ -18,7 +18,7 @@ use super::block::{head, rows_per_call, tile_keys, Ctx, Job, Outs, Work};
 use super::scores::{bad_columns, scores};
 use super::simd::{KvElem, Simd};
 use crate::lse::lse_parts;
-use crate::sparse::{BlockMask, SPARSE_BLOCK};
+use crate::sparse::{runs, BlockMask, SPARSE_BLOCK};
 use accumulate::accumulate;
 use softmax::{softmax_update, write_weights};
 
@@ -96,21 +96,11 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
 /// listed blocks within `start..hi`. Tiles start at `start` or at block edges, so a tile that
 /// started at a multiple of the key panel still does.
 fn key_tiles(start: usize, hi: usize, tile: usize, blocks: Option<&[u32]>) -> Vec<(usize, usize)> {
-    let steps = |a: usize, z: usize| (a..z).step_by(tile).map(move |j0| (j0, tile.min(z - j0)));
-    let Some(bl) = blocks else { return steps(start, hi).collect() };
-    let mut out = Vec::new();
-    let mut x = 0;
-    while x < bl.len() {
-        let mut y = x + 1;
-        while y < bl.len() && bl[y] == bl[y - 1] + 1 {
-            y += 1;
-        }
-        let a = (bl[x] as usize * SPARSE_BLOCK).max(start);
-        let z = ((bl[y - 1] as usize + 1) * SPARSE_BLOCK).min(hi);
-        out.extend(steps(a, z));
-        x = y;
+    let steps = |r: std::ops::Range<usize>| r.clone().step_by(tile).map(move |j0| (j0, tile.min(r.end - j0)));
+    match blocks {
+        None => steps(start..hi).collect(),
+        Some(bl) => runs(bl, start..hi).flat_map(steps).collect(),
     }
-    out
 }
 
 /// The key blocks `bm` lists for any row of `job`: its heads × the query blocks its rows fall in.

@@ -1,0 +1,165 @@
+//! `attn run` on packed variable-length sequences (`cu_seqlens_q`, `cu_seqlens_k` in INPUT): `out`,
+//! `lse` and the gradients against each sequence run alone through the `f64` reference (under the
+//! oracle rule, the `f32` reference as baseline) with the flags applied within each sequence; and
+//! the refusals, each one line naming the file and the tensor or option.
+
+mod common;
+
+use std::ops::Range;
+
+use common::*;
+
+/// The rows `rows` of a packed `[total, H, D]` F32 tensor as a `[1, H, len, D]` tensor.
+fn alone(t: &HostTensor, rows: &Range<usize>) -> HostTensor {
+    let (h, d) = (t.shape[1], t.shape[2]);
+    let x = f32_of(t);
+    let data = (0..h).flat_map(|hi| rows.clone().flat_map(move |r| (0..d).map(move |c| (r * h + hi) * d + c)));
+    tensor(&[1, h, rows.len(), d], HostData::F32(data.map(|i| x[i]).collect()))
+}
+
+/// Puts a head-major `[1, H, len, D]` result of sequence rows `rows` into the packed `[total, H, D]`.
+fn put<T: Copy>(seq: &[T], packed: &mut [T], rows: &Range<usize>, h: usize, d: usize) {
+    for (i, r) in rows.clone().enumerate() {
+        for hi in 0..h {
+            let from = (hi * rows.len() + i) * d;
+            packed[(r * h + hi) * d..(r * h + hi + 1) * d].copy_from_slice(&seq[from..from + d]);
+        }
+    }
+}
+
+/// `(out, lse, dq, dk, dv)` in the packed layouts, each sequence alone through the reference in `T`.
+type Packed<T> = [Vec<T>; 5];
+
+fn each_alone<T: Real + WithDType>(
+    [q, k, v, dout]: [&HostTensor; 4],
+    [cq, ck]: [&[usize]; 2],
+    opts: &SdpaOptions,
+) -> Packed<T> {
+    let (tq, hq, dk, tk, hkv, dv) = (q.shape[0], q.shape[1], q.shape[2], k.shape[0], k.shape[1], v.shape[2]);
+    let mut r: Packed<T> = [
+        vec![T::zero(); tq * hq * dv],
+        vec![T::neg_infinity(); hq * tq],
+        vec![T::zero(); tq * hq * dk],
+        vec![T::zero(); tk * hkv * dk],
+        vec![T::zero(); tk * hkv * dv],
+    ];
+    for s in 0..cq.len() - 1 {
+        let (qr, kr) = (cq[s]..cq[s + 1], ck[s]..ck[s + 1]);
+        let (qs, ks, vs, ds) = (alone(q, &qr), alone(k, &kr), alone(v, &kr), alone(dout, &qr));
+        let case = Case::new(&qs, &ks, &vs, opts.clone());
+        let (fwd, g) = (case.reference::<T>(false), case.reference_grads::<T>(&ds));
+        put(&fwd.out, &mut r[0], &qr, hq, dv);
+        for h in 0..hq {
+            r[1][h * tq + qr.start..h * tq + qr.end].copy_from_slice(&fwd.lse[h * qr.len()..(h + 1) * qr.len()]);
+        }
+        put(&g.dq, &mut r[2], &qr, hq, dk);
+        put(&g.dk, &mut r[3], &kr, hkv, dk);
+        put(&g.dv, &mut r[4], &kr, hkv, dv);
+    }
+    r
+}
+
+/// Runs `attn run FLAGS` on packed inputs and checks every output against each sequence alone.
+fn check_packed(lens: &[(usize, usize)], heads: (usize, usize), flags: &[&str], opts: SdpaOptions) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let (cq, ck) = (
+        attn::cu_seqlens(&lens.iter().map(|l| l.0).collect::<Vec<_>>()),
+        attn::cu_seqlens(&lens.iter().map(|l| l.1).collect::<Vec<_>>()),
+    );
+    let (tq, tk, (hq, hkv), dk, dv) = (*cq.last().unwrap(), *ck.last().unwrap(), heads, 8, 6);
+    let (q, k, v) = (f32_tensor(&[tq, hq, dk], 1), f32_tensor(&[tk, hkv, dk], 2), f32_tensor(&[tk, hkv, dv], 3));
+    let grad_out = tensor(&[tq, hq, dv], HostData::F64(values(tq * hq * dv, 4).into_iter().map(f64::from).collect()));
+    let cu_q = tensor(&[cq.len()], HostData::I32(cq.iter().map(|&x| x as i32).collect()));
+    let cu_k = tensor(&[ck.len()], HostData::I64(ck.iter().map(|&x| x as i64).collect()));
+    let input = dir.path().join("in.safetensors");
+    write(
+        &input,
+        &[("q", &q), ("k", &k), ("v", &v), ("grad_out", &grad_out), ("cu_seqlens_q", &cu_q), ("cu_seqlens_k", &cu_k)],
+    );
+    let out = out_path(dir.path());
+    let mut args = flags.to_vec();
+    args.extend(["-o", out.to_str().unwrap()]);
+    let (result, stdout) = run_ok(&args, &[&input], &out);
+    let inputs = [&q, &k, &v, &grad_out];
+    let (r64, r32) = (each_alone::<f64>(inputs, [&cq, &ck], &opts), each_alone::<f32>(inputs, [&cq, &ck], &opts));
+    let shapes = [vec![tq, hq, dv], vec![hq, tq], vec![tq, hq, dk], vec![tk, hkv, dk], vec![tk, hkv, dv]];
+    for (i, name) in ["out", "lse", "dq", "dk", "dv"].into_iter().enumerate() {
+        let got = result.get(name).unwrap_or_else(|| panic!("{name} not written"));
+        assert_eq!(got.shape, shapes[i], "{name} shape");
+        let factor = if i < 2 { OUTPUT_FACTOR } else { GRADIENT_FACTOR };
+        check(name, &f32_of(got), &r64[i], &r32[i], factor).unwrap();
+    }
+    assert_eq!(result.len(), 5, "{:?}", result.keys().collect::<Vec<_>>());
+    stdout
+}
+
+#[test]
+fn causal_bottom_right_with_different_lengths_per_sequence() {
+    let lens = [(5, 9), (11, 4), (0, 3), (7, 7), (3, 0)];
+    let opts = SdpaOptions::default().causal(true).align(Align::BottomRight);
+    let stdout = check_packed(&lens, (4, 2), &["--causal", "--align", "bottom-right"], opts);
+    assert!(stdout.contains("cu_seqlens_q [6] I32") && stdout.contains("out [26, 4, 6]"), "{stdout}");
+}
+
+#[test]
+fn window_within_each_sequence_and_the_reference_kernel() {
+    let lens = [(9, 9), (6, 6), (12, 12)];
+    let opts = SdpaOptions::default().window(Some(2), Some(1)).kernel(Kernel::Reference);
+    check_packed(&lens, (2, 2), &["--window", "2,1", "--kernel", "reference"], opts);
+}
+
+/// Runs `attn run` on `tensors` with `flags`; returns stderr, asserting the run failed and wrote
+/// nothing.
+fn refused(tensors: &[(&str, &HostTensor)], flags: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.safetensors");
+    write(&input, tensors);
+    let out = out_path(dir.path());
+    let mut args = flags.to_vec();
+    args.extend(["-o", out.to_str().unwrap()]);
+    let o = attn(&args, &[&input]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(!out.exists(), "output written despite the error");
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(e.lines().count(), 1, "{e}");
+    e
+}
+
+/// `base` then `extra`.
+fn with<'a>(base: &[(&'a str, &'a HostTensor)], extra: &[(&'a str, &'a HostTensor)]) -> Vec<(&'a str, &'a HostTensor)> {
+    [base, extra].concat()
+}
+
+#[test]
+fn packed_refusals_name_the_file_and_the_tensor_or_option() {
+    let (q, kv) = (f32_tensor(&[8, 2, 4], 1), f32_tensor(&[6, 1, 4], 2));
+    let i64s = |x: &[i64]| tensor(&[x.len()], HostData::I64(x.to_vec()));
+    let (cq, ck) = (i64s(&[0, 3, 8]), i64s(&[0, 4, 6]));
+    let base = [("q", &q), ("k", &kv), ("v", &kv)];
+
+    let e = refused(&with(&base, &[("cu_seqlens_q", &cq)]), &[]);
+    assert!(e.contains("in.safetensors: tensor 'cu_seqlens_k': missing; found cu_seqlens_q only"), "{e}");
+    let mask = tensor(&[6], HostData::Bool(vec![true; 6]));
+    let e = refused(&with(&base, &[("cu_seqlens_q", &cq), ("cu_seqlens_k", &ck), ("mask", &mask)]), &[]);
+    assert!(
+        e.contains("in.safetensors: tensor 'mask': packed sequences (cu_seqlens_q, cu_seqlens_k) take no mask"),
+        "{e}"
+    );
+    let sinks = f32_tensor(&[2], 4);
+    let e = refused(&with(&base, &[("cu_seqlens_q", &cq), ("cu_seqlens_k", &ck), ("sinks", &sinks)]), &[]);
+    assert!(
+        e.contains("in.safetensors: tensor 'sinks': packed sequences (cu_seqlens_q, cu_seqlens_k) take no sinks"),
+        "{e}"
+    );
+    let short = i64s(&[0, 4, 5]);
+    let e = refused(&with(&base, &[("cu_seqlens_q", &cq), ("cu_seqlens_k", &short)]), &["--causal"]);
+    assert!(e.contains("in.safetensors: cu_seqlens_k: ends at 5, expected the 6 rows of k"), "{e}");
+    let negative = i64s(&[0, -3, 8]);
+    let e = refused(&with(&base, &[("cu_seqlens_q", &negative), ("cu_seqlens_k", &ck)]), &[]);
+    assert!(e.contains("tensor 'cu_seqlens_q': element 1 is -3, expected >= 0"), "{e}");
+    let e = refused(&with(&base, &[("cu_seqlens_q", &cq), ("cu_seqlens_k", &ck)]), &["--weights"]);
+    assert!(e.contains("option --weights: packed sequences return no weights"), "{e}");
+    let q4 = f32_tensor(&[1, 8, 2, 4], 3);
+    let e = refused(&[("q", &q4), ("k", &kv), ("v", &kv), ("cu_seqlens_q", &cq), ("cu_seqlens_k", &ck)], &[]);
+    assert!(e.contains("tensor 'q': shape [1, 8, 2, 4], expected rank 3 [total, H, D]"), "{e}");
+}

@@ -1,0 +1,134 @@
+//! The backward of packed sequences: each sequence (a rayon task, as in the forward) through the
+//! dense backward on its inputs,
+//! output and output gradient gathered head-major (and its log-sum-exp rows from the head-major
+//! `[Hq, total_q]`), its gradients copied into the packed layout.
+
+use rayon::prelude::*;
+
+use super::packed::{scatter_rows, CuSeqlens, KvBuf, Packed, PackedKv};
+use super::{split_rows, Call, VarlenOutput};
+use crate::alloc;
+use crate::dispatch::{attention_backward, Kernel};
+use crate::error::{AttnError, Result};
+use crate::grad::{AttnGrads, Saved};
+use crate::problem::AttnParams;
+
+/// What the packed backward needs from its forward, and the gradient arriving at the output.
+#[derive(Debug, Clone, Copy)]
+pub struct VarlenSaved<'a> {
+    /// The forward's output `[total_q, Hq, Dv]`.
+    pub out: Packed<'a, f32>,
+    /// The forward's log-sum-exp `[Hq, total_q]`.
+    pub lse: &'a [f32],
+    /// Its rounding residue `[Hq, total_q]`, when at hand (see [`Saved::lse_residue`]).
+    pub lse_residue: Option<&'a [f32]>,
+    /// The gradient of the output, `dO: [total_q, Hq, Dv]`.
+    pub dout: Packed<'a, f32>,
+}
+
+impl<'a> VarlenSaved<'a> {
+    /// What the backward needs from `fwd` and the output's gradient `dout: [total_q, Hq, Dv]`.
+    pub fn of(fwd: &'a VarlenOutput, dout: Packed<'a, f32>) -> Result<Self> {
+        Ok(Self {
+            out: Packed::contiguous("out", &fwd.out, dout.dims())?,
+            lse: &fwd.lse,
+            lse_residue: Some(&fwd.lse_residue),
+            dout,
+        })
+    }
+
+    /// Checks every part against the call's sizes.
+    fn check(&self, c: &Call) -> Result<()> {
+        let want = [c.total_q, c.hq, c.dv];
+        for (tensor, p) in [("grad_out", &self.dout), ("out", &self.out)] {
+            if p.dims() != want {
+                let reason = format!("shape {:?}, expected [total_q, Hq, Dv] = {want:?}", p.dims());
+                return Err(AttnError::Layout { tensor, reason });
+            }
+        }
+        for (tensor, len) in [("lse", Some(self.lse.len())), ("lse_residue", self.lse_residue.map(<[f32]>::len))] {
+            if let Some(len) = len.filter(|&n| n != c.hq * c.total_q) {
+                let reason = format!("{len} elements, expected [Hq, total_q] = {}", c.hq * c.total_q);
+                return Err(AttnError::Layout { tensor, reason });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One worker's buffers for a sequence: its log-sum-exp rows and residues, and its gathered
+/// queries, output gradients, keys and values.
+#[derive(Default)]
+struct Bufs {
+    lse: Vec<f32>,
+    residue: Vec<f32>,
+    q: Vec<f32>,
+    dout: Vec<f32>,
+    k: KvBuf,
+    v: KvBuf,
+}
+
+/// Gradients of [`attention_varlen`](super::attention_varlen): `q`, `k`, `v`, `cu` and `params` as
+/// given to the forward, `saved` its results and the output's gradient; returns
+/// `dq: [total_q, Hq, Dk]`, `dk: [total_k, Hkv, Dk]` and `dv: [total_k, Hkv, Dv]` (in the inputs'
+/// packed shapes; `dbias`, `dtable` and `dsinks` are `None`). Dropout replays the forward's decisions from its seed.
+pub fn attention_varlen_backward(
+    kernel: Kernel,
+    q: &Packed<f32>,
+    k: &PackedKv,
+    v: &PackedKv,
+    cu: &CuSeqlens,
+    saved: &VarlenSaved,
+    params: &AttnParams<f32>,
+) -> Result<AttnGrads<f32>> {
+    let c = Call::new(q.dims(), k.dims(), v.dims(), cu, params)?;
+    saved.check(&c)?;
+    let tq = c.total_q;
+    let mut g = AttnGrads {
+        dq: alloc::filled("gradient dq", &[tq, c.hq, c.dk], 0.0f32)?,
+        dk: alloc::filled("gradient dk", &[c.total_k, c.hkv, c.dk], 0.0f32)?,
+        dv: alloc::filled("gradient dv", &[c.total_k, c.hkv, c.dv], 0.0f32)?,
+        dbias: None,
+        dtable: None,
+        dsinks: None,
+    };
+    let (hq, hkv, dk, dv) = (c.hq, c.hkv, c.dk, c.dv);
+    let gq = split_rows(&mut g.dq, &c.seqs, |(qr, _)| qr.len() * hq * dk);
+    let gk = split_rows(&mut g.dk, &c.seqs, |(_, kr)| kr.len() * hkv * dk);
+    let gv = split_rows(&mut g.dv, &c.seqs, |(_, kr)| kr.len() * hkv * dv);
+    let parts: Vec<_> = gq.into_iter().zip(gk).zip(gv).collect();
+    c.seqs.par_iter().zip(parts).enumerate().try_for_each_init(
+        Bufs::default,
+        |b, (s, ((qr, kr), ((gq, gk), gv)))| {
+            if qr.is_empty() || kr.is_empty() {
+                // No query sees a key: every gradient of the sequence is 0, as allocated.
+                return Ok(());
+            }
+            let gather = |from: &[f32], to: &mut Vec<f32>| {
+                to.clear();
+                to.extend((0..hq).flat_map(|h| &from[h * tq + qr.start..h * tq + qr.end]));
+            };
+            gather(saved.lse, &mut b.lse);
+            if let Some(r) = saved.lse_residue {
+                gather(r, &mut b.residue);
+            }
+            let seq_saved = Saved {
+                // Read once per row, for `Δ = dO·O`: no gather.
+                out: saved.out.view("out", qr.clone())?,
+                lse: &b.lse,
+                lse_residue: saved.lse_residue.map(|_| &b.residue[..]),
+                // The path the forward chose for these sizes: it ran untuned.
+                forward_path: None,
+                dout: saved.dout.gather("grad_out", qr.clone(), &mut b.dout)?,
+            };
+            let qv = q.gather("q", qr.clone(), &mut b.q)?;
+            let (kv, vv) = (k.gather("k", kr.clone(), &mut b.k)?, v.gather("v", kr.clone(), &mut b.v)?);
+            let sg = attention_backward(kernel, &qv, &kv, &vv, &seq_saved, &c.params(params, s), false)?;
+            scatter_rows(&sg.dq, gq, hq, dk);
+            scatter_rows(&sg.dk, gk, hkv, dk);
+            scatter_rows(&sg.dv, gv, hkv, dv);
+            Ok::<(), AttnError>(())
+        },
+    )?;
+    Ok(g)
+}

@@ -1,0 +1,3 @@
+//! Helpers of the packed-sequence suite.
+#![allow(dead_code)]
+pub mod case;
