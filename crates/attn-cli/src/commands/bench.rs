@@ -6,8 +6,7 @@
 //! their padded batch (see the `packed` submodule), `--pattern` a named block-sparse pattern, its
 //! mask built once per shape before timing, reported with the fraction of blocks computed, its
 //! building time and its bytes (see the `sparse` submodule). Output is a table, or one JSON
-//! object per line with
-//! `--json`. The library's own work around the kernel (checks, views, wrapping the results in
+//! object per line with `--json`. The library's own work around the kernel (checks, views, wrapping the results in
 //! tensors) costs microseconds and allocates no copy of the inputs or outputs. While a shape is
 //! timed, a spinner on stderr (hidden when stderr is not a terminal) counts its calls.
 //!
