@@ -50,8 +50,9 @@
     "```",
 )]
 //!
-//! The README's block-sparse examples (`doc/sparse-mask-mod.rs`, a mask given as a predicate, and
-//! `doc/sparse-patterns.rs`, the named patterns, each in a block of its own), checked the same way:
+//! The README's block-sparse examples (`doc/sparse-mask-mod.rs`, a mask given as a predicate,
+//! `doc/sparse-patterns.rs`, the named patterns, and `doc/sparse-score-mod.rs`, score
+//! modifications, each in a block of its own), checked the same way:
 //!
 #![doc = concat!(
     "```\n",
@@ -66,6 +67,11 @@
     "# }\n",
     "# {\n",
     include_str!("../doc/sparse-patterns.rs"),
+    "# }\n",
+    "# {\n",
+    include_str!("../doc/sparse-score-mod.rs"),
+    "# assert_eq!(out.dims(), &[1, 4, 512, 64]);\n",
+    "# assert_eq!(dtable.map(|d| d.dims().to_vec()), Some(vec![4, 32]));\n",
     "# }\n",
     "# Ok::<(), attn::AttnLibError>(())\n",
     "```",

@@ -8,8 +8,11 @@ const README: &str = include_str!("../../../README.md");
 const EXAMPLE: &str = include_str!("../doc/library-example.rs");
 const SINKS_EXAMPLE: &str = include_str!("../doc/sinks-example.rs");
 const VARLEN_EXAMPLE: &str = include_str!("../doc/varlen-example.rs");
-const SPARSE_EXAMPLES: [&str; 2] =
-    [include_str!("../doc/sparse-mask-mod.rs"), include_str!("../doc/sparse-patterns.rs")];
+const SPARSE_EXAMPLES: [&str; 3] = [
+    include_str!("../doc/sparse-mask-mod.rs"),
+    include_str!("../doc/sparse-patterns.rs"),
+    include_str!("../doc/sparse-score-mod.rs"),
+];
 
 /// The first rust block of README.md's section `heading`.
 fn first_block(heading: &str) -> &'static str {
