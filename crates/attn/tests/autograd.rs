@@ -7,18 +7,9 @@ use attn::{sdpa, Kernel, Mask, SdpaOptions};
 use attn_kernels::{attention, attention_backward, AttnGrads, Dropout, KvView, Saved, View4};
 use candle_core::{DType, Device, Tensor, Var};
 
-fn uniform(shape: &[usize], seed: u64) -> Tensor {
-    attn::random::uniform(shape, -1.0, 1.0, seed).unwrap()
-}
+mod common;
 
-fn flat(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
+use common::{flat, max_diff, uniform};
 
 /// `(dq, dk, dv, dbias)` from the kernels directly on 4-D contiguous f32 inputs with `opts`'
 /// parameters.

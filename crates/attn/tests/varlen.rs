@@ -8,18 +8,9 @@ use attn::{cu_seqlens, sdpa, sdpa_varlen, sdpa_varlen_full, AttnError, AttnLibEr
 use attn_kernels::{attention_varlen, attention_varlen_backward, CuSeqlens, Packed, VarlenSaved};
 use candle_core::{DType, Device, Tensor, Var};
 
-fn uniform(shape: &[usize], seed: u64) -> Tensor {
-    attn::random::uniform(shape, -1.0, 1.0, seed).unwrap()
-}
+mod common;
 
-fn flat(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
+use common::{flat, max_diff, uniform};
 
 /// Lengths `(Lq, Lk)` of four sequences: more keys than queries, fewer, no queries, as many.
 const LENS: [(usize, usize); 4] = [(5, 9), (11, 4), (0, 3), (7, 7)];
