@@ -3,8 +3,9 @@
 //! lists ([`BlockMask::from_lists`]), then reused across calls, layers and the backward.
 //!
 //! Storage is O(listed blocks), never O(Lq·Lk): for each `(batch, head, query block)` the sorted
-//! key blocks it touches with their class (`kv`), and the transposed lists, for each
-//! `(batch, head, key block)` the query blocks touching it (`q`), which the backward walks. A
+//! key blocks it touches with their class (`kv`), the transposed lists, for each
+//! `(batch, head, key block)` the query blocks touching it (`q`), which the backward walks, and the
+//! pairs of each partial block as 64 words of 64 bits (`bits`, 512 bytes per partial block). A
 //! batch or head count of 1 broadcasts over the call's.
 
 use std::ops::Range;
@@ -12,6 +13,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::bits::{self, PartialBits, PartialEntry};
 use super::{BlockClass, MaskMod, SPARSE_BLOCK};
 use crate::error::{AttnError, Result};
 
@@ -99,6 +101,8 @@ pub struct BlockMask {
     kv: Lists,
     q: Lists,
     mask_mod: Option<Arc<dyn MaskMod>>,
+    /// The partial blocks' pairs, decided by `mask_mod` when the mask was built.
+    bits: PartialBits,
 }
 
 impl std::fmt::Debug for BlockMask {
@@ -196,7 +200,21 @@ impl BlockMask {
     fn new(shape: BlockShape, rows: Vec<Vec<(u32, bool)>>, mask_mod: Option<Arc<dyn MaskMod>>) -> Self {
         let kv = Lists::from_rows(rows);
         let q = kv.transposed(shape.q_blocks(), shape.kv_blocks());
-        Self { shape, kv, q, mask_mod }
+        let nq = shape.q_blocks();
+        let mut partial: Vec<PartialEntry> = Vec::new();
+        for r in 0..kv.offsets.len() - 1 {
+            let (g, qb) = (r / nq.max(1), r % nq.max(1));
+            for e in kv.offsets[r]..kv.offsets[r + 1] {
+                if !kv.full[e] {
+                    partial.push((e, g / shape.heads, g % shape.heads, qb, kv.blocks[e] as usize));
+                }
+            }
+        }
+        let bits = match &mask_mod {
+            Some(m) => PartialBits::build(&shape, kv.blocks.len(), &partial, &**m),
+            None => PartialBits::default(),
+        };
+        Self { shape, kv, q, mask_mod, bits }
     }
 
     /// The sizes described.
@@ -252,11 +270,12 @@ impl BlockMask {
     }
 
     /// Sets to −∞ the scores `row` (keys `j0..j0 + row.len()`) of query `i` of `(b, h)` that this
-    /// mask forbids: empty blocks whole, partial blocks where the predicate says so, full blocks
-    /// untouched. Returns whether any score was masked.
+    /// mask forbids: empty blocks whole, partial blocks where the predicate said so when the mask was
+    /// built (one word per row), full blocks untouched. Returns whether any score was masked.
     pub fn mask_row(&self, b: usize, h: usize, i: usize, j0: usize, row: &mut [f32]) -> bool {
-        let list = self.kv_blocks(b, h, i / SPARSE_BLOCK);
-        let mut keep = [false; SPARSE_BLOCK];
+        let r = self.group(b, h) * self.shape.q_blocks() + i / SPARSE_BLOCK;
+        let start = self.kv.offsets[r];
+        let (blocks, full) = self.kv.row(r);
         let mut masked = false;
         let end = j0 + row.len();
         let mut j = j0;
@@ -264,24 +283,12 @@ impl BlockMask {
             let kb = j / SPARSE_BLOCK;
             let seg_end = ((kb + 1) * SPARSE_BLOCK).min(end);
             let seg = &mut row[j - j0..seg_end - j0];
-            match class_in(list, kb) {
-                BlockClass::Full => {}
-                BlockClass::Empty => {
+            match blocks.binary_search(&(kb as u32)) {
+                Ok(x) if full[x] => {}
+                Ok(x) => masked |= bits::apply(seg, self.bits.word(start + x, i % SPARSE_BLOCK) >> (j % SPARSE_BLOCK)),
+                Err(_) => {
                     seg.fill(f32::NEG_INFINITY);
                     masked = true;
-                }
-                BlockClass::Partial => {
-                    let keep = &mut keep[..seg.len()];
-                    match &self.mask_mod {
-                        Some(m) => m.keep_row(b, h, i, j, keep),
-                        None => keep.fill(false),
-                    }
-                    for (s, &k) in seg.iter_mut().zip(keep.iter()) {
-                        if !k {
-                            *s = f32::NEG_INFINITY;
-                            masked = true;
-                        }
-                    }
                 }
             }
             j = seg_end;
@@ -303,7 +310,7 @@ impl BlockMask {
     /// Bytes held by the lists.
     pub fn bytes(&self) -> usize {
         let l = |l: &Lists| l.offsets.len() * 8 + l.blocks.len() * 5;
-        l(&self.kv) + l(&self.q)
+        l(&self.kv) + l(&self.q) + self.bits.bytes()
     }
 }
 

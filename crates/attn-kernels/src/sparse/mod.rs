@@ -5,9 +5,9 @@
 //! The grid is [`SPARSE_BLOCK`] × [`SPARSE_BLOCK`] (queries × keys). Each block of a
 //! `(batch, head, query block)` row is one of three [`BlockClass`]es:
 //! - **full**: every pair allowed; the kernels compute it without evaluating the predicate;
-//! - **partial**: some pairs allowed; the kernels evaluate [`MaskMod::keep_row`] on it, one call per
-//!   query row and block (the predicate's loop is compiled into its own impl: no dynamic dispatch
-//!   per element);
+//! - **partial**: some pairs allowed; building the mask decides them once ([`MaskMod::keep_row`],
+//!   one call per query row of the block), into one 64-bit word per row, which the flash kernels
+//!   apply (they never call the predicate);
 //! - **empty**: nothing allowed; never listed, never visited.
 //!
 //! A call's [`MaskSpec::block`](crate::MaskSpec) combines with its other masks by AND: a pair is
@@ -21,6 +21,7 @@
 //! patterns of the literature built from them, [`PatternParts`] one of them from its parameters
 //! given one by one (a command line's flags).
 
+mod bits;
 mod block_mask;
 mod combine;
 mod count;
