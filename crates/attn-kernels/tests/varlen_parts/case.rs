@@ -119,22 +119,13 @@ impl PackedCase {
     }
 
     /// The options, no element masks.
-    pub fn params<T>(&self) -> AttnParams<'static, T> {
+    pub fn params<T: Default>(&self) -> AttnParams<'static, T> {
         AttnParams {
             scale: self.scale,
-            mask: MaskSpec {
-                causal: self.causal,
-                window: self.window,
-                align: self.align,
-                key_lengths: None,
-                keep: None,
-                bias: None,
-                block: None,
-            },
+            mask: MaskSpec { causal: self.causal, window: self.window, align: self.align, ..Default::default() },
             softcap: self.softcap,
             dropout: self.dropout,
-            score_mod: None,
-            sinks: None,
+            ..Default::default()
         }
     }
 
