@@ -605,10 +605,13 @@ def seeded(text: str) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(text.encode()))
 
 
-def module_tensors(name: str, built: Built) -> dict[str, torch.Tensor]:
-    """Parameters, inputs, masks, expected outputs and the gradients of `(out * grad_out).sum()`."""
+def module_tensors(name: str, built: Built, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Parameters, inputs, masks, expected outputs and the gradients of `(out * grad_out).sum()`;
+    with `rows` ([B, L] bool), `grad_out` is zero at the output rows where it is false."""
     out, weights = built.run()
     grad_out = torch.randn(out.shape, generator=seeded(f"{name}/grad_out"), dtype=F64)
+    if rows is not None:
+        grad_out = grad_out * rows.unsqueeze(-1)
     params = dict(built.module.named_parameters())
     float_inputs = {n: x for n, x in built.inputs.items() if x.is_floating_point()}
     leaves = {f"input.{n}": x for n, x in float_inputs.items()} | {f"param.{n}": p for n, p in params.items()}

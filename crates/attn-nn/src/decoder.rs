@@ -6,16 +6,17 @@
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
-use crate::dropout::Dropout;
+use crate::dropout::{Dropout, Mode};
 use crate::encoder::StackOutput;
 use crate::error::Result;
 use crate::feedforward::FeedForward;
 use crate::kv_cache::{Cache, KvCache};
-use crate::layer::{residual, stack, LayerConfig, LayerOutput, Run};
+use crate::layer::{norm_packed, residual, stack, LayerConfig, LayerOutput, Run};
 use crate::layout::SeqInputs;
 use crate::masks::AttnMasks;
-use crate::mha::{MhaInput, MultiHeadAttention};
+use crate::mha::{MhaInput, MultiHeadAttention, PackedMhaInput};
 use crate::norm::LayerNorm;
+use crate::packed::Packed;
 
 /// The caches of one decoder layer.
 #[derive(Debug, Clone, Default)]
@@ -140,15 +141,43 @@ impl DecoderLayer {
             let o = mha.forward(input)?;
             Ok((o.out, o.weights))
         };
-        let [n1, n2, n3] = &self.norms;
-        let [d1, d2, d3] = &self.dropouts;
+        let [n1, n2, _] = &self.norms;
+        let [d1, d2, _] = &self.dropouts;
         let (x, self_weights) =
             residual(tgt, n1, d1, self.norm_first, run.mode, |x| attend(&self.self_attn, x, x, tgt_masks, self_cache))?;
         let (x, cross_weights) = residual(&x, n2, d2, self.norm_first, run.mode, |x| {
             attend(&self.multihead_attn, x, memory, memory_masks, cross_cache)
         })?;
-        let (out, _) = residual(&x, n3, d3, self.norm_first, run.mode, |x| Ok((self.ff.forward(x, run.mode)?, None)))?;
-        Ok(LayerOutput { out, self_weights, cross_weights })
+        Ok(LayerOutput { out: self.feed_forward(&x, run.mode)?, self_weights, cross_weights })
+    }
+
+    /// Packed `tgt: [total_t, d_model]` and `memory: [total_s, d_model]` (the same number of
+    /// sequences) → `[total_t, d_model]` cut like `tgt`: self-attention within each target sequence
+    /// (`causal` within each), cross-attention from target sequence `s` to memory sequence `s`.
+    /// Equal to [`Self::forward`] on the padded batches with key padding, at the real rows.
+    pub fn forward_packed(&self, tgt: &Packed, memory: &Packed, causal: bool, mode: Mode) -> Result<Packed> {
+        let i = &self.inputs;
+        tgt.expect_rows(i.module, "tgt", i.width, i.dtype)?;
+        memory.expect_rows(i.module, "memory", i.width, i.dtype)?;
+        let attend = |mha: &MultiHeadAttention, x: &Tensor, memory: Option<&Packed>, causal: bool| {
+            let q = tgt.with_data(x.clone())?;
+            let kv = memory.unwrap_or(&q);
+            let o = mha.forward_packed(PackedMhaInput { causal, mode, ..PackedMhaInput::new(&q, kv, kv) })?;
+            Ok((o.data().clone(), None))
+        };
+        let [n1, n2, _] = &self.norms;
+        let [d1, d2, _] = &self.dropouts;
+        let (x, _) = residual(tgt.data(), n1, d1, self.norm_first, mode, |x| attend(&self.self_attn, x, None, causal))?;
+        let (x, _) =
+            residual(&x, n2, d2, self.norm_first, mode, |x| attend(&self.multihead_attn, x, Some(memory), false))?;
+        tgt.with_data(self.feed_forward(&x, mode)?)
+    }
+
+    /// The third residual block, around the feed-forward block.
+    fn feed_forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let (n3, d3) = (&self.norms[2], &self.dropouts[2]);
+        let (out, _) = residual(x, n3, d3, self.norm_first, mode, |x| Ok((self.ff.forward(x, mode)?, None)))?;
+        Ok(out)
     }
 }
 
@@ -197,5 +226,15 @@ impl TransformerDecoder {
             acc.out = norm.forward(&acc.out)?;
         }
         acc.in_layout(layout)
+    }
+
+    /// Packed `tgt: [total_t, d_model]` over packed `memory: [total_s, d_model]` through every
+    /// layer ([`DecoderLayer::forward_packed`]) and the final norm.
+    pub fn forward_packed(&self, tgt: &Packed, memory: &Packed, causal: bool, mode: Mode) -> Result<Packed> {
+        let mut x = tgt.clone();
+        for layer in &self.layers {
+            x = layer.forward_packed(&x, memory, causal, mode)?;
+        }
+        norm_packed(self.norm.as_ref(), x)
     }
 }

@@ -6,14 +6,15 @@
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
-use crate::dropout::Dropout;
+use crate::dropout::{Dropout, Mode};
 use crate::error::Result;
 use crate::feedforward::FeedForward;
-use crate::layer::{residual, stack, LayerConfig, LayerOutput, Run};
+use crate::layer::{norm_packed, residual, stack, LayerConfig, LayerOutput, Run};
 use crate::layout::{Layout, SeqInputs};
 use crate::masks::AttnMasks;
-use crate::mha::{MhaInput, MultiHeadAttention};
+use crate::mha::{MhaInput, MultiHeadAttention, PackedMhaInput};
 use crate::norm::LayerNorm;
+use crate::packed::Packed;
 
 /// One encoder layer. Weights: `self_attn.*`, `linear1.*`, `linear2.*`, `norm1.*`, `norm2.*`
 /// (no `*.bias`, `self_attn.in_proj_bias` or `self_attn.out_proj.bias` without `cfg.bias`).
@@ -73,10 +74,27 @@ impl EncoderLayer {
             let o = self.self_attn.forward(input)?;
             Ok((o.out, o.weights))
         })?;
-        let (out, _) = residual(&x, &self.norm2, &self.dropout2, self.norm_first, run.mode, |x| {
-            Ok((self.ff.forward(x, run.mode)?, None))
+        Ok(LayerOutput { out: self.feed_forward(&x, run.mode)?, self_weights, cross_weights: None })
+    }
+
+    /// Packed `src: [total, d_model]` → `[total, d_model]` cut alike: self-attention within each
+    /// sequence (`causal` within each), nothing to mask. Equal to [`Self::forward`] on the padded
+    /// batch with key padding, at the real rows.
+    pub fn forward_packed(&self, src: &Packed, causal: bool, mode: Mode) -> Result<Packed> {
+        let i = &self.inputs;
+        src.expect_rows(i.module, "src", i.width, i.dtype)?;
+        let (x, _) = residual(src.data(), &self.norm1, &self.dropout1, self.norm_first, mode, |x| {
+            let x = src.with_data(x.clone())?;
+            let o = self.self_attn.forward_packed(PackedMhaInput::self_attention(&x).causal(causal).mode(mode))?;
+            Ok((o.data().clone(), None))
         })?;
-        Ok(LayerOutput { out, self_weights, cross_weights: None })
+        src.with_data(self.feed_forward(&x, mode)?)
+    }
+
+    /// The second residual block, around the feed-forward block.
+    fn feed_forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let (out, _) = residual(x, &self.norm2, &self.dropout2, self.norm_first, mode, |x| Ok((self.ff.forward(x, mode)?, None)))?;
+        Ok(out)
     }
 }
 
@@ -144,5 +162,15 @@ impl TransformerEncoder {
             acc.out = norm.forward(&acc.out)?;
         }
         acc.in_layout(layout)
+    }
+
+    /// Packed `src: [total, d_model]` → `[total, d_model]` through every layer
+    /// ([`EncoderLayer::forward_packed`]) and the final norm.
+    pub fn forward_packed(&self, src: &Packed, causal: bool, mode: Mode) -> Result<Packed> {
+        let mut x = src.clone();
+        for layer in &self.layers {
+            x = layer.forward_packed(&x, causal, mode)?;
+        }
+        norm_packed(self.norm.as_ref(), x)
     }
 }

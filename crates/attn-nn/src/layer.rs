@@ -12,6 +12,7 @@ use crate::feedforward::Activation;
 use crate::layout::{Layout, SeqInputs};
 use crate::mha::{MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights};
 use crate::norm::{LayerNorm, LayerNormConfig};
+use crate::packed::Packed;
 
 /// Configuration of one encoder or decoder layer (PyTorch's defaults).
 #[derive(Debug, Clone)]
@@ -102,6 +103,14 @@ pub(crate) fn stack<L>(
     let layers = (0..num_layers).map(|i| layer(cfg, vb.pp(format!("layers.{i}")))).collect::<Result<_>>()?;
     let norm = if final_norm { Some(cfg.norm(vb, "norm")?) } else { None };
     Ok((layers, norm))
+}
+
+/// A stack's packed output `x` through its final LayerNorm, when it has one.
+pub(crate) fn norm_packed(norm: Option<&LayerNorm>, x: Packed) -> Result<Packed> {
+    match norm {
+        Some(norm) => x.with_data(norm.forward(x.data())?),
+        None => Ok(x),
+    }
 }
 
 /// How a layer call runs.

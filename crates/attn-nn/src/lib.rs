@@ -9,6 +9,9 @@
 //!   [`Transformer`]: `nn.TransformerEncoderLayer` and friends (with `bias=False` and
 //!   `batch_first`), returning attention weights when asked; [`Seq2Seq`]: a token-level
 //!   translator built on them;
+//! - [`Packed`]: packed batches (sequences one after another, no padding), which
+//!   `MultiHeadAttention`, the layers, stacks, `Transformer` and `Seq2Seq` take through their
+//!   `forward_packed` methods;
 //! - [`LayerNorm`]: `nn.LayerNorm`, with or without affine parameters or bias;
 //! - [`position`]: sinusoidal encodings, RoPE and ALiBi;
 //! - [`load`]: PyTorch state dicts loaded strictly, frozen or into trainable variables listed by
@@ -63,6 +66,7 @@ pub mod masks;
 pub mod memory;
 pub mod mha;
 pub mod norm;
+pub mod packed;
 pub mod position;
 pub mod process;
 pub mod self_attention;
@@ -81,8 +85,9 @@ pub use layer::{LayerConfig, LayerOutput, Run};
 pub use linear::Linear;
 pub use load::{named_parameters, StateDict, Trainable};
 pub use masks::{AttnMask, AttnMasks};
-pub use mha::{MhaInput, MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights};
+pub use mha::{MhaInput, MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights, PackedMhaInput};
 pub use norm::{LayerNorm, LayerNormConfig};
+pub use packed::Packed;
 pub use position::rope::RopeConfig;
 pub use self_attention::{SelfAttention, SelfAttentionConfig, SelfAttentionOutput};
 pub use seq2seq::{Encoded, Greedy, Seq2Seq, Seq2SeqConfig};

@@ -13,10 +13,12 @@ use candle_core::{DType, Tensor, D};
 use candle_nn::{Embedding, Module, VarBuilder};
 
 use crate::decoder::DecoderCache;
+use crate::dropout::Mode;
 use crate::error::{NnError, Result};
 use crate::layer::Run;
 use crate::linear::Linear;
 use crate::masks::AttnMasks;
+use crate::packed::Packed;
 use crate::position::sinusoidal::PositionalEncoding;
 use crate::transformer::{Seq2SeqMasks, Transformer, TransformerConfig, TransformerOutput};
 
@@ -165,6 +167,34 @@ impl Seq2Seq {
         let mut o = self.transformer.forward(&s, &t, &masks, run)?;
         o.out = self.generator.forward(&o.out)?;
         Ok(o)
+    }
+
+    /// Teacher-forced logits of packed batches: `src: [total_s]`, `tgt: [total_t]` (`U32` ids, no
+    /// padding, each target sequence starting with `bos`; the same number of sequences) →
+    /// `logits: [total_t, Vt]` cut like `tgt`. Positions restart at 0 in every sequence; equal to
+    /// [`Self::forward`] on the padded batches at the real rows.
+    pub fn forward_packed(&self, src: &Packed, tgt: &Packed, mode: Mode) -> Result<Packed> {
+        let s = self.embed_packed((&self.src_embed, &self.src_positions), src, mode)?;
+        let t = self.embed_packed((&self.tgt_embed, &self.tgt_positions), tgt, mode)?;
+        let out = self.transformer.forward_packed(&s, &t, true, mode)?;
+        out.with_data(self.generator.forward(out.data())?)
+    }
+
+    /// Packed `ids: [total]` (`U32`) → `[total, d]`: embedding · √d + each row's position within
+    /// its sequence (with their dropout).
+    fn embed_packed(&self, (table, positions): (&Embedding, &PositionalEncoding), ids: &Packed, mode: Mode) -> Result<Packed> {
+        let longest = ids.lengths().into_iter().max().unwrap_or(0);
+        if ids.data().rank() != 1 || longest > self.cfg.max_len {
+            return Err(NnError::Input {
+                module: "Seq2Seq",
+                input: "token_ids",
+                found: ids.data().dims().to_vec(),
+                expected: format!("packed ids [total], sequences of at most max_len = {} (longest: {longest})", self.cfg.max_len),
+            });
+        }
+        let d = self.cfg.transformer.layer.d_model as f64;
+        let x = (table.forward(ids.data())? * d.sqrt())?;
+        ids.with_data(positions.forward_packed(&x, &ids.positions(), mode)?)
     }
 
     /// Greedy decoding of `src: [B, Ls]` from `bos` until every sequence produced `eos` or

@@ -9,8 +9,10 @@ use candle_nn::VarBuilder;
 use crate::decoder::{DecoderCache, TransformerDecoder};
 use crate::encoder::{StackOutput, TransformerEncoder};
 use crate::error::Result;
+use crate::dropout::Mode;
 use crate::layer::{LayerConfig, Run};
 use crate::masks::AttnMasks;
+use crate::packed::Packed;
 
 /// Configuration of [`Transformer`].
 #[derive(Debug, Clone)]
@@ -100,6 +102,16 @@ impl Transformer {
         let enc = self.encoder.forward(src, &masks.src, run)?;
         let decoder = self.decoder.forward(tgt, &enc.out, &masks.tgt, &masks.memory, run, None)?;
         Ok(TransformerOutput { out: decoder.out.clone(), memory: enc.out, encoder_weights: enc.self_weights, decoder })
+    }
+
+    /// Packed `src: [total_s, d_model]` and `tgt: [total_t, d_model]` (the same number of
+    /// sequences) → the decoder's output `[total_t, d_model]` cut like `tgt`: the encoder within
+    /// each source sequence, the decoder's self-attention within each target sequence (`tgt_causal`
+    /// within each) and its cross-attention from target sequence `s` to memory sequence `s`.
+    /// Equal to [`Self::forward`] on the padded batches with key padding, at the real rows.
+    pub fn forward_packed(&self, src: &Packed, tgt: &Packed, tgt_causal: bool, mode: Mode) -> Result<Packed> {
+        let memory = self.encoder.forward_packed(src, false, mode)?;
+        self.decoder.forward_packed(tgt, &memory, tgt_causal, mode)
     }
 
     /// One decoding step: `tgt: [B, Lnew, d_model]` (the new positions, laid out as configured)

@@ -32,6 +32,28 @@ impl RopeConfig {
     /// `x: [B, H, L, d]` (`d` even) rotated for positions `offset..offset+L`; differentiable.
     pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
         let (_, _, l, d) = x.dims4()?;
+        let (cos, sin) = self.tables(x, offset..offset + l, d)?; // [L, d]
+        rotate(x, &cos, &sin)
+    }
+
+    /// Packed rows `x: [total, n, d]` (`d` even), row `i` rotated for position `positions[i]`
+    /// (positions restart per sequence: [`crate::Packed::positions`]); differentiable.
+    pub fn apply_packed(&self, x: &Tensor, positions: &[usize]) -> Result<Tensor> {
+        let (total, _, d) = x.dims3()?;
+        if positions.len() != total {
+            return Err(NnError::Input {
+                module: "RoPE",
+                input: "positions",
+                found: vec![positions.len()],
+                expected: format!("one position per row of x {:?}", x.dims()),
+            });
+        }
+        let (cos, sin) = self.tables(x, positions.iter().copied(), d)?; // [total, d]
+        rotate(x, &cos.unsqueeze(1)?, &sin.unsqueeze(1)?)
+    }
+
+    /// `cos` and `sin` `[positions, d]` of the angles, in `x`'s dtype; refuses an odd `d`.
+    fn tables(&self, x: &Tensor, positions: impl ExactSizeIterator<Item = usize>, d: usize) -> Result<(Tensor, Tensor)> {
         if !d.is_multiple_of(2) {
             return Err(NnError::Input {
                 module: "RoPE",
@@ -40,10 +62,10 @@ impl RopeConfig {
                 expected: "an even head width".into(),
             });
         }
-        let half = d / 2;
+        let (half, l) = (d / 2, positions.len());
         let mut cos = Vec::with_capacity(l * d);
         let mut sin = Vec::with_capacity(l * d);
-        for p in offset..offset + l {
+        for p in positions {
             for c in 0..d {
                 let a = p as f64 * self.base.powf(-2.0 * (c % half) as f64 / d as f64);
                 cos.push(a.cos() as f32);
@@ -52,8 +74,13 @@ impl RopeConfig {
         }
         let cos = Tensor::from_vec(cos, (l, d), &Device::Cpu)?.to_dtype(x.dtype())?;
         let sin = Tensor::from_vec(sin, (l, d), &Device::Cpu)?.to_dtype(x.dtype())?;
-        let rotated =
-            Tensor::cat(&[&x.narrow(D::Minus1, half, half)?.neg()?, &x.narrow(D::Minus1, 0, half)?], D::Minus1)?;
-        Ok((x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?)
+        Ok((cos, sin))
     }
+}
+
+/// `x·cos + rotate_half(x)·sin`, `cos` and `sin` broadcast over `x`'s leading dimensions.
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = x.dim(D::Minus1)? / 2;
+    let rotated = Tensor::cat(&[&x.narrow(D::Minus1, half, half)?.neg()?, &x.narrow(D::Minus1, 0, half)?], D::Minus1)?;
+    Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
 }

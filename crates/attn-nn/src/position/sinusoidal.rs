@@ -59,4 +59,23 @@ impl PositionalEncoding {
         let pe = self.table.narrow(0, offset, l)?.to_dtype(x.dtype())?;
         self.dropout.forward(&x.broadcast_add(&pe)?, mode)
     }
+
+    /// Packed rows `x: [total, d]` → `[total, d]`, each row at its position within its sequence
+    /// (`positions`, from [`crate::Packed::positions`]).
+    pub fn forward_packed(&self, x: &Tensor, positions: &[usize], mode: Mode) -> Result<Tensor> {
+        let (max_len, d) = self.table.dims2()?;
+        let fits = matches!(x.dims(), [total, w] if *w == d && *total == positions.len());
+        if !fits || positions.iter().any(|&p| p >= max_len) {
+            return Err(NnError::Input {
+                module: "PositionalEncoding",
+                input: "x",
+                found: x.dims().to_vec(),
+                expected: format!("packed rows [total, {d}], one position each, below max_len {max_len}"),
+            });
+        }
+        let index: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
+        let index = Tensor::from_vec(index, positions.len(), self.table.device())?;
+        let pe = self.table.index_select(&index, 0)?.to_dtype(x.dtype())?;
+        self.dropout.forward(&(x + pe)?, mode)
+    }
 }

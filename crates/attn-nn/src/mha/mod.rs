@@ -17,6 +17,12 @@
 //! may attend these (PyTorch pads the masks with an unmasked column), causality included, and the
 //! returned weights cover them (`Lk + 1` or `Lk + 2` columns). Through a KV cache they are
 //! appended after the cached keys at every step, never stored.
+//!
+//! Packed batches (no padding): [`MultiHeadAttention::forward_packed`] in [`packed`].
+
+mod packed;
+
+pub use packed::PackedMhaInput;
 
 use attn::{Kernel, SdpaOptions};
 use candle_core::Tensor;
