@@ -9,7 +9,7 @@ PyTorch module with key padding masks (and causal masks where the case says so),
 `grad.*` and the metadata), written to `crates/attn-nn/tests/fixtures/packed/<name>.safetensors`,
 with two differences:
 - `lengths.<input>` (I64 `[B]`): how many rows of each padded input are real; the Rust test packs
-  exactly those;
+  exactly those; `lengths.out`: those of the output (its query input's);
 - `grad_out` is zero beyond each sequence's length, so the gradients are those of a loss on the
   real rows only (what a packed call computes: rows beyond each length are ignored).
 Padded rows are never attended as keys, so `out` at the real rows and every gradient are what the
@@ -192,6 +192,7 @@ def main() -> None:
         built.module.eval()
         real = ~padding(lengths[rows], max(lengths[rows]))  # [B, L], true at the real rows
         tensors = module_tensors(f"packed/{name}", built, rows=real)
+        lengths = lengths | {"out": lengths[rows]}
         tensors |= {f"lengths.{n}": torch.tensor(v, dtype=torch.int64) for n, v in lengths.items()}
         size = write(f"packed/{name}", kind, built.config, tensors, built.polarity)
         total += size

@@ -18,6 +18,7 @@
 //! Loading a state dict with a missing, mis-shaped or unused weight must fail naming the tensor.
 
 mod pytorch_parity_parts {
+    pub mod check;
     pub mod fixture;
     pub mod models;
 }
@@ -30,127 +31,16 @@ use attn_nn::position::sinusoidal::sinusoidal_table;
 use attn_nn::StateDict;
 use attn_testkit::oracle;
 use candle_core::{DType, Device, Tensor};
-use pytorch_parity_parts::fixture::{fixture_names, Data, Fixture};
-use pytorch_parity_parts::models::{build, err, param_tensors, Inputs};
+use pytorch_parity_parts::fixture::{fixture_dir, fixture_names, Data, Fixture};
+use pytorch_parity_parts::check::{compare, compute, report, Batch};
+use pytorch_parity_parts::models::err;
 
-/// Bound on `max|naive32 − ref64| / max|ref64|`: what computing in `f32` may cost. A module that
-/// disagrees with PyTorch is off by more (a tanh-approximate GELU instead of the exact one: 8e-5).
-const F32_BUDGET: f64 = 2e-5;
 /// Tolerance of the position helpers, relative to `max(1, |value|)`.
 const POSITION_TOL: f64 = 1e-6;
 
-/// A run's results by fixture name (`out`, `weights`, `grad.input.<x>`, `grad.param.<p>`):
-/// shape and row-major values.
-type Results = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
-
-fn flat(t: &Tensor) -> Result<(Vec<usize>, Vec<f32>), String> {
-    Ok((t.dims().to_vec(), t.flatten_all().and_then(|t| t.to_dtype(DType::F32)?.to_vec1()).map_err(err)?))
-}
-
-/// Loads the fixture's state dict into its module, built with `kernel`, through the library's
-/// strict loader into trainable variables (a weight missing, mis-shaped or unused is refused by
-/// name), and runs forward and backward.
-fn compute(fx: &Fixture, kernel: Kernel) -> Result<Results, String> {
-    let state_dict = StateDict::from_tensors(param_tensors(fx)?.into_iter().collect(), fx.name.clone());
-    let loaded = state_dict
-        .build_trainable(DType::F32, &Device::Cpu, |vb| build(fx, kernel, vb).map_err(anyhow::Error::msg))
-        .map_err(|e| format!("{}: {e}", fx.name))?;
-    let (model, vars) = (&loaded.module, loaded.named_parameters());
-    let inputs = Inputs::from_fixture(fx)?;
-    let o = model.forward(&inputs)?;
-    let mut results = Results::new();
-    results.insert("out".into(), flat(&o.out)?);
-    if let Some(w) = &o.weights {
-        results.insert("weights".into(), flat(w)?);
-    }
-    let grads = (&o.out * fx.f32_tensor("grad_out")?).and_then(|l| l.sum_all()?.backward()).map_err(err)?;
-    let inputs = inputs.vars().map(|(n, v)| (format!("grad.input.{n}"), v));
-    for (name, var) in inputs.chain(vars.iter().map(|(n, v)| (format!("grad.param.{n}"), v))) {
-        let g = grads.get(var.as_tensor()).ok_or_else(|| format!("{}: no gradient reaches `{name}`", fx.name))?;
-        results.insert(name, flat(g)?);
-    }
-    Ok(results)
-}
-
-/// The worst use of the two bounds over one case's compared tensors.
-#[derive(Debug, Default)]
-struct Worst {
-    /// `max|fast − ref64| / (factor · max|naive32 − ref64| + floor)` (≤ 1 passes the oracle).
-    oracle: (f64, String),
-    /// `max|naive32 − ref64| / max|ref64|` (≤ `F32_BUDGET` passes).
-    f32_error: (f64, String),
-}
-
-fn max_err(got: &[f32], want: &[f64]) -> f64 {
-    got.iter().zip(want).fold(0.0, |m, (&g, &w)| m.max((g as f64 - w).abs()))
-}
-
-/// Checks every expected tensor of `fx` against the fast and naive runs; returns the failures.
-fn compare(fx: &Fixture, fast: &Results, naive: &Results) -> (Vec<String>, Worst) {
-    let expected: BTreeSet<&str> = fx
-        .tensors
-        .keys()
-        .map(String::as_str)
-        .filter(|n| *n == "out" || *n == "weights" || n.starts_with("grad."))
-        .collect();
-    let got: BTreeSet<&str> = fast.keys().map(String::as_str).collect();
-    if expected != got {
-        let msg = format!("{}: computed {got:?}, the fixture holds {expected:?}", fx.name);
-        return (vec![msg], Worst::default());
-    }
-    let mut failures = Vec::new();
-    let mut worst = Worst::default();
-    for name in expected {
-        let tag = format!("{}: {name}", fx.name);
-        let (want, shape) = match (fx.f64s(name), fx.get(name)) {
-            (Ok(w), Ok(s)) => (w, &s.shape),
-            (Err(e), _) | (_, Err(e)) => {
-                failures.push(e);
-                continue;
-            }
-        };
-        let ((fast_shape, f), (naive_shape, n)) = (&fast[name], &naive[name]);
-        if fast_shape != shape || naive_shape != shape {
-            failures
-                .push(format!("{tag}: shape {fast_shape:?} (reference kernel {naive_shape:?}), expected {shape:?}"));
-            continue;
-        }
-        let factor = if name.starts_with("grad.") { oracle::GRADIENT_FACTOR } else { oracle::OUTPUT_FACTOR };
-        failures.extend(oracle::check(&tag, f, want, n, factor).err());
-        let magnitude = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
-        let naive_err = max_err(n, want);
-        let floor = oracle::FLOOR_ULPS * magnitude.max(f32::MIN_POSITIVE as f64) * f32::EPSILON as f64;
-        let use_of_bound = max_err(f, want) / (factor * naive_err + floor);
-        let f32_error = naive_err / magnitude.max(f64::MIN_POSITIVE);
-        if f32_error > F32_BUDGET {
-            failures.push(format!(
-                "{tag}: the module disagrees with PyTorch: max error {naive_err:e} with the reference kernel is \
-                 {f32_error:e} of the magnitude {magnitude:e} (budget {F32_BUDGET:e})"
-            ));
-        }
-        if use_of_bound > worst.oracle.0 {
-            worst.oracle = (use_of_bound, name.to_string());
-        }
-        if f32_error > worst.f32_error.0 {
-            worst.f32_error = (f32_error, name.to_string());
-        }
-    }
-    (failures, worst)
-}
-
 /// Runs one module fixture on both kernels and compares; prints the worst ratios.
 fn check_module(fx: &Fixture) -> Result<(), String> {
-    let (fast, naive) = (compute(fx, Kernel::Auto)?, compute(fx, Kernel::Reference)?);
-    let (failures, worst) = compare(fx, &fast, &naive);
-    println!(
-        "{}: oracle bound used {:.3} ({}), f32 error {:.2e} ({})",
-        fx.name, worst.oracle.0, worst.oracle.1, worst.f32_error.0, worst.f32_error.1
-    );
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(failures.join("\n"))
-    }
+    report(fx, &compute(fx, Kernel::Auto, Batch::Padded)?, &compute(fx, Kernel::Reference, Batch::Padded)?)
 }
 
 /// `|got − want| ≤ POSITION_TOL · max(1, |want|)` element-wise.
@@ -247,7 +137,7 @@ parity_cases!(
 fn every_fixture_has_a_case() {
     let mut cases: Vec<String> = CASES.iter().map(|c| c.to_string()).collect();
     cases.sort();
-    assert_eq!(fixture_names(), cases, "the fixtures and the test cases differ");
+    assert_eq!(fixture_names(&fixture_dir()), cases, "the fixtures and the test cases differ");
 }
 
 /// The checks can fail: a parameter off by 1e-3 (in PyTorch's `f64` model, so both kernels agree
@@ -258,7 +148,7 @@ fn a_perturbed_weight_fails() {
     let stored = fx.tensors.get_mut("param.out_proj.bias").unwrap();
     let Data::F64(values) = &mut stored.data else { panic!("param.out_proj.bias is not F64") };
     values[0] += 1e-3;
-    let (fast, naive) = (compute(&fx, Kernel::Auto).unwrap(), compute(&fx, Kernel::Reference).unwrap());
+    let (fast, naive) = (compute(&fx, Kernel::Auto, Batch::Padded).unwrap(), compute(&fx, Kernel::Reference, Batch::Padded).unwrap());
     let (failures, _) = compare(&fx, &fast, &naive);
     assert!(failures.iter().any(|f| f.contains(": out: the module disagrees")), "not caught: {failures:?}");
 }
@@ -273,7 +163,7 @@ fn state_dict_names_must_match() {
     let mut unused = fx.clone();
     unused.tensors.insert("param.spare.bias".into(), bias);
     for (fx, want) in [(missing, "no weight `out_proj.bias`"), (unused, "does not use: spare.bias")] {
-        let e = compute(&fx, Kernel::Auto).unwrap_err();
+        let e = compute(&fx, Kernel::Auto, Batch::Padded).unwrap_err();
         assert!(e.contains(want), "expected `{want}` in: {e}");
     }
 }

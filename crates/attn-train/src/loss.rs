@@ -7,7 +7,8 @@ use candle_core::{DType, Tensor, D};
 use crate::error::Result;
 
 /// `logits: [B, L, V]`, `targets: [B, L]` (`U32`) → the mean negative log-likelihood of the
-/// targets that are not `pad` (a scalar), and how many there were.
+/// targets that are not `pad` (a scalar), and how many there were. Packed batches pass
+/// `logits: [total, V]`, `targets: [total]` (no `pad` among them).
 pub fn masked_cross_entropy(logits: &Tensor, targets: &Tensor, pad: u32) -> Result<(Tensor, usize)> {
     let log_probs = candle_nn::ops::log_softmax(logits, D::Minus1)?; // [B, L, V]
     let picked = log_probs.gather(&targets.unsqueeze(D::Minus1)?.contiguous()?, D::Minus1)?.squeeze(D::Minus1)?; // [B, L]

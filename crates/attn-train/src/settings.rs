@@ -58,6 +58,11 @@ pub struct TrainSettings {
     /// Steps between checkpoints.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = TrainSettings::default().checkpoint_every))]
     pub checkpoint_every: u64,
+    /// Train on packed batches (the sequences one after another, no padding computed) instead of
+    /// padded ones; the same loss (mean over the real target tokens).
+    #[cfg_attr(feature = "clap", arg(long))]
+    #[serde(default)]
+    pub packed: bool,
 }
 
 impl Default for TrainSettings {
@@ -75,6 +80,7 @@ impl Default for TrainSettings {
             held_out: None,
             eval_every: 250,
             checkpoint_every: 500,
+            packed: false,
         }
     }
 }

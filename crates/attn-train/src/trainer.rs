@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use attn::chart::{draw_lines, LineChart, Series};
-use attn_nn::Run;
+use attn_nn::{Mode, Run};
 use candle_core::{Device, Var};
 use candle_nn::VarMap;
 
 use crate::checkpoint::{self, Evaluation, History, Manifest, FORMAT};
-use crate::data::{vocab, Batch};
+use crate::data::{vocab, Batch, PackedBatch};
 use crate::error::{Result, TrainError};
 use crate::loss::masked_cross_entropy;
 use crate::model::ModelConfig;
@@ -232,6 +232,12 @@ impl Trainer {
         Ok(Batch::new(&self.task.batch(step, self.manifest().train.batch), self.translator.vocab(), &Device::Cpu)?)
     }
 
+    /// [`Trainer::batch`]`(step)`'s pairs packed: what [`Trainer::step`] trains on with
+    /// `packed` set.
+    pub fn packed_batch(&self, step: u64) -> Result<PackedBatch> {
+        PackedBatch::new(&self.task.batch(step, self.manifest().train.batch), self.translator.vocab(), &Device::Cpu)
+    }
+
     /// The model and vocabulary being trained.
     pub fn translator(&self) -> &Translator {
         &self.translator
@@ -239,15 +245,24 @@ impl Trainer {
 
     /// Makes the run's next step, step `k = manifest().step`, and nothing else (no evaluation, no
     /// checkpoint): forward on [`Trainer::batch`]`(k)` with step `k`'s dropout, masked
-    /// cross-entropy, backward, gradient clipping and an AdamW update at the schedule's rate.
+    /// cross-entropy, backward, gradient clipping and an AdamW update at the schedule's rate. With
+    /// `packed` set, forward on [`Trainer::packed_batch`]`(k)` instead: the same sequences, the
+    /// same loss.
     pub fn step(&mut self) -> Result<StepReport> {
         let start = Instant::now();
         let step = self.manifest().step;
         let train = &self.manifest().train;
         let (total, clip, lr) = (train.steps, train.clip, Schedule::of_run(train).lr(step));
-        let batch = self.batch(step)?;
-        let logits = self.translator.model().forward(&batch.src, &batch.tgt_in, Run::train_step(step))?.out; // [B, Lt, V]
-        let (loss, _) = masked_cross_entropy(&logits, &batch.tgt_out, vocab::PAD)?;
+        let model = self.translator.model();
+        let (loss, tokens) = if train.packed {
+            let batch = self.packed_batch(step)?;
+            let logits = model.forward_packed(&batch.src, &batch.tgt_in, Mode::TrainStep(step))?; // [total_t, V]
+            (masked_cross_entropy(logits.data(), &batch.tgt_out, vocab::PAD)?.0, batch.src_tokens + batch.tgt_tokens)
+        } else {
+            let batch = self.batch(step)?;
+            let logits = model.forward(&batch.src, &batch.tgt_in, Run::train_step(step))?.out; // [B, Lt, V]
+            (masked_cross_entropy(&logits, &batch.tgt_out, vocab::PAD)?.0, batch.src_tokens + batch.tgt_tokens)
+        };
         let loss_value = f64::from(loss.to_scalar::<f32>()?);
         if !loss_value.is_finite() {
             return Err(TrainError::Setting {
@@ -265,7 +280,7 @@ impl Trainer {
             loss: loss_value,
             lr,
             grad_norm,
-            tokens: batch.src_tokens + batch.tgt_tokens,
+            tokens,
             seconds: start.elapsed().as_secs_f64(),
         })
     }

@@ -38,6 +38,7 @@ fn trained(dir: &Path) -> Translator {
         held_out: Some(30),
         eval_every: 10,
         checkpoint_every: 10,
+        packed: false,
     };
     Trainer::start(dir, model, settings).unwrap().run(&mut Quiet, &AtomicBool::new(false)).unwrap();
     Translator::load(dir).unwrap()

@@ -67,6 +67,8 @@ pub enum TaskName {
 struct Bar {
     bar: ProgressBar,
     tokens_per_second: f64,
+    /// Tokens and seconds of this session's steps (evaluations and saves not counted).
+    session: (usize, f64),
 }
 
 impl Observer for Bar {
@@ -80,6 +82,7 @@ impl Observer for Bar {
         let now = r.tokens as f64 / r.seconds.max(1e-9);
         self.tokens_per_second =
             if self.tokens_per_second == 0.0 { now } else { 0.9 * self.tokens_per_second + 0.1 * now };
+        self.session = (self.session.0 + r.tokens, self.session.1 + r.seconds);
         self.bar.set_position(r.done);
         self.bar.set_message(format!("loss {:.4} · lr {:.2e} · {:.0} tok/s", r.loss, r.lr, self.tokens_per_second));
     }
@@ -172,7 +175,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed)).context("cannot install the Ctrl-C handler")?;
     let style =
         ProgressStyle::with_template("{bar:30} {pos}/{len} steps · {msg} · ETA {eta}").expect("the template is valid");
-    let mut bar = Bar { bar: ProgressBar::new(0).with_style(style), tokens_per_second: 0.0 };
+    let mut bar = Bar { bar: ProgressBar::new(0).with_style(style), tokens_per_second: 0.0, session: (0, 0.0) };
     let outcome = pool.install(|| trainer.run(&mut bar, &stop)).map_err(|e| {
         if args.resume {
             resume_error(e)
@@ -182,6 +185,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     })?;
     bar.bar.finish_and_clear();
     let m = trainer.manifest();
+    let (tokens, seconds) = bar.session;
+    let batches = if m.train.packed { "packed" } else { "padded" };
+    println!("training speed: {:.0} tokens/s over this session's steps ({batches} batches)", tokens as f64 / seconds.max(1e-9));
     match outcome {
         Outcome::Finished => {
             println!("trained {} steps; {}; model in {}", m.step, last_evaluation(m), args.out.display());

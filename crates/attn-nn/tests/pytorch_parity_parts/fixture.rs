@@ -15,9 +15,9 @@ pub fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures")
 }
 
-/// The names (file stems) of every `*.safetensors` fixture, sorted.
-pub fn fixture_names() -> Vec<String> {
-    fixtures::safetensors_in(&fixture_dir())
+/// The names (file stems) of every `*.safetensors` fixture in `dir`, sorted.
+pub fn fixture_names(dir: &Path) -> Vec<String> {
+    fixtures::safetensors_in(dir)
         .iter()
         .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
         .collect()

@@ -1,6 +1,8 @@
 //! The attn-nn side of each fixture kind: [`build`] makes the module a fixture's `module` metadata
 //! names from its `config` (with a given attention kernel), and [`Model::forward`] runs it on the
-//! fixture's [`Inputs`] the way the PyTorch script ran its counterpart (eval mode, same masks).
+//! fixture's [`Inputs`] the way the PyTorch script ran its counterpart (eval mode, same masks);
+//! [`Model::forward_packed`] runs it on the real rows of the inputs packed (fixtures of
+//! `scripts/gen_packed_fixtures.py`, which give each input's `lengths.<name>`).
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
@@ -9,7 +11,7 @@ use attn::{Kernel, Mask};
 use attn_nn::{
     Activation, AdditiveAttention, AdditiveAttentionConfig, AttnMask, AttnMasks, DecoderLayer, EncoderLayer,
     LayerConfig, LayerNorm, LayerNormConfig, MhaInput, Mode, MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights,
-    RopeConfig, Run, SelfAttention, SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer,
+    Packed, PackedMhaInput, RopeConfig, Run, SelfAttention, SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer,
     TransformerConfig,
 };
 use candle_core::{Device, Tensor, Var};
@@ -30,6 +32,8 @@ pub struct Inputs {
     floats: BTreeMap<String, Var>,
     ids: BTreeMap<String, Tensor>,
     masks: BTreeMap<String, AttnMask>,
+    /// Real rows per sequence of each input (packed fixtures only).
+    lengths: BTreeMap<String, Vec<usize>>,
 }
 
 impl Inputs {
@@ -68,7 +72,12 @@ impl Inputs {
             };
             masks.insert(name.to_string(), mask);
         }
-        Ok(Self { case: fx.name.clone(), floats, ids, masks })
+        let mut lengths = BTreeMap::new();
+        for (name, t) in fx.with_prefix("lengths.") {
+            let Data::I64(v) = &t.data else { return Err(format!("{}: `lengths.{name}` is not I64", fx.name)) };
+            lengths.insert(name.to_string(), v.iter().map(|&n| n as usize).collect());
+        }
+        Ok(Self { case: fx.name.clone(), floats, ids, masks, lengths })
     }
 
     /// The tracked float inputs by name.
@@ -86,6 +95,17 @@ impl Inputs {
 
     fn ids(&self, name: &str) -> Result<&Tensor, String> {
         self.ids.get(name).ok_or_else(|| format!("{}: token ids `{name}` missing", self.case))
+    }
+
+    /// The input `name` (float or ids) `[B, L, ..]` as a packed batch of its first
+    /// `lengths.<name>` rows per sequence (differentiable back to the padded input), and `L`.
+    fn packed(&self, name: &str) -> Result<(Packed, usize), String> {
+        let t = match self.opt_float(name) {
+            Some(t) => t,
+            None => self.ids(name)?,
+        };
+        let lengths = self.lengths.get(name).ok_or_else(|| format!("{}: `lengths.{name}` missing", self.case))?;
+        Ok((Packed::from_padded(t, lengths).map_err(err)?, t.dim(1).map_err(err)?))
     }
 
     /// The masks of one attention call from the fixture's `padding` and `attn` masks (each may be
@@ -108,6 +128,17 @@ pub struct Outputs {
 pub trait Model {
     /// Runs the module on the fixture's inputs in eval mode.
     fn forward(&self, inputs: &Inputs) -> Result<Outputs, String>;
+
+    /// Runs the module's `forward_packed` on the real rows of the inputs in eval mode; the output
+    /// padded back to the padded query's `[B, L, ..]` with zeros.
+    fn forward_packed(&self, _inputs: &Inputs) -> Result<Outputs, String> {
+        Err("this module kind has no packed form".into())
+    }
+}
+
+/// A packed output `[total, ..]` as the padded `[B, len, ..]` [`Outputs`].
+fn padded(out: Packed, len: usize) -> Result<Outputs, String> {
+    Ok(Outputs { out: out.to_padded(len).map_err(err)?, weights: None })
 }
 
 /// Builds the module `fx.kind` from `fx.config` with attention `kernel`, its weights under `vb`.
@@ -231,6 +262,16 @@ impl Model for Mha {
         let o = self.m.forward(input).map_err(err)?;
         Ok(Outputs { out: o.out, weights: o.weights })
     }
+
+    fn forward_packed(&self, inputs: &Inputs) -> Result<Outputs, String> {
+        let ((q, len), kv) = match inputs.opt_float("x") {
+            Some(_) => (inputs.packed("x")?, None),
+            None => (inputs.packed("query")?, Some((inputs.packed("key")?.0, inputs.packed("value")?.0))),
+        };
+        let (k, v) = kv.as_ref().map_or((&q, &q), |(k, v)| (k, v));
+        let input = PackedMhaInput { causal: self.causal, ..PackedMhaInput::new(&q, k, v) };
+        padded(self.m.forward_packed(input).map_err(err)?, len)
+    }
 }
 
 /// `nn.TransformerEncoderLayer` and whether its self-attention is causal.
@@ -241,6 +282,11 @@ impl Model for Encoder {
         let masks = inputs.attn_masks("src_key_padding_mask", "src_mask", self.1)?;
         let o = self.0.forward(inputs.float("src")?, &masks, Run::eval()).map_err(err)?;
         Ok(Outputs { out: o.out, weights: None })
+    }
+
+    fn forward_packed(&self, inputs: &Inputs) -> Result<Outputs, String> {
+        let (src, len) = inputs.packed("src")?;
+        padded(self.0.forward_packed(&src, self.1, Mode::Eval).map_err(err)?, len)
     }
 }
 
@@ -254,6 +300,11 @@ impl Model for Decoder {
         let (tgt, memory) = (inputs.float("tgt")?, inputs.float("memory")?);
         let o = self.0.forward(tgt, memory, &tgt_masks, &memory_masks, Run::eval(), None).map_err(err)?;
         Ok(Outputs { out: o.out, weights: None })
+    }
+
+    fn forward_packed(&self, inputs: &Inputs) -> Result<Outputs, String> {
+        let ((tgt, len), (memory, _)) = (inputs.packed("tgt")?, inputs.packed("memory")?);
+        padded(self.0.forward_packed(&tgt, &memory, self.1, Mode::Eval).map_err(err)?, len)
     }
 }
 
@@ -270,12 +321,22 @@ impl Model for Stack {
         let o = self.0.forward(inputs.float("src")?, inputs.float("tgt")?, &masks, Run::eval()).map_err(err)?;
         Ok(Outputs { out: o.out, weights: None })
     }
+
+    fn forward_packed(&self, inputs: &Inputs) -> Result<Outputs, String> {
+        let ((src, _), (tgt, len)) = (inputs.packed("src")?, inputs.packed("tgt")?);
+        padded(self.0.forward_packed(&src, &tgt, self.1, Mode::Eval).map_err(err)?, len)
+    }
 }
 
 impl Model for Seq2Seq {
     fn forward(&self, inputs: &Inputs) -> Result<Outputs, String> {
         let o = Seq2Seq::forward(self, inputs.ids("src")?, inputs.ids("tgt")?, Run::eval()).map_err(err)?;
         Ok(Outputs { out: o.out, weights: None })
+    }
+
+    fn forward_packed(&self, inputs: &Inputs) -> Result<Outputs, String> {
+        let ((src, _), (tgt, len)) = (inputs.packed("src")?, inputs.packed("tgt")?);
+        padded(Seq2Seq::forward_packed(self, &src, &tgt, Mode::Eval).map_err(err)?, len)
     }
 }
 

@@ -1,15 +1,18 @@
-//! Padded batches and the seeded order in which a run visits a dataset.
+//! Padded and packed batches and the seeded order in which a run visits a dataset.
 //!
 //! Layout ([`Batch`]): the source is its characters then `eos`; the decoder input is `bos` then
 //! the target; the decoder output (what the loss compares against) is the target then `eos`; each
 //! is padded with `pad = 0` to the longest in the batch. The model's padding masks come from the
 //! ids (`id == pad`), and the loss should ignore positions where `tgt_out` is `pad`.
+//! [`PackedBatch`] holds the same sequences packed one after another ([`attn_nn::Packed`]), with
+//! no padding to compute or ignore.
 //!
 //! Order ([`BatchOrder`]): epoch `e` is a permutation of the dataset drawn from `(seed, e)`, cut
 //! into `⌈N / B⌉` batches (the last one smaller when `B` does not divide `N`); batch `k` of the
 //! run is batch `k mod ⌈N / B⌉` of epoch `⌊k / ⌈N / B⌉⌋`, a pure function of `(seed, k)`, so a
 //! run resumed at step `k` continues exactly.
 
+use attn_nn::Packed;
 use candle_core::{Device, Tensor};
 
 use crate::data::error::DataError;
@@ -50,16 +53,7 @@ impl Batch {
     /// The batch of `pairs`, encoded with `vocab` (characters outside it become `unk`); refused
     /// for no pairs.
     pub fn new(pairs: &[Pair], vocab: &Vocab, device: &Device) -> Result<Self, DataError> {
-        if pairs.is_empty() {
-            return Err(DataError::Argument {
-                what: "Batch::new: pairs",
-                expected: "at least one pair".into(),
-                found: "none".into(),
-            });
-        }
-        let src: Vec<Vec<u32>> = pairs.iter().map(|(s, _)| vocab.encode(s, false, true)).collect();
-        let tgt_in: Vec<Vec<u32>> = pairs.iter().map(|(_, t)| vocab.encode(t, true, false)).collect();
-        let tgt_out: Vec<Vec<u32>> = pairs.iter().map(|(_, t)| vocab.encode(t, false, true)).collect();
+        let [src, tgt_in, tgt_out] = encode(pairs, vocab)?;
         Ok(Self {
             src_tokens: src.iter().map(Vec::len).sum(),
             tgt_tokens: tgt_out.iter().map(Vec::len).sum(),
@@ -68,6 +62,64 @@ impl Batch {
             tgt_out: padded(&tgt_out, device)?,
         })
     }
+}
+
+/// A packed batch of `B` pairs: [`Batch`]'s sequences one after another, no padding; `U32` ids.
+///
+/// ```
+/// use attn_train::data::{vocab, PackedBatch, Vocab};
+/// let v = Vocab::from_texts(["abc", "xy"]);
+/// let pairs = [("abc".to_string(), "x".to_string()), ("a".to_string(), "xy".to_string())];
+/// let b = PackedBatch::new(&pairs, &v, &candle_core::Device::Cpu)?;
+/// assert_eq!(b.src.cu_seqlens(), [0, 4, 6]); // "abc" + eos, "a" + eos
+/// assert_eq!(b.tgt_in.data().to_vec1::<u32>()?[..2], [vocab::BOS, v.id('x')]);
+/// assert_eq!(b.tgt_out.to_vec1::<u32>()?[..2], [v.id('x'), vocab::EOS]);
+/// assert_eq!((b.src_tokens, b.tgt_tokens), (6, 5));
+/// # Ok::<(), attn_train::TrainError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct PackedBatch {
+    /// `[total_s]`: each source's characters then `eos`.
+    pub src: Packed,
+    /// `[total_t]`: `bos` then each target's characters.
+    pub tgt_in: Packed,
+    /// `[total_t]`: each target's characters then `eos`, cut like `tgt_in`.
+    pub tgt_out: Tensor,
+    /// Ids in `src`.
+    pub src_tokens: usize,
+    /// Ids in `tgt_out` (the tokens the loss counts).
+    pub tgt_tokens: usize,
+}
+
+impl PackedBatch {
+    /// The batch of `pairs`, encoded with `vocab` as [`Batch::new`] does; refused for no pairs.
+    pub fn new(pairs: &[Pair], vocab: &Vocab, device: &Device) -> crate::error::Result<Self> {
+        let [src, tgt_in, tgt_out] = encode(pairs, vocab)?;
+        let pack = |rows: &[Vec<u32>]| -> crate::error::Result<Packed> {
+            let lengths: Vec<usize> = rows.iter().map(Vec::len).collect();
+            let ids = Tensor::from_vec(rows.concat(), lengths.iter().sum::<usize>(), device)?;
+            Ok(Packed::new(ids, attn::cu_seqlens(&lengths))?)
+        };
+        let (src, tgt_in) = (pack(&src)?, pack(&tgt_in)?);
+        let tgt_out = Tensor::from_vec(tgt_out.concat(), tgt_in.total(), device)?;
+        Ok(Self { src_tokens: src.total(), tgt_tokens: tgt_in.total(), src, tgt_in, tgt_out })
+    }
+}
+
+/// The source, decoder-input and decoder-output ids of each pair; refused for no pairs.
+fn encode(pairs: &[Pair], vocab: &Vocab) -> Result<[Vec<Vec<u32>>; 3], DataError> {
+    if pairs.is_empty() {
+        return Err(DataError::Argument {
+            what: "Batch::new: pairs",
+            expected: "at least one pair".into(),
+            found: "none".into(),
+        });
+    }
+    Ok([
+        pairs.iter().map(|(s, _)| vocab.encode(s, false, true)).collect(),
+        pairs.iter().map(|(_, t)| vocab.encode(t, true, false)).collect(),
+        pairs.iter().map(|(_, t)| vocab.encode(t, false, true)).collect(),
+    ])
 }
 
 /// `[B, L]` ids, each row right-padded with [`PAD`] to the longest row `L`.

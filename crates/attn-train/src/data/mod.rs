@@ -5,7 +5,7 @@
 //! - [`calendar`]: the proleptic Gregorian dates and weekdays behind it;
 //! - [`vocab`]: characters as tokens, with `pad = 0`, `bos = 1`, `eos = 2`, `unk = 3`, saved as JSON;
 //! - [`pairs`]: a user's parallel text, one `SOURCE<TAB>TARGET` a line, checked line by line;
-//! - [`batch`]: padded `[B, L]` token tensors and the seeded batch order.
+//! - [`batch`]: padded `[B, L]` (or packed) token tensors and the seeded batch order.
 //!
 //! One vocabulary serves both sides. Sequences as the model sees them: the source is its
 //! characters then `eos`; the decoder input is `bos` then the target's characters, and the decoder
@@ -23,7 +23,7 @@ pub mod pairs;
 pub(crate) mod sample;
 pub mod vocab;
 
-pub use batch::{Batch, BatchOrder};
+pub use batch::{Batch, BatchOrder, PackedBatch};
 pub use calendar::Date;
 pub use dates::{DateFormat, DatesTask};
 pub use error::{DataError, Side};
