@@ -26,26 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gen_module_fixtures import (F64, OUT_DIR, Built, Seq2Seq, causal_block, layer_config, mha_config, module_tensors,
-                                 padding, randn, randomize, rope, seeded, write)
+from gen_module_fixtures import (F64, OUT_DIR, Built, GroupedQueryAttention, Seq2Seq, causal_block, layer_config,
+                                 mha_config, module_tensors, padding, randn, randomize, rope, seeded, write)
 
 PACKED_DIR = OUT_DIR / "packed"
 MAX_TOTAL_BYTES = 1_000_000
 
 
-class MaskedGqa(nn.Module):
-    """Grouped-query self-attention with the Rust module's weight names (as `GroupedQueryAttention`
-    of gen_module_fixtures.py), with a key padding mask and optional causality."""
-
-    def __init__(self, e: int, h: int, hkv: int, rope_base: float | None):
-        super().__init__()
-        self.h, self.hkv, self.hd, self.rope_base = h, hkv, e // h, rope_base
-        kv = hkv * self.hd
-        self.q_proj_weight = nn.Parameter(torch.empty(e, e, dtype=F64))
-        self.k_proj_weight = nn.Parameter(torch.empty(kv, e, dtype=F64))
-        self.v_proj_weight = nn.Parameter(torch.empty(kv, e, dtype=F64))
-        self.in_proj_bias = nn.Parameter(torch.empty(e + 2 * kv, dtype=F64))
-        self.out_proj = nn.Linear(e, e, dtype=F64)
+class MaskedGqa(GroupedQueryAttention):
+    """`GroupedQueryAttention` of gen_module_fixtures.py (the Rust module's weight names, no sinks)
+    with a key padding mask and optional causality."""
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor, causal: bool) -> torch.Tensor:
         b, length, e = x.shape

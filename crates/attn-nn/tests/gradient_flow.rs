@@ -8,7 +8,7 @@ mod common;
 use attn_nn::{
     Activation, AdditiveAttention, AdditiveAttentionConfig, AttnMask, AttnMasks, DecoderLayer, EncoderLayer,
     LayerConfig, MhaInput, Mode, MultiHeadAttention, MultiHeadAttentionConfig, RopeConfig, Run, SelfAttention,
-    SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer, TransformerConfig,
+    Packed, PackedMhaInput, SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer, TransformerConfig,
 };
 use candle_core::{Device, Module, Tensor};
 use common::{every_param_trains, fresh, input, loss, padding};
@@ -183,6 +183,41 @@ fn seq2seq_trains() {
     assert_eq!(logits.dims(), [2, 4, 9]);
     // embeddings (2), encoder (12 + 2), decoder (18 + 2), generator (2).
     assert_trains(&map, &[], &logits, 2 + 14 + 20 + 2);
+}
+
+/// Packed self-attention in training (GQA, RoPE, causal, attention dropout): every parameter and
+/// the padded input the packed batch was gathered from get a gradient.
+#[test]
+fn packed_multi_head_attention_trains_with_gqa_rope_and_dropout() {
+    let (map, vb) = fresh();
+    let cfg = MultiHeadAttentionConfig {
+        num_kv_heads: Some(2),
+        rope: Some(RopeConfig::default()),
+        dropout: 0.2,
+        ..MultiHeadAttentionConfig::new(16, 4)
+    };
+    let m = MultiHeadAttention::new(cfg, vb).unwrap();
+    let x = input(&[3, 6, 16], 21);
+    let packed = Packed::from_padded(&x, &[6, 2, 4]).unwrap();
+    let out = m.forward_packed(PackedMhaInput::self_attention(&packed).causal(true).mode(Mode::Train)).unwrap();
+    assert_trains(&map, &[("x", &x)], out.data(), 6);
+}
+
+/// The translator on packed batches in training (dropout on): every parameter gets a gradient.
+#[test]
+fn packed_seq2seq_trains() {
+    let (map, vb) = fresh();
+    let transformer =
+        TransformerConfig { layer: layer_cfg(true, Activation::Relu), num_encoder_layers: 1, num_decoder_layers: 1 };
+    let cfg = Seq2SeqConfig { src_vocab: 11, tgt_vocab: 9, pad_id: 0, max_len: 16, transformer };
+    let m = Seq2Seq::new(cfg, vb).unwrap();
+    let ids = |v: &[u32]| Tensor::new(v, &Device::Cpu).unwrap();
+    let src = Packed::from_sequences(&[ids(&[3, 4, 5, 6]), ids(&[7, 8, 2])]).unwrap();
+    let tgt = Packed::from_sequences(&[ids(&[1, 3, 4, 5]), ids(&[1, 6, 7])]).unwrap();
+    let logits = m.forward_packed(&src, &tgt, Mode::Train).unwrap();
+    assert_eq!(logits.data().dims(), [7, 9]);
+    // embeddings (2), encoder (12 + 2), decoder (18 + 2), generator (2).
+    assert_trains(&map, &[], logits.data(), 2 + 14 + 20 + 2);
 }
 
 #[test]
