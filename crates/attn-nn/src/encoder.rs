@@ -93,7 +93,8 @@ impl EncoderLayer {
 
     /// The second residual block, around the feed-forward block.
     fn feed_forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let (out, _) = residual(x, &self.norm2, &self.dropout2, self.norm_first, mode, |x| Ok((self.ff.forward(x, mode)?, None)))?;
+        let (out, _) =
+            residual(x, &self.norm2, &self.dropout2, self.norm_first, mode, |x| Ok((self.ff.forward(x, mode)?, None)))?;
         Ok(out)
     }
 }

@@ -49,10 +49,7 @@ impl Packed {
                 module: MODULE,
                 input: "cu_seqlens",
                 found: cu_seqlens,
-                expected: format!(
-                    "B + 1 >= 2 offsets from 0 to the rows of data {:?}, never decreasing",
-                    data.dims()
-                ),
+                expected: format!("B + 1 >= 2 offsets from 0 to the rows of data {:?}, never decreasing", data.dims()),
             });
         }
         Ok(Self { data, cu_seqlens })
@@ -154,7 +151,13 @@ impl Packed {
     }
 
     /// Checks that the rows are `[total, width]` of `dtype`, naming `module` and `input`.
-    pub(crate) fn expect_rows(&self, module: &'static str, input: &'static str, width: usize, dtype: DType) -> Result<()> {
+    pub(crate) fn expect_rows(
+        &self,
+        module: &'static str,
+        input: &'static str,
+        width: usize,
+        dtype: DType,
+    ) -> Result<()> {
         match *self.data.dims() {
             [_, w] if w == width => crate::error::expect_dtype(module, input, &self.data, dtype),
             _ => Err(NnError::Input {

@@ -182,14 +182,22 @@ impl Seq2Seq {
 
     /// Packed `ids: [total]` (`U32`) → `[total, d]`: embedding · √d + each row's position within
     /// its sequence (with their dropout).
-    fn embed_packed(&self, (table, positions): (&Embedding, &PositionalEncoding), ids: &Packed, mode: Mode) -> Result<Packed> {
+    fn embed_packed(
+        &self,
+        (table, positions): (&Embedding, &PositionalEncoding),
+        ids: &Packed,
+        mode: Mode,
+    ) -> Result<Packed> {
         let longest = ids.lengths().into_iter().max().unwrap_or(0);
         if ids.data().rank() != 1 || longest > self.cfg.max_len {
             return Err(NnError::Input {
                 module: "Seq2Seq",
                 input: "token_ids",
                 found: ids.data().dims().to_vec(),
-                expected: format!("packed ids [total], sequences of at most max_len = {} (longest: {longest})", self.cfg.max_len),
+                expected: format!(
+                    "packed ids [total], sequences of at most max_len = {} (longest: {longest})",
+                    self.cfg.max_len
+                ),
             });
         }
         let d = self.cfg.transformer.layer.d_model as f64;

@@ -7,9 +7,9 @@ use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
 use crate::decoder::{DecoderCache, TransformerDecoder};
+use crate::dropout::Mode;
 use crate::encoder::{StackOutput, TransformerEncoder};
 use crate::error::Result;
-use crate::dropout::Mode;
 use crate::layer::{LayerConfig, Run};
 use crate::masks::AttnMasks;
 use crate::packed::Packed;

@@ -7,8 +7,8 @@ mod common;
 
 use attn_nn::{
     Activation, AdditiveAttention, AdditiveAttentionConfig, AttnMask, AttnMasks, DecoderLayer, EncoderLayer,
-    LayerConfig, MhaInput, Mode, MultiHeadAttention, MultiHeadAttentionConfig, RopeConfig, Run, SelfAttention,
-    Packed, PackedMhaInput, SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer, TransformerConfig,
+    LayerConfig, MhaInput, Mode, MultiHeadAttention, MultiHeadAttentionConfig, Packed, PackedMhaInput, RopeConfig, Run,
+    SelfAttention, SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer, TransformerConfig,
 };
 use candle_core::{Device, Module, Tensor};
 use common::{every_param_trains, fresh, input, loss, padding};

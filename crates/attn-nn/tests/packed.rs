@@ -94,7 +94,10 @@ fn rows(values: &[f32], shape: &[usize]) -> Tensor {
 fn packing_a_padded_batch_and_back() {
     let x = attn::random::uniform(&[3, 4, 2], -1.0, 1.0, 1).unwrap(); // [B, L, E]
     let packed = Packed::from_padded(&x, &[2, 4, 0]).unwrap();
-    assert_eq!((packed.cu_seqlens(), packed.lengths(), packed.total(), packed.batch()), (&[0, 2, 6, 6][..], vec![2, 4, 0], 6, 3));
+    assert_eq!(
+        (packed.cu_seqlens(), packed.lengths(), packed.total(), packed.batch()),
+        (&[0, 2, 6, 6][..], vec![2, 4, 0], 6, 3)
+    );
     assert_eq!(packed.positions(), [0, 1, 0, 1, 2, 3]);
     let want: Vec<f32> = x.narrow(1, 0, 2).unwrap().get(0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
     let got: Vec<f32> = packed.data().narrow(0, 0, 2).unwrap().flatten_all().unwrap().to_vec1().unwrap();

@@ -23,17 +23,16 @@ mod pytorch_parity_parts {
     pub mod models;
 }
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use attn::{Align, Kernel};
 use attn_nn::position::alibi::{alibi_bias, alibi_slopes};
 use attn_nn::position::sinusoidal::sinusoidal_table;
 use attn_nn::StateDict;
-use attn_testkit::oracle;
 use candle_core::{DType, Device, Tensor};
-use pytorch_parity_parts::fixture::{fixture_dir, fixture_names, Data, Fixture};
 use pytorch_parity_parts::check::{compare, compute, report, Batch};
-use pytorch_parity_parts::models::err;
+use pytorch_parity_parts::fixture::{fixture_dir, fixture_names, Data, Fixture};
+use pytorch_parity_parts::models::{build, err, param_tensors};
 
 /// Tolerance of the position helpers, relative to `max(1, |value|)`.
 const POSITION_TOL: f64 = 1e-6;
@@ -148,7 +147,8 @@ fn a_perturbed_weight_fails() {
     let stored = fx.tensors.get_mut("param.out_proj.bias").unwrap();
     let Data::F64(values) = &mut stored.data else { panic!("param.out_proj.bias is not F64") };
     values[0] += 1e-3;
-    let (fast, naive) = (compute(&fx, Kernel::Auto, Batch::Padded).unwrap(), compute(&fx, Kernel::Reference, Batch::Padded).unwrap());
+    let (fast, naive) =
+        (compute(&fx, Kernel::Auto, Batch::Padded).unwrap(), compute(&fx, Kernel::Reference, Batch::Padded).unwrap());
     let (failures, _) = compare(&fx, &fast, &naive);
     assert!(failures.iter().any(|f| f.contains(": out: the module disagrees")), "not caught: {failures:?}");
 }

@@ -187,7 +187,10 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let m = trainer.manifest();
     let (tokens, seconds) = bar.session;
     let batches = if m.train.packed { "packed" } else { "padded" };
-    println!("training speed: {:.0} tokens/s over this session's steps ({batches} batches)", tokens as f64 / seconds.max(1e-9));
+    println!(
+        "training speed: {:.0} tokens/s over this session's steps ({batches} batches)",
+        tokens as f64 / seconds.max(1e-9)
+    );
     match outcome {
         Outcome::Finished => {
             println!("trained {} steps; {}; model in {}", m.step, last_evaluation(m), args.out.display());

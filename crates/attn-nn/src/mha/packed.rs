@@ -77,7 +77,8 @@ impl MultiHeadAttention {
     /// ```
     pub fn forward_packed(&self, input: PackedMhaInput) -> Result<Packed> {
         let cfg = &self.cfg;
-        let unsupported = [("add_bias_kv", cfg.add_bias_kv), ("add_zero_attn", cfg.add_zero_attn), ("sinks", cfg.sinks)];
+        let unsupported =
+            [("add_bias_kv", cfg.add_bias_kv), ("add_zero_attn", cfg.add_zero_attn), ("sinks", cfg.sinks)];
         if let Some((field, _)) = unsupported.iter().find(|(_, on)| *on) {
             return Err(NnError::Config {
                 module: MODULE,

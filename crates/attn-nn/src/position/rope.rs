@@ -53,7 +53,12 @@ impl RopeConfig {
     }
 
     /// `cos` and `sin` `[positions, d]` of the angles, in `x`'s dtype; refuses an odd `d`.
-    fn tables(&self, x: &Tensor, positions: impl ExactSizeIterator<Item = usize>, d: usize) -> Result<(Tensor, Tensor)> {
+    fn tables(
+        &self,
+        x: &Tensor,
+        positions: impl ExactSizeIterator<Item = usize>,
+        d: usize,
+    ) -> Result<(Tensor, Tensor)> {
         if !d.is_multiple_of(2) {
             return Err(NnError::Input {
                 module: "RoPE",

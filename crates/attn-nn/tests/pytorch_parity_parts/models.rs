@@ -11,8 +11,8 @@ use attn::{Kernel, Mask};
 use attn_nn::{
     Activation, AdditiveAttention, AdditiveAttentionConfig, AttnMask, AttnMasks, DecoderLayer, EncoderLayer,
     LayerConfig, LayerNorm, LayerNormConfig, MhaInput, Mode, MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights,
-    Packed, PackedMhaInput, RopeConfig, Run, SelfAttention, SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer,
-    TransformerConfig,
+    Packed, PackedMhaInput, RopeConfig, Run, SelfAttention, SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks,
+    Transformer, TransformerConfig,
 };
 use candle_core::{Device, Tensor, Var};
 use candle_nn::VarBuilder;
