@@ -266,8 +266,10 @@ mod tests {
         for arg in settings {
             let long = format!("--{}", arg.get_long().unwrap());
             let value = arg.get_possible_values().first().map_or("1".to_string(), |v| v.get_name().to_string());
-            assert!(parse(&[&long, &value]).is_ok(), "{long} {value} alone");
-            let refused = parse(&["--resume", &long, &value]).unwrap_err();
+            // A switch (`--packed`) takes no value.
+            let given: Vec<&str> = if arg.get_action().takes_values() { vec![&long, &value] } else { vec![&long] };
+            assert!(parse(&given).is_ok(), "{given:?} alone");
+            let refused = parse(&[&["--resume"][..], &given].concat()).unwrap_err();
             assert_eq!(refused.kind(), clap::error::ErrorKind::ArgumentConflict, "{long}");
         }
         let resumed = parse(&["--resume", "--steps", "30", "--threads", "1"]).unwrap();
