@@ -18,7 +18,7 @@
 //! returned weights cover them (`Lk + 1` or `Lk + 2` columns). Through a KV cache they are
 //! appended after the cached keys at every step, never stored.
 //!
-//! Packed batches (no padding): [`MultiHeadAttention::forward_packed`] in [`packed`].
+//! Packed batches (no padding): [`MultiHeadAttention::forward_packed`] and [`PackedMhaInput`].
 
 mod packed;
 
