@@ -35,7 +35,7 @@ use serde_json::json;
 
 pub use spec::FLOP_RULE;
 
-use super::sdpa_flags::{align_name, named_values, number_in, SdpaFlags};
+use super::sdpa_flags::{align_name, named_values, number_in, precision_name, SdpaFlags};
 use super::threads::Threads;
 use crate::measure::{self, Budget, Measurement};
 use inputs::KV_DTYPES;
@@ -365,6 +365,7 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         "kernel_resolved": args.sdpa.kernel.resolve().map(|k| k.name()).ok(),
         "threads": threads,
         "kv_dtype": args.kv_dtype.as_str(),
+        "compute": precision_name(args.sdpa.compute),
         "causal": args.sdpa.causal,
         "align": align_name(args.sdpa.align),
         "window": args.sdpa.options().window.map(|w| [w.left, w.right]),
