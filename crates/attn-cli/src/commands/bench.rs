@@ -142,7 +142,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let threads = args.threads.get();
     let pool = args.threads.pool()?;
 
-    let peak = if args.peak { Some(peak::measure(threads, args.sdpa.kernel)) } else { None };
+    let peak = if args.peak { Some(peak::measure(threads, args.sdpa.kernel, args.sdpa.compute)) } else { None };
     if let Some(p) = peak {
         print_peak(&args, p, threads);
     }
@@ -284,8 +284,12 @@ fn print_peak(args: &Args, peak: Option<Peak>, threads: usize) {
     } else {
         match peak {
             Some(p) => println!(
-                "FMA peak ({}, f32): {:.1} GFLOP/s on 1 thread, {:.1} GFLOP/s on {} thread(s)",
-                p.isa, p.single_gflops, p.all_gflops, p.threads
+                "FMA peak ({}, {}): {:.1} GFLOP/s on 1 thread, {:.1} GFLOP/s on {} thread(s)",
+                p.isa,
+                if p.isa == "avx512-bf16" { "bf16 products" } else { "f32" },
+                p.single_gflops,
+                p.all_gflops,
+                p.threads
             ),
             None => println!("FMA peak: unknown (no AVX-512F or AVX2+FMA on this CPU)"),
         }
