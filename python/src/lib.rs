@@ -18,7 +18,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 use crate::options::Options;
-use crate::views::{value_error, view4, Floats};
+use crate::views::{array4, value_error, view4, Floats};
 
 /// A result buffer as a NumPy array of `shape`, owning the buffer.
 fn array<'py, T: Element>(py: Python<'py>, data: Vec<T>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
@@ -28,17 +28,23 @@ fn array<'py, T: Element>(py: Python<'py>, data: Vec<T>, shape: &[usize]) -> PyR
 
 type Forward<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>);
 
-fn forward_result<'py, T: Element>(py: Python<'py>, r: AttnOutput<T>, q: [usize; 4], dv: usize) -> PyResult<Forward<'py>> {
+fn forward_result<'py, T: Element>(
+    py: Python<'py>,
+    r: AttnOutput<T>,
+    q: [usize; 4],
+    dv: usize,
+) -> PyResult<Forward<'py>> {
     let [b, hq, lq, _] = q;
     Ok((
         array(py, r.out, &[b, hq, lq, dv])?,
         array(py, r.lse, &[b, hq, lq])?,
         array(py, r.lse_residue, &[b, hq, lq])?,
-        r.weights.map(|w| {
-            let lk = w.len() / (b * hq * lq).max(1);
-            array(py, w, &[b, hq, lq, lk])
-        })
-        .transpose()?,
+        r.weights
+            .map(|w| {
+                let lk = w.len() / (b * hq * lq).max(1);
+                array(py, w, &[b, hq, lq, lk])
+            })
+            .transpose()?,
     ))
 }
 
@@ -57,14 +63,14 @@ fn forward<'py>(
 ) -> PyResult<Forward<'py>> {
     let (k, v) = (Floats::extract("k", k, kv_dtype)?, Floats::extract("v", v, kv_dtype)?);
     if let (Floats::F64(k), Floats::F64(v)) = (&k, &v) {
-        let q: PyReadonlyArray4<f64> = q.extract().map_err(|_| PyTypeError::new_err("q: float64 keys need float64 queries"))?;
+        let q = array4::<f64>("q", q, "float64")?;
         let bias = opts.bias_array::<f64>()?;
         let params = opts.params(bias.as_ref())?;
         let (q, k, v) = (view4("q", &q)?, view4("k", k)?, view4("v", v)?);
         let r = py.detach(|| reference(&q, &k, &v, &params, want_weights)).map_err(value_error)?;
         return forward_result(py, r, q.dims(), v.dims()[3]);
     }
-    let q: PyReadonlyArray4<f32> = q.extract().map_err(|_| PyTypeError::new_err("q: expected a 4-D float32 array"))?;
+    let q = array4::<f32>("q", q, "float32")?;
     let bias = opts.bias_array::<f32>()?;
     let params = opts.params(bias.as_ref())?;
     let (q, kv, vv) = (view4("q", &q)?, k.kv("k")?, v.kv("v")?);
@@ -85,31 +91,57 @@ fn backward_result<'py, T: Element>(
         array(py, g.dq, &q)?,
         array(py, g.dk, &k)?,
         array(py, g.dv, &[k[0], k[1], k[2], dv])?,
-        g.dbias.map(|d| {
-            let n = d.len();
-            array(py, d, &[n])
-        })
-        .transpose()?,
+        g.dbias
+            .map(|d| {
+                let n = d.len();
+                array(py, d, &[n])
+            })
+            .transpose()?,
     ))
 }
 
-/// The forward's saved results as the kernels read them.
-fn saved<'a, T: Element + Copy>(
-    out: &'a PyReadonlyArray4<'_, T>,
-    dout: &'a PyReadonlyArray4<'_, T>,
-    lse: &'a PyReadonlyArray1<'_, T>,
-    lse_residue: &'a PyReadonlyArray1<'_, T>,
-) -> PyResult<Saved<'a, T>> {
-    let flat = |name: &str, a: &'a PyReadonlyArray1<'_, T>| {
-        a.as_slice().map_err(|_| value_error(format!("{name}: must be contiguous")))
-    };
-    Ok(Saved {
-        out: view4("out", out)?,
-        lse: flat("lse", lse)?,
-        lse_residue: Some(flat("lse_residue", lse_residue)?),
-        forward_path: None,
-        dout: view4("grad_out", dout)?,
-    })
+/// A 1-D array's contiguous elements.
+fn flat<'a, T: Element>(name: &str, a: &'a PyReadonlyArray1<'_, T>) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| value_error(format!("{name}: must be contiguous")))
+}
+
+/// The arrays a backward reads besides the keys and values, in the compute type `T`: `q`,
+/// `out`, `dout` (`[B, H, L, D]`) and the flat `lse`, `lse_residue` (`[B·Hq·Lq]`).
+struct BackwardInputs<'py, T: Element> {
+    q: PyReadonlyArray4<'py, T>,
+    out: PyReadonlyArray4<'py, T>,
+    dout: PyReadonlyArray4<'py, T>,
+    lse: PyReadonlyArray1<'py, T>,
+    lse_residue: PyReadonlyArray1<'py, T>,
+}
+
+impl<'py, T: Element + Copy> BackwardInputs<'py, T> {
+    fn extract(arrays: [&Bound<'py, PyAny>; 5], dtype: &str) -> PyResult<Self> {
+        let [q, out, dout, lse, lse_residue] = arrays;
+        let flat = |name: &str, a: &Bound<'py, PyAny>| {
+            a.extract::<PyReadonlyArray1<'py, T>>()
+                .map_err(|e| PyTypeError::new_err(format!("{name}: expected a 1-D {dtype} array ({e})")))
+        };
+        Ok(Self {
+            q: array4("q", q, dtype)?,
+            out: array4("out", out, dtype)?,
+            dout: array4("grad_out", dout, dtype)?,
+            lse: flat("lse", lse)?,
+            lse_residue: flat("lse_residue", lse_residue)?,
+        })
+    }
+
+    /// The queries and what the kernels' backward reads from its forward.
+    fn views(&self) -> PyResult<(View4<'_, T>, Saved<'_, T>)> {
+        let saved = Saved {
+            out: view4("out", &self.out)?,
+            lse: flat("lse", &self.lse)?,
+            lse_residue: Some(flat("lse_residue", &self.lse_residue)?),
+            forward_path: None,
+            dout: view4("grad_out", &self.dout)?,
+        };
+        Ok((view4("q", &self.q)?, saved))
+    }
 }
 
 /// Attention backward from the forward's saved `out`, `lse` and `lse_residue` (flattened) and the
@@ -132,30 +164,21 @@ fn backward<'py>(
     want_dbias: bool,
 ) -> PyResult<Backward<'py>> {
     let (k, v) = (Floats::extract("k", k, kv_dtype)?, Floats::extract("v", v, kv_dtype)?);
-    let wrong = |name: &str, t: &str| PyTypeError::new_err(format!("{name}: expected a {t} array"));
+    let arrays = [q, out, dout, lse, lse_residue];
     if let (Floats::F64(k), Floats::F64(v)) = (&k, &v) {
-        let arr4 = |name, a: &Bound<'py, PyAny>| a.extract::<PyReadonlyArray4<f64>>().map_err(|_| wrong(name, "4-D float64"));
-        let arr1 = |name, a: &Bound<'py, PyAny>| a.extract::<PyReadonlyArray1<f64>>().map_err(|_| wrong(name, "1-D float64"));
-        let (q, out, dout) = (arr4("q", q)?, arr4("out", out)?, arr4("grad_out", dout)?);
-        let (lse, res) = (arr1("lse", lse)?, arr1("lse_residue", lse_residue)?);
+        let inputs = BackwardInputs::<f64>::extract(arrays, "float64")?;
         let bias = opts.bias_array::<f64>()?;
         let params = opts.params(bias.as_ref())?;
-        let (q, k, v): (View4<f64>, _, _) = (view4("q", &q)?, view4("k", k)?, view4("v", v)?);
-        let s = saved(&out, &dout, &lse, &res)?;
+        let ((q, s), k, v) = (inputs.views()?, view4("k", k)?, view4("v", v)?);
         let g = py.detach(|| reference_backward(&q, &k, &v, &s, &params, want_dbias)).map_err(value_error)?;
         return backward_result(py, g, q.dims(), k.dims(), v.dims()[3]);
     }
-    let arr4 = |name, a: &Bound<'py, PyAny>| a.extract::<PyReadonlyArray4<f32>>().map_err(|_| wrong(name, "4-D float32"));
-    let arr1 = |name, a: &Bound<'py, PyAny>| a.extract::<PyReadonlyArray1<f32>>().map_err(|_| wrong(name, "1-D float32"));
-    let (q, out, dout) = (arr4("q", q)?, arr4("out", out)?, arr4("grad_out", dout)?);
-    let (lse, res) = (arr1("lse", lse)?, arr1("lse_residue", lse_residue)?);
+    let inputs = BackwardInputs::<f32>::extract(arrays, "float32")?;
     let bias = opts.bias_array::<f32>()?;
     let params = opts.params(bias.as_ref())?;
-    let (q, kv, vv) = (view4("q", &q)?, k.kv("k")?, v.kv("v")?);
-    let s = saved(&out, &dout, &lse, &res)?;
-    let g = py
-        .detach(|| attention_backward(Kernel::Auto, &q, &kv, &vv, &s, &params, want_dbias))
-        .map_err(value_error)?;
+    let ((q, s), kv, vv) = (inputs.views()?, k.kv("k")?, v.kv("v")?);
+    let g =
+        py.detach(|| attention_backward(Kernel::Auto, &q, &kv, &vv, &s, &params, want_dbias)).map_err(value_error)?;
     backward_result(py, g, q.dims(), kv.dims(), vv.dims()[3])
 }
 

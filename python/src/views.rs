@@ -44,13 +44,17 @@ impl<'py> Floats<'py> {
             Floats::F32(a) => KvView::F32(view4(name, a)?),
             Floats::F16(a) => {
                 let bits = view4(name, a)?;
-                KvView::F16(View4::strided(name, bits.data().reinterpret_cast::<f16>(), bits.dims(), bits.strides())
-                    .map_err(value_error)?)
+                KvView::F16(
+                    View4::strided(name, bits.data().reinterpret_cast::<f16>(), bits.dims(), bits.strides())
+                        .map_err(value_error)?,
+                )
             }
             Floats::Bf16(a) => {
                 let bits = view4(name, a)?;
-                KvView::Bf16(View4::strided(name, bits.data().reinterpret_cast::<bf16>(), bits.dims(), bits.strides())
-                    .map_err(value_error)?)
+                KvView::Bf16(
+                    View4::strided(name, bits.data().reinterpret_cast::<bf16>(), bits.dims(), bits.strides())
+                        .map_err(value_error)?,
+                )
             }
             Floats::F64(_) => return Err(PyTypeError::new_err(format!("{name}: float64 keys need float64 queries"))),
         })
@@ -58,7 +62,11 @@ impl<'py> Floats<'py> {
 }
 
 /// `obj` as a 4-D array of `T` (`dtype` in messages).
-pub(crate) fn array4<'py, T: Element>(name: &str, obj: &Bound<'py, PyAny>, dtype: &str) -> PyResult<PyReadonlyArray4<'py, T>> {
+pub(crate) fn array4<'py, T: Element>(
+    name: &str,
+    obj: &Bound<'py, PyAny>,
+    dtype: &str,
+) -> PyResult<PyReadonlyArray4<'py, T>> {
     obj.extract::<PyReadonlyArray4<'py, T>>()
         .map_err(|e| PyTypeError::new_err(format!("{name}: expected a 4-D {dtype} array ({e})")))
 }
