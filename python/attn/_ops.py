@@ -25,7 +25,8 @@ STORAGE = {torch.float32: "float32", torch.float64: "float64", torch.float16: "f
 
 def as_numpy(t):
     """A CPU tensor as a NumPy array over the same memory (float16/bfloat16 as uint16 bits)."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype in (torch.float16, torch.bfloat16):
         return t.view(torch.int16).numpy().view(np.uint16)
     return t.numpy()

@@ -24,16 +24,14 @@ __all__ = ["sdpa", "patch", "unpatch", "patched"]
 
 
 def _check(query, key, value, attn_mask):
-    for name, t in (("q", query), ("k", key), ("v", value), ("attn_mask", attn_mask)):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
+    tensors = (("q", query), ("k", key), ("v", value), ("attn_mask", attn_mask))
+    for name, t in tensors:
+        if not isinstance(t, torch.Tensor) and not (t is None and name == "attn_mask"):
             raise TypeError(f"{name}: expected a torch.Tensor, found {type(t).__name__}")
-        if t.device.type != "cpu":
+        if t is not None and not t.is_cpu:
             raise ValueError(f"{name}: on {t.device}; attn runs on the CPU (copy it with .cpu())")
-    for name, t in (("q", query), ("k", key), ("v", value)):
-        if t.dtype not in STORAGE:
-            raise TypeError(f"{name}: dtype {t.dtype}, expected float32, float64, float16 or bfloat16")
+    if query.dtype not in STORAGE:
+        raise TypeError(f"q: dtype {query.dtype}, expected float32, float64, float16 or bfloat16")
     if not query.dtype == key.dtype == value.dtype:
         raise TypeError(f"q, k, v: dtypes {query.dtype}, {key.dtype}, {value.dtype} differ; they must be the same")
 
