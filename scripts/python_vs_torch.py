@@ -26,18 +26,9 @@ import json
 import os
 import statistics
 import sys
-import time
 
-
-def median_time(call, reps, warmup):
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rust_side import median_seconds  # noqa: E402
 
 
 def attn_call(torch, attn, shape, backward):
@@ -72,8 +63,8 @@ def kernels(a, torch, attn, bench, backward):
         pcall = attn_call(torch, attn, shape, backward)
         for _ in range(a.rounds):
             with ctx():
-                t.append(median_time(tcall, a.reps, a.warmup))
-            p.append(median_time(pcall, a.reps, a.warmup))
+                t.append(median_seconds(tcall, a.reps, a.warmup))
+            p.append(median_seconds(pcall, a.reps, a.warmup))
             if a.attn:
                 r.append(bench.time_attn(a.attn, shape, a.threads, a.reps, a.warmup, "auto", backward))
         t, p = statistics.median(t), statistics.median(p)
@@ -107,7 +98,7 @@ def overhead(a, torch, attn, bench):
     for _ in range(a.rounds):
         for name, call in calls.items():
             with ctx():
-                times[name].append(median_time(call, reps, reps // 10))
+                times[name].append(median_seconds(call, reps, reps // 10))
         if a.attn:
             times["attn bench (kernel)"].append(bench.time_attn(a.attn, shape, a.threads, reps, reps // 10, "auto", False))
     med = {name: statistics.median(ts) * 1e6 if ts else float("nan") for name, ts in times.items()}
@@ -152,7 +143,7 @@ def hf_step(a, torch):
         times = {impl: [] for impl in steps}
         for _ in range(a.rounds):
             for impl, step in steps.items():
-                times[impl].append(median_time(step, max(1, a.reps // 2), 1))
+                times[impl].append(median_seconds(step, max(1, a.reps // 2), 1))
         s, t = statistics.median(times["sdpa"]), statistics.median(times["attn"])
         rows.append({"seq": seq, "sdpa_ms": s * 1e3, "attn_ms": t * 1e3, "ratio": s / t})
         print(f"{seq:>6} {s * 1e3:>10.1f} {t * 1e3:>10.1f} {s / t:>10.2f}", flush=True)
@@ -176,7 +167,6 @@ def main():
         sys.exit(f"error: --attn {a.attn} is not an executable (cargo build --release -p attn-cli)")
     # The kernels' thread pool reads this when it starts, at the first call.
     os.environ["RAYON_NUM_THREADS"] = str(a.threads)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
         import torch
 

@@ -56,18 +56,13 @@ def sdpa(
     seed=None,
 ):
     """Scaled dot-product attention (see the module's docstring)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(query, torch.Tensor):
-        from .torch import sdpa as torch_sdpa
-
-        return torch_sdpa(
-            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window=window, softcap=softcap,
-            align=align, key_lengths=key_lengths, return_lse=return_lse, return_weights=return_weights, seed=seed,
-        )
-    from ._numpy import sdpa as numpy_sdpa
-
     extras = dict(
         window=window, softcap=softcap, align=align, key_lengths=key_lengths, return_lse=return_lse,
         return_weights=return_weights, seed=seed,
     )
-    return numpy_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(query, torch.Tensor):
+        from .torch import sdpa as path
+    else:
+        from ._numpy import sdpa as path
+    return path(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras)

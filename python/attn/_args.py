@@ -8,6 +8,9 @@ Shapes: ``q: [B, Hq, Lq, Dk]``, ``k: [B, Hkv, Lk, Dk]``, ``v: [B, Hkv, Lk, Dv]``
 import random
 
 ALIGNS = ("top-left", "bottom-right")
+# attn's keyword-only extras, in the order the paths read them, and their defaults.
+EXTRAS = ("window", "softcap", "align", "key_lengths", "return_lse", "return_weights", "seed")
+NO_EXTRAS = dict(zip(EXTRAS, (None, None, "top-left", None, False, False, None)))
 
 
 def check_ranks(q_shape, k_shape, v_shape, enable_gqa):

@@ -7,7 +7,7 @@ The attention function receives ``query: [B, Hq, Lq, D]``, ``key``/``value: [B, 
 returns ``([B, Lq, Hq, D], None)`` as ``transformers`` expects.
 """
 
-from .torch import sdpa
+from . import sdpa
 
 NAME = "attn"
 

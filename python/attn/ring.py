@@ -16,7 +16,8 @@ their own dtype).
 import torch
 import torch.distributed as dist
 
-from .torch import sdpa
+from . import _ops
+from . import sdpa
 
 _sent = {"bytes": 0}
 
@@ -89,7 +90,7 @@ class _Ring(torch.autograd.Function):
         travel = torch.cat([k, v, torch.zeros_like(k), torch.zeros_like(v)], -1).float().contiguous()
         for _, how in _visits(is_causal, rank, world):
             if how is not None:
-                g = torch.ops.attn.sdpa_backward(
+                g = _ops.sdpa_backward(
                     gf, qf, travel[..., cols[0]], travel[..., cols[1]], of, lse, residue, None, False, 0.0,
                     how == "causal", scale, None, None, False, None, 0,
                 )

@@ -1,4 +1,4 @@
-"""attn inside PyTorch: ``attn.sdpa`` on CPU tensors (through the ``attn::sdpa_forward``
+"""attn inside PyTorch: ``attn.sdpa``'s path for CPU tensors (through the ``attn::sdpa_forward``
 operator when a gradient or ``torch.compile`` needs it, straight to the kernels otherwise), and
 ``patch()`` / ``patched()``, which route ``torch.nn.functional.scaled_dot_product_attention`` on
 CPU tensors through attn and fall back to PyTorch, with one warning per reason, for what attn
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from . import _args
 from ._ops import STORAGE, native_options, run_forward, sdpa_forward
 
-__all__ = ["sdpa", "patch", "unpatch", "patched"]
+__all__ = ["patch", "unpatch", "patched"]
 
 
 def _check(query, key, value, attn_mask):
@@ -57,25 +57,10 @@ def _mask(attn_mask, dtype, single_head):
     return m.contiguous() if m.requires_grad else _compact(m)
 
 
-def sdpa(
-    query,
-    key,
-    value,
-    attn_mask=None,
-    dropout_p=0.0,
-    is_causal=False,
-    scale=None,
-    enable_gqa=False,
-    *,
-    window=None,
-    softcap=None,
-    align="top-left",
-    key_lengths=None,
-    return_lse=False,
-    return_weights=False,
-    seed=None,
-):
-    """``attn.sdpa`` on CPU tensors (see the package's docstring)."""
+def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras):
+    """The PyTorch path of ``attn.sdpa`` (``extras``: window, softcap, align, key_lengths,
+    return_lse, return_weights, seed)."""
+    window, softcap, align, key_lengths, return_lse, return_weights, seed = (extras[key] for key in _args.EXTRAS)
     _check(query, key, value, attn_mask)
     single = _args.check_ranks(query.shape, key.shape, value.shape, enable_gqa)
     if seed is None and dropout_p:
@@ -136,7 +121,7 @@ def _routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
         why = "arguments", f"arguments {sorted(kw)}"
     if why is None:
         try:
-            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, _args.NO_EXTRAS)
         except (ValueError, TypeError) as e:
             why = "refused", f"attn refused the call ({e})"
     _warn_once(*why)
