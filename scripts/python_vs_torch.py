@@ -143,7 +143,7 @@ def hf_step(a, torch):
         times = {impl: [] for impl in steps}
         for _ in range(a.rounds):
             for impl, step in steps.items():
-                times[impl].append(median_seconds(step, max(1, a.reps // 2), 1))
+                times[impl].append(median_seconds(step, a.reps, 1))
         s, t = statistics.median(times["sdpa"]), statistics.median(times["attn"])
         rows.append({"seq": seq, "sdpa_ms": s * 1e3, "attn_ms": t * 1e3, "ratio": s / t})
         print(f"{seq:>6} {s * 1e3:>10.1f} {t * 1e3:>10.1f} {s / t:>10.2f}", flush=True)
