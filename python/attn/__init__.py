@@ -60,9 +60,21 @@ def sdpa(
         window=window, softcap=softcap, align=align, key_lengths=key_lengths, return_lse=return_lse,
         return_weights=return_weights, seed=seed,
     )
+    return _path(query)(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras)
+
+
+_paths = {}
+
+
+def _path(query):
+    """The PyTorch path for a tensor, the NumPy path otherwise (each imported once, on first use;
+    PyTorch is never imported for NumPy input)."""
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(query, torch.Tensor):
-        from .torch import sdpa as path
-    else:
-        from ._numpy import sdpa as path
-    return path(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras)
+    kind = "torch" if torch is not None and isinstance(query, torch.Tensor) else "numpy"
+    if kind not in _paths:
+        if kind == "torch":
+            from .torch import sdpa as path
+        else:
+            from ._numpy import sdpa as path
+        _paths[kind] = path
+    return _paths[kind]

@@ -60,23 +60,24 @@ def _mask(attn_mask, dtype, single_head):
 def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras):
     """The PyTorch path of ``attn.sdpa`` (``extras``: window, softcap, align, key_lengths,
     return_lse, return_weights, seed)."""
-    window, softcap, align, key_lengths, return_lse, return_weights, seed = (extras[key] for key in _args.EXTRAS)
+    seed, return_lse, return_weights = extras["seed"], extras["return_lse"], extras["return_weights"]
     _check(query, key, value, attn_mask)
     single = _args.check_ranks(query.shape, key.shape, value.shape, enable_gqa)
     if seed is None and dropout_p:
         seed = int(torch.randint(0, 2**62, ()).item())
     o = _args.options(
-        is_causal=is_causal, scale=scale, window=window, softcap=softcap, align=align,
-        key_lengths=key_lengths, dropout_p=dropout_p, seed=seed,
+        is_causal=is_causal, scale=scale, window=extras["window"], softcap=extras["softcap"], align=extras["align"],
+        key_lengths=extras["key_lengths"], dropout_p=dropout_p, seed=seed,
     )
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32
-    q, k, v = (t.unsqueeze(1) if single else t for t in (query, key, value))
-    q = q.to(compute)
+    q, k, v = (query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)) if single else (query, key, value)
+    if q.dtype != compute:
+        q = q.to(compute)
     mask = _mask(attn_mask, compute, single)
     win = None if o["window"] is None else [-1 if x is None else x for x in o["window"]]
     args = (o["dropout_p"], o["causal"], o["scale"], win, o["softcap"], o["bottom_right"], o["key_lengths"], o["seed"])
-    tracked = [q, k, v] + ([mask] if mask is not None and mask.is_floating_point() else [])
-    needs_op = torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(t.requires_grad for t in tracked))
+    tracked = q.requires_grad or k.requires_grad or v.requires_grad or (mask is not None and mask.requires_grad)
+    needs_op = torch.compiler.is_compiling() or (tracked and torch.is_grad_enabled())
     weights = None
     if needs_op:
         out, lse, _ = sdpa_forward(q, k, v, mask, *args)
@@ -85,10 +86,12 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
         if not needs_op:
             out, lse = direct[0], direct[1]
         weights = direct[3]
-    drop = (lambda t: t.squeeze(1)) if single else (lambda t: t)
-    out = drop(out).to(query.dtype)
-    weights = None if weights is None else drop(weights).to(query.dtype)
-    return _args.results(out, drop(lse), weights, return_lse, return_weights)
+    if single:
+        out, lse, weights = out.squeeze(1), lse.squeeze(1), None if weights is None else weights.squeeze(1)
+    if out.dtype != query.dtype:
+        out = out.to(query.dtype)
+        weights = None if weights is None else weights.to(query.dtype)
+    return _args.results(out, lse, weights, return_lse, return_weights)
 
 
 _ORIGINAL = F.scaled_dot_product_attention
