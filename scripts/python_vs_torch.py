@@ -12,6 +12,7 @@ Sections (all by default; pick with --only):
             call − kernel
   hf        a Hugging Face Llama training step (forward, backward, AdamW) with
             attn_implementation="attn" against "sdpa", at sequence lengths 512 and 2048
+            (--hf-impl attn, then --hf-impl sdpa, times each in a process of its own)
 
 Setup:  pip install -r scripts/requirements.txt transformers && pip install ./python
         cargo build --release -p attn-cli
@@ -128,7 +129,7 @@ def hf_step(a, torch):
         state = transformers.LlamaForCausalLM._from_config(cfg).state_dict()
         ids = torch.randint(0, cfg.vocab_size, (1, seq))
         steps = {}
-        for impl in ("sdpa", "attn"):
+        for impl in a.hf_impl:
             model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation=impl)
             model.load_state_dict(state)
             model.train()
@@ -144,9 +145,9 @@ def hf_step(a, torch):
         for _ in range(a.rounds):
             for impl, step in steps.items():
                 times[impl].append(median_seconds(step, a.reps, 1))
-        s, t = statistics.median(times["sdpa"]), statistics.median(times["attn"])
-        rows.append({"seq": seq, "sdpa_ms": s * 1e3, "attn_ms": t * 1e3, "ratio": s / t})
-        print(f"{seq:>6} {s * 1e3:>10.1f} {t * 1e3:>10.1f} {s / t:>10.2f}", flush=True)
+        med = {impl: statistics.median(times[impl]) * 1e3 if impl in times else float("nan") for impl in ("sdpa", "attn")}
+        rows.append({"seq": seq, "sdpa_ms": med["sdpa"], "attn_ms": med["attn"], "ratio": med["sdpa"] / med["attn"]})
+        print(f"{seq:>6} {med['sdpa']:>10.1f} {med['attn']:>10.1f} {med['sdpa'] / med['attn']:>10.2f}", flush=True)
     return rows
 
 
@@ -159,6 +160,8 @@ def main():
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per round")
     p.add_argument("--only", nargs="+", choices=["forward", "backward", "overhead", "hf"],
                    default=["forward", "backward", "overhead", "hf"])
+    p.add_argument("--hf-impl", nargs="+", choices=["sdpa", "attn"], default=["sdpa", "attn"],
+                   help="the HF implementations to time (one per process: no interference between them)")
     p.add_argument("--json-out", help="also write the results to this JSON file")
     a = p.parse_args()
     if a.threads < 1 or a.rounds < 1 or a.reps < 1 or a.warmup < 0:
