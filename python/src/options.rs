@@ -56,7 +56,7 @@ impl<'py> Options<'py> {
 
     /// The kernels' parameters, borrowing the mask, `bias` (this call's [`Options::bias_array`])
     /// and the key lengths.
-    pub(crate) fn params<'a, T: Element>(
+    pub(crate) fn params<'a, T: Element + Default>(
         &'a self,
         bias: Option<&'a PyReadonlyArrayDyn<'py, T>>,
     ) -> PyResult<AttnParams<'a, T>> {
@@ -76,8 +76,7 @@ impl<'py> Options<'py> {
             },
             softcap: self.softcap,
             dropout,
-            score_mod: None,
-            sinks: None,
+            ..AttnParams::default()
         })
     }
 }
