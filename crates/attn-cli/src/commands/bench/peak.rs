@@ -117,7 +117,10 @@ fn fma_avx512(iters: u64) -> f32 {
 #[target_feature(enable = "avx512f,avx512bf16")]
 fn dot_avx512_bf16(iters: u64) -> f32 {
     use std::arch::x86_64::*;
-    let (a, b) = (_mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5), _mm512_set1_ps(0.25)), _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-6), _mm512_set1_ps(-1e-6)));
+    let (a, b) = (
+        _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5), _mm512_set1_ps(0.25)),
+        _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-6), _mm512_set1_ps(-1e-6)),
+    );
     let mut acc = [_mm512_setzero_ps(); ACC];
     for _ in 0..iters {
         for x in acc.iter_mut() {
