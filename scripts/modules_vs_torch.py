@@ -31,7 +31,6 @@ import json
 import os
 import statistics
 import sys
-import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -83,15 +82,7 @@ def torch_call(torch, s):
 
 
 def time_torch(torch, s, reps, warmup):
-    call = torch_call(torch, s)
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return rust_side.median_seconds(torch_call(torch, s), reps, warmup)
 
 
 def time_attn(binary, s, reps, warmup, env):

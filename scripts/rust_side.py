@@ -33,9 +33,11 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 CLASSES = ["gemm", "attention", "element-wise", "alloc+faults", "sync", "other"]
 
@@ -162,6 +164,18 @@ def start(a, build):
     torch = torch_beside(a.bench, "--bench", build, a.threads)
     env = {**os.environ, "RAYON_NUM_THREADS": str(a.threads), "CANDLE_NUM_THREADS": str(a.candle_threads)}
     return torch, env
+
+
+def median_seconds(call, reps, warmup):
+    """Median seconds of `reps` calls of `call` after `warmup` untimed ones."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def run_json(cmd, env):

@@ -1,0 +1,80 @@
+"""attn: scaled dot-product attention on the CPU (exact reference and fast tiled kernels, forward
+and fused backward) for NumPy arrays and PyTorch tensors.
+
+``attn.sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+enable_gqa=False, *, window=None, softcap=None, align="top-left", key_lengths=None,
+return_lse=False, return_weights=False, seed=None)`` follows
+``torch.nn.functional.scaled_dot_product_attention``:
+
+- ``q: [B, Hq, Lq, Dk]``, ``k: [B, Hkv, Lk, Dk]``, ``v: [B, Hkv, Lk, Dv]`` → ``[B, Hq, Lq, Dv]``;
+  3-D ``[B, L, D]`` inputs are one head. ``Hq`` a multiple of ``Hkv`` needs ``enable_gqa=True``.
+- ``attn_mask``: bool (True = may attend) or float (added to the scaled scores), broadcast
+  right-aligned to ``[B, Hq, Lq, Lk]``. Unlike PyTorch it may be combined with ``is_causal``.
+- ``scale``: defaults to ``1/sqrt(Dk)``. ``dropout_p``: dropout on the weights, always applied when
+  non-zero (as in PyTorch); its draws are a function of ``seed`` (drawn from ``torch``'s, or for
+  NumPy Python's, generator when None), and the backward replays them.
+- Extras: ``window=(left, right)`` sliding window around the diagonal (``None`` = unbounded side);
+  ``softcap``: ``cap·tanh(s/cap)`` on the scaled scores; ``align``: where the causal diagonal sits
+  when ``Lq != Lk`` (``"top-left"`` as PyTorch, ``"bottom-right"`` as FlashAttention);
+  ``key_lengths``: valid keys per batch ``[B]``.
+- Returns ``out``, or ``(out, lse)``, ``(out, weights)``, ``(out, lse, weights)`` with
+  ``return_lse``/``return_weights``: ``lse [B, Hq, Lq]`` in the compute type (float32, float64 for
+  float64 inputs), ``weights [B, Hq, Lq, Lk]`` before dropout. Only ``out`` carries gradients.
+- Types: NumPy float32/float64/float16 arrays or PyTorch CPU float32/float64/float16/bfloat16
+  tensors, all alike; the result is of the same kind and dtype. float16/bfloat16 compute in
+  float32 (keys and values read in place); float64 runs the exact reference kernel.
+- Bad input raises ``ValueError`` or ``TypeError`` with the library's message.
+
+``attn.torch`` registers the ``attn::sdpa_forward`` / ``attn::sdpa_backward`` operators (autograd,
+``torch.compile``) and offers ``patch()``/``patched()``; ``attn.hf.register()`` makes
+``attn_implementation="attn"`` available to Hugging Face ``transformers``.
+"""
+
+import sys
+
+from ._attn import ISA
+
+__all__ = ["sdpa", "ISA"]
+
+
+def sdpa(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    *,
+    window=None,
+    softcap=None,
+    align="top-left",
+    key_lengths=None,
+    return_lse=False,
+    return_weights=False,
+    seed=None,
+):
+    """Scaled dot-product attention (see the module's docstring)."""
+    extras = dict(
+        window=window, softcap=softcap, align=align, key_lengths=key_lengths, return_lse=return_lse,
+        return_weights=return_weights, seed=seed,
+    )
+    return _path(query)(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras)
+
+
+_paths = {}
+
+
+def _path(query):
+    """The PyTorch path for a tensor, the NumPy path otherwise (each imported once, on first use;
+    PyTorch is never imported for NumPy input)."""
+    torch = sys.modules.get("torch")
+    kind = "torch" if torch is not None and isinstance(query, torch.Tensor) else "numpy"
+    if kind not in _paths:
+        if kind == "torch":
+            from .torch import sdpa as path
+        else:
+            from ._numpy import sdpa as path
+        _paths[kind] = path
+    return _paths[kind]

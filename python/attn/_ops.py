@@ -1,0 +1,144 @@
+"""attn's attention as PyTorch operators: ``attn::sdpa_forward`` and ``attn::sdpa_backward``
+(``torch.library.custom_op``), with fake (meta) implementations for ``torch.compile`` and the
+autograd formula that runs the fused backward kernel on the forward's saved log-sum-exp,
+replaying dropout from its seed.
+
+The operators take 4-D CPU tensors: ``q: [B, Hq, Lq, Dk]`` in the compute type (float32, or
+float64), ``k: [B, Hkv, Lk, Dk]`` and ``v: [B, Hkv, Lk, Dv]`` in float32, float16 or bfloat16
+(float64 with float64 queries), last dimension contiguous, read in place. ``attn_mask`` is a
+C-contiguous bool keep-mask or a float bias in the compute type, broadcast to
+``[B, Hq, Lq, Lk]``. ``window`` is ``[left, right]`` with -1 for an unbounded side.
+The forward returns ``out: [B, Hq, Lq, Dv]`` (compute type), ``lse`` and ``lse_residue``
+``[B, Hq, Lq]``; only ``out`` is differentiable.
+"""
+
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import _attn
+
+STORAGE = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def as_numpy(t):
+    """A CPU tensor as a NumPy array over the same memory (float16/bfloat16 as uint16 bits)."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed):
+    """The native module's options dictionary from the operators' arguments."""
+    keep = bias = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            keep = as_numpy(attn_mask)
+        else:
+            bias = as_numpy(attn_mask)
+    return {
+        "keep": keep,
+        "bias": bias,
+        "causal": is_causal,
+        "window": None if window is None else tuple(None if x < 0 else x for x in window),
+        "bottom_right": bottom_right,
+        "key_lengths": key_lengths,
+        "scale": scale,
+        "softcap": softcap,
+        "dropout_p": dropout_p,
+        "seed": seed,
+    }
+
+
+def run_forward(q, k, v, opts, want_weights):
+    """The native forward on tensors: ``(out, lse, lse_residue, weights or None)`` as tensors
+    sharing the native buffers."""
+    out, lse, res, w = _attn.forward(as_numpy(q), as_numpy(k), as_numpy(v), STORAGE[k.dtype], opts, want_weights)
+    return torch.from_numpy(out), torch.from_numpy(lse), torch.from_numpy(res), None if w is None else torch.from_numpy(w)
+
+
+@torch.library.custom_op("attn::sdpa_forward", mutates_args=(), device_types="cpu")
+def sdpa_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Optional[Tensor],
+    dropout_p: float,
+    is_causal: bool,
+    scale: Optional[float],
+    window: Optional[List[int]],
+    softcap: Optional[float],
+    bottom_right: bool,
+    key_lengths: Optional[List[int]],
+    seed: int,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    opts = native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed)
+    out, lse, res, _ = run_forward(q, k, v, opts, False)
+    return out, lse, res
+
+
+@sdpa_forward.register_fake
+def _(q, k, v, attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed):
+    lse = q.new_empty(q.shape[:-1])
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), lse, torch.empty_like(lse)
+
+
+@torch.library.custom_op("attn::sdpa_backward", mutates_args=(), device_types="cpu")
+def sdpa_backward(
+    grad: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    lse_residue: Tensor,
+    attn_mask: Optional[Tensor],
+    want_dbias: bool,
+    dropout_p: float,
+    is_causal: bool,
+    scale: Optional[float],
+    window: Optional[List[int]],
+    softcap: Optional[float],
+    bottom_right: bool,
+    key_lengths: Optional[List[int]],
+    seed: int,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    opts = native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed)
+    grad = grad.to(q.dtype)
+    if grad.dim() == 4 and grad.shape[-1] > 1 and grad.stride(-1) != 1:
+        grad = grad.contiguous()
+    flat = (as_numpy(lse.reshape(-1)), as_numpy(lse_residue.reshape(-1)))
+    dq, dk, dv, dbias = _attn.backward(
+        as_numpy(q), as_numpy(k), as_numpy(v), STORAGE[k.dtype], as_numpy(out), as_numpy(grad), *flat, opts, want_dbias
+    )
+    dbias = q.new_empty(0) if dbias is None else torch.from_numpy(dbias).reshape(attn_mask.shape)
+    return torch.from_numpy(dq), torch.from_numpy(dk).to(k.dtype), torch.from_numpy(dv).to(v.dtype), dbias
+
+
+@sdpa_backward.register_fake
+def _(grad, q, k, v, out, lse, lse_residue, attn_mask, want_dbias, *options):
+    dbias = attn_mask.new_empty(attn_mask.shape) if want_dbias else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, attn_mask, *options = inputs
+    out, lse, res = output
+    ctx.save_for_backward(q, k, v, out, lse, res, attn_mask)
+    ctx.options = options
+    ctx.want_dbias = attn_mask is not None and attn_mask.dtype != torch.bool and ctx.needs_input_grad[3]
+
+
+def _backward(ctx, grad_out, _grad_lse, _grad_res):
+    q, k, v, out, lse, res, attn_mask = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv, dbias = sdpa_backward(grad_out, q, k, v, out, lse, res, attn_mask, ctx.want_dbias, *ctx.options)
+    return (dq, dk, dv, dbias if ctx.want_dbias else None) + (None,) * len(ctx.options)
+
+
+sdpa_forward.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,155 @@
+"""attn inside PyTorch: ``attn.sdpa``'s path for CPU tensors (through the ``attn::sdpa_forward``
+operator when a gradient or ``torch.compile`` needs it, straight to the kernels otherwise), and
+``patch()`` / ``patched()``, which route ``torch.nn.functional.scaled_dot_product_attention`` on
+CPU tensors through attn and fall back to PyTorch, with one warning per reason, for what attn
+does not take (another device, another dtype, ranks other than 3 and 4, a mask together with
+``is_causal``, an input the kernels refuse).
+
+Tensors: ``q: [B, Hq, Lq, Dk]``, ``k: [B, Hkv, Lk, Dk]``, ``v: [B, Hkv, Lk, Dv]`` (or 3-D
+``[B, L, D]``), float32, float64, float16 or bfloat16, all alike, on the CPU, last dimension
+contiguous (other strides are read in place). float16/bfloat16 keys and values are read in
+place and the queries widened to float32; the output comes back in the inputs' dtype.
+"""
+
+import contextlib
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from . import _args
+from ._ops import STORAGE, native_options, run_forward, sdpa_forward
+
+__all__ = ["patch", "unpatch", "patched"]
+
+
+def _check(query, key, value, attn_mask):
+    tensors = (("q", query), ("k", key), ("v", value), ("attn_mask", attn_mask))
+    for name, t in tensors:
+        if not isinstance(t, torch.Tensor) and not (t is None and name == "attn_mask"):
+            raise TypeError(f"{name}: expected a torch.Tensor, found {type(t).__name__}")
+        if t is not None and not t.is_cpu:
+            raise ValueError(f"{name}: on {t.device}; attn runs on the CPU (copy it with .cpu())")
+    if query.dtype not in STORAGE:
+        raise TypeError(f"q: dtype {query.dtype}, expected float32, float64, float16 or bfloat16")
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(f"q, k, v: dtypes {query.dtype}, {key.dtype}, {value.dtype} differ; they must be the same")
+
+
+def _compact(m):
+    """A mask with every broadcast (stride-0) dimension narrowed to size 1, made contiguous:
+    the same mask under broadcasting, without materialising the expansion."""
+    index = tuple(slice(0, 1) if s == 0 and n > 1 else slice(None) for s, n in zip(m.stride(), m.shape))
+    return m[index].contiguous()
+
+
+def _mask(attn_mask, dtype, single_head):
+    """``attn_mask`` as the operator takes it: a bool keep-mask, or a float bias in ``dtype``."""
+    if attn_mask is None:
+        return None
+    if single_head and attn_mask.dim() == 3:
+        attn_mask = attn_mask.unsqueeze(1)
+    if attn_mask.dtype == torch.bool:
+        return _compact(attn_mask)
+    if not attn_mask.dtype.is_floating_point:
+        raise TypeError(f"attn_mask: dtype {attn_mask.dtype}, expected bool or a float type")
+    m = attn_mask.to(dtype)
+    return m.contiguous() if m.requires_grad else _compact(m)
+
+
+def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras):
+    """The PyTorch path of ``attn.sdpa`` (``extras``: window, softcap, align, key_lengths,
+    return_lse, return_weights, seed)."""
+    seed, return_lse, return_weights = extras["seed"], extras["return_lse"], extras["return_weights"]
+    _check(query, key, value, attn_mask)
+    single = _args.check_ranks(query.shape, key.shape, value.shape, enable_gqa)
+    if seed is None and dropout_p:
+        seed = int(torch.randint(0, 2**62, ()).item())
+    o = _args.options(
+        is_causal=is_causal, scale=scale, window=extras["window"], softcap=extras["softcap"], align=extras["align"],
+        key_lengths=extras["key_lengths"], dropout_p=dropout_p, seed=seed,
+    )
+    compute = torch.float64 if query.dtype == torch.float64 else torch.float32
+    q, k, v = (query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)) if single else (query, key, value)
+    if q.dtype != compute:
+        q = q.to(compute)
+    mask = _mask(attn_mask, compute, single)
+    win = None if o["window"] is None else [-1 if x is None else x for x in o["window"]]
+    args = (o["dropout_p"], o["causal"], o["scale"], win, o["softcap"], o["bottom_right"], o["key_lengths"], o["seed"])
+    tracked = q.requires_grad or k.requires_grad or v.requires_grad or (mask is not None and mask.requires_grad)
+    needs_op = torch.compiler.is_compiling() or (tracked and torch.is_grad_enabled())
+    weights = None
+    if needs_op:
+        out, lse, _ = sdpa_forward(q, k, v, mask, *args)
+    if return_weights or not needs_op:
+        direct = run_forward(q, k, v, native_options(mask, *args), bool(return_weights))
+        if not needs_op:
+            out, lse = direct[0], direct[1]
+        weights = direct[3]
+    if single:
+        out, lse, weights = out.squeeze(1), lse.squeeze(1), None if weights is None else weights.squeeze(1)
+    if out.dtype != query.dtype:
+        out = out.to(query.dtype)
+        weights = None if weights is None else weights.to(query.dtype)
+    return _args.results(out, lse, weights, return_lse, return_weights)
+
+
+_ORIGINAL = F.scaled_dot_product_attention
+_warned = set()
+
+
+def _warn_once(reason, detail):
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"attn: {detail}; using PyTorch's scaled_dot_product_attention", stacklevel=3)
+
+
+def _unsupported(query, key, value, attn_mask, is_causal):
+    """Why attn does not take this call (a short key), or None."""
+    tensors = [t for t in (query, key, value, attn_mask) if t is not None]
+    if any(t.device.type != "cpu" for t in tensors):
+        return "device", "an input is not on the CPU"
+    if any(t.dtype not in STORAGE for t in (query, key, value)) or not query.dtype == key.dtype == value.dtype:
+        return "dtype", f"dtypes {query.dtype}, {key.dtype}, {value.dtype}"
+    if query.dim() not in (3, 4) or not query.dim() == key.dim() == value.dim():
+        return "rank", f"ranks {query.dim()}, {key.dim()}, {value.dim()} (attn takes 3 or 4)"
+    if attn_mask is not None and is_causal:
+        return "mask+causal", "attn_mask together with is_causal (PyTorch refuses it)"
+    return None
+
+
+def _routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kw):
+    why = None if kw else _unsupported(query, key, value, attn_mask, is_causal)
+    if kw:
+        why = "arguments", f"arguments {sorted(kw)}"
+    if why is None:
+        try:
+            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, _args.NO_EXTRAS)
+        except (ValueError, TypeError) as e:
+            why = "refused", f"attn refused the call ({e})"
+    _warn_once(*why)
+    return _ORIGINAL(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa, **kw,
+    )
+
+
+def patch():
+    """Routes ``torch.nn.functional.scaled_dot_product_attention`` through attn (CPU tensors)."""
+    F.scaled_dot_product_attention = _routed
+
+
+def unpatch():
+    """Restores PyTorch's ``scaled_dot_product_attention``."""
+    F.scaled_dot_product_attention = _ORIGINAL
+
+
+@contextlib.contextmanager
+def patched():
+    """``with attn.torch.patched(): ...`` routes PyTorch's SDPA through attn inside the block."""
+    previous = F.scaled_dot_product_attention
+    patch()
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = previous
