@@ -144,6 +144,7 @@ fn what_has_no_packed_form_is_refused_naming_the_field() {
         ("add_bias_kv", MultiHeadAttentionConfig { add_bias_kv: true, ..base.clone() }),
         ("add_zero_attn", MultiHeadAttentionConfig { add_zero_attn: true, ..base.clone() }),
         ("sinks", MultiHeadAttentionConfig { sinks: true, ..base.clone() }),
+        ("compute", MultiHeadAttentionConfig { compute: attn::Precision::Bf16, ..base.clone() }),
     ];
     for (name, cfg) in cases {
         let map = candle_nn::VarMap::new();
