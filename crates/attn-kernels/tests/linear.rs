@@ -117,7 +117,12 @@ fn oracle_gradients_match_finite_differences() {
                         *pick(&mut minus).add(i) -= h;
                     }
                     let fd = (loss(&plus) - loss(&minus)) / (2.0 * h);
-                    assert!((fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()), "{} {which}[{i}]: fd {fd} vs {}", c.describe(), grad[i]);
+                    assert!(
+                        (fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()),
+                        "{} {which}[{i}]: fd {fd} vs {}",
+                        c.describe(),
+                        grad[i]
+                    );
                 }
             }
         }

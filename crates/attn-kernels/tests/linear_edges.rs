@@ -29,7 +29,9 @@ fn recurrent_decoding_equals_the_causal_forward() {
         };
         for t in 0..l {
             let (q, k, v) = (slice(&c.q, hq, d, t), slice(&c.k, hkv, d, t), slice(&c.v, hkv, dv, t));
-            let out = state.step(view("q", &q, [b, hq, 1, d]), view("k", &k, [b, hkv, 1, d]), view("v", &v, [b, hkv, 1, dv])).unwrap();
+            let out = state
+                .step(view("q", &q, [b, hq, 1, d]), view("k", &k, [b, hkv, 1, d]), view("v", &v, [b, hkv, 1, dv]))
+                .unwrap();
             let want = slice(&full, hq, dv, t);
             assert!(max_diff(&out, &want) < 1e-9, "{} step {t}: {}", c.describe(), max_diff(&out, &want));
         }
@@ -39,7 +41,13 @@ fn recurrent_decoding_equals_the_causal_forward() {
 
 #[test]
 fn empty_sizes_give_empty_or_zero_results() {
-    for dims in [[0, 1, 1, 4, 4, 2, 2], [1, 1, 1, 0, 3, 2, 2], [1, 1, 1, 3, 0, 2, 2], [1, 1, 1, 3, 3, 2, 0], [1, 1, 1, 3, 3, 0, 2]] {
+    for dims in [
+        [0, 1, 1, 4, 4, 2, 2],
+        [1, 1, 1, 0, 3, 2, 2],
+        [1, 1, 1, 3, 0, 2, 2],
+        [1, 1, 1, 3, 3, 2, 0],
+        [1, 1, 1, 3, 3, 0, 2],
+    ] {
         let causal = dims[3] == dims[4];
         let c = Case::new(dims, FeatureMap::Elu, causal, 2, 10);
         let out = c.forward::<f32>(true);
@@ -59,21 +67,43 @@ fn bad_inputs_are_typed_errors() {
     let elu = FeatureMap::Elu;
     let run = |q, k, v, p: &LinearParams| linear_attention(q, k, v, p).unwrap_err();
     let p = LinearParams::new(&elu);
-    assert_eq!(run(q, k, v4("v", [1, 1, 3, 4]), &p), AttnError::DimMismatch { tensor: "v", dim: "L", expected: 4, found: 3 });
-    assert_eq!(run(q, v4("k", [1, 1, 4, 2]), k, &p), AttnError::DimMismatch { tensor: "k", dim: "D", expected: 4, found: 2 });
+    assert_eq!(
+        run(q, k, v4("v", [1, 1, 3, 4]), &p),
+        AttnError::DimMismatch { tensor: "v", dim: "L", expected: 4, found: 3 }
+    );
+    assert_eq!(
+        run(q, v4("k", [1, 1, 4, 2]), k, &p),
+        AttnError::DimMismatch { tensor: "k", dim: "D", expected: 4, found: 2 }
+    );
     assert!(matches!(run(q, v4("k", [1, 3, 4, 4]), v4("v", [1, 3, 4, 4]), &p), AttnError::Heads(_)));
     let causal = LinearParams { causal: true, ..LinearParams::new(&elu) };
-    assert!(matches!(run(q, v4("k", [1, 1, 3, 4]), v4("v", [1, 1, 3, 4]), &causal), AttnError::DimMismatch { dim, .. } if dim.starts_with('L')));
+    assert!(
+        matches!(run(q, v4("k", [1, 1, 3, 4]), v4("v", [1, 1, 3, 4]), &causal), AttnError::DimMismatch { dim, .. } if dim.starts_with('L'))
+    );
     for (eps, field) in [(0.0, "eps"), (f64::NAN, "eps")] {
-        assert!(matches!(run(q, k, k, &LinearParams { eps, ..LinearParams::new(&elu) }), AttnError::Param { field: f, .. } if f == field));
+        assert!(
+            matches!(run(q, k, k, &LinearParams { eps, ..LinearParams::new(&elu) }), AttnError::Param { field: f, .. } if f == field)
+        );
     }
-    assert!(matches!(run(q, k, k, &LinearParams { chunk: 0, ..LinearParams::new(&elu) }), AttnError::Param { field: "chunk", .. }));
+    assert!(matches!(
+        run(q, k, k, &LinearParams { chunk: 0, ..LinearParams::new(&elu) }),
+        AttnError::Param { field: "chunk", .. }
+    ));
     let lens = [5usize];
-    assert!(matches!(run(q, k, k, &LinearParams { key_lens: Some(&lens), ..LinearParams::new(&elu) }), AttnError::Param { field: "key_lens", .. }));
+    assert!(matches!(
+        run(q, k, k, &LinearParams { key_lens: Some(&lens), ..LinearParams::new(&elu) }),
+        AttnError::Param { field: "key_lens", .. }
+    ));
     let favor = FeatureMap::Favor(FavorFeatures::new(3, 8, 1).unwrap());
-    assert_eq!(run(q, k, k, &LinearParams::new(&favor)), AttnError::DimMismatch { tensor: "favor features", dim: "D", expected: 4, found: 3 });
+    assert_eq!(
+        run(q, k, k, &LinearParams::new(&favor)),
+        AttnError::DimMismatch { tensor: "favor features", dim: "D", expected: 4, found: 3 }
+    );
     let mut state = LinearState::<f32>::new(FeatureMap::Elu, 1e-6, 1, 1, 4, 4).unwrap();
-    assert!(matches!(state.step(v4("q", [1, 1, 1, 4]), v4("k", [1, 1, 2, 4]), v4("v", [1, 1, 2, 4])), Err(AttnError::DimMismatch { .. })));
+    assert!(matches!(
+        state.step(v4("q", [1, 1, 1, 4]), v4("k", [1, 1, 2, 4]), v4("v", [1, 1, 2, 4])),
+        Err(AttnError::DimMismatch { .. })
+    ));
 }
 
 proptest! {

@@ -67,7 +67,8 @@ pub fn linear_attention_backward<T: Real>(
     let fk = key_features(isa, &k, p, &d)?;
     let group = d.group();
     let (dq, dk, dv) = (&mut g.dq, &mut g.dk, &mut g.dv);
-    let tasks = dq.par_chunks_mut(group * d.lq * d.d).zip(dk.par_chunks_mut(d.lk * d.d)).zip(dv.par_chunks_mut(d.lk * d.dv));
+    let tasks =
+        dq.par_chunks_mut(group * d.lq * d.d).zip(dk.par_chunks_mut(d.lk * d.d)).zip(dv.par_chunks_mut(d.lk * d.dv));
     tasks.enumerate().for_each(|(bh, ((dq, dk), dvo))| {
         let (b, hk) = (bh / d.hkv, bh % d.hkv);
         let (vs, ldv) = head(&v, b, hk);
@@ -154,11 +155,13 @@ fn causal<T: Real>(
     let eps = T::from_f64(p.eps).expect("finite");
     let (mut pm, mut mm) = (vec![T::zero(); l * c], vec![T::zero(); l * c]);
     let (mut dn, mut r) = (vec![T::zero(); l * w], vec![T::zero(); l]);
-    let (mut st, mut z, mut den, mut scratch) = (vec![T::zero(); w * f], vec![T::zero(); f], vec![T::zero(); c], Vec::new());
+    let (mut st, mut z, mut den, mut scratch) =
+        (vec![T::zero(); w * f], vec![T::zero(); f], vec![T::zero(); c], Vec::new());
     let chunks = |t0: usize| (c.min(l - t0), c.min(l - t0).min(keys.valid.saturating_sub(t0)));
     for t0 in (0..l).step_by(c) {
         let (n, nk) = chunks(t0);
-        let (fqc, fkc, vc) = (&rows.fq[t0 * f..][..n * f], &keys.fk[t0 * f..], &keys.v[(t0 * keys.ldv).min(keys.v.len())..]);
+        let (fqc, fkc, vc) =
+            (&rows.fq[t0 * f..][..n * f], &keys.fk[t0 * f..], &keys.v[(t0 * keys.ldv).min(keys.v.len())..]);
         let (pc, mc) = (&mut pm[t0 * c..][..n * c], &mut mm[t0 * c..][..n * c]);
         let den = &mut den[..n];
         den.iter_mut().zip(fqc.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, &z) + eps);

@@ -20,7 +20,10 @@ impl FavorFeatures {
     /// `m` features for head dimension `d`, drawn from `seed`. Errors when `m` or `d` is 0.
     pub fn new(d: usize, m: usize, seed: u64) -> Result<Self> {
         if m == 0 {
-            return Err(AttnError::Param { field: "features", reason: "0 random features, expected at least 1".into() });
+            return Err(AttnError::Param {
+                field: "features",
+                reason: "0 random features, expected at least 1".into(),
+            });
         }
         if d == 0 {
             return Err(AttnError::Param { field: "head dim", reason: "0, expected at least 1".into() });

@@ -63,7 +63,16 @@ impl FeatureMap {
     /// `out[i·F + ·] = φ(x_i)` for the `n` rows `x_i = x[i·ldx ..][..d]`; FAVOR+ stabilises each
     /// row by its own maximum, or with `shared` by the maximum over all `n` rows (keys).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn apply<T: Real>(&self, isa: Isa, n: usize, d: usize, x: &[T], ldx: usize, out: &mut [T], shared: bool) {
+    pub(crate) fn apply<T: Real>(
+        &self,
+        isa: Isa,
+        n: usize,
+        d: usize,
+        x: &[T],
+        ldx: usize,
+        out: &mut [T],
+        shared: bool,
+    ) {
         let rows = || (0..n).map(|i| &x[i * ldx..i * ldx + d]);
         match self {
             FeatureMap::Elu => {
@@ -97,7 +106,16 @@ impl FeatureMap {
 
     /// `out[i·F + ·] = φ(x_i)` for the first `n` rows of head `(b, h)` of `x` (see [`apply`](Self::apply)).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn apply_head<T: Real>(&self, isa: Isa, x: &View4<T>, b: usize, h: usize, n: usize, out: &mut [T], shared: bool) {
+    pub(crate) fn apply_head<T: Real>(
+        &self,
+        isa: Isa,
+        x: &View4<T>,
+        b: usize,
+        h: usize,
+        n: usize,
+        out: &mut [T],
+        shared: bool,
+    ) {
         if n > 0 {
             let (rows, ld) = head(x, b, h);
             self.apply(isa, n, x.dims()[3], rows, ld, out, shared);
@@ -122,7 +140,9 @@ impl FeatureMap {
         let rows = (0..n).map(|i| &x[i * ldx..i * ldx + d]);
         match self {
             FeatureMap::Elu => {
-                for (((xi, p), gi), o) in rows.zip(phi.chunks_exact(d)).zip(g.chunks_exact(d)).zip(dx.chunks_exact_mut(d)) {
+                for (((xi, p), gi), o) in
+                    rows.zip(phi.chunks_exact(d)).zip(g.chunks_exact(d)).zip(dx.chunks_exact_mut(d))
+                {
                     for c in 0..d {
                         o[c] = if xi[c] > T::zero() { gi[c] } else { gi[c] * p[c] };
                     }

@@ -34,7 +34,17 @@ impl<'a, T> Lhs<'a, T> {
 
 /// `o[i·ldo + c] += Σ_{p<k} A(i, p) · b[p·ldb + c]` for `i < m`, `c < n`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm<T: Real>(isa: Isa, m: usize, n: usize, k: usize, a: Lhs<T>, b: &[T], ldb: usize, o: &mut [T], ldo: usize) {
+pub(crate) fn gemm<T: Real>(
+    isa: Isa,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Lhs<T>,
+    b: &[T],
+    ldb: usize,
+    o: &mut [T],
+    ldo: usize,
+) {
     if m == 0 || n == 0 || k == 0 {
         return;
     }
@@ -84,7 +94,16 @@ fn mac<T: Real, const FMA: bool>(a: T, b: T, c: T) -> T {
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn body<T: Real, const FMA: bool>(m: usize, n: usize, k: usize, a: Lhs<T>, b: &[T], ldb: usize, o: &mut [T], ldo: usize) {
+fn body<T: Real, const FMA: bool>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Lhs<T>,
+    b: &[T],
+    ldb: usize,
+    o: &mut [T],
+    ldo: usize,
+) {
     let mut i = 0;
     while i + R <= m {
         block::<T, FMA, R>(i, n, k, a, b, ldb, o, ldo);

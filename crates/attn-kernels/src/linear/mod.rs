@@ -40,8 +40,8 @@ use rayon::prelude::*;
 use crate::alloc;
 use crate::error::{AttnError, Result};
 use crate::isa::Isa;
-use crate::reference::Real;
 use crate::problem::Dims;
+use crate::reference::Real;
 use crate::view::View4;
 
 /// The default `ε` added to every denominator.
@@ -158,7 +158,10 @@ pub(crate) fn check_out<T>(name: &'static str, x: &View4<T>, d: &LinearDims) -> 
     if x.dims() == want {
         Ok(())
     } else {
-        Err(AttnError::Layout { tensor: name, reason: format!("shape {:?}, expected [B, Hq, Lq, Dv] = {want:?}", x.dims()) })
+        Err(AttnError::Layout {
+            tensor: name,
+            reason: format!("shape {:?}, expected [B, Hq, Lq, Dv] = {want:?}", x.dims()),
+        })
     }
 }
 

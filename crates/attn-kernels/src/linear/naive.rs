@@ -39,7 +39,15 @@ fn keys(p: &LinearParams, valid: usize, i: usize) -> std::ops::Range<usize> {
 }
 
 /// Row `i`'s output and denominator `Σ_j s_ij + ε`.
-fn row<T: Real>(hd: &Head<T>, v: &View4<T>, p: &LinearParams, d: &LinearDims, b: usize, h: usize, i: usize) -> (Vec<T>, T) {
+fn row<T: Real>(
+    hd: &Head<T>,
+    v: &View4<T>,
+    p: &LinearParams,
+    d: &LinearDims,
+    b: usize,
+    h: usize,
+    i: usize,
+) -> (Vec<T>, T) {
     let eps = T::from_f64(p.eps).expect("finite");
     let mut n = vec![T::zero(); d.dv];
     let mut den = eps;

@@ -56,7 +56,13 @@ impl Case {
     }
 
     pub fn params(&self) -> LinearParams<'_> {
-        LinearParams { causal: self.causal, chunk: self.chunk, key_lens: self.key_lens.as_deref(), eps: self.eps, ..LinearParams::new(&self.map) }
+        LinearParams {
+            causal: self.causal,
+            chunk: self.chunk,
+            key_lens: self.key_lens.as_deref(),
+            eps: self.eps,
+            ..LinearParams::new(&self.map)
+        }
     }
 
     fn shapes(&self) -> [[usize; 4]; 4] {
@@ -99,10 +105,17 @@ impl Case {
 
     /// The oracle rule on the forward (factor 2) and, with `grads`, on `dq`, `dk`, `dv` (factor 3).
     pub fn assert_oracle(&self, grads: bool) {
-        let r = check("out", &self.forward::<f32>(true), &self.forward::<f64>(false), &self.forward::<f32>(false), OUTPUT_FACTOR);
+        let r = check(
+            "out",
+            &self.forward::<f32>(true),
+            &self.forward::<f64>(false),
+            &self.forward::<f32>(false),
+            OUTPUT_FACTOR,
+        );
         r.unwrap_or_else(|e| panic!("{}: {e}", self.describe()));
         if grads {
-            let (fast, ref64, naive) = (self.backward::<f32>(true), self.backward::<f64>(false), self.backward::<f32>(false));
+            let (fast, ref64, naive) =
+                (self.backward::<f32>(true), self.backward::<f64>(false), self.backward::<f32>(false));
             for (name, f, r, n) in [
                 ("dq", &fast.dq, &ref64.dq, &naive.dq),
                 ("dk", &fast.dk, &ref64.dk, &naive.dk),
@@ -114,7 +127,14 @@ impl Case {
     }
 
     pub fn describe(&self) -> String {
-        format!("{} dims {:?} causal {} chunk {} key_lens {:?}", self.map.name(), self.dims, self.causal, self.chunk, self.key_lens)
+        format!(
+            "{} dims {:?} causal {} chunk {} key_lens {:?}",
+            self.map.name(),
+            self.dims,
+            self.causal,
+            self.chunk,
+            self.key_lens
+        )
     }
 }
 
