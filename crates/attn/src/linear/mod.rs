@@ -8,14 +8,28 @@
 //! has the computing dtype. Differentiable through candle's autograd with respect to `q`, `k`, `v`
 //! (`op`, a `CustomOp3` whose backward is the fused backward kernel).
 //!
-//! ```
-//! use attn::linear::{linear_attention, FeatureMap, LinearOptions};
-//! let x = |seed| attn::random::uniform(&[1, 2, 16, 8], -1.0, 1.0, seed);
-//! let (q, k, v) = (x(1)?, x(2)?, x(3)?);
-//! let out = linear_attention(&q, &k, &v, &LinearOptions::new(FeatureMap::Elu).causal(true))?;
-//! assert_eq!(out.dims(), &[1, 2, 16, 8]);
-//! # Ok::<(), attn::AttnLibError>(())
-//! ```
+//! The README's example (its text lives in `doc/linear-example.rs`; `tests/readme.rs` checks that
+//! README.md quotes it word for word):
+//!
+#![doc = concat!(
+    "```\n",
+    "# #![deny(warnings, unused)]\n",
+    "# use candle_core::Var;\n",
+    "# let var = |seed| -> attn::Result<Var> {\n",
+    "#     Ok(Var::from_tensor(&attn::random::uniform(&[1, 4, 1024, 64], -1.0, 1.0, seed)?)?)\n",
+    "# };\n",
+    "# let (q, k, v) = (var(1)?, var(2)?, var(3)?);\n",
+    "# let target = attn::random::uniform(&[1, 4, 1024, 64], -1.0, 1.0, 4)?;\n",
+    include_str!("../../doc/linear-example.rs"),
+    "# assert_eq!((out.dims(), approx.dims()), (&[1, 4, 1024, 64][..], &[1, 4, 1024, 64][..]));\n",
+    "# assert_eq!(grads.get(&k).unwrap().dims(), &[1, 4, 1024, 64]);\n",
+    "# // Each row's weights are positive and sum to 1 (up to ε): out[0] of a causal head is v[0].\n",
+    "# let first = |t: &candle_core::Tensor| t.narrow(2, 0, 1)?.flatten_all()?.to_vec1::<f32>();\n",
+    "# let diff = first(&out)?.iter().zip(first(&v)?).fold(0f32, |m, (a, b)| m.max((a - b).abs()));\n",
+    "# assert!(diff < 1e-5, \"{diff}\");\n",
+    "# Ok::<(), attn::AttnLibError>(())\n",
+    "```",
+)]
 
 mod op;
 
