@@ -107,21 +107,17 @@ fn oracle_gradients_match_finite_differences() {
             let g = c.backward::<f64>(false);
             let h = 1e-6;
             for (which, grad) in [(0, &g.dq), (1, &g.dk), (2, &g.dv)] {
-                for i in 0..grad.len() {
-                    let mut plus = c.clone();
-                    let mut minus = c.clone();
-                    let pick = |c: &mut Case| -> *mut f64 { [&mut c.q, &mut c.k, &mut c.v][which].as_mut_ptr() };
-                    // SAFETY: `i` is below the length of the tensor `which` (same as its gradient's).
-                    unsafe {
-                        *pick(&mut plus).add(i) += h;
-                        *pick(&mut minus).add(i) -= h;
-                    }
-                    let fd = (loss(&plus) - loss(&minus)) / (2.0 * h);
+                for (i, &gi) in grad.iter().enumerate() {
+                    let shifted = |by: f64| {
+                        let mut c = c.clone();
+                        [&mut c.q, &mut c.k, &mut c.v][which][i] += by;
+                        c
+                    };
+                    let fd = (loss(&shifted(h)) - loss(&shifted(-h))) / (2.0 * h);
                     assert!(
-                        (fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()),
-                        "{} {which}[{i}]: fd {fd} vs {}",
-                        c.describe(),
-                        grad[i]
+                        (fd - gi).abs() < 1e-6 * (1.0 + fd.abs()),
+                        "{} {which}[{i}]: fd {fd} vs {gi}",
+                        c.describe()
                     );
                 }
             }

@@ -49,7 +49,10 @@ fn readme_packed_sequences_block_is_the_doctested_example() {
 #[test]
 fn readme_linear_attention_block_is_the_doctested_example() {
     let block = first_block("Linear attention");
-    assert_eq!(block, LINEAR_EXAMPLE, "README.md's Linear attention block differs from crates/attn/doc/linear-example.rs");
+    assert_eq!(
+        block, LINEAR_EXAMPLE,
+        "README.md's Linear attention block differs from crates/attn/doc/linear-example.rs"
+    );
 }
 
 #[test]
