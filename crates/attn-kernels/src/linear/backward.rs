@@ -44,6 +44,14 @@ impl<T: Real> Rows<'_, T> {
     }
 }
 
+/// The gradients one query head adds to: `dφ(Q)` (its own), `dφ(K)` and `dV` (its key/value
+/// head's).
+struct Acc<'a, T> {
+    dfq: &'a mut [T],
+    dfk: &'a mut [T],
+    dv: &'a mut [T],
+}
+
 /// Gradients of [`linear_attention`](super::linear_attention) for the output gradient
 /// `dout: [B, Hq, Lq, Dv]`, given the forward's `out: [B, Hq, Lq, Dv]`: `dq: [B, Hq, Lq, D]`, and
 /// `dk: [B, Hkv, Lk, D]`, `dv: [B, Hkv, Lk, Dv]` summed over each key/value head's query heads
@@ -80,10 +88,11 @@ pub fn linear_attention_backward<T: Real>(
             p.map.apply_head(isa, &q, b, h, d.lq, &mut fq, false);
             dfq.iter_mut().for_each(|x| *x = T::zero());
             let rows = Rows { fq: &fq, out, dout, b, h };
+            let acc = Acc { dfq: &mut dfq, dfk: &mut dfk, dv: &mut *dvo };
             if p.causal {
-                causal(isa, &d, p, &rows, keys, &mut dfq, &mut dfk, dvo);
+                causal(isa, &d, p, &rows, keys, acc);
             } else {
-                global(isa, &d, p, &rows, keys, &mut dfq, &mut dfk, dvo);
+                global(isa, &d, p, &rows, keys, acc);
             }
             let (qs, ldq) = head(&q, b, h);
             p.map.vjp(isa, d.lq, d.d, qs, ldq, &fq, &mut dfq, dq);
@@ -105,18 +114,9 @@ fn transpose<T: Real>(src: &[T], ld: usize, m: usize, n: usize, dst: &mut [T]) {
     }
 }
 
-/// One query head, non-causal: adds to `dfq: [Lq, F]`, `dfk: [Lk, F]`, `dv: [Lk, Dv]`.
-#[allow(clippy::too_many_arguments)]
-fn global<T: Real>(
-    isa: Isa,
-    d: &LinearDims,
-    p: &LinearParams,
-    rows: &Rows<T>,
-    keys: Keys<T>,
-    dfq: &mut [T],
-    dfk: &mut [T],
-    dv: &mut [T],
-) {
+/// One query head, non-causal: adds to `acc`'s `dfq: [Lq, F]`, `dfk: [Lk, F]`, `dv: [Lk, Dv]`.
+fn global<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, rows: &Rows<T>, keys: Keys<T>, acc: Acc<T>) {
+    let Acc { dfq, dfk, dv } = acc;
     let (f, w, n) = (d.f, d.dv, keys.valid);
     let (mut st, mut z) = (vec![T::zero(); w * f], vec![T::zero(); f]);
     gemm(isa, w, f, n, Lhs::transposed(keys.v, keys.ldv), keys.fk, f, &mut st, f);
@@ -138,19 +138,10 @@ fn global<T: Real>(
     gemm(isa, n, w, f, Lhs::rows(keys.fk, f), &u, w, dv, w);
 }
 
-/// One query head, causal, in two passes over the chunks: adds to `dfq: [L, F]`, `dfk: [L, F]`,
+/// One query head, causal, in two passes over the chunks: adds to `acc`'s `dfq: [L, F]`, `dfk: [L, F]`,
 /// `dv: [L, Dv]`.
-#[allow(clippy::too_many_arguments)]
-fn causal<T: Real>(
-    isa: Isa,
-    d: &LinearDims,
-    p: &LinearParams,
-    rows: &Rows<T>,
-    keys: Keys<T>,
-    dfq: &mut [T],
-    dfk: &mut [T],
-    dv: &mut [T],
-) {
+fn causal<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, rows: &Rows<T>, keys: Keys<T>, acc: Acc<T>) {
+    let Acc { dfq, dfk, dv } = acc;
     let (f, w, c, l) = (d.f, d.dv, p.chunk, d.lq);
     let eps = T::from_f64(p.eps).expect("finite");
     let (mut pm, mut mm) = (vec![T::zero(); l * c], vec![T::zero(); l * c]);
