@@ -9,6 +9,8 @@
 //!   cancels between numerator and denominator, the keys' is common to all of them, so both only
 //!   move the result through `ε`. Like Performer's code, the backward treats `c` as a constant.
 
+use std::any::TypeId;
+
 use super::favor::FavorFeatures;
 use super::gemm::{gemm, Lhs};
 use crate::error::{AttnError, Result};
@@ -77,7 +79,13 @@ impl FeatureMap {
         match self {
             FeatureMap::Elu => {
                 for (xi, o) in rows().zip(out.chunks_exact_mut(d)) {
-                    o.iter_mut().zip(xi).for_each(|(o, &v)| *o = if v > T::zero() { v + T::one() } else { v.exp() });
+                    match (as_f32(xi), as_f32_mut(o)) {
+                        (Some(xi), Some(o)) => super::elu::elu1_f32(xi, o),
+                        _ => o
+                            .iter_mut()
+                            .zip(xi)
+                            .for_each(|(o, &v)| *o = if v > T::zero() { v + T::one() } else { v.exp() }),
+                    }
                 }
             }
             FeatureMap::Relu => {
@@ -191,4 +199,18 @@ pub(crate) fn favor_logits<T: Real>(isa: Isa, f: &FavorFeatures, n: usize, x: &[
         let sq = x[i * ldx..i * ldx + d].iter().fold(T::zero(), |a, &b| a + b * b) * half;
         o.iter_mut().for_each(|u| *u = *u - sq);
     }
+}
+
+/// `x` as `f32` when `T` is `f32`.
+fn as_f32<T: Real>(x: &[T]) -> Option<&[f32]> {
+    // SAFETY: `T` is `f32` (same type id), so the slice's memory holds `f32` values.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) })
+}
+
+/// `x` as `f32` when `T` is `f32`.
+fn as_f32_mut<T: Real>(x: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: as in `as_f32`.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) })
 }

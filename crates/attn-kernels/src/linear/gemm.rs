@@ -11,6 +11,8 @@ use crate::reference::Real;
 const R: usize = 4;
 /// Columns of `O` per register block.
 const W: usize = 32;
+/// Products per pass over `B` (its rows kept in cache across the row blocks of `O`).
+const KB: usize = 256;
 
 /// How `A` is laid out: element `(i, p)` of the `m × k` operand is at `a[i·row + p·col]`.
 #[derive(Debug, Clone, Copy)]
@@ -104,14 +106,21 @@ fn body<T: Real, const FMA: bool>(
     o: &mut [T],
     ldo: usize,
 ) {
-    let mut i = 0;
-    while i + R <= m {
-        block::<T, FMA, R>(i, n, k, a, b, ldb, o, ldo);
-        i += R;
-    }
-    while i < m {
-        block::<T, FMA, 1>(i, n, k, a, b, ldb, o, ldo);
-        i += 1;
+    // Slices of `KB` products: a slice of `B` (`KB` rows) stays in cache while every row block of
+    // `O` passes over it.
+    for p0 in (0..k).step_by(KB) {
+        let kk = KB.min(k - p0);
+        let a = Lhs { a: &a.a[p0 * a.col..], ..a };
+        let b = &b[p0 * ldb..];
+        let mut i = 0;
+        while i + R <= m {
+            block::<T, FMA, R>(i, n, kk, a, b, ldb, o, ldo);
+            i += R;
+        }
+        while i < m {
+            block::<T, FMA, 1>(i, n, kk, a, b, ldb, o, ldo);
+            i += 1;
+        }
     }
 }
 
@@ -135,10 +144,14 @@ fn block<T: Real, const FMA: bool, const RB: usize>(
         for (r, x) in acc.iter_mut().enumerate() {
             x.copy_from_slice(&o[(i0 + r) * ldo + c..][..W]);
         }
+        // Every index the loop below reads, checked once here.
+        assert!(b.len() >= (k - 1) * ldb + c + W && a.a.len() > (i0 + RB - 1) * a.row + (k - 1) * a.col);
         for p in 0..k {
-            let bv: &[T; W] = b[p * ldb + c..][..W].try_into().expect("W columns");
+            // SAFETY: `p < k` and `c + W <= n`, within the bounds asserted above.
+            let bv: &[T; W] = unsafe { &*b.as_ptr().add(p * ldb + c).cast::<[T; W]>() };
             for (r, x) in acc.iter_mut().enumerate() {
-                let s = a.a[(i0 + r) * a.row + p * a.col];
+                // SAFETY: `r < RB` and `p < k`, within the bounds asserted above.
+                let s = unsafe { *a.a.get_unchecked((i0 + r) * a.row + p * a.col) };
                 for l in 0..W {
                     x[l] = mac::<T, FMA>(s, bv[l], x[l]);
                 }
@@ -179,7 +192,7 @@ mod tests {
     #[test]
     fn every_isa_and_layout_matches_the_naive_product() {
         for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|i| i.is_available()) {
-            for (m, n, k) in [(1, 1, 1), (5, 33, 7), (8, 64, 64), (9, 65, 3), (4, 31, 2)] {
+            for (m, n, k) in [(1, 1, 1), (5, 33, 7), (8, 64, 64), (9, 65, 3), (4, 31, 2), (6, 40, 600)] {
                 let a: Vec<f64> = (0..m * k).map(|x| (x as f64 * 0.37).sin()).collect();
                 let b: Vec<f64> = (0..k * n).map(|x| (x as f64 * 0.11).cos()).collect();
                 for (row, col, lhs) in [(k, 1, Lhs::rows(&a, k)), (1, m, Lhs::transposed(&a, m))] {

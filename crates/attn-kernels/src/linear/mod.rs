@@ -21,6 +21,7 @@
 
 mod backward;
 mod chunk;
+mod elu;
 mod favor;
 mod feature;
 mod forward;
