@@ -151,16 +151,16 @@ impl FeatureMap {
                 for (((xi, p), gi), o) in
                     rows.zip(phi.chunks_exact(d)).zip(g.chunks_exact(d)).zip(dx.chunks_exact_mut(d))
                 {
-                    for c in 0..d {
-                        o[c] = if xi[c] > T::zero() { gi[c] } else { gi[c] * p[c] };
-                    }
+                    let each = o.iter_mut().zip(xi).zip(gi).zip(p);
+                    each.for_each(|(((o, &x), &g), &p)| *o = if x > T::zero() { g } else { g * p });
                 }
             }
             FeatureMap::Relu => {
                 for ((xi, gi), o) in rows.zip(g.chunks_exact(d)).zip(dx.chunks_exact_mut(d)) {
-                    for c in 0..d {
-                        o[c] = if xi[c] > T::zero() { gi[c] } else { T::zero() };
-                    }
+                    o.iter_mut()
+                        .zip(xi)
+                        .zip(gi)
+                        .for_each(|((o, &x), &g)| *o = if x > T::zero() { g } else { T::zero() });
                 }
             }
             FeatureMap::Identity => dx[..n * d].copy_from_slice(&g[..n * d]),
