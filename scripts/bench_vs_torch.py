@@ -9,7 +9,7 @@ median over rounds. GFLOP/s use the rule of `attn bench --help`: 2*Dk + 2*Dv FLO
 
 Setup:  pip install -r scripts/requirements.txt      (PyTorch, CPU build is enough)
         cargo build --release -p attn-cli
-Usage:  python scripts/bench_vs_torch.py --attn target/release/attn [--threads N] [--sparse]
+Usage:  python scripts/bench_vs_torch.py --attn target/release/attn [--threads N] [--sparse] [--dtype bf16]
         [--shapes SPEC ...] [--rounds R] [--reps N] [--warmup W] [--json-out results.json]
 
 A shape SPEC is B,H,Lq,D followed by optional ":"-separated options: "causal", "kv=Hkv"
@@ -28,6 +28,11 @@ pairs. For each pattern shape the peak memory of one call is measured too, each 
 process: attn's is `attn bench`'s (the allocator's high-water mark beyond the output, one call)
 plus the block mask's bytes; PyTorch's is the growth of the resident set's high-water mark over
 one call (reset through /proc/self/clear_refs) plus the dense mask's bytes.
+
+With --dtype bf16 (or f16) PyTorch runs on q, k, v of that dtype, the way a bf16 model calls it,
+and attn on keys and values of that dtype (`--kv-dtype`) with, for bf16, bfloat16 products
+(`--compute bf16`: f32 accumulation, native on AVX512-BF16); attn's f16 has no f16 products and
+computes in f32.
 
 With --backward each call is a forward (with log-sum-exp) plus a backward: for attn,
 `attn bench --backward`; for PyTorch, autograd through scaled_dot_product_attention with the
@@ -139,16 +144,17 @@ class Shape:
         return args + (["--dropout", str(self.dropout)] if self.dropout else [])
 
 
-def torch_call(torch, shape, backward, mask, backend=None):
+def torch_call(torch, shape, backward, mask, backend=None, dtype="f32"):
     """A context choosing the backend, one call of torch SDPA on fresh random inputs of `shape`
     (with `backward`: forward plus autograd backward) with `mask` (a boolean [Lq, Lk] tensor,
     True = attend) or none, and the backend: `backend` when given, else flash (tried with one
     call) or math where flash refuses."""
     f = torch.nn.functional.scaled_dot_product_attention
-    q = torch.randn(shape.b, shape.h, shape.lq, shape.d, dtype=torch.float32, requires_grad=backward)
-    k = torch.randn(shape.b, shape.hkv, shape.lk, shape.d, dtype=torch.float32, requires_grad=backward)
-    v = torch.randn(shape.b, shape.hkv, shape.lk, shape.d, dtype=torch.float32, requires_grad=backward)
-    grad = torch.randn(shape.b, shape.h, shape.lq, shape.d, dtype=torch.float32)
+    dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    q = torch.randn(shape.b, shape.h, shape.lq, shape.d, dtype=dt, requires_grad=backward)
+    k = torch.randn(shape.b, shape.hkv, shape.lk, shape.d, dtype=dt, requires_grad=backward)
+    v = torch.randn(shape.b, shape.hkv, shape.lk, shape.d, dtype=dt, requires_grad=backward)
+    grad = torch.randn(shape.b, shape.h, shape.lq, shape.d, dtype=dt)
     # PyTorch takes a mask or is_causal, not both: a pattern's mask already holds causal.
     kwargs = {"attn_mask": mask} if mask is not None else {"is_causal": shape.causal}
     kwargs["dropout_p"] = shape.dropout
@@ -177,10 +183,10 @@ def torch_call(torch, shape, backward, mask, backend=None):
     return (lambda: sdpa_kernel(chosen)), call, backend
 
 
-def time_torch(torch, shape, reps, warmup, backward, mask=None):
+def time_torch(torch, shape, reps, warmup, backward, mask=None, dtype="f32"):
     """Median seconds of torch SDPA (see `torch_call`) over `reps` calls after `warmup` calls,
     and the backend that ran."""
-    backend_ctx, call, backend = torch_call(torch, shape, backward, mask)
+    backend_ctx, call, backend = torch_call(torch, shape, backward, mask, dtype=dtype)
     times = []
     with backend_ctx():
         for _ in range(warmup):
@@ -192,10 +198,15 @@ def time_torch(torch, shape, reps, warmup, backward, mask=None):
     return statistics.median(times), backend
 
 
-def time_attn(binary, shape, threads, reps, warmup, kernel, backward):
+def dtype_args(dtype):
+    """`attn bench`'s flags for inputs of `dtype` (see the module's text)."""
+    return {"f32": [], "bf16": ["--kv-dtype", "bf16", "--compute", "bf16"], "f16": ["--kv-dtype", "f16"]}[dtype]
+
+
+def time_attn(binary, shape, threads, reps, warmup, kernel, backward, dtype="f32"):
     """Median seconds of `attn bench` over exactly `reps` calls after `warmup` calls."""
     cmd = [binary, "bench", *shape.attn_args(backward), "--threads", str(threads), "--kernel", kernel,
-           "--warmup", str(warmup), "--iters", str(reps), "--budget", "inf", "--json"]
+           "--warmup", str(warmup), "--iters", str(reps), "--budget", "inf", "--json", *dtype_args(dtype)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} failed: {done.stderr.strip()}")
@@ -216,6 +227,8 @@ def main():
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                    help="threads for both (default: all this process may use)")
     p.add_argument("--kernel", default="auto", help="attn kernel (default: auto)")
+    p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"],
+                   help="dtype of the inputs (default f32; see the module's text)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per shape")
     p.add_argument("--reps", type=int, default=5, help="timed calls per round")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per round")
@@ -244,7 +257,7 @@ def main():
     width = max([28] + [len(s.spec) + 1 for s in shapes])
     header = (f"{'shape':<{width}} {'torch ms':>10} {'attn ms':>10} {'torch GF/s':>11} {'attn GF/s':>10} "
               f"{'torch/attn':>10}  torch backend")
-    print(f"threads={a.threads} kernel={a.kernel} rounds={a.rounds} reps={a.reps} torch={torch.__version__} "
+    print(f"threads={a.threads} kernel={a.kernel} dtype={a.dtype} rounds={a.rounds} reps={a.reps} torch={torch.__version__} "
           f"{'forward+backward' if a.backward else 'forward'}")
     print(header)
     for shape in shapes:
@@ -252,12 +265,12 @@ def main():
         mask = masks.get(shape.spec)
         torch_mask = torch.from_numpy(mask) if mask is not None else None
         for _ in range(a.rounds):
-            t, backend = time_torch(torch, shape, a.reps, a.warmup, a.backward, torch_mask)
+            t, backend = time_torch(torch, shape, a.reps, a.warmup, a.backward, torch_mask, a.dtype)
             torch_t.append(t)
-            attn_t.append(time_attn(a.attn, shape, a.threads, a.reps, a.warmup, a.kernel, a.backward))
+            attn_t.append(time_attn(a.attn, shape, a.threads, a.reps, a.warmup, a.kernel, a.backward, a.dtype))
         t, s = statistics.median(torch_t), statistics.median(attn_t)
         flops = shape.flops(a.backward)
-        r = {"shape": shape.spec, "flops": flops, "threads": a.threads, "kernel": a.kernel,
+        r = {"shape": shape.spec, "flops": flops, "threads": a.threads, "kernel": a.kernel, "dtype": a.dtype,
              "backward": a.backward, "torch_backend": backend,
              "torch_ms": t * 1e3, "attn_ms": s * 1e3, "torch_gflops": flops / t / 1e9,
              "attn_gflops": flops / s / 1e9, "ratio": t / s,
@@ -283,7 +296,7 @@ def main():
                   f"{r['torch_mask_bytes'] / mib:>9.1f}")
     if a.json_out:
         with open(a.json_out, "w") as f:
-            json.dump({"threads": a.threads, "kernel": a.kernel, "torch": torch.__version__, "backward": a.backward,
+            json.dump({"threads": a.threads, "kernel": a.kernel, "dtype": a.dtype, "torch": torch.__version__, "backward": a.backward,
                        "rounds": a.rounds, "reps": a.reps, "results": results}, f, indent=2)
 
 

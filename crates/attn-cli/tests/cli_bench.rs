@@ -171,3 +171,14 @@ fn backward_table_states_the_flop_rule_above_the_header() {
     assert!(lines[1].contains("GFLOP/s") && lines[2].starts_with("1,1,4,2"), "{text}");
     assert_one_line_error(&["--shape", "1,1,4,2", "--autograd"], "--backward");
 }
+
+#[test]
+fn bf16_products_are_run_and_reported() {
+    let args = ["--shape", "1,2,70,8", "--kv-dtype", "bf16", "--iters", "1", "--warmup", "0"];
+    let rows = json_lines(&attn_bench(&[&args[..], &["--compute", "bf16", "--json"]].concat()));
+    assert_eq!(rows[0]["compute"], "bf16");
+    assert_eq!(json_lines(&attn_bench(&[&args[..], &["--json"]].concat()))[0]["compute"], "f32");
+    let table = attn_bench(&[&args[..], &["--compute", "bf16"]].concat());
+    assert!(String::from_utf8_lossy(&table.stdout).contains("+bf16"), "the table names the products");
+    assert_one_line_error(&["--shape", "1,2,5,4", "--compute", "f8"], "f8");
+}

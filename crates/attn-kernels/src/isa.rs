@@ -31,6 +31,15 @@ impl Isa {
         }
     }
 
+    /// Whether this CPU has AVX512-BF16 beside AVX-512F, so that [`crate::Precision::Bf16`]
+    /// products run as `VDPBF16PS` on [`Isa::Avx512`] (else they are emulated in f32).
+    pub fn has_avx512_bf16() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return Isa::Avx512.is_available() && std::arch::is_x86_feature_detected!("avx512bf16");
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
     /// The fastest instruction set this CPU supports.
     pub fn best() -> Isa {
         [Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.is_available()).unwrap_or(Isa::Portable)

@@ -45,7 +45,7 @@ pub use grad::{AttnGrads, Saved};
 pub use isa::Isa;
 pub use mask::{Align, MaskSpec, Window};
 pub use merge::{fold_sinks, merge_partials, Partial};
-pub use problem::{AttnParams, Dims, Problem};
+pub use problem::{AttnParams, Dims, Precision, Problem};
 pub use reference::{reference, reference_backward, AttnOutput, Real};
 pub use score_mod::{ScoreFn, ScoreMod};
 pub use sparse::{BlockClass, BlockMask, BlockShape, MaskMod, MaskModExt, SPARSE_BLOCK};

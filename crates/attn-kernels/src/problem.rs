@@ -30,6 +30,23 @@ pub struct AttnParams<'a, T> {
     /// `lse = sink_h`. Each entry is finite or −∞ (−∞: that head has no sink, bit for bit as without
     /// `sinks`); NaN and +∞ are refused.
     pub sinks: Option<&'a [T]>,
+    /// How the flash kernel computes its two products `Q·Kᵀ` and `P·V` (the reference ignores it).
+    pub compute: Precision,
+}
+
+/// How the flash kernel computes `Q·Kᵀ` and `P·V`. The softmax (running maxima, exponentials,
+/// sums), the masks and the output stay in f32 either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 products of f32 (or widened f16/bf16) operands: the default.
+    #[default]
+    F32,
+    /// bfloat16 products with f32 accumulation, as FlashAttention computes on bf16 inputs: `q`, `k`
+    /// and `v` rounded to bf16 (exact when they are bf16 already), `P` rounded to bf16 for `P·V`.
+    /// Runs on AVX512-BF16 (`VDPBF16PS`) where the CPU has it, else the same arithmetic emulated
+    /// in f32 (slower than [`Precision::F32`]: for tests and other CPUs). Prefill path only; the
+    /// decode path (few query rows, bound by memory) and the backward compute in f32.
+    Bf16,
 }
 
 /// Sizes of one call.
@@ -103,6 +120,8 @@ pub struct Problem<'a, T> {
     pub score_mod: Option<ScoreFn<'a>>,
     /// Sink logits per query head, `[Hq]`, each finite or −∞ (see [`AttnParams::sinks`]).
     pub sinks: Option<&'a [T]>,
+    /// How the flash kernel computes its products.
+    pub compute: Precision,
 }
 
 impl<'a, T: Float> Problem<'a, T> {
@@ -187,6 +206,7 @@ impl<'a, T: Float> Problem<'a, T> {
             dropout: p.dropout.filter(|d| d.p > 0.0),
             score_mod: p.score_mod,
             sinks: p.sinks,
+            compute: p.compute,
         })
     }
 

@@ -2,7 +2,7 @@
 //! `TransformerDecoderLayer` arguments), how a call runs ([`Run`]: training, weights) and what a
 //! layer returns ([`LayerOutput`]: the output and, when asked, its attention weights).
 
-use attn::Kernel;
+use attn::{Kernel, Precision};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
@@ -39,6 +39,8 @@ pub struct LayerConfig {
     pub batch_first: bool,
     /// The attention kernel.
     pub kernel: Kernel,
+    /// How the flash kernel computes its products (see `MultiHeadAttentionConfig::compute`).
+    pub compute: Precision,
     /// Seed of the dropout streams.
     pub seed: u64,
 }
@@ -57,6 +59,7 @@ impl LayerConfig {
             bias: true,
             batch_first: true,
             kernel: Kernel::Auto,
+            compute: Precision::F32,
             seed: 0,
         }
     }
@@ -67,6 +70,7 @@ impl LayerConfig {
             bias: self.bias,
             dropout: self.dropout,
             kernel: self.kernel,
+            compute: self.compute,
             seed: self.seed,
             ..MultiHeadAttentionConfig::new(self.d_model, self.nhead)
         };

@@ -18,7 +18,7 @@
 //! returned weights cover them (`Lk + 1` or `Lk + 2` columns). Through a KV cache they are
 //! appended after the cached keys at every step, never stored.
 
-use attn::{Kernel, SdpaOptions};
+use attn::{Kernel, Precision, SdpaOptions};
 use candle_core::Tensor;
 use candle_nn::{Init, VarBuilder};
 
@@ -65,6 +65,9 @@ pub struct MultiHeadAttentionConfig {
     pub sinks: bool,
     /// The attention kernel (the fastest by default; `Kernel::Reference` for the plain one).
     pub kernel: Kernel,
+    /// How the flash kernel computes its products (`Precision::Bf16` for a bf16 model on a CPU
+    /// with AVX512-BF16; see `attn::SdpaOptions::compute`).
+    pub compute: Precision,
     /// Seed of the dropout stream (combined with the module's path).
     pub seed: u64,
 }
@@ -86,6 +89,7 @@ impl MultiHeadAttentionConfig {
             rope: None,
             sinks: false,
             kernel: Kernel::Auto,
+            compute: Precision::F32,
             seed: 0,
         }
     }
@@ -338,7 +342,8 @@ impl MultiHeadAttention {
         let q = self.rotate(&heads(self.q_proj.forward(&query)?, h)?, offset)?; // [B, H, Lq, hd]
         let lk = k.dims()[2];
         let (k, v) = self.append_extra_keys(k, v)?; // [B, Hkv, Lk + extra, hd]
-        let mut opts = SdpaOptions::default().kernel(cfg.kernel).return_weights(input.need_weights.is_some());
+        let mut opts =
+            SdpaOptions::default().kernel(cfg.kernel).compute(cfg.compute).return_weights(input.need_weights.is_some());
         opts.sinks = self.sinks.clone();
         if cfg.dropout > 0.0 {
             if let Some(seed) = self.seeds.seed(input.mode) {

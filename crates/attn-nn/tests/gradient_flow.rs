@@ -56,6 +56,26 @@ fn multi_head_attention_trains_with_gqa_rope_and_dropout() {
 }
 
 #[test]
+fn multi_head_attention_trains_with_bf16_products() {
+    let (map, vb) = fresh();
+    let cfg = |compute| MultiHeadAttentionConfig { compute, ..MultiHeadAttentionConfig::new(16, 4) };
+    let m = MultiHeadAttention::new(cfg(attn::Precision::Bf16), vb.clone()).unwrap();
+    // The same weights with f32 products.
+    let m32 = MultiHeadAttention::new(cfg(attn::Precision::F32), vb).unwrap();
+    // 40 queries a head: the prefill path, where bf16 products run.
+    let x = input(&[2, 40, 16], 3);
+    let masks = AttnMasks::causal().key_padding(padding(&[40, 29], 40));
+    let run = |m: &MultiHeadAttention| {
+        m.forward(MhaInput::self_attention(&x).masks(masks.clone()).mode(Mode::Train)).unwrap().out
+    };
+    let (out, out32) = (run(&m), run(&m32));
+    let diff = (&out - &out32).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    assert!(diff > 0.0 && diff < 1e-2, "bf16 products moved the output by {diff}");
+    // in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias.
+    assert_trains(&map, &[("x", &x)], &out, 4);
+}
+
+#[test]
 fn multi_head_attention_trains_with_sinks() {
     let cfg = MultiHeadAttentionConfig {
         num_kv_heads: Some(2),

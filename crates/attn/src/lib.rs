@@ -105,7 +105,7 @@ pub use attn_kernels::score_mod;
 /// Block-sparse and programmable masks: [`sparse::MaskMod`], [`sparse::BlockMask`], the named
 /// [`sparse::Pattern`]s.
 pub use attn_kernels::sparse;
-pub use attn_kernels::{Align, AllocError, AttnError, Dropout, Kernel, Window};
+pub use attn_kernels::{Align, AllocError, AttnError, Dropout, Kernel, Precision, Window};
 pub use candle_core;
 pub use error::{AttnLibError, Result};
 pub use linear::{linear_attention, LinearOptions};

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use attn_kernels::{Align, BlockMask, Dropout, Kernel, ScoreMod, Window};
+use attn_kernels::{Align, BlockMask, Dropout, Kernel, Precision, ScoreMod, Window};
 use candle_core::Tensor;
 
 use crate::mask::Mask;
@@ -49,6 +49,9 @@ pub struct SdpaOptions {
     pub score_mod: Option<ScoreModOption>,
     /// Which kernel computes the call.
     pub kernel: Kernel,
+    /// How the flash kernel computes `Q·Kᵀ` and `P·V`: f32 (the default), or bfloat16 products
+    /// with f32 accumulation ([`Precision::Bf16`], native on AVX512-BF16), for bf16 models.
+    pub compute: Precision,
     /// Whether [`sdpa_full`](crate::sdpa_full) returns the weights `[B, Hq, Lq, Lk]`.
     pub return_weights: bool,
 }
@@ -148,6 +151,12 @@ impl SdpaOptions {
     /// Chooses the kernel.
     pub fn kernel(mut self, kernel: Kernel) -> Self {
         self.kernel = kernel;
+        self
+    }
+
+    /// Chooses how the flash kernel computes its products ([`Precision`]).
+    pub fn compute(mut self, compute: Precision) -> Self {
+        self.compute = compute;
         self
     }
 

@@ -121,6 +121,7 @@ impl<T> KernelParams<'_, T> {
             dropout: o.dropout,
             score_mod: o.score_mod.as_ref().map(|s| ScoreFn { m: &*s.m, table: &self.table }),
             sinks: self.sinks.as_deref(),
+            compute: o.compute,
         })
     }
 }

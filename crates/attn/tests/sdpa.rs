@@ -162,6 +162,7 @@ fn all_options<'a, T: Real>(
         dropout: Some(Dropout { p: 0.25, seed: 99 }),
         score_mod: None,
         sinks: Some(sinks),
+        compute: attn_kernels::Precision::F32,
     }
 }
 

@@ -36,7 +36,7 @@ use serde_json::json;
 
 pub use spec::FLOP_RULE;
 
-use super::sdpa_flags::{align_name, named_values, number_in, SdpaFlags};
+use super::sdpa_flags::{align_name, named_values, number_in, precision_name, SdpaFlags};
 use super::threads::Threads;
 use crate::measure::{self, Budget, Measurement};
 use inputs::KV_DTYPES;
@@ -151,7 +151,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let threads = args.threads.get();
     let pool = args.threads.pool()?;
 
-    let peak = if args.peak { Some(peak::measure(threads, args.sdpa.kernel)) } else { None };
+    let peak = if args.peak { Some(peak::measure(threads, args.sdpa.kernel, args.sdpa.compute)) } else { None };
     if let Some(p) = peak {
         print_peak(&args, p, threads);
     }
@@ -296,8 +296,12 @@ fn print_peak(args: &Args, peak: Option<Peak>, threads: usize) {
     } else {
         match peak {
             Some(p) => println!(
-                "FMA peak ({}, f32): {:.1} GFLOP/s on 1 thread, {:.1} GFLOP/s on {} thread(s)",
-                p.isa, p.single_gflops, p.all_gflops, p.threads
+                "FMA peak ({}, {}): {:.1} GFLOP/s on 1 thread, {:.1} GFLOP/s on {} thread(s)",
+                p.isa,
+                if p.isa == "avx512-bf16" { "bf16 products" } else { "f32" },
+                p.single_gflops,
+                p.all_gflops,
+                p.threads
             ),
             None => println!("FMA peak: unknown (no AVX-512F or AVX2+FMA on this CPU)"),
         }
@@ -377,6 +381,7 @@ fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> se
         "kernel_resolved": args.sdpa.kernel.resolve().map(|k| k.name()).ok(),
         "threads": threads,
         "kv_dtype": args.kv_dtype.as_str(),
+        "compute": precision_name(args.sdpa.compute),
         "causal": args.sdpa.causal,
         "align": align_name(args.sdpa.align),
         "window": args.sdpa.options().window.map(|w| [w.left, w.right]),

@@ -2,7 +2,7 @@
 //! dropout, seed, kernel, and the block-sparse pattern's, see [`super::pattern_flags`]), flattened
 //! into both commands' arguments, and their one conversion into [`attn::SdpaOptions`] and into the
 //! words `run` and `bench` report them in; also the parsers of
-//! flags naming one of a fixed set of values (`--align`, `bench --kv-dtype`) and of numbers with a
+//! flags naming one of a fixed set of values (`--align`, `--compute`, `bench --kv-dtype`) and of numbers with a
 //! range, which take negative numbers so that they can say the range instead of clap's
 //! "unexpected argument".
 
@@ -10,7 +10,7 @@ use std::fmt::Display;
 use std::str::FromStr;
 
 use attn::sparse::Pattern;
-use attn::{Align, Dropout, Kernel, SdpaOptions, Window};
+use attn::{Align, Dropout, Kernel, Precision, SdpaOptions, Window};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::ArgGroup;
 
@@ -45,6 +45,10 @@ pub struct SdpaFlags {
     /// Kernel: reference, auto, flash-avx512, flash-avx2 or flash-portable.
     #[arg(long, default_value = "auto")]
     pub kernel: Kernel,
+    /// Products of the flash kernel: f32, or bf16 (bfloat16 products with f32 accumulation:
+    /// q, k, v and the probabilities rounded to bf16; native on AVX512-BF16, emulated elsewhere).
+    #[arg(long, default_value = "f32", value_parser = named_values(&PRECISIONS, precision_name))]
+    pub compute: Precision,
     #[command(flatten)]
     pub pattern: PatternFlags,
 }
@@ -62,6 +66,7 @@ impl SdpaFlags {
             softcap: self.softcap,
             dropout: self.dropout.map(|p| Dropout { p, seed: self.seed.unwrap_or(DEFAULT_SEED) }),
             kernel: self.kernel,
+            compute: self.compute,
             ..SdpaOptions::default()
         }
     }
@@ -81,10 +86,15 @@ impl SdpaFlags {
 
     /// The kernel as reported: its name, and for `auto` the kernel it resolves to on this CPU,
     /// such as `auto (flash-avx512)`.
+    /// With `--compute bf16`, `+bf16` follows.
     pub fn kernel_text(&self) -> String {
-        match (self.kernel, self.kernel.resolve()) {
+        let kernel = match (self.kernel, self.kernel.resolve()) {
             (Kernel::Auto, Ok(resolved)) => format!("auto ({})", resolved.name()),
             (kernel, _) => kernel.name().to_string(),
+        };
+        match self.compute {
+            Precision::F32 => kernel,
+            p => format!("{kernel}+{}", precision_name(p)),
         }
     }
 
@@ -149,6 +159,17 @@ fn parse_dropout(s: &str) -> Result<f32, String> {
 
 /// Every alignment, in `--align`'s order.
 const ALIGNS: [Align; 2] = [Align::TopLeft, Align::BottomRight];
+
+/// The values of `--compute`.
+const PRECISIONS: [Precision; 2] = [Precision::F32, Precision::Bf16];
+
+/// The command-line name of a precision.
+pub fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::F32 => "f32",
+        Precision::Bf16 => "bf16",
+    }
+}
 
 /// The name of an alignment on the command line.
 pub fn align_name(align: Align) -> &'static str {

@@ -166,10 +166,13 @@ pub(in crate::flash) use with_rows;
 #[derive(Default)]
 pub struct Work {
     /// Queries: `[rows, Dk]` in the decode path; in the prefill path each chunk of `R` rows
-    /// that one `qk_panel` call takes is stored transposed, `[Dk, R]`.
+    /// that one `qk_panel` call takes is stored transposed, `[Dk, R]` (`[⌈Dk/2⌉, R]` bfloat16
+    /// pairs with bfloat16 products).
     pub(super) q: Vec<f32>,
     /// Scores / probabilities `[rows, LDS]`.
     pub(super) s: Vec<f32>,
+    /// Probabilities rounded to bfloat16 pairs, `[rows, LDS / 2]` (bfloat16 products only).
+    pub(super) p2: Vec<f32>,
     /// Running maximum per row.
     pub(super) m: Vec<f32>,
     /// Running denominator per row.

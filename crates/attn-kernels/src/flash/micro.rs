@@ -6,6 +6,10 @@
 //!   decode path, where packing would cost more memory traffic than it saves;
 //! - [`pv`]: `O[r][·] += Σ_j P[r][j] · V[j][·]` for `R` rows over a `NV·W`-wide slice of `Dv`.
 //!
+//! `qk_panel` and `pv` multiply through a [`Product`]: f32 fused multiply-adds ([`Fma`]), or
+//! bfloat16 pairs ([`Bf16Pairs`], for [`crate::Precision::Bf16`]), where each f32 slot of both
+//! operands holds two bfloat16 values and the reduction index runs over pairs.
+//!
 //! All take raw pointers with leading dimensions; callers guarantee every pointer is valid for
 //! the rows and columns named.
 
@@ -14,14 +18,59 @@
 
 use super::simd::{KvElem, Simd};
 
+/// How a micro-kernel multiplies a broadcast operand into a vector and accumulates.
+pub trait Product {
+    /// `acc + x·b`, the operands as the product reads them.
+    ///
+    /// # Safety
+    /// The CPU has `S`'s instruction set.
+    unsafe fn madd<S: Simd>(x: S::V, b: S::V, acc: S::V) -> S::V;
+    /// The same on one slot of each operand (the column tails; the product is rounded before it
+    /// is added, which for bfloat16 pairs is exact).
+    fn scalar(x: f32, b: f32, acc: f32) -> f32;
+}
+
+/// f32 operands, one fused multiply-add per slot.
+pub struct Fma;
+
+impl Product for Fma {
+    #[inline(always)]
+    unsafe fn madd<S: Simd>(x: S::V, b: S::V, acc: S::V) -> S::V {
+        // SAFETY: forwarded from the caller.
+        unsafe { S::fma(x, b, acc) }
+    }
+    #[inline(always)]
+    fn scalar(x: f32, b: f32, acc: f32) -> f32 {
+        acc + x * b
+    }
+}
+
+/// Slots holding bfloat16 pairs (`Simd::pack_bf16`), multiplied pairwise with f32 accumulation.
+pub struct Bf16Pairs;
+
+impl Product for Bf16Pairs {
+    #[inline(always)]
+    unsafe fn madd<S: Simd>(x: S::V, b: S::V, acc: S::V) -> S::V {
+        // SAFETY: forwarded from the caller.
+        unsafe { S::dot_bf16(acc, x, b) }
+    }
+    #[inline(always)]
+    fn scalar(x: f32, b: f32, acc: f32) -> f32 {
+        let halves = |v: f32| (f32::from_bits(v.to_bits() << 16), f32::from_bits(v.to_bits() & 0xFFFF_0000));
+        let ((x0, x1), (b0, b1)) = (halves(x), halves(b));
+        acc + x1 * b1 + x0 * b0
+    }
+}
+
 /// Scores `scale · q·k` of `R` query rows, stored transposed (`q[k·R + r]`, `[d][R]`, so each
 /// broadcast is at a fixed offset), against the packed panel `kp` (`[d][2·W]`), written to `s`
-/// (row stride `lds`, `2·W` columns).
+/// (row stride `lds`, `2·W` columns); `d` counts slots (pairs of the head dimension for
+/// [`Bf16Pairs`]).
 ///
 /// # Safety
 /// `q` valid for `d·R` floats, `kp` for `d·2·W` floats, `s` for `R` rows of `2·W`.
 #[inline(always)]
-pub unsafe fn qk_panel<S: Simd, const R: usize>(
+pub unsafe fn qk_panel<S: Simd, P: Product, const R: usize>(
     q: *const f32,
     kp: *const f32,
     d: usize,
@@ -37,8 +86,8 @@ pub unsafe fn qk_panel<S: Simd, const R: usize>(
             let b1 = S::load(kp.add(k * 2 * S::W + S::W));
             for (r, a) in acc.iter_mut().enumerate() {
                 let x = S::splat(*q.add(k * R + r));
-                a[0] = S::fma(x, b0, a[0]);
-                a[1] = S::fma(x, b1, a[1]);
+                a[0] = P::madd::<S>(x, b0, a[0]);
+                a[1] = P::madd::<S>(x, b1, a[1]);
             }
         }
         let sc = S::splat(scale);
@@ -108,7 +157,7 @@ pub unsafe fn qk_rows<S: Simd, E: KvElem, const R: usize>(
 /// `p` valid for `R` rows of `n` at those strides, `v` for `n` rows reaching column `c0 + NV·W`, `o` likewise
 /// for `R` rows.
 #[inline(always)]
-pub unsafe fn pv<S: Simd, E: KvElem, const R: usize, const NV: usize>(
+pub unsafe fn pv<S: Simd, P: Product, E: KvElem, const R: usize, const NV: usize>(
     p: *const f32,
     ldp: usize,
     ldj: usize,
@@ -135,7 +184,7 @@ pub unsafe fn pv<S: Simd, E: KvElem, const R: usize, const NV: usize>(
             for (r, a) in acc.iter_mut().enumerate() {
                 let pr = S::splat(*p.add(r * ldp + j * ldj));
                 for c in 0..NV {
-                    a[c] = S::fma(pr, vv[c], a[c]);
+                    a[c] = P::madd::<S>(pr, vv[c], a[c]);
                 }
             }
         }
@@ -153,7 +202,7 @@ pub unsafe fn pv<S: Simd, E: KvElem, const R: usize, const NV: usize>(
 /// # Safety
 /// As for [`pv`], with `rows` rows and columns up to `c1`.
 #[inline(always)]
-pub unsafe fn pv_scalar<E: KvElem>(
+pub unsafe fn pv_scalar<P: Product, E: KvElem>(
     p: *const f32,
     ldp: usize,
     ldj: usize,
@@ -171,7 +220,7 @@ pub unsafe fn pv_scalar<E: KvElem>(
             for c in cols.clone() {
                 let mut acc = *o.add(r * ldo + c);
                 for j in 0..n {
-                    acc += *p.add(r * ldp + j * ldj) * (*v.add(j * ldv + c)).to_f32();
+                    acc = P::scalar(*p.add(r * ldp + j * ldj), (*v.add(j * ldv + c)).to_f32(), acc);
                 }
                 *o.add(r * ldo + c) = acc;
             }

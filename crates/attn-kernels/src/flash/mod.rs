@@ -4,7 +4,8 @@
 //!
 //! This module is the entry point, `forward`: it picks the micro-kernels' instruction set, asks
 //! `plan` how to cut the call (prefill or decode path, packing chunks, split-KV shards; the rules
-//! are there), packs each chunk's keys into panels (`pack`, in a reused `workspace` buffer) and
+//! are there), packs each chunk's keys (and, with bfloat16 products, values) into panels (`pack`,
+//! in a reused `workspace` buffer; the entry point for AVX512-BF16 products is `block_fn`'s) and
 //! runs the jobs on rayon's threads, whole (`forward::run`, one block of query rows through the
 //! online softmax) or as key shards merged through their log-sum-exps (`split`). Attention sinks
 //! are joined after every job, once per row (`merge::fold_sink_rows`): the blocks and shards
@@ -87,7 +88,7 @@ use rayon::prelude::*;
 use crate::error::Result;
 use crate::isa::Isa;
 use crate::merge::{fold_sink_rows, SinkRows};
-use crate::problem::Problem;
+use crate::problem::{Precision, Problem};
 use crate::reference::AttnOutput;
 use crate::view::View4;
 pub(crate) use backward::backward;
@@ -116,12 +117,13 @@ pub(crate) fn forward<E: KvElem>(
     tuning: Tuning,
 ) -> Result<AttnOutput<f32>> {
     assert!(isa.is_available(), "flash kernel entered without {isa:?} support");
-    let (run, w) = entry::of::<E>(isa);
+    let (run, w) = block_fn::<E>(isa, pb.compute);
     let cx = Ctx { pb, q: *q, k: *k, v: *v };
     let d = pb.dims;
     let AttnOutput { mut out, mut lse, mut lse_residue, mut weights, .. } =
         AttnOutput::alloc(&d, want_weights, 0.0, f32::NEG_INFINITY)?;
-    let plan = Plan::new(&d, w, want_weights, pb.elem.block.is_some(), tuning, rayon::current_num_threads());
+    let threads = rayon::current_num_threads();
+    let plan = Plan::new(&d, w, want_weights, pb.elem.block.is_some(), pb.compute, tuning, threads);
     let path = Some(if plan.decode { Path::Decode } else { Path::Prefill });
     if out.is_empty() && lse.is_empty() {
         return Ok(AttnOutput { out, lse, lse_residue, weights, path });
@@ -134,7 +136,7 @@ pub(crate) fn forward<E: KvElem>(
         let mut panels = workspace::take(&[heads, plen])?;
         panels.par_chunks_mut(plen.max(1)).enumerate().for_each(|(x, p)| {
             let hh = first + x;
-            pack::pack_keys(k, hh / d.hkv, hh % d.hkv, 0..d.lk, w, p);
+            pack::pack_head(k, v, hh / d.hkv, hh % d.hkv, w, pb.compute, p);
         });
         let panels_of = |job: &Job| (!plan.decode).then(|| &panels[(job.b * d.hkv + job.kvh - first) * plen..][..plen]);
         let chunk_outs: Vec<(Job, Outs)> = chunk.iter().map(|j| (j.clone(), outs.take(j.rows(), d.dv, d.lk))).collect();
@@ -158,3 +160,22 @@ pub(crate) fn forward<E: KvElem>(
 }
 
 isa_entries!(run(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work));
+
+/// The forward's entry point for `isa` and its vector width: `isa`'s own, but AVX-512F with
+/// AVX512-BF16's products (`VDPBF16PS`) for [`Precision::Bf16`] on a CPU that has them.
+fn block_fn<E: KvElem>(isa: Isa, compute: Precision) -> (BlockFn<E>, usize) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && compute == Precision::Bf16 && Isa::has_avx512_bf16() {
+        return (run_avx512_bf16::<E>, 16);
+    }
+    entry::of::<E>(isa)
+}
+
+/// # Safety
+/// The CPU supports AVX-512F and AVX512-BF16; otherwise as for [`run`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn run_avx512_bf16<E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work) {
+    // SAFETY: forwarded from the caller.
+    unsafe { run::<simd::Avx512Bf16, E>(cx, panels, job, outs, w) }
+}

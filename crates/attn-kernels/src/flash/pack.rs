@@ -1,10 +1,17 @@
 //! Packing of one key head (or a range of its keys) into panels for the `qk_panel` micro-kernel: keys in groups of `2·W`,
 //! each panel stored `[Dk][2·W]` (so a panel row is one vector pair), widened to f32, zero
 //! beyond `Lk`. Done once per key/value head and shared by every query head of its group.
+//!
+//! With bfloat16 products ([`Precision::Bf16`], [`pack_head`]) the forward packs both operands as
+//! bfloat16 pairs, one pair per f32 slot: key panels `[⌈Dk/2⌉][2·W]` (each slot a key's dimensions
+//! `2t, 2t+1`), then the values `[Lk/2][Dv]` where slot `(g·W + l, c)` pairs column `c` of keys
+//! `2W·g + l` and `2W·g + l + W` (the pairing `Simd::pack_bf16` gives two vectors of probabilities
+//! without a shuffle).
 
 use std::ops::Range;
 
 use super::simd::KvElem;
+use crate::problem::{Dims, Precision};
 use crate::view::View4;
 
 /// Floats needed for the panels of `lk` keys of dimension `dk` with vector width `w`
@@ -32,4 +39,61 @@ pub fn pack_keys<E: KvElem>(k: &View4<E>, b: usize, h: usize, keys: Range<usize>
             }
         }
     }
+}
+
+/// Slots of one key/value head's packed operands for the forward: [`panel_len`] with f32
+/// products; with bfloat16 products the key pair panels and then the value pairs.
+pub fn head_len(d: &Dims, w: usize, compute: Precision) -> usize {
+    match compute {
+        Precision::F32 => panel_len(d.lk, d.dk, w),
+        Precision::Bf16 => values_at(d, w).saturating_add((d.lk.div_ceil(2 * w) * w).saturating_mul(d.dv)),
+    }
+}
+
+/// Where the value pairs start in a head packed with bfloat16 products: after its key panels.
+pub fn values_at(d: &Dims, w: usize) -> usize {
+    panel_len(d.lk, d.dk.div_ceil(2), w)
+}
+
+/// Packs head `(b, h)` of `k` (and, with bfloat16 products, of `v`) into `out`, of length
+/// [`head_len`].
+pub fn pack_head<E: KvElem>(
+    k: &View4<E>,
+    v: &View4<E>,
+    b: usize,
+    h: usize,
+    w: usize,
+    compute: Precision,
+    out: &mut [f32],
+) {
+    let lk = k.dims()[2];
+    if compute == Precision::F32 {
+        return pack_keys(k, b, h, 0..lk, w, out);
+    }
+    let (dk, dv, pw) = (k.dims()[3], v.dims()[3], 2 * w);
+    let words = dk.div_ceil(2);
+    let (kp, vp) = out.split_at_mut(panel_len(lk, words, w));
+    let at = |row: &[E], c: usize| row.get(c).map_or(0, |x| x.bf16_bits());
+    for (p, panel) in kp.chunks_exact_mut(pw * words).enumerate() {
+        for c in 0..pw {
+            let j = p * pw + c;
+            let row = (j < lk).then(|| k.row(b, h, j));
+            for t in 0..words {
+                panel[t * pw + c] = row.map_or(0.0, |row| pair(at(row, 2 * t), at(row, 2 * t + 1)));
+            }
+        }
+    }
+    let value = |j: usize, c: usize| if j < lk { v.row(b, h, j)[c].bf16_bits() } else { 0 };
+    for (u, slots) in vp.chunks_exact_mut(dv.max(1)).enumerate().take(lk.div_ceil(pw) * w) {
+        let j = u / w * pw + u % w;
+        for (c, x) in slots.iter_mut().enumerate().take(dv) {
+            *x = pair(value(j, c), value(j + w, c));
+        }
+    }
+}
+
+/// Two bfloat16 values (their bits) paired in one f32 slot, `lo` in the low half (as
+/// `Simd::pack_bf16` pairs them).
+pub(super) fn pair(lo: u16, hi: u16) -> f32 {
+    f32::from_bits(u32::from(lo) | u32::from(hi) << 16)
 }

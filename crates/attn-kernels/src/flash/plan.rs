@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use super::block::Job;
 use super::pack;
-use crate::problem::Dims;
+use crate::problem::{Dims, Precision};
 
 /// Query rows per prefill job when a head's keys and values fit in half of the L2 cache.
 pub const BLOCK_ROWS: usize = 24;
@@ -63,7 +63,7 @@ pub(super) struct Plan {
     pub(super) jobs: Vec<Job>,
     /// Key shards per job; 1 runs each job whole.
     pub(super) shards: usize,
-    /// Floats of packed keys per key/value head.
+    /// Slots of packed operands per key/value head (`pack::head_len`).
     pub(super) panel_len: usize,
     /// Key/value heads packed at once.
     pub(super) heads_per_chunk: usize,
@@ -71,8 +71,17 @@ pub(super) struct Plan {
 
 impl Plan {
     /// The plan for sizes `d` with key panels of `2·w` keys on `threads` threads.
-    /// With `sparse` (a block mask), prefill jobs lie inside one of its query blocks.
-    pub(super) fn new(d: &Dims, w: usize, want_weights: bool, sparse: bool, tuning: Tuning, threads: usize) -> Plan {
+    /// With `sparse` (a block mask), prefill jobs lie inside one of its query blocks; `compute`
+    /// sets what a head's packing holds.
+    pub(super) fn new(
+        d: &Dims,
+        w: usize,
+        want_weights: bool,
+        sparse: bool,
+        compute: Precision,
+        tuning: Tuning,
+        threads: usize,
+    ) -> Plan {
         let decode = match tuning.path {
             Some(p) => p == Path::Decode,
             None => decodes(d),
@@ -83,7 +92,7 @@ impl Plan {
             Some(n) => n.max(1),
             None => (JOBS_PER_THREAD * threads).div_ceil(jobs.len()).min(d.lk / MIN_SHARD_KEYS).max(1),
         };
-        let panel_len = pack::panel_len(d.lk, d.dk, w);
+        let panel_len = pack::head_len(d, w, compute);
         let heads_per_chunk =
             if decode { d.b * d.hkv } else { (PACK_BUDGET / panel_len.saturating_mul(4).max(1)).max(1) };
         Plan { decode, jobs, shards, panel_len, heads_per_chunk }

@@ -12,10 +12,10 @@
 use std::ops::Range;
 
 use super::block::{rows_per_call, with_rows, Ctx, Job, Work, LDS};
-use super::micro::{qk_panel, qk_rows};
+use super::micro::{qk_panel, qk_rows, Bf16Pairs, Fma};
 use super::simd::{KvElem, Simd};
 use super::softcap::softcap_row;
-use crate::problem::Problem;
+use crate::problem::{Precision, Problem};
 
 /// Scaled (and soft-capped, biased) scores of every row of `job` against keys `j0..j0+n`, written
 /// to `w.s` (`[rows, LDS]`), masked (−∞) where not allowed; columns from `n` up to the
@@ -51,7 +51,8 @@ pub(super) unsafe fn scores<S: Simd, E: KvElem>(
 ///
 /// # Safety
 /// The CPU supports `S`'s instruction set. With `panels`, they are the packing of the job's
-/// `(b, kvh)` by `pack_keys` for `S::W`; without, `k` holds keys `j0..j0+n` of the head at row
+/// `(b, kvh)` by `pack_head` for `S::W` and the call's precision (the queries in `w.q` stored to
+/// match); without, `k` holds keys `j0..j0+n` of the head at row
 /// stride `ldk`, each `Dk` long.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -81,14 +82,20 @@ pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
                 let pw = 2 * S::W;
                 let np = n.div_ceil(pw);
                 width = np * pw;
+                let bf16 = pb.compute == Precision::Bf16;
+                let slots = if bf16 { dk.div_ceil(2) } else { dk };
                 for pi in 0..np {
-                    let kp = p.as_ptr().add((j0 / pw + pi) * dk * pw);
+                    let kp = p.as_ptr().add((j0 / pw + pi) * slots * pw);
                     let mut r0 = 0;
                     while r0 < rows {
                         let nr = rq.min(rows - r0);
                         // The destination stays an argument expression: bound to a `let` outside the
                         // `with_rows!` arms, it costs the portable build a third more instructions.
-                        with_rows!(nr, qk_panel::<S; >(qp.add(r0 * dk), kp, dk, scale, sp.add(r0 * LDS + pi * pw), LDS));
+                        if bf16 {
+                            with_rows!(nr, qk_panel::<S, Bf16Pairs; >(qp.add(r0 * dk), kp, slots, scale, sp.add(r0 * LDS + pi * pw), LDS));
+                        } else {
+                            with_rows!(nr, qk_panel::<S, Fma; >(qp.add(r0 * dk), kp, dk, scale, sp.add(r0 * LDS + pi * pw), LDS));
+                        }
                         r0 += nr;
                     }
                 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use attn_kernels::{
-    Align, AttnParams, BlockMask, Broadcast, Dims, Dropout, MaskMod, MaskSpec, ScoreFn, ScoreMod, Window,
+    Align, AttnParams, BlockMask, Broadcast, Dims, Dropout, MaskMod, MaskSpec, Precision, ScoreFn, ScoreMod, Window,
 };
 
 use super::dense::Dense;
@@ -209,6 +209,7 @@ impl Case {
             dropout: self.dropout,
             score_mod: self.score.as_ref().map(|x| ScoreFn { m: &*x.m, table: &x.table }),
             sinks: sinks.filter(|_| self.sinks.is_some()),
+            compute: Precision::F32,
         }
     }
 

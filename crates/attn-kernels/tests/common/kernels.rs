@@ -5,12 +5,16 @@
 
 use attn_kernels::Kernel;
 
-/// `isa_test!([avx512] ITEM)` / `isa_test!([avx2] ITEM)`: the `#[test]` item `ITEM` of one
+/// `isa_test!([avx512] ITEM)` / `isa_test!([avx512bf16] ITEM)` / `isa_test!([avx2] ITEM)`: the `#[test]` item `ITEM` of one
 /// instruction set, ignored with the reason where this machine lacks it; `isa_test!([] ITEM)`:
 /// `ITEM` as it is.
 macro_rules! isa_test {
     ([avx512] $item:item) => {
         #[cfg_attr(attn_lacks_avx512, ignore = "this CPU lacks AVX-512F")]
+        $item
+    };
+    ([avx512bf16] $item:item) => {
+        #[cfg_attr(attn_lacks_avx512_bf16, ignore = "this CPU lacks AVX-512F with AVX512-BF16")]
         $item
     };
     ([avx2] $item:item) => {

@@ -174,6 +174,7 @@ impl Fixture {
             dropout: None,
             score_mod: None,
             sinks,
+            compute: attn_kernels::Precision::F32,
         })
     }
 

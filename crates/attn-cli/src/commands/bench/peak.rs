@@ -2,16 +2,18 @@
 //! on every thread at once, so benchmark results can be stated as a fraction of what the cores
 //! can do. The loop uses the instructions of the kernel being benchmarked: AVX2 when
 //! `flash-avx2` is forced (on an AVX-512 CPU its share of peak is then of AVX2's), otherwise the
-//! widest of AVX-512 and AVX2 detected at run time. Other CPUs report the peak as unknown.
+//! widest of AVX-512 and AVX2 detected at run time; with `--compute bf16` on a CPU with
+//! AVX512-BF16, `VDPBF16PS` (two bfloat16 products per f32 lane, the peak of bf16 products). Other
+//! CPUs report the peak as unknown.
 
 use std::time::Instant;
 
-use attn_kernels::{Isa, Kernel};
+use attn_kernels::{Isa, Kernel, Precision};
 
 /// Measured `f32` FMA peak.
 #[derive(Debug, Clone, Copy)]
 pub struct Peak {
-    /// Instruction set of the loop: `"avx512"` or `"avx2"`.
+    /// Instruction set of the loop: `"avx512"`, `"avx512-bf16"` or `"avx2"`.
     pub isa: &'static str,
     /// GFLOP/s of one thread.
     pub single_gflops: f64,
@@ -30,6 +32,7 @@ const MIN_SECONDS: f64 = 0.05;
 #[derive(Debug, Clone, Copy)]
 enum FmaIsa {
     Avx512,
+    Avx512Bf16,
     Avx2,
 }
 
@@ -50,14 +53,17 @@ impl FmaIsa {
     fn name(self) -> &'static str {
         match self {
             FmaIsa::Avx512 => "avx512",
+            FmaIsa::Avx512Bf16 => "avx512-bf16",
             FmaIsa::Avx2 => "avx2",
         }
     }
 
-    /// FLOPs of one loop iteration: every accumulator does one FMA (2 FLOPs per lane).
+    /// FLOPs of one loop iteration: every accumulator does one FMA (2 FLOPs per lane), or one
+    /// `VDPBF16PS` (two products and two sums per lane).
     fn flops_per_iter(self) -> f64 {
         let lanes = match self {
             FmaIsa::Avx512 => 16,
+            FmaIsa::Avx512Bf16 => 32,
             FmaIsa::Avx2 => 8,
         };
         (ACC * lanes * 2) as f64
@@ -70,6 +76,9 @@ impl FmaIsa {
             // SAFETY: `detect` returned Avx512 only after checking that the CPU has AVX-512F.
             #[cfg(target_arch = "x86_64")]
             FmaIsa::Avx512 => unsafe { fma_avx512(iters) },
+            // SAFETY: `measure` picks Avx512Bf16 only after `Isa::has_avx512_bf16`.
+            #[cfg(target_arch = "x86_64")]
+            FmaIsa::Avx512Bf16 => unsafe { dot_avx512_bf16(iters) },
             // SAFETY: `detect` returned Avx2 only after checking that the CPU has AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
             FmaIsa::Avx2 => unsafe { fma_avx2(iters) },
@@ -105,6 +114,23 @@ fn fma_avx512(iters: u64) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn dot_avx512_bf16(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let (a, b) = (
+        _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5), _mm512_set1_ps(0.25)),
+        _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-6), _mm512_set1_ps(-1e-6)),
+    );
+    let mut acc = [_mm512_setzero_ps(); ACC];
+    for _ in 0..iters {
+        for x in acc.iter_mut() {
+            *x = _mm512_dpbf16_ps(*x, a, b);
+        }
+    }
+    _mm512_reduce_add_ps(acc.iter().fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x)))
+}
+
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn fma_avx2(iters: u64) -> f32 {
     use std::arch::x86_64::*;
@@ -121,13 +147,14 @@ fn fma_avx2(iters: u64) -> f32 {
     lanes.iter().sum()
 }
 
-/// Measures the FMA peak of the instructions `kernel` runs on (see the module header), on one
-/// thread and on `threads` threads; `None` when this CPU has neither AVX-512F nor AVX2+FMA. Takes
-/// well under a second.
-pub fn measure(threads: usize, kernel: Kernel) -> Option<Peak> {
+/// Measures the FMA peak of the instructions `kernel` runs on with products in `compute` (see
+/// the module header), on one thread and on `threads` threads; `None` when this CPU has neither
+/// AVX-512F nor AVX2+FMA. Takes well under a second.
+pub fn measure(threads: usize, kernel: Kernel, compute: Precision) -> Option<Peak> {
     let isa = match kernel.resolve() {
         // `resolve` refuses a flash kernel whose instructions this CPU lacks.
         Ok(Kernel::Flash(Isa::Avx2)) => FmaIsa::Avx2,
+        Ok(Kernel::Flash(Isa::Avx512)) if compute == Precision::Bf16 && Isa::has_avx512_bf16() => FmaIsa::Avx512Bf16,
         _ => FmaIsa::detect()?,
     };
     let mut iters = 1u64 << 14;
@@ -147,7 +174,7 @@ mod tests {
 
     #[test]
     fn peak_is_positive_when_known() {
-        if let Some(p) = measure(2, Kernel::Auto) {
+        if let Some(p) = measure(2, Kernel::Auto, Precision::F32) {
             assert!(p.single_gflops > 0.0 && p.all_gflops > 0.0, "{p:?}");
             assert_eq!(p.threads, 2);
         }
@@ -156,12 +183,14 @@ mod tests {
     #[test]
     fn peak_follows_the_forced_instruction_set() {
         let best = FmaIsa::detect().map(FmaIsa::name);
-        assert_eq!(measure(1, Kernel::Reference).map(|p| p.isa), best);
+        assert_eq!(measure(1, Kernel::Reference, Precision::F32).map(|p| p.isa), best);
         if Isa::Avx2.is_available() {
-            assert_eq!(measure(1, Kernel::Flash(Isa::Avx2)).map(|p| p.isa), Some("avx2"));
+            assert_eq!(measure(1, Kernel::Flash(Isa::Avx2), Precision::Bf16).map(|p| p.isa), Some("avx2"));
         }
         if Isa::Avx512.is_available() {
-            assert_eq!(measure(1, Kernel::Flash(Isa::Avx512)).map(|p| p.isa), Some("avx512"));
+            assert_eq!(measure(1, Kernel::Flash(Isa::Avx512), Precision::F32).map(|p| p.isa), Some("avx512"));
+            let bf16 = if Isa::has_avx512_bf16() { "avx512-bf16" } else { "avx512" };
+            assert_eq!(measure(1, Kernel::Auto, Precision::Bf16).map(|p| p.isa), Some(bf16));
         }
     }
 }

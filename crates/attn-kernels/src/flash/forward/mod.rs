@@ -9,17 +9,20 @@
 //! denominator. Tiles outside every row's band are never visited, nor key blocks that a block mask
 //! lists for none of the block's rows. The path is chosen by whether
 //! `panels` is given: packed keys (prefill, queries stored transposed per micro-kernel call, tiles
-//! aligned to the panel width) or keys read in place (decode).
+//! aligned to the panel width) or keys read in place (decode). With bfloat16 products (prefill
+//! only) the queries are stored as bfloat16 pairs and `P·V` takes `accumulate_bf16`.
 
 pub(super) mod accumulate;
 pub(super) mod softmax;
 
 use super::block::{head, rows_per_call, tile_keys, Ctx, Job, Outs, Work};
+use super::pack::{pair, values_at};
 use super::scores::{bad_columns, scores};
 use super::simd::{KvElem, Simd};
 use crate::lse::lse_parts;
+use crate::problem::Precision;
 use crate::sparse::{runs, BlockMask, SPARSE_BLOCK};
-use accumulate::accumulate;
+use accumulate::{accumulate, accumulate_bf16};
 use softmax::{softmax_update, write_weights};
 
 /// Runs one block; `panels` holds the packed keys of the block's head in the prefill path.
@@ -28,7 +31,7 @@ use softmax::{softmax_update, write_weights};
 ///
 /// # Safety
 /// Must run on a CPU supporting `S`'s instruction set; `panels`, when given, is the packing of
-/// this block's `(b, kvh)` by `pack_keys` for `S::W`.
+/// this block's `(b, kvh)` by `pack_head` for `S::W` and the call's precision.
 #[inline(always)]
 pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work) {
     let pb = cx.pb;
@@ -37,14 +40,22 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     let tile = tile_keys(d.dk, panels.is_some());
     w.reset(rows, d.dk);
     let (rq, _) = rows_per_call::<S>();
+    let bf16 = pb.compute == Precision::Bf16 && panels.is_some();
     for r in 0..rows {
         let (h, i) = job.head_query(r);
         let q = cx.q.row(job.b, h, i);
         if panels.is_some() {
             let r0 = r / rq * rq;
             let nr = rq.min(rows - r0);
-            for (k, &x) in q.iter().enumerate() {
-                w.q[r0 * d.dk + k * nr + r - r0] = x;
+            let at = |k: usize| r0 * d.dk + k * nr + r - r0;
+            if bf16 {
+                for (k, x) in q.chunks(2).enumerate() {
+                    w.q[at(k)] = pair(x[0].bf16_bits(), x.get(1).map_or(0, |x| x.bf16_bits()));
+                }
+            } else {
+                for (k, &x) in q.iter().enumerate() {
+                    w.q[at(k)] = x;
+                }
             }
         } else {
             w.q[r * d.dk..(r + 1) * d.dk].copy_from_slice(q);
@@ -67,8 +78,13 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
         let bad = masked.map_or_else(Vec::new, |clean| bad_columns(vhead, ldv, d.dv, j0, n, clean, w, rows));
         // SAFETY: the CPU supports `S` (forwarded from the caller).
         unsafe { softmax_update::<S>(cx, job, w, outs.o, j0, n) };
-        // SAFETY: as above; value rows `j0..j0+n` exist, each `Dv` long.
-        unsafe { accumulate::<S, E>(w, rows, vhead.as_ptr().add(j0 * ldv), ldv, n, d.dv, outs.o, &bad) };
+        match panels.filter(|_| bf16 && bad.is_empty()) {
+            // SAFETY: the CPU supports `S`; tiles start at multiples of the panel width and the
+            // head's packing holds the value pairs of every key from `values_at` on.
+            Some(p) => unsafe { accumulate_bf16::<S>(w, rows, &p[values_at(&d, S::W)..], j0, n, d.dv, outs.o) },
+            // SAFETY: as above; value rows `j0..j0+n` exist, each `Dv` long.
+            None => unsafe { accumulate::<S, E>(w, rows, vhead.as_ptr().add(j0 * ldv), ldv, n, d.dv, outs.o, &bad) },
+        }
     }
     for r in 0..rows {
         let (m, l) = (w.m[r], w.l[r]);

@@ -1,7 +1,9 @@
 //! The vector operations the flash kernel is written in, as one trait ([`Simd`]) with three
 //! implementations: AVX-512F (16 lanes) and AVX2+FMA+F16C (8 lanes) in `x86`, and a portable one
 //! (8 lanes of plain Rust) in `portable`; the vector functions built on them, written once, in
-//! `math` ([`exp`] and [`tanh`], for soft-capping); and the storage types of
+//! `math` ([`exp`] and [`tanh`], for soft-capping); bfloat16 pairs for the products of
+//! [`crate::Precision::Bf16`] (`pack_bf16`, `dot_bf16`: native on AVX512-BF16 through
+//! `Avx512Bf16`, emulated with FMAs elsewhere); and the storage types of
 //! keys and values ([`KvElem`]: f32, f16, bf16), widened to f32 on load.
 //!
 //! Every method is `#[inline(always)]` and `unsafe`: the x86 implementations may only run on a CPU
@@ -14,11 +16,15 @@ mod math;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_bf16;
 
 use half::{bf16, f16};
 
 pub use math::{exp, tanh};
 pub use portable::Portable;
+#[cfg(target_arch = "x86_64")]
+pub use x86::Avx512Bf16;
 #[cfg(target_arch = "x86_64")]
 pub use x86::{Avx2, Avx512};
 
@@ -115,6 +121,31 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// The CPU has `Self`'s instruction set.
     unsafe fn reduce_sum(v: Self::V) -> f32;
 
+    /// Each lane's 32 bits read as two bfloat16 values, widened: `(low half, high half)`.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn bf16_halves(v: Self::V) -> (Self::V, Self::V);
+
+    /// Lanes of `lo` and `hi` rounded to bfloat16 (to nearest, ties to even; NaN stays NaN) and
+    /// paired in each lane's 32 bits, `lo` in the low half: the operand [`Simd::dot_bf16`] reads.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn pack_bf16(lo: Self::V, hi: Self::V) -> Self::V;
+
+    /// `acc + a.hi·b.hi + a.lo·b.lo` per lane, `a` and `b` holding bfloat16 pairs as
+    /// [`Simd::pack_bf16`] makes them: AVX512-BF16's `VDPBF16PS` where an implementation has it,
+    /// else (this default) two fused multiply-adds on the widened halves, whose products are exact.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    #[inline(always)]
+    unsafe fn dot_bf16(acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: forwarded from the caller.
+        unsafe { emulated_dot_bf16::<Self>(acc, a, b) }
+    }
+
     /// Sums of the lanes of four vectors.
     ///
     /// # Safety
@@ -136,6 +167,20 @@ pub trait Simd: Copy + Send + Sync + 'static {
     }
 }
 
+/// [`Simd::dot_bf16`] with two fused multiply-adds on the widened halves (high pair first, as
+/// `VDPBF16PS` adds them); the products of two bfloat16 values are exact in f32.
+///
+/// # Safety
+/// The CPU has `S`'s instruction set.
+#[inline(always)]
+pub unsafe fn emulated_dot_bf16<S: Simd>(acc: S::V, a: S::V, b: S::V) -> S::V {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let ((a0, a1), (b0, b1)) = (S::bf16_halves(a), S::bf16_halves(b));
+        S::fma(a0, b0, S::fma(a1, b1, acc))
+    }
+}
+
 /// Storage types of keys and values, widened to f32 on load.
 pub trait KvElem: Copy + Send + Sync + 'static {
     /// Loads `S::W` elements as f32.
@@ -145,6 +190,8 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     unsafe fn load<S: Simd>(p: *const Self) -> S::V;
     /// One element as f32.
     fn to_f32(self) -> f32;
+    /// One element rounded to bfloat16 (to nearest, ties to even), its bits.
+    fn bf16_bits(self) -> u16;
 }
 
 impl KvElem for f32 {
@@ -156,6 +203,10 @@ impl KvElem for f32 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
+    }
+    #[inline(always)]
+    fn bf16_bits(self) -> u16 {
+        bf16::from_f32(self).to_bits()
     }
 }
 
@@ -169,6 +220,10 @@ impl KvElem for f16 {
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
     }
+    #[inline(always)]
+    fn bf16_bits(self) -> u16 {
+        bf16::from_f32(self.to_f32()).to_bits()
+    }
 }
 
 impl KvElem for bf16 {
@@ -180,5 +235,9 @@ impl KvElem for bf16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn bf16_bits(self) -> u16 {
+        self.to_bits()
     }
 }

@@ -91,6 +91,15 @@ impl Simd for Portable {
         v.into_iter().fold(f32::NEG_INFINITY, f32::max)
     }
     #[inline(always)]
+    unsafe fn bf16_halves(v: Self::V) -> (Self::V, Self::V) {
+        (v.map(|x| f32::from_bits(x.to_bits() << 16)), v.map(|x| f32::from_bits(x.to_bits() & 0xFFFF_0000)))
+    }
+    #[inline(always)]
+    unsafe fn pack_bf16(lo: Self::V, hi: Self::V) -> Self::V {
+        let bits = |x: f32| u32::from(bf16::from_f32(x).to_bits());
+        std::array::from_fn(|i| f32::from_bits(bits(lo[i]) | bits(hi[i]) << 16))
+    }
+    #[inline(always)]
     unsafe fn reduce_sum(v: Self::V) -> f32 {
         let s: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
         (s[0] + s[2]) + (s[1] + s[3])

@@ -1,20 +1,27 @@
 //! The x86 implementations of [`Simd`]: [`Avx512`] (AVX-512F, 16 lanes, `scalef` for `ldexp`) and
-//! [`Avx2`] (AVX2 with FMA and F16C, 8 lanes), each method one or a few intrinsics. Compiled only
-//! on x86-64; which one runs is decided by the entry point after `Isa::is_available`.
+//! [`Avx2`] (AVX2 with FMA and F16C, 8 lanes), each method one or a few intrinsics (the bfloat16
+//! pair operations in `x86_bf16`). [`Avx512Bf16`] is [`Avx512`] with AVX512-BF16's `VDPBF16PS` for
+//! [`Simd::dot_bf16`]. Compiled only on x86-64; which one runs is decided by the entry point after
+//! `Isa::is_available` (and, for [`Avx512Bf16`], `Isa::has_avx512_bf16`).
 
 use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
+use super::x86_bf16::{halves256, halves512, pack256, pack512};
 use super::Simd;
 
-/// AVX-512F, 16 lanes.
+/// AVX-512F, 16 lanes; with `NATIVE_BF16`, [`Simd::dot_bf16`] is AVX512-BF16's `VDPBF16PS`.
 #[derive(Clone, Copy)]
-pub struct Avx512;
+pub struct Avx512<const NATIVE_BF16: bool = false>;
+
+/// AVX-512F with AVX512-BF16.
+pub type Avx512Bf16 = Avx512<true>;
 
 // Every method is only reached from functions compiled with
-// `#[target_feature(enable = "avx512f")]`, entered after `Isa::Avx512.is_available()`.
-impl Simd for Avx512 {
+// `#[target_feature(enable = "avx512f")]` (and `avx512bf16` for `Avx512Bf16`), entered after
+// `Isa::Avx512.is_available()` (and `Isa::has_avx512_bf16()`).
+impl<const NATIVE_BF16: bool> Simd for Avx512<NATIVE_BF16> {
     const W: usize = 16;
     type V = __m512;
     #[inline(always)]
@@ -136,6 +143,29 @@ impl Simd for Avx512 {
         // SAFETY: AVX-512F is present (the caller's contract).
         unsafe { _mm512_reduce_add_ps(v) }
     }
+    #[inline(always)]
+    unsafe fn bf16_halves(v: __m512) -> (__m512, __m512) {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { halves512(v) }
+    }
+    #[inline(always)]
+    unsafe fn pack_bf16(lo: __m512, hi: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { pack512(lo, hi) }
+    }
+    #[inline(always)]
+    unsafe fn dot_bf16(acc: __m512, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: with `NATIVE_BF16` the CPU has AVX512-BF16 (the caller's contract); a vector of
+        // 16 f32 lanes and one of 32 bfloat16 lanes are the same 512 bits.
+        unsafe {
+            if NATIVE_BF16 {
+                let (a, b) = (std::mem::transmute::<__m512, __m512bh>(a), std::mem::transmute::<__m512, __m512bh>(b));
+                _mm512_dpbf16_ps(acc, a, b)
+            } else {
+                super::emulated_dot_bf16::<Self>(acc, a, b)
+            }
+        }
+    }
 }
 
 /// AVX2 with FMA and F16C, 8 lanes.
@@ -251,5 +281,15 @@ impl Simd for Avx2 {
             let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
             _mm_cvtss_f32(s)
         }
+    }
+    #[inline(always)]
+    unsafe fn bf16_halves(v: __m256) -> (__m256, __m256) {
+        // SAFETY: AVX2 is present (the caller's contract).
+        unsafe { halves256(v) }
+    }
+    #[inline(always)]
+    unsafe fn pack_bf16(lo: __m256, hi: __m256) -> __m256 {
+        // SAFETY: AVX2 is present (the caller's contract).
+        unsafe { pack256(lo, hi) }
     }
 }

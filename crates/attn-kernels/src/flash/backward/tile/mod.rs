@@ -20,7 +20,7 @@ use super::rows::dot_as_panel;
 use super::{BwdCtx, BwdJob, KEY_BLOCK, TILE_ROWS};
 use crate::flash::block::{head, rows_per_call, with_rows};
 use crate::flash::forward::accumulate::pv_block;
-use crate::flash::micro::qk_panel;
+use crate::flash::micro::{qk_panel, Fma};
 use crate::flash::pack::{pack_keys, panel_len};
 use crate::flash::scores::{all_finite, decode_scores};
 use crate::flash::simd::{KvElem, Simd};
@@ -251,7 +251,9 @@ unsafe fn panel_product<S: Simd>(
             let nr = rq.min(rows - r0);
             // SAFETY: chunk `r0` holds `nr·d` floats; the panel `d·pw`; the output row block
             // `nr` rows of `LDB >= np·pw` columns.
-            unsafe { with_rows!(nr, qk_panel::<S; >(ap.add(r0 * d), kp, d, scale, op.add(r0 * LDB + pi * pw), LDB)) };
+            unsafe {
+                with_rows!(nr, qk_panel::<S, Fma; >(ap.add(r0 * d), kp, d, scale, op.add(r0 * LDB + pi * pw), LDB))
+            };
             r0 += nr;
         }
     }
@@ -345,13 +347,13 @@ unsafe fn accumulate<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut B
     // `dq` `nr` rows.
     unsafe {
         let (qb, ob, kb) = (qb.add(i0 * ldq), ob.add(i0 * ldo), kb.add(j0 * ldk));
-        pv_block::<S, f32>(pd.as_ptr(), 1, LDB, ob, ldo, nr, w.dv.as_mut_ptr(), d.dv, n);
-        pv_block::<S, f32>(w.dp.as_ptr(), 1, LDB, qb, ldq, nr, w.dk.as_mut_ptr(), d.dk, n);
+        pv_block::<S, Fma, f32>(pd.as_ptr(), 1, LDB, ob, ldo, nr, w.dv.as_mut_ptr(), d.dv, n);
+        pv_block::<S, Fma, f32>(w.dp.as_ptr(), 1, LDB, qb, ldq, nr, w.dk.as_mut_ptr(), d.dk, n);
         let mut c = 0;
         for run_end in w.bad_keys.iter().copied().chain(std::iter::once(n)) {
             if run_end > c {
                 let (dx, k) = (w.dp.as_ptr().add(c), kb.add(c * ldk));
-                pv_block::<S, E>(dx, LDB, 1, k, ldk, run_end - c, dq.as_mut_ptr(), d.dk, nr);
+                pv_block::<S, Fma, E>(dx, LDB, 1, k, ldk, run_end - c, dq.as_mut_ptr(), d.dk, nr);
             }
             c = run_end + 1;
         }
