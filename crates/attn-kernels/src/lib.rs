@@ -7,6 +7,8 @@
 //! - [`alloc`]: fallible allocation of every buffer sized by the caller's shapes ([`AllocError`]).
 //! - [`score_mod`]: programmable score modifications ([`ScoreMod`]) with their derivatives.
 //! - [`sparse`]: programmable masks ([`MaskMod`]) and their block-sparse description ([`BlockMask`]).
+//! - [`linear`]: linear attention (kernel feature maps, causal chunked and recurrent), forward and
+//!   backward, with its naive oracle.
 //! - [`varlen`]: packed variable-length sequences (FlashAttention's `flash_attn_varlen_func`),
 //!   forward and backward, on the same kernels.
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
@@ -19,6 +21,7 @@ pub mod error;
 pub mod flash;
 pub mod grad;
 pub mod isa;
+pub mod linear;
 mod lse;
 pub mod mask;
 pub mod merge;

@@ -8,6 +8,8 @@
 //!   lengths with [`cu_seqlens`].
 //! - [`SdpaOptions::kernel_params`]: the same options as `attn_kernels` parameters, for calling the
 //!   kernels directly.
+//! - [`linear_attention`](fn@linear_attention) with [`LinearOptions`]: linear attention (kernel
+//!   feature maps, causal and not, FAVOR+), differentiable.
 //! - [`Mask`], [`padding_mask`], [`key_lengths_from_tokens`]: building masks.
 //! - `heatmap`: drawing weights as pictures; `picture::PictureFormat`: the format a path names;
 //!   `chart`: line charts — with the feature `pictures` (plotters, image and a font; off by
@@ -84,6 +86,7 @@ mod convert;
 pub mod error;
 #[cfg(feature = "pictures")]
 pub mod heatmap;
+pub mod linear;
 pub mod mask;
 pub mod options;
 mod params;
@@ -105,6 +108,7 @@ pub use attn_kernels::sparse;
 pub use attn_kernels::{Align, AllocError, AttnError, Dropout, Kernel, Precision, Window};
 pub use candle_core;
 pub use error::{AttnLibError, Result};
+pub use linear::{linear_attention, LinearOptions};
 pub use mask::{key_lengths_from_tokens, padding_mask, Mask, Polarity};
 pub use options::{ScoreModOption, SdpaOptions};
 pub use params::KernelParams;

@@ -1,13 +1,14 @@
 //! The README's library, sinks, packed-sequences and block-sparse examples are the texts the
 //! crate's doctests compile (`doc/library-example.rs` and `doc/sparse-*.rs`, included in
 //! `src/lib.rs`, `doc/sinks-example.rs`, on `SdpaOptions::sinks`, and `doc/varlen-example.rs`, in
-//! `src/varlen/mod.rs`, all with warnings denied): this checks README.md quotes them word for word,
+//! `src/varlen/mod.rs`, `doc/linear-example.rs`, in `src/linear/mod.rs`, all with warnings denied): this checks README.md quotes them word for word,
 //! so an edit to one without the other fails here.
 
 const README: &str = include_str!("../../../README.md");
 const EXAMPLE: &str = include_str!("../doc/library-example.rs");
 const SINKS_EXAMPLE: &str = include_str!("../doc/sinks-example.rs");
 const VARLEN_EXAMPLE: &str = include_str!("../doc/varlen-example.rs");
+const LINEAR_EXAMPLE: &str = include_str!("../doc/linear-example.rs");
 const SPARSE_EXAMPLES: [&str; 3] = [
     include_str!("../doc/sparse-mask-mod.rs"),
     include_str!("../doc/sparse-patterns.rs"),
@@ -42,6 +43,15 @@ fn readme_packed_sequences_block_is_the_doctested_example() {
     assert_eq!(
         block, VARLEN_EXAMPLE,
         "README.md's Packed sequences block differs from crates/attn/doc/varlen-example.rs"
+    );
+}
+
+#[test]
+fn readme_linear_attention_block_is_the_doctested_example() {
+    let block = first_block("Linear attention");
+    assert_eq!(
+        block, LINEAR_EXAMPLE,
+        "README.md's Linear attention block differs from crates/attn/doc/linear-example.rs"
     );
 }
 

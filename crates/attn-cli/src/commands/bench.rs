@@ -20,6 +20,7 @@ use std::time::Duration;
 
 mod backward;
 mod inputs;
+mod linear;
 mod packed;
 mod peak;
 mod sparse;
@@ -103,6 +104,14 @@ pub struct Args {
     /// lengths. FLOPs count each sequence's own pairs, for both.
     #[arg(long, value_name = "L1,...,LB", value_delimiter = ',', conflicts_with = "pattern")]
     pub seq_lens: Option<Vec<usize>>,
+    /// Time linear attention with this feature map instead (the kernels called directly; with
+    /// --causal the chunked form, with --backward forward plus backward). FLOPs: see the line the
+    /// command prints.
+    #[arg(long, value_name = "MAP", conflicts_with_all = ["seq_lens", "pattern", "autograd", "window", "softcap", "dropout"])]
+    pub linear: Option<linear::BenchMap>,
+    /// Random features of `--linear favor`.
+    #[arg(long, value_name = "M", default_value_t = 256, requires = "linear")]
+    pub features: usize,
     /// With --seq-lens, time the padded batch [B, H, Lq, D] with the lengths as key lengths
     /// instead of the packed sequences.
     #[arg(long, requires = "seq_lens")]
@@ -145,6 +154,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let peak = if args.peak { Some(peak::measure(threads, args.sdpa.kernel, args.sdpa.compute)) } else { None };
     if let Some(p) = peak {
         print_peak(&args, p, threads);
+    }
+    if let Some(map) = args.linear {
+        return linear::main(&args, map, cases, &pool, peak.flatten().map(|p| p.all_gflops));
     }
     let pattern = args.sdpa.pattern()?;
     let mut base = args.sdpa.options();

@@ -14,6 +14,7 @@
 //! (the output line gives its parameters and the fraction of 64×64 blocks it lists).
 
 mod inputs;
+mod linear;
 mod packed;
 
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ use super::sdpa_flags::SdpaFlags;
 use super::threads::Threads;
 use crate::io::{check_not_an_input, write_tensors, HostTensor, IoError, TensorFormat};
 use inputs::Inputs;
+use linear::LinearMap;
 
 /// Arguments of `attn run`.
 #[derive(clap::Args, Debug)]
@@ -82,6 +84,13 @@ pub struct Args {
     pub grad_out: Option<PathBuf>,
     #[command(flatten)]
     pub sdpa: SdpaFlags,
+    /// Linear attention with this feature map instead of softmax attention:
+    /// `out_i = φ(q_i)·Σ_j φ(k_j) v_jᵀ / (φ(q_i)·Σ_j φ(k_j) + 1e-6)` over the keys `j` (`j ≤ i` with
+    /// `--causal`, which needs `Lq = Lk`; keys beyond `key_lengths` left out), `φ` applied to `q`
+    /// and `k` as given (no `1/√D` scale). Writes `out` (no `lse`) and, with `grad_out`, `dq`,
+    /// `dk`, `dv`; takes no mask, bias, sinks or packed sequences.
+    #[arg(long, value_name = "MAP", conflicts_with_all = ["weights", "window", "scale", "softcap", "dropout", "align"])]
+    pub linear: Option<LinearMap>,
     /// Also write the attention weights (before dropout).
     #[arg(long)]
     pub weights: bool,
@@ -108,17 +117,20 @@ pub fn main(args: Args) -> Result<()> {
         None => Inputs::from_npy(&args)?,
     };
     let described = inputs.describe();
-    let mut call = inputs.into_call(args.sdpa.options().return_weights(args.weights))?;
+    let linear = args.linear.map(|m| m.options(args.sdpa.causal));
+    if let (Some(_), Some(p)) = (&linear, &pattern) {
+        anyhow::bail!("--pattern {p}: linear attention (--linear) takes no block-sparse pattern");
+    }
+    let mut call = inputs.into_call(args.sdpa.options().return_weights(args.weights), linear)?;
     let pattern_text = match &pattern {
         Some(p) => format!(", pattern {p} ({:.4} of blocks)", call.set_pattern(p)?),
         None => String::new(),
     };
     let result = pool.install(|| call.run())?;
     let file = args.output.display().to_string();
-    let mut named = vec![("out", &result.sdpa.out), ("lse", &result.sdpa.lse)];
-    if let Some(w) = &result.sdpa.weights {
-        named.push(("weights", w));
-    }
+    let mut named = vec![("out", &result.out)];
+    named.extend(result.lse.iter().map(|t| ("lse", t)));
+    named.extend(result.weights.iter().map(|t| ("weights", t)));
     named.extend(result.grads.iter().map(|(n, t)| (*n, t)));
     let mut tensors = named
         .into_iter()
@@ -134,9 +146,15 @@ pub fn main(args: Args) -> Result<()> {
     write_tensors(&args.output, format, &refs)?;
     let shapes: Vec<String> = tensors.iter().map(|(n, t)| format!("{n} {:?}", t.shape)).collect();
     let dropout = args.sdpa.dropout_text().map_or(String::new(), |d| format!(", {d}"));
+    let kernel = match args.linear {
+        Some(m) => {
+            let causal = if args.sdpa.causal { "causal" } else { "non-causal" };
+            format!("linear {} ({causal})", m.options(false).map.name())
+        }
+        None => format!("{} kernel", args.sdpa.kernel_text()),
+    };
     println!(
-        "{described} -> {} kernel{dropout}{pattern_text} -> {} written to {}",
-        args.sdpa.kernel_text(),
+        "{described} -> {kernel}{dropout}{pattern_text} -> {} written to {}",
         shapes.join(", "),
         args.output.display()
     );

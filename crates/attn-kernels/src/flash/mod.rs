@@ -78,7 +78,7 @@ mod micro;
 mod pack;
 mod plan;
 mod scores;
-mod simd;
+pub(crate) mod simd;
 mod softcap;
 mod split;
 mod workspace;

@@ -10,11 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::anyhow;
+use attn::linear::LinearOptions;
 use attn::sparse::Pattern;
 use attn::AttnError;
-use attn::{sdpa_full, sdpa_varlen_full, AttnLibError, Mask, SdpaOptions, SdpaOutput};
+use attn::{linear_attention, sdpa_full, sdpa_varlen_full, AttnLibError, Mask, SdpaOptions};
 use candle_core::{DType, Tensor, Var};
 
+use super::linear::refuse_softmax_only;
 use super::packed::{self, Offsets};
 use super::Args;
 use crate::commands::pattern_flags::pattern_error;
@@ -139,8 +141,14 @@ impl Inputs {
     /// the mask BOOL/U8 with non-zero = may attend, the bias float, the key lengths I32/I64 `[B]`,
     /// the sinks float rank 1 (their length `Hq` is the library's check), these four added to
     /// `opts`; the packed offsets as [`packed::offsets`] says.
-    pub(super) fn into_call(self, mut opts: SdpaOptions) -> Result<Call, IoError> {
+    pub(super) fn into_call(self, mut opts: SdpaOptions, linear: Option<LinearOptions>) -> Result<Call, IoError> {
         let files = self.roles().map(|(n, s)| (n, s.file.clone())).collect();
+        if linear.is_some() {
+            let cu = [("cu_seqlens_q", &self.cu_seqlens_q), ("cu_seqlens_k", &self.cu_seqlens_k)];
+            refuse_softmax_only(
+                [("mask", &self.mask), ("bias", &self.bias), ("sinks", &self.sinks)].into_iter().chain(cu),
+            )?;
+        }
         let dense_only =
             [("mask", &self.mask), ("bias", &self.bias), ("key_lengths", &self.key_lengths), ("sinks", &self.sinks)];
         let offsets = packed::offsets(self.cu_seqlens_q, self.cu_seqlens_k, &self.q.file, dense_only)?;
@@ -177,7 +185,8 @@ impl Inputs {
                 _ => Err(IoErrorKind::Shape { found: t.shape, expected: "rank 1 [Hq]".into() }),
             })?);
         }
-        Ok(Call { q, k, v, grad_out, opts, offsets, files })
+        let linear = linear.map(|l| LinearOptions { key_lengths: opts.key_lengths.clone(), ..l });
+        Ok(Call { q, k, v, grad_out, opts, linear, offsets, files })
     }
 }
 
@@ -208,6 +217,8 @@ pub(super) struct Call {
     /// The output's gradient, `[B, Hq, Lq, Dv]` F32, when the gradients are asked for.
     grad_out: Option<Tensor>,
     opts: SdpaOptions,
+    /// Linear attention's options, which replace `opts` when given (`attn run --linear`).
+    linear: Option<LinearOptions>,
     /// The packed sequences' offsets, when `q`, `k`, `v` are packed.
     offsets: Option<Offsets>,
     /// `(role, file)`, `q` first.
@@ -216,13 +227,22 @@ pub(super) struct Call {
 
 /// What one run computes.
 pub(super) struct RunOutput {
-    /// `out`, `lse` and the weights when asked.
-    pub sdpa: SdpaOutput,
+    /// `out`, and `lse` and the weights when asked (softmax attention only).
+    pub out: Tensor,
+    pub lse: Option<Tensor>,
+    pub weights: Option<Tensor>,
     /// With the weights, the keep-mask `[B, Hq, Lq, Lk]` (`U8`) of the cells masking set to 0.
     pub keep: Option<Tensor>,
     /// `dq`, `dk`, `dv`, `dbias` (with a bias) and `dsinks` (with sinks) as F32 when `grad_out` is
     /// given, else empty.
     pub grads: Vec<(&'static str, Tensor)>,
+}
+
+/// The attention part of a [`RunOutput`].
+struct Attended {
+    out: Tensor,
+    lse: Option<Tensor>,
+    weights: Option<Tensor>,
 }
 
 impl Call {
@@ -258,7 +278,13 @@ impl Call {
         };
         let Some(grad_out) = &self.grad_out else {
             let sdpa = self.attend(&self.q, &self.k, &self.v, &self.opts)?;
-            return Ok(RunOutput { sdpa, keep: keep()?, grads: Vec::new() });
+            return Ok(RunOutput {
+                out: sdpa.out,
+                lse: sdpa.lse,
+                weights: sdpa.weights,
+                keep: keep()?,
+                grads: Vec::new(),
+            });
         };
         let var = |t: &Tensor| Var::from_tensor(t).map_err(|e| self.candle_error(e));
         let (q, k, v) = (var(&self.q)?, var(&self.k)?, var(&self.v)?);
@@ -281,16 +307,22 @@ impl Call {
                 Ok((name, grad.to_dtype(DType::F32).map_err(|e| self.candle_error(e))?))
             })
             .collect::<anyhow::Result<_>>()?;
-        Ok(RunOutput { sdpa, keep: keep()?, grads })
+        Ok(RunOutput { out: sdpa.out, lse: sdpa.lse, weights: sdpa.weights, keep: keep()?, grads })
     }
 
-    /// The library's attention on `q`, `k`, `v`: dense, or packed when the offsets are given.
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) -> anyhow::Result<SdpaOutput> {
-        let result = match &self.offsets {
-            None => sdpa_full(q, k, v, opts),
-            Some(Offsets { q: cq, k: ck }) => {
-                sdpa_varlen_full(q, k, v, cq, ck, opts).map(|r| SdpaOutput { out: r.out, lse: r.lse, weights: None })
+    /// The library's attention on `q`, `k`, `v`: dense, packed when the offsets are given, or
+    /// linear (no `lse`, no weights).
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) -> anyhow::Result<Attended> {
+        let result = match (&self.linear, &self.offsets) {
+            (Some(l), _) => linear_attention(q, k, v, l).map(|out| Attended { out, lse: None, weights: None }),
+            (None, None) => {
+                sdpa_full(q, k, v, opts).map(|r| Attended { out: r.out, lse: Some(r.lse), weights: r.weights })
             }
+            (None, Some(Offsets { q: cq, k: ck })) => sdpa_varlen_full(q, k, v, cq, ck, opts).map(|r| Attended {
+                out: r.out,
+                lse: Some(r.lse),
+                weights: None,
+            }),
         };
         result.map_err(|e| self.error(e))
     }

@@ -1,0 +1,216 @@
+//! The feature maps `φ` of linear attention, applied to the rows of queries and keys, and their
+//! exact vector–Jacobian products:
+//! - [`FeatureMap::Elu`]: `elu(x) + 1` (Katharopoulos et al. 2020), positive;
+//! - [`FeatureMap::Relu`]: `max(x, 0)`;
+//! - [`FeatureMap::Identity`]: `x` (denominators may be 0 or negative: the caller's choice);
+//! - [`FeatureMap::Favor`]: FAVOR+ positive random features, `φ(x)_r = exp(w_r·x − |x|²/2 − c)/√m`
+//!   ([`FavorFeatures`]). The stabiliser `c` is the maximum of `w_r·x − |x|²/2` over the row's `r`
+//!   for a query and over every `(key, r)` of the head for keys (Performer's choice); a query's `c`
+//!   cancels between numerator and denominator, the keys' is common to all of them, so both only
+//!   move the result through `ε`. Like Performer's code, the backward treats `c` as a constant.
+
+use std::any::TypeId;
+
+use super::favor::FavorFeatures;
+use super::gemm::{gemm, Lhs};
+use crate::error::{AttnError, Result};
+use crate::isa::Isa;
+use crate::reference::Real;
+use crate::view::View4;
+
+use super::head;
+
+/// Which `φ` linear attention applies to queries and keys.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FeatureMap {
+    /// `elu(x) + 1`: `x + 1` for `x > 0`, `exp(x)` otherwise.
+    Elu,
+    /// `max(x, 0)`.
+    Relu,
+    /// `x`.
+    Identity,
+    /// FAVOR+ with the given projection (`m` features).
+    Favor(FavorFeatures),
+}
+
+impl FeatureMap {
+    /// The feature dimension `F` for head dimension `d`: `d`, or FAVOR+'s `m`.
+    pub fn features(&self, d: usize) -> usize {
+        match self {
+            FeatureMap::Favor(f) => f.features(),
+            _ => d,
+        }
+    }
+
+    /// The map's name: `elu`, `relu`, `identity`, `favor`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FeatureMap::Elu => "elu",
+            FeatureMap::Relu => "relu",
+            FeatureMap::Identity => "identity",
+            FeatureMap::Favor(_) => "favor",
+        }
+    }
+
+    /// Checks that a FAVOR+ projection was drawn for head dimension `d`.
+    pub(crate) fn check(&self, d: usize) -> Result<()> {
+        match self {
+            FeatureMap::Favor(f) if f.dim() != d => {
+                Err(AttnError::DimMismatch { tensor: "favor features", dim: "D", expected: d, found: f.dim() })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `out[i·F + ·] = φ(x_i)` for the `n` rows `x_i = x[i·ldx ..][..d]`; FAVOR+ stabilises each
+    /// row by its own maximum, or with `shared` by the maximum over all `n` rows (keys).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn apply<T: Real>(
+        &self,
+        isa: Isa,
+        n: usize,
+        d: usize,
+        x: &[T],
+        ldx: usize,
+        out: &mut [T],
+        shared: bool,
+    ) {
+        let rows = || (0..n).map(|i| &x[i * ldx..i * ldx + d]);
+        match self {
+            FeatureMap::Elu => {
+                for (xi, o) in rows().zip(out.chunks_exact_mut(d)) {
+                    match (as_f32(xi), as_f32_mut(o)) {
+                        (Some(xi), Some(o)) => super::elu::elu1_f32(xi, o),
+                        _ => o
+                            .iter_mut()
+                            .zip(xi)
+                            .for_each(|(o, &v)| *o = if v > T::zero() { v + T::one() } else { v.exp() }),
+                    }
+                }
+            }
+            FeatureMap::Relu => {
+                for (xi, o) in rows().zip(out.chunks_exact_mut(d)) {
+                    o.iter_mut().zip(xi).for_each(|(o, &v)| *o = v.max(T::zero()));
+                }
+            }
+            FeatureMap::Identity => {
+                for (xi, o) in rows().zip(out.chunks_exact_mut(d)) {
+                    o.copy_from_slice(xi);
+                }
+            }
+            FeatureMap::Favor(f) => {
+                let m = f.features();
+                let out = &mut out[..n * m];
+                favor_logits(isa, f, n, x, ldx, out);
+                let scale = T::from_f64(1.0 / (m as f64).sqrt()).expect("finite");
+                let all = out.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
+                for o in out.chunks_exact_mut(m) {
+                    let c = if shared { all } else { o.iter().fold(T::neg_infinity(), |a, &b| a.max(b)) };
+                    o.iter_mut().for_each(|u| *u = (*u - c).exp() * scale);
+                }
+            }
+        }
+    }
+
+    /// `out[i·F + ·] = φ(x_i)` for the first `n` rows of head `(b, h)` of `x` (see [`apply`](Self::apply)).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn apply_head<T: Real>(
+        &self,
+        isa: Isa,
+        x: &View4<T>,
+        b: usize,
+        h: usize,
+        n: usize,
+        out: &mut [T],
+        shared: bool,
+    ) {
+        if n > 0 {
+            let (rows, ld) = head(x, b, h);
+            self.apply(isa, n, x.dims()[3], rows, ld, out, shared);
+        }
+    }
+
+    /// `dx_i = (∂φ/∂x)(x_i)ᵀ · g_i` for the `n` rows, given `phi_i = φ(x_i)` (as [`apply`](Self::apply)
+    /// returned it) and `g_i = ∂L/∂φ_i` (`[n, F]`, overwritten for FAVOR+); `dx: [n, d]` is
+    /// overwritten.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn vjp<T: Real>(
+        &self,
+        isa: Isa,
+        n: usize,
+        d: usize,
+        x: &[T],
+        ldx: usize,
+        phi: &[T],
+        g: &mut [T],
+        dx: &mut [T],
+    ) {
+        let rows = (0..n).map(|i| &x[i * ldx..i * ldx + d]);
+        match self {
+            FeatureMap::Elu => {
+                for (((xi, p), gi), o) in
+                    rows.zip(phi.chunks_exact(d)).zip(g.chunks_exact(d)).zip(dx.chunks_exact_mut(d))
+                {
+                    let each = o.iter_mut().zip(xi).zip(gi).zip(p);
+                    each.for_each(|(((o, &x), &g), &p)| *o = if x > T::zero() { g } else { g * p });
+                }
+            }
+            FeatureMap::Relu => {
+                for ((xi, gi), o) in rows.zip(g.chunks_exact(d)).zip(dx.chunks_exact_mut(d)) {
+                    o.iter_mut()
+                        .zip(xi)
+                        .zip(gi)
+                        .for_each(|((o, &x), &g)| *o = if x > T::zero() { g } else { T::zero() });
+                }
+            }
+            FeatureMap::Identity => dx[..n * d].copy_from_slice(&g[..n * d]),
+            FeatureMap::Favor(f) => {
+                // dx = Σ_r g_r φ_r (w_r − x) = W·(g∘φ) − x·Σ_r g_r φ_r.
+                let m = f.features();
+                let w: Vec<T> = f.weights().iter().map(|&v| T::from_f64(v).expect("finite")).collect();
+                dx[..n * d].iter_mut().for_each(|v| *v = T::zero());
+                let mut sums = Vec::with_capacity(n);
+                for (gi, p) in g.chunks_exact_mut(m).zip(phi.chunks_exact(m)).take(n) {
+                    gi.iter_mut().zip(p).for_each(|(a, &b)| *a = *a * b);
+                    sums.push(gi.iter().fold(T::zero(), |a, &b| a + b));
+                }
+                gemm(isa, n, d, m, Lhs::rows(g, m), &w, d, dx, d);
+                for ((o, xi), s) in dx.chunks_exact_mut(d).zip(rows).zip(sums) {
+                    o.iter_mut().zip(xi).for_each(|(o, &v)| *o = *o - v * s);
+                }
+            }
+        }
+    }
+}
+
+/// `out[i·m + r] = w_r·x_i − |x_i|²/2` for the `n` rows of `x` (row stride `ldx`).
+pub(crate) fn favor_logits<T: Real>(isa: Isa, f: &FavorFeatures, n: usize, x: &[T], ldx: usize, out: &mut [T]) {
+    let (d, m) = (f.dim(), f.features());
+    let mut wt = vec![T::zero(); d * m];
+    for (r, row) in f.weights().chunks_exact(d).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            wt[c * m + r] = T::from_f64(v).expect("finite");
+        }
+    }
+    out[..n * m].iter_mut().for_each(|v| *v = T::zero());
+    gemm(isa, n, m, d, Lhs::rows(x, ldx), &wt, m, out, m);
+    let half = T::from_f64(0.5).expect("finite");
+    for (i, o) in out.chunks_exact_mut(m).take(n).enumerate() {
+        let sq = x[i * ldx..i * ldx + d].iter().fold(T::zero(), |a, &b| a + b * b) * half;
+        o.iter_mut().for_each(|u| *u = *u - sq);
+    }
+}
+
+/// `x` as `f32` when `T` is `f32`.
+fn as_f32<T: Real>(x: &[T]) -> Option<&[f32]> {
+    // SAFETY: `T` is `f32` (same type id), so the slice's memory holds `f32` values.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) })
+}
+
+/// `x` as `f32` when `T` is `f32`.
+fn as_f32_mut<T: Real>(x: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: as in `as_f32`.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) })
+}
