@@ -13,7 +13,7 @@
 //! mask and bias to host memory), checks them against the sizes once, and the op's forward and
 //! backward both borrow that one conversion.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use attn_kernels::alloc;
 use attn_kernels::{attention, attention_backward, AttnGrads, KvView, Problem, Saved, View4};
@@ -99,12 +99,25 @@ pub(crate) fn forward(
     };
     let saved = Arc::new(Mutex::new(ForwardState::default()));
     let op = SdpaOp { host, args, saved: saved.clone() };
-    let out = q.apply_op3_arc(&a2, &a3, Arc::new(Box::new(op)));
-    // The log-sum-exp stays with the op for its backward; the weights and an error are taken.
+    // The log-sum-exp stays with the op for its backward; the weights are taken.
+    let (out, mut s) = apply_op(q, &a2, &a3, op, &saved)?;
+    Ok((out, copy_lse(&s.lse)?, s.weights.take()))
+}
+
+/// Applies `op` to `(a1, a2, a3)`: its output and the state its forward left in `saved`, or the
+/// typed error that forward kept there ([`failed`]).
+pub(crate) fn apply_op<'s>(
+    a1: &Tensor,
+    a2: &Tensor,
+    a3: &Tensor,
+    op: impl CustomOp3 + Send + Sync + 'static,
+    saved: &'s Mutex<ForwardState>,
+) -> Result<(Tensor, MutexGuard<'s, ForwardState>)> {
+    let out = a1.apply_op3_arc(a2, a3, Arc::new(Box::new(op)));
     let mut s = saved.lock().unwrap_or_else(|e| e.into_inner());
-    match (out, s.error.take()) {
-        (_, Some(e)) => Err(e),
-        (out, None) => Ok((out?, copy_lse(&s.lse)?, s.weights.take())),
+    match s.error.take() {
+        Some(e) => Err(e),
+        None => Ok((out?, s)),
     }
 }
 

@@ -10,26 +10,23 @@ use attn_kernels::{Real, View4};
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor, WithDType};
 
 use super::LinearOptions;
-use crate::autograd::cpu;
+use crate::autograd::{apply_op, cpu, failed, ForwardState};
 use crate::convert::view4;
-use crate::error::{AttnLibError, Result};
+use crate::error::Result;
 
 struct LinearOp {
     opts: LinearOptions,
-    /// Why the forward failed, typed (candle's error would only carry its text).
-    error: Arc<Mutex<Option<AttnLibError>>>,
+    /// Where the forward keeps why it failed, typed ([`failed`]).
+    saved: Arc<Mutex<ForwardState>>,
 }
 
 /// Runs the op on contiguous `f32` or `f64` tensors of one dtype.
 pub(super) fn forward(q: &Tensor, k: &Tensor, v: &Tensor, opts: &LinearOptions) -> Result<Tensor> {
-    let error = Arc::new(Mutex::new(None));
-    let op = LinearOp { opts: opts.clone(), error: error.clone() };
-    let out = q.apply_op3_arc(k, v, Arc::new(Box::new(op)));
-    let failed = error.lock().unwrap_or_else(|e| e.into_inner()).take();
-    match (out, failed) {
-        (_, Some(e)) => Err(e),
-        (out, None) => Ok(out?),
-    }
+    let saved = Arc::new(Mutex::new(ForwardState::default()));
+    let op = LinearOp { opts: opts.clone(), saved: saved.clone() };
+    let (out, state) = apply_op(q, k, v, op, &saved)?;
+    drop(state);
+    Ok(out)
 }
 
 impl LinearOp {
@@ -82,11 +79,7 @@ impl CustomOp3 for LinearOp {
             CpuStorage::F64(_) => self.fwd::<f64>(s),
             _ => self.fwd::<f32>(s),
         };
-        r.map_err(|e| {
-            let text = e.to_string();
-            *self.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-            candle_core::Error::Msg(text)
-        })
+        r.map_err(|e| failed(&self.saved, e))
     }
 
     fn bwd(

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use attn_kernels::{attention_varlen, attention_varlen_backward, AttnGrads, CuSeqlens, VarlenSaved};
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor};
 
-use crate::autograd::{copy_lse, cpu, failed, ForwardState};
+use crate::autograd::{apply_op, copy_lse, cpu, failed, ForwardState};
 use crate::convert::{packed, packed_kv};
 use crate::error::Result;
 use crate::options::SdpaOptions;
@@ -36,12 +36,8 @@ pub(super) fn forward(
     let host = opts.kernel_params::<f32>()?.into_owned();
     let saved = Arc::new(Mutex::new(ForwardState::default()));
     let op = VarlenOp { host, cu_q: cu[0].to_vec(), cu_k: cu[1].to_vec(), saved: saved.clone() };
-    let out = q.apply_op3_arc(k, v, Arc::new(Box::new(op)));
-    let mut s = saved.lock().unwrap_or_else(|e| e.into_inner());
-    match (out, s.error.take()) {
-        (_, Some(e)) => Err(e),
-        (out, None) => Ok((out?, copy_lse(&s.lse)?)),
-    }
+    let (out, s) = apply_op(q, k, v, op, &saved)?;
+    Ok((out, copy_lse(&s.lse)?))
 }
 
 impl VarlenOp {
