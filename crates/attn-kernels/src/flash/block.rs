@@ -150,7 +150,7 @@ pub(in crate::flash) fn rows_per_call<S: Simd>() -> (usize, usize) {
 /// before.
 pub(in crate::flash) fn qk_chunks(rows: usize, rq: usize) -> impl Iterator<Item = (usize, usize)> {
     let calls = rows.div_ceil(rq.max(1));
-    let (base, extra) = if calls == 0 { (0, 0) } else { (rows / calls, rows % calls) };
+    let (base, extra) = (rows.checked_div(calls).unwrap_or(0), rows.checked_rem(calls).unwrap_or(0));
     (0..calls).map(move |c| (c * base + c.min(extra), base + usize::from(c < extra)))
 }
 
