@@ -6,7 +6,8 @@
 //! multiple of `Hkv`; causal needs `Lq = Lk`. `φ` sees `q` and `k` as given (no `1/√D` scale).
 //! Dtypes: computed in `f64` when `q` is `f64`, in `f32` otherwise (inputs converted); the output
 //! has the computing dtype. Differentiable through candle's autograd with respect to `q`, `k`, `v`
-//! (`op`, a `CustomOp3` whose backward is the fused backward kernel).
+//! (`op`, a `CustomOp3` whose backward is the fused backward kernel). [`LinearDecoder`] decodes
+//! causally one token at a time through the recurrent state (`recurrent`).
 //!
 //! The README's example (its text lives in `doc/linear-example.rs`; `tests/readme.rs` checks that
 //! README.md quotes it word for word):
@@ -32,10 +33,12 @@
 )]
 
 mod op;
+mod recurrent;
 
 use candle_core::{DType, Tensor};
 
 pub use attn_kernels::linear::{FavorFeatures, FeatureMap, LinearState, CHUNK, EPS};
+pub use recurrent::LinearDecoder;
 
 use crate::convert::check_input;
 use crate::error::{AttnLibError, Result};

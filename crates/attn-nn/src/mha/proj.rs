@@ -1,0 +1,77 @@
+//! The four projections of multi-head attention under PyTorch `nn.MultiheadAttention`'s names and
+//! initialisation, shared by [`super::MultiHeadAttention`] and [`crate::LinearAttention`] so both
+//! load the same state dicts: `in_proj_weight [3E, E]` when queries, keys and values all have width
+//! `E` and every head has its own keys, otherwise `q_proj_weight [E, E]`,
+//! `k_proj_weight [Hkv·hd, kdim]`, `v_proj_weight [Hkv·hd, vdim]`; with `bias`,
+//! `in_proj_bias [E + 2·Hkv·hd]`; `out_proj.weight [E, E]` and `out_proj.bias [E]`.
+
+use candle_core::Tensor;
+use candle_nn::{Init, VarBuilder};
+
+use crate::error::Result;
+use crate::linear::Linear;
+
+/// The widths of the projections.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProjSizes {
+    /// `E`: queries and outputs.
+    pub e: usize,
+    /// `Hkv·hd`: projected keys and values.
+    pub kv: usize,
+    /// Width of the keys fed in.
+    pub kdim: usize,
+    /// Width of the values fed in.
+    pub vdim: usize,
+    /// Whether the projections have biases.
+    pub bias: bool,
+}
+
+/// `W_Q`, `W_K`, `W_V` and the output projection.
+#[derive(Debug)]
+pub(crate) struct Projections {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub out: Linear,
+}
+
+impl Projections {
+    /// Loads (or, from a `VarMap`, creates with PyTorch's initialisation) the weights under `vb`.
+    pub(crate) fn load(s: ProjSizes, vb: &VarBuilder) -> Result<Self> {
+        let ProjSizes { e, kv, kdim, vdim, bias } = s;
+        let xavier = |rows: usize, cols: usize| {
+            let bound = (6.0 / (rows + cols) as f64).sqrt();
+            Init::Uniform { lo: -bound, up: bound }
+        };
+        let (wq, wk, wv) = if kdim == e && vdim == e && kv == e {
+            let w = vb.get_with_hints((3 * e, e), "in_proj_weight", xavier(3 * e, e))?;
+            (w.narrow(0, 0, e)?, w.narrow(0, e, e)?, w.narrow(0, 2 * e, e)?)
+        } else {
+            (
+                vb.get_with_hints((e, e), "q_proj_weight", xavier(e, e))?,
+                vb.get_with_hints((kv, kdim), "k_proj_weight", xavier(kv, kdim))?,
+                vb.get_with_hints((kv, vdim), "v_proj_weight", xavier(kv, vdim))?,
+            )
+        };
+        let (bq, bk, bv, out) = if bias {
+            let b = vb.get_with_hints(e + 2 * kv, "in_proj_bias", Init::Const(0.0))?;
+            let out_w = vb.get_with_hints((e, e), "out_proj.weight", candle_nn::init::DEFAULT_KAIMING_UNIFORM)?;
+            let out_b = vb.get_with_hints(e, "out_proj.bias", Init::Const(0.0))?;
+            (
+                Some(b.narrow(0, 0, e)?),
+                Some(b.narrow(0, e, kv)?),
+                Some(b.narrow(0, e + kv, kv)?),
+                Linear::new(out_w, Some(out_b)),
+            )
+        } else {
+            (None, None, None, Linear::load_no_bias(e, e, vb.pp("out_proj"))?)
+        };
+        Ok(Self { q: Linear::new(wq, bq), k: Linear::new(wk, bk), v: Linear::new(wv, bv), out })
+    }
+}
+
+/// `x: [B, L, n·hd]` → `[B, n, L, hd]`.
+pub(crate) fn split_heads(x: &Tensor, n: usize) -> Result<Tensor> {
+    let (b, l, w) = x.dims3()?;
+    Ok(x.reshape((b, l, n, w / n))?.transpose(1, 2)?)
+}
