@@ -26,7 +26,7 @@ use crate::dropout::SeedStream;
 use crate::error::{NnError, Result};
 use crate::layout::Layout;
 use crate::masks::AttnMasks;
-use crate::mha::proj::{split_heads, ProjSizes, Projections};
+use crate::mha::proj::{key_value, split_heads, ProjSizes, Projections};
 use crate::mha::MhaOutput;
 
 const MODULE: &str = "LinearAttention";
@@ -248,17 +248,9 @@ impl LinearAttention {
         let dtype = self.proj.out.weight().dtype();
         let layout = Layout::of(MODULE, "query", input.query, e, dtype, cfg.batch_first)?;
         let query = layout.to_bld(input.query)?;
-        let key = layout.expect(MODULE, "key", input.key, e, dtype)?;
-        let value = layout.expect(MODULE, "value", input.value, e, dtype)?;
-        let ((b, lq, _), (kb, lk, _), (vb, lv, _)) = (query.dims3()?, key.dims3()?, value.dims3()?);
-        if kb != b || vb != b || lv != lk {
-            return Err(NnError::Input {
-                module: MODULE,
-                input: "key/value",
-                found: [input.key.dims(), input.value.dims()].concat(),
-                expected: format!("batch {b} like query and equal key/value lengths"),
-            });
-        }
+        let (b, lq, _) = query.dims3()?;
+        let (key, value) = key_value(MODULE, layout, (input.key, input.value), (e, e), dtype, b)?;
+        let lk = key.dim(1)?;
         let scale = match cfg.map {
             LinearMap::Favor { .. } => ((e / h) as f64).powf(-0.25),
             _ => 1.0,

@@ -35,7 +35,7 @@ use crate::kv_cache::Cache;
 use crate::layout::Layout;
 use crate::masks::AttnMasks;
 use crate::position::rope::RopeConfig;
-use proj::{split_heads, ProjSizes, Projections};
+use proj::{key_value, split_heads, ProjSizes, Projections};
 
 const MODULE: &str = "MultiHeadAttention";
 
@@ -273,17 +273,8 @@ impl MultiHeadAttention {
         let query = layout.to_bld(input.query)?;
         let (b, lq, _) = query.dims3()?;
         let fresh_kv = |offset: usize| -> Result<(Tensor, Tensor)> {
-            let key = layout.expect(MODULE, "key", input.key, cfg.kdim.unwrap_or(e), dtype)?;
-            let value = layout.expect(MODULE, "value", input.value, cfg.vdim.unwrap_or(e), dtype)?;
-            let ((kb, lk, _), (vb, lv, _)) = (key.dims3()?, value.dims3()?);
-            if kb != b || vb != b || lv != lk {
-                return Err(NnError::Input {
-                    module: MODULE,
-                    input: "key/value",
-                    found: [input.key.dims(), input.value.dims()].concat(),
-                    expected: format!("batch {b} like query and equal key/value lengths"),
-                });
-            }
+            let widths = (cfg.kdim.unwrap_or(e), cfg.vdim.unwrap_or(e));
+            let (key, value) = key_value(MODULE, layout, (input.key, input.value), widths, dtype, b)?;
             let k = split_heads(&self.proj.k.forward(&key)?, hkv)?; // [B, Hkv, Lk, hd]
             let v = split_heads(&self.proj.v.forward(&value)?, hkv)?; // [B, Hkv, Lk, hd]
             Ok((self.rotate(&k, offset)?, v))

@@ -8,7 +8,10 @@
 use candle_core::Tensor;
 use candle_nn::{Init, VarBuilder};
 
-use crate::error::Result;
+use candle_core::DType;
+
+use crate::error::{NnError, Result};
+use crate::layout::Layout;
 use crate::linear::Linear;
 
 /// The widths of the projections.
@@ -74,4 +77,29 @@ impl Projections {
 pub(crate) fn split_heads(x: &Tensor, n: usize) -> Result<Tensor> {
     let (b, l, w) = x.dims3()?;
     Ok(x.reshape((b, l, n, w / n))?.transpose(1, 2)?)
+}
+
+/// A call's `key: [B, Lk, kdim]` and `value: [B, Lk, vdim]` laid out as `layout` (the query's), as
+/// `[B, Lk, ·]`: refused, naming them, unless their widths are `kdim` and `vdim`, their dtype
+/// `dtype`, their batch `b` (the query's) and their lengths equal.
+pub(crate) fn key_value(
+    module: &'static str,
+    layout: Layout,
+    (key, value): (&Tensor, &Tensor),
+    (kdim, vdim): (usize, usize),
+    dtype: DType,
+    b: usize,
+) -> Result<(Tensor, Tensor)> {
+    let k = layout.expect(module, "key", key, kdim, dtype)?;
+    let v = layout.expect(module, "value", value, vdim, dtype)?;
+    let ((kb, lk, _), (vb, lv, _)) = (k.dims3()?, v.dims3()?);
+    if kb != b || vb != b || lv != lk {
+        return Err(NnError::Input {
+            module,
+            input: "key/value",
+            found: [key.dims(), value.dims()].concat(),
+            expected: format!("batch {b} like query and equal key/value lengths"),
+        });
+    }
+    Ok((k, v))
 }

@@ -7,9 +7,8 @@
 use attn_kernels::View4;
 use candle_core::{DType, Tensor, WithDType};
 
-use super::{LinearOptions, LinearState};
-use crate::convert::check_input;
-use crate::error::{AttnLibError, Result};
+use super::{check_qkv, LinearOptions, LinearState};
+use crate::error::Result;
 
 /// The state in the computing dtype.
 #[derive(Debug, Clone)]
@@ -81,16 +80,7 @@ impl LinearDecoder {
     /// Folds in one token's `k: [B, Hkv, 1, D]`, `v: [B, Hkv, 1, Dv]` and returns the attention of
     /// `q: [B, Hq, 1, D]` over every token so far, `[B, Hq, 1, Dv]` in the computing dtype.
     pub fn step(&mut self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        for (name, t) in [("q", q), ("k", k), ("v", v)] {
-            check_input(name, t)?;
-            if t.rank() != 4 {
-                return Err(AttnLibError::Shape {
-                    tensor: name,
-                    found: t.dims().to_vec(),
-                    expected: "rank 4 [B, H, 1, D]".into(),
-                });
-            }
-        }
+        check_qkv([q, k, v], "rank 4 [B, H, 1, D]")?;
         match &mut self.state {
             State::F32(s) => step(s, q, k, v),
             State::F64(s) => step(s, q, k, v),
