@@ -1,6 +1,6 @@
 //! `attn explain variants` end to end at a tiny size: it writes its four plots and `variants.md`
 //! (the complexity table with a row per variant and fitted slopes, a row per measured case, the
-//! FAVOR+ error table), skips dense attention beyond `--dense-max` and the quadratic series'
+//! FAVOR+ error table), skips the reference kernel beyond `--dense-max` and the quadratic series'
 //! backward beyond `--quadratic-backward-max`, and refuses bad lengths before writing anything.
 
 use std::process::Command;
@@ -38,23 +38,27 @@ fn variants_sweeps_writes_its_plots_and_tables() {
     {
         assert!(is_png(&out.join(f)), "{f}");
     }
+    // A row per case and per feature count on standard output, though no bar is drawn there.
+    let printed = |needles: &[&str]| stdout.lines().filter(|l| needles.iter().all(|n| l.contains(n))).count();
+    assert_eq!(printed(&["128", "linear elu+1", "forward + backward"]), 1, "{stdout}");
+    assert_eq!(printed(&["features: relative error"]), 2, "{stdout}");
     let md = std::fs::read_to_string(out.join("variants.md")).unwrap();
     // The complexity table: one row per variant, the seed table's column beside slopes fitted
-    // over the two lengths (dense has one point per pass at most, so no slope).
+    // over the two lengths (the reference has one point per pass at most, so no slope).
     let flash = rows(&md, "flash");
     assert_eq!(flash.len(), 1, "{md}");
     assert_eq!(flash[0][1], "O(L²·D)");
     assert!(flash[0][3].parse::<f64>().is_ok(), "{:?}", flash[0]);
-    assert_eq!(rows(&md, "dense exact (reference)")[0][3], "-");
+    assert_eq!(rows(&md, "exact reference")[0][3], "-");
     for v in
         ["sliding window 256", "strided sparse, stride ≈ √L", "linear elu+1", "linear FAVOR+ 64", "linear FAVOR+ 256"]
     {
         assert_eq!(rows(&md, v).len(), 1, "{v}: {md}");
     }
-    // The points: 7 variants × 2 passes at L = 64; at 128 no dense and no flash backward.
+    // The points: 7 variants × 2 passes at L = 64; at 128 no reference and no flash backward.
     assert_eq!(rows(&md, "64").len(), 14, "{md}");
     assert_eq!(rows(&md, "128").len(), 11, "{md}");
-    assert!(rows(&md, "128").iter().all(|r| r[1] != "dense exact (reference)"));
+    assert!(rows(&md, "128").iter().all(|r| r[1] != "exact reference"));
     // FAVOR+'s errors: 16 and 32 features, finite and below 1.
     for m in ["16", "32"] {
         let r = rows(&md, m);

@@ -1,8 +1,8 @@
 //! `attn explain variants`: what the attention variants cost as the length grows, and what
 //! FAVOR+'s approximation costs in accuracy. Over `L` from `--min-len` to `--max-len` (doubling;
 //! `[1, H, L, D]` causal self-attention, 8 heads of 64 by default), the forward and the
-//! forward + backward of dense exact attention (the reference kernel, which materialises the
-//! `[L, L]` scores, up to `--dense-max`), flash attention, a sliding window, a block-sparse pattern
+//! forward + backward of exact attention by the reference kernel (the formula one query row at a
+//! time on one thread, up to `--dense-max`), flash attention, a sliding window, a block-sparse pattern
 //! (Sparse Transformer's strided), and linear attention (`elu+1`, FAVOR+ with 64 and 256
 //! features) are timed and their memory measured (`sweep`); log-log plots give each series its
 //! fitted slope, and the seed table's complexity column is printed and written with the slopes
@@ -32,10 +32,10 @@ pub struct Args {
     /// Longest length L of the sweep.
     #[arg(long, default_value_t = 65536)]
     pub max_len: usize,
-    /// Longest L at which dense exact attention (its [L, L] scores in memory) is run.
+    /// Longest L at which the reference kernel (exact, one query row at a time, one thread) is run.
     #[arg(long, default_value_t = 4096)]
     pub dense_max: usize,
-    /// Longest L at which the quadratic-time series (dense, flash) run their backward too.
+    /// Longest L at which the quadratic-time series (reference, flash) run their backward too.
     #[arg(long, default_value_t = 16384)]
     pub quadratic_backward_max: usize,
     /// Heads H of the `[1, H, L, D]` inputs.

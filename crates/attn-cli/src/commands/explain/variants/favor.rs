@@ -72,7 +72,7 @@ pub(super) fn run(
             })
             .collect::<anyhow::Result<Vec<f64>>>()?;
         let p = ErrorPoint { m, errors };
-        bar.println(format!("  {m:>5} features: relative error {:.4} (mean of {SEEDS})", p.mean()));
+        crate::commands::say(bar, format!("  {m:>5} features: relative error {:.4} (mean of {SEEDS})", p.mean()));
         points.push(p);
         bar.inc(1);
     }

@@ -48,7 +48,7 @@ const WINDOW: usize = 256;
 impl Variant {
     fn name(self) -> String {
         match self {
-            Variant::Dense => "dense exact (reference)".into(),
+            Variant::Dense => "exact reference".into(),
             Variant::Flash => "flash".into(),
             Variant::Window => format!("sliding window {WINDOW}"),
             Variant::Strided => "strided sparse, stride ≈ √L".into(),
@@ -60,7 +60,7 @@ impl Variant {
     /// The seed table's complexity: (time, memory beyond the inputs and output).
     fn theory(self) -> (&'static str, &'static str) {
         match self {
-            Variant::Dense => ("O(L²·D)", "O(L²)"),
+            Variant::Dense => ("O(L²·D), one thread", "O(L): one row of scores at a time"),
             Variant::Flash => ("O(L²·D)", "O(L)"),
             Variant::Window => ("O(L·w·D)", "O(L)"),
             Variant::Strided => ("O(L·√L·D)", "O(L) + mask"),
@@ -83,7 +83,7 @@ pub(super) struct Case {
     backward: bool,
 }
 
-/// The cases of the sweep over `lengths`: dense up to `--dense-max`, the quadratic series'
+/// The cases of the sweep over `lengths`: the reference up to `--dense-max`, the quadratic series'
 /// backward up to `--quadratic-backward-max`.
 pub(super) fn plan(args: &Args, lengths: &[usize]) -> Vec<Case> {
     let mut cases = Vec::new();
@@ -185,12 +185,15 @@ pub(super) fn run(
             })
         })?;
         let p = Point { case, m };
-        bar.println(format!(
-            "{l:>6} {:<28} {pass:<18} {:>12.3} {:>12}",
-            variant.name(),
-            p.ms(),
-            human_bytes(p.m.extra_bytes as f64, true)
-        ));
+        crate::commands::say(
+            bar,
+            format!(
+                "{l:>6} {:<28} {pass:<18} {:>12.3} {:>12}",
+                variant.name(),
+                p.ms(),
+                human_bytes(p.m.extra_bytes as f64, true)
+            ),
+        );
         points.push(p);
         bar.inc(1);
     }
