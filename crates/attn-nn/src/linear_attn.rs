@@ -26,7 +26,7 @@ use crate::dropout::SeedStream;
 use crate::error::{NnError, Result};
 use crate::layout::Layout;
 use crate::masks::AttnMasks;
-use crate::mha::proj::{key_value, split_heads, ProjSizes, Projections};
+use crate::mha::proj::{check_heads, key_value, split_heads, ProjSizes, Projections};
 use crate::mha::MhaOutput;
 
 const MODULE: &str = "LinearAttention";
@@ -101,13 +101,7 @@ impl LinearAttentionConfig {
 
     fn check(&self) -> Result<()> {
         let bad = |field, reason: String| Err(NnError::Config { module: MODULE, field, reason });
-        if self.num_heads == 0 || !self.embed_dim.is_multiple_of(self.num_heads) {
-            return bad("num_heads", format!("{} does not divide embed_dim {}", self.num_heads, self.embed_dim));
-        }
-        let hkv = self.kv_heads();
-        if hkv == 0 || !self.num_heads.is_multiple_of(hkv) {
-            return bad("num_kv_heads", format!("{hkv} does not divide num_heads {}", self.num_heads));
-        }
+        check_heads(MODULE, self.embed_dim, self.num_heads, self.kv_heads())?;
         if !(self.eps.is_finite() && self.eps > 0.0) {
             return bad("eps", format!("{}, expected finite and > 0", self.eps));
         }

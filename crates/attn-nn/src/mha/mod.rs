@@ -35,7 +35,7 @@ use crate::kv_cache::Cache;
 use crate::layout::Layout;
 use crate::masks::AttnMasks;
 use crate::position::rope::RopeConfig;
-use proj::{key_value, split_heads, ProjSizes, Projections};
+use proj::{check_heads, key_value, split_heads, ProjSizes, Projections};
 
 const MODULE: &str = "MultiHeadAttention";
 
@@ -112,13 +112,7 @@ impl MultiHeadAttentionConfig {
 
     fn check(&self) -> Result<()> {
         let bad = |field, reason: String| Err(NnError::Config { module: MODULE, field, reason });
-        if self.num_heads == 0 || !self.embed_dim.is_multiple_of(self.num_heads) {
-            return bad("num_heads", format!("{} does not divide embed_dim {}", self.num_heads, self.embed_dim));
-        }
-        let hkv = self.kv_heads();
-        if hkv == 0 || !self.num_heads.is_multiple_of(hkv) {
-            return bad("num_kv_heads", format!("{hkv} does not divide num_heads {}", self.num_heads));
-        }
+        check_heads(MODULE, self.embed_dim, self.num_heads, self.kv_heads())?;
         if !(0.0..1.0).contains(&self.dropout) {
             return bad("dropout", format!("{} is outside [0, 1)", self.dropout));
         }

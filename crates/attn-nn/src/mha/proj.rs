@@ -103,3 +103,16 @@ pub(crate) fn key_value(
     }
     Ok((k, v))
 }
+
+/// Refuses `num_heads` not dividing `embed_dim`, or `hkv` key/value heads not dividing
+/// `num_heads`, naming the field of `module`'s config.
+pub(crate) fn check_heads(module: &'static str, embed_dim: usize, num_heads: usize, hkv: usize) -> Result<()> {
+    let bad = |field, reason: String| Err(NnError::Config { module, field, reason });
+    if num_heads == 0 || !embed_dim.is_multiple_of(num_heads) {
+        return bad("num_heads", format!("{num_heads} does not divide embed_dim {embed_dim}"));
+    }
+    if hkv == 0 || !num_heads.is_multiple_of(hkv) {
+        return bad("num_kv_heads", format!("{hkv} does not divide num_heads {num_heads}"));
+    }
+    Ok(())
+}
