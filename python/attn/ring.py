@@ -92,7 +92,7 @@ class _Ring(torch.autograd.Function):
             if how is not None:
                 g = _ops.sdpa_backward(
                     gf, qf, travel[..., cols[0]], travel[..., cols[1]], of, lse, residue, None, False, 0.0,
-                    how == "causal", scale, None, None, False, None, 0,
+                    how == "causal", scale, None, None, False, None, 0, "f32",
                 )
                 dq += g[0]
                 travel[..., cols[2]] += g[1]
