@@ -86,13 +86,13 @@ def overhead(a, torch, attn, bench):
     q, k, v = (torch.randn(1, 8, 128, 64) for _ in range(3))
     qn, kn, vn = (x.numpy() for x in (q, k, v))
     opts = dict(keep=None, bias=None, causal=False, window=None, bottom_right=False, key_lengths=None, scale=None,
-                softcap=None, dropout_p=0.0, seed=0)
+                softcap=None, dropout_p=0.0, seed=0, bf16_products=False)
     ctx, tcall, _ = bench.torch_call(torch, shape, False, None)
     calls = {
         "torch F.sdpa": tcall,
         "attn.sdpa (tensors)": lambda: attn.sdpa(q, k, v),
         "attn.sdpa (numpy)": lambda: attn.sdpa(qn, kn, vn),
-        "native forward": lambda: _attn.forward(qn, kn, vn, "float32", opts, False),
+        "native forward": lambda: _attn.forward(qn.__dlpack__(), kn.__dlpack__(), vn.__dlpack__(), opts, False),
     }
     reps = a.reps * 200
     times = {name: [] for name in list(calls) + ["attn bench (kernel)"]}

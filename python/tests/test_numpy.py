@@ -93,6 +93,44 @@ def test_strided_inputs_are_read_in_place(rng):
     np.testing.assert_allclose(out, attn.sdpa(*(np.ascontiguousarray(x) for x in (q, k, v))), rtol=0, atol=0)
 
 
+def test_read_only_and_broadcast_inputs_are_read_in_place(rng):
+    # np.broadcast_to gives a read-only view with a stride-0 batch: DLPack 1.0 capsules carry it.
+    q, k, v = inputs(rng, b=1)
+    kb, vb = (np.broadcast_to(x, (3,) + x.shape[1:]) for x in (k, v))
+    qb = np.ascontiguousarray(np.broadcast_to(q, (3,) + q.shape[1:]))
+    qb.flags.writeable = False
+    assert not kb.flags.writeable and kb.strides[0] == 0
+    out = attn.sdpa(qb, kb, vb, enable_gqa=True)
+    np.testing.assert_array_equal(out, attn.sdpa(*(np.ascontiguousarray(x) for x in (qb, kb, vb)), enable_gqa=True))
+
+
+def test_native_module_takes_only_live_cpu_capsules(rng):
+    torch = pytest.importorskip("torch")
+    q, k, v = inputs(rng, hq=2)
+    opts = dict(keep=None, bias=None, causal=False, window=None, bottom_right=False, key_lengths=None, scale=None,
+                softcap=None, dropout_p=0.0, seed=0, bf16_products=False)
+    with pytest.raises(TypeError, match="q: expected a DLPack capsule, found ndarray"):
+        attn._attn.forward(q, k.__dlpack__(), v.__dlpack__(), opts, False)
+    used = q.__dlpack__()
+    torch.from_dlpack(used)  # consumes it
+    with pytest.raises(ValueError, match="q: not an unconsumed DLPack capsule"):
+        attn._attn.forward(used, k.__dlpack__(), v.__dlpack__(), opts, False)
+    with pytest.raises(TypeError, match="k: DLPack type code 0 with 32 bits"):
+        attn._attn.forward(q.__dlpack__(), k.astype(np.int32).__dlpack__(), v.__dlpack__(), opts, False)
+
+
+def test_thread_count_is_settable():
+    before = attn.get_num_threads()
+    try:
+        attn.set_num_threads(1)
+        assert attn.get_num_threads() == 1
+        with pytest.raises(ValueError, match="at least 1"):
+            attn.set_num_threads(0)
+    finally:
+        attn.set_num_threads(before)
+    assert attn.get_num_threads() == before
+
+
 def test_dropout_is_a_function_of_the_seed(rng):
     q, k, v = inputs(rng)
     a = attn.sdpa(q, k, v, dropout_p=0.3, enable_gqa=True, seed=5)
