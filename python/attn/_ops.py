@@ -22,7 +22,6 @@ from torch.utils.dlpack import to_dlpack
 from . import _attn
 
 STORAGE = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-COMPUTES = ("f32", "bf16")
 
 
 def native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute):
@@ -70,7 +69,9 @@ def sdpa_forward(
     seed: int,
     compute: str,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    opts = native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute)
+    opts = native_options(
+        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute
+    )
     out, lse, res, _ = run_forward(q, k, v, opts, False)
     return torch.from_numpy(out), torch.from_numpy(lse), torch.from_numpy(res)
 
@@ -102,7 +103,9 @@ def sdpa_backward(
     seed: int,
     compute: str,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    opts = native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute)
+    opts = native_options(
+        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute
+    )
     grad = grad.to(q.dtype)
     if grad.dim() == 4 and grad.shape[-1] > 1 and grad.stride(-1) != 1:
         grad = grad.contiguous()

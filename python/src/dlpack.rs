@@ -151,7 +151,8 @@ impl<'a> Borrowed<'a> {
         let dtype = Dtype::of(t.dtype).ok_or_else(|| {
             let DlDataType { code, bits, lanes } = t.dtype;
             PyTypeError::new_err(format!(
-                "{name}: DLPack type code {code} with {bits} bits × {lanes} is not supported (float32, float64, float16, bfloat16, bool)"
+                "{name}: DLPack type code {code} with {bits} bits × {lanes} is not supported \
+                 (float32, float64, float16, bfloat16, bool)"
             ))
         })?;
         let ndim = usize::try_from(t.ndim).map_err(|_| PyValueError::new_err(format!("{name}: ndim {}", t.ndim)))?;
@@ -177,7 +178,12 @@ impl<'a> Borrowed<'a> {
         if self.dtype == T::DTYPE {
             Ok(())
         } else {
-            Err(PyTypeError::new_err(format!("{}: dtype {}, expected {}", self.name, self.dtype.name(), T::DTYPE.name())))
+            Err(PyTypeError::new_err(format!(
+                "{}: dtype {}, expected {}",
+                self.name,
+                self.dtype.name(),
+                T::DTYPE.name()
+            )))
         }
     }
 
@@ -205,7 +211,11 @@ impl<'a> Borrowed<'a> {
             return Ok(&[]);
         }
         if self.data.is_null() || !(self.data as usize).is_multiple_of(std::mem::align_of::<T>()) {
-            return Err(PyValueError::new_err(format!("{}: data pointer not aligned for {}", self.name, self.dtype.name())));
+            return Err(PyValueError::new_err(format!(
+                "{}: data pointer not aligned for {}",
+                self.name,
+                self.dtype.name()
+            )));
         }
         // SAFETY: the producer guarantees every element `Σ idx_i·stride_i` of a non-empty tensor
         // lies in one live, initialised allocation of elements of its dtype (checked to be `T`'s,
