@@ -1,5 +1,7 @@
 """Context-parallel (ring) attention over ``torch.distributed`` (gloo on CPU): each rank holds one
-contiguous shard of the sequence, ``q, k, v: [B, H, L/W, D]`` in rank order; the key/value shards
+contiguous shard of the sequence, ``q: [B, H, L/W, D]``, ``k, v: [B, Hkv, L/W, D]`` (``H`` a
+multiple of ``Hkv``: grouped-query attention, the shards travelling with their ``Hkv`` heads) in
+rank order; the key/value shards
 travel round the ring (rank r sends to r+1), each rank attends its queries to every shard as it
 passes, and the partial results merge through their log-sum-exps. Under ``is_causal`` a shard
 later in the sequence than the queries is skipped (it sees nothing) and the rank's own shard is
@@ -67,7 +69,10 @@ class _Ring(torch.autograd.Function):
         out = lse = None
         for step, how in _visits(is_causal, rank, world):
             if how is not None:
-                o, l = sdpa(q, kv[..., :dk], kv[..., dk:], is_causal=how == "causal", scale=scale, return_lse=True)
+                o, l = sdpa(
+                    q, kv[..., :dk], kv[..., dk:], is_causal=how == "causal", scale=scale, enable_gqa=True,
+                    return_lse=True,
+                )
                 out, lse = _merge(out, lse, o, l)
             if step + 1 < world:
                 kv = _rotate(kv, group)
@@ -107,6 +112,9 @@ def ring_sdpa(q, k, v, is_causal=False, scale=None, group=None):
     """Ring attention of this rank's shards (see the module's docstring)."""
     if not dist.is_initialized():
         raise ValueError("ring_sdpa: torch.distributed is not initialised (init_process_group('gloo', ...))")
-    if q.shape[1] != k.shape[1]:
-        raise ValueError(f"ring_sdpa: q has {q.shape[1]} heads and k {k.shape[1]}; grouped heads are not supported")
+    if q.dim() != 4 or k.dim() != 4 or k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(
+            f"ring_sdpa: q {tuple(q.shape)} and k {tuple(k.shape)}: expected [B, H, L/W, D] with q's heads "
+            "a multiple of k's"
+        )
     return _Ring.apply(q, k, v, is_causal, scale, group)
