@@ -30,22 +30,26 @@ pub struct AttnParams<'a, T> {
     /// `lse = sink_h`. Each entry is finite or −∞ (−∞: that head has no sink, bit for bit as without
     /// `sinks`); NaN and +∞ are refused.
     pub sinks: Option<&'a [T]>,
-    /// How the flash kernel computes its two products `Q·Kᵀ` and `P·V` (the reference ignores it).
+    /// How the flash kernel computes its products, `Q·Kᵀ` and `P·V` forward and the backward's
+    /// five (the reference ignores it).
     pub compute: Precision,
 }
 
-/// How the flash kernel computes `Q·Kᵀ` and `P·V`. The softmax (running maxima, exponentials,
-/// sums), the masks and the output stay in f32 either way.
+/// How the flash kernel computes `Q·Kᵀ` and `P·V` forward, and `Q·Kᵀ`, `dO·Vᵀ`, `P̄ᵀ·dO`, `dSᵀ·Q`
+/// and `dS·K` backward. The softmax (running maxima, exponentials, sums), its gradient `dS`, the
+/// masks, the output and the gradients stay in f32 either way.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Precision {
     /// f32 products of f32 (or widened f16/bf16) operands: the default.
     #[default]
     F32,
-    /// bfloat16 products with f32 accumulation, as FlashAttention computes on bf16 inputs: `q`, `k`
-    /// and `v` rounded to bf16 (exact when they are bf16 already), `P` rounded to bf16 for `P·V`.
-    /// Runs on AVX512-BF16 (`VDPBF16PS`) where the CPU has it, else the same arithmetic emulated
-    /// in f32 (slower than [`Precision::F32`]: for tests and other CPUs). Prefill path only; the
-    /// decode path (few query rows, bound by memory) and the backward compute in f32.
+    /// bfloat16 products with f32 accumulation, as FlashAttention computes on bf16 inputs: `q`, `k`,
+    /// `v` and, backward, `dO` rounded to bf16 (exact when they are bf16 already), `P` and `dS`
+    /// rounded to bf16 for the products they enter. Runs on AVX512-BF16 (`VDPBF16PS`) where the
+    /// CPU has it, else the same arithmetic emulated in f32 (slower than [`Precision::F32`]: for
+    /// tests and other CPUs). Prefill path only: the decode path (few query rows, bound by memory)
+    /// computes in f32, and so does the backward after it; so does the backward of a key/value head
+    /// holding a non-finite key.
     Bf16,
 }
 

@@ -1,83 +1,61 @@
-//! bfloat16 products (`Precision::Bf16`): the flash kernel's `Q·Kᵀ` and `P·V` with bfloat16
-//! operands and f32 accumulation, checked by the oracle rule with PyTorch's bf16 math path as the
-//! baseline error (every materialised tensor rounded to bf16: scores, probabilities, output), on
-//! inputs already in bf16 (K and V given as bf16 views, q holding bf16 values). Every flash
+//! bfloat16 products (`Precision::Bf16`): the flash kernel's `Q·Kᵀ` and `P·V` forward, and the
+//! backward's five products, with bfloat16 operands and f32 accumulation, checked by the oracle
+//! rule (factor 2 for outputs, 3 for gradients) with PyTorch's bf16 math path as the baseline error
+//! (every materialised tensor rounded to bf16: scores, probabilities, output, `dO`, `dP`, `dS` and
+//! the gradients; `common::math_path_rounded`), on inputs already in bf16 (K and V given as bf16
+//! views, q holding bf16 values). Every flash
 //! instruction set runs: AVX-512 with AVX512-BF16's `VDPBF16PS` where the CPU has it (the test of
 //! the native path is ignored, with the reason, where it lacks it), the emulation elsewhere.
 
 mod common;
+// The gradient suite's harness, of which this suite uses a part.
+#[allow(dead_code)]
+#[path = "gradients_parts/harness.rs"]
+mod harness;
 
-use attn_kernels::{attention_tuned, AttnOutput, Kernel, KvView, Path, Precision, Tuning, View4, Window};
+use attn_kernels::{
+    attention_tuned, AttnGrads, AttnOutput, BackwardTuning, Dropout, Kernel, KvView, Path, Precision, Tuning, View4,
+    Window,
+};
 use attn_testkit::oracle::{self, OUTPUT_FACTOR};
-use common::{dims, random_bias, random_keep, Case, Rng};
+use common::{dims, math_path_rounded, random_bias, random_keep, Case, Rng};
 use half::bf16;
+use harness::{assert_grads, grads64, grads_kv, random_dout, terms, FORCED_PLANS};
 
 /// `x` rounded to bfloat16 and back.
 fn round(x: f32) -> f32 {
     bf16::from_f32(x).to_f32()
 }
 
-/// The case with q, k and v rounded to bfloat16 (as a bf16 model holds them).
+/// The case with bfloat16 products and q, k and v rounded to bfloat16 (as a bf16 model holds them).
 fn in_bf16(mut case: Case) -> Case {
     for x in case.q.iter_mut().chain(case.k.iter_mut()).chain(case.v.iter_mut()) {
         *x = round(*x);
     }
-    case
+    Case { compute: Precision::Bf16, ..case }
 }
 
-/// PyTorch's math path in bf16: scores `bf16(bf16(q·k)·scale)` (soft-capped and biased in bf16),
-/// softmax in f32 rounded to bf16, `out = bf16(Σ p·v)`; `lse` from the bf16 scores. `(out, lse)`.
-fn math_bf16(case: &Case) -> (Vec<f32>, Vec<f32>) {
-    let d = case.dims;
-    let scale = case.scale.unwrap_or(1.0 / (d.dk as f64).sqrt()) as f32;
-    let (mut out, mut lse) = (vec![0.0f32; d.out_len()], vec![f32::NEG_INFINITY; d.lse_len()]);
-    for (b, h, i) in case.rows() {
-        let kvh = h / d.group();
-        let q = &case.q[case.row(b, h, i) * d.dk..][..d.dk];
-        let s: Vec<f32> = (0..d.lk)
-            .map(|j| {
-                if !case.allowed(b, h, i, j) {
-                    return f32::NEG_INFINITY;
-                }
-                let k = &case.k[((b * d.hkv + kvh) * d.lk + j) * d.dk..][..d.dk];
-                let mut x = round(round(q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>()) * scale);
-                if let Some(c) = case.softcap {
-                    x = round(c as f32 * (x / c as f32).tanh());
-                }
-                if let Some(bias) = &case.bias {
-                    x = round(x + bias.at([b, h, i, j]));
-                }
-                x
-            })
-            .collect();
-        let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if m == f32::NEG_INFINITY {
-            continue;
-        }
-        let e: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();
-        let sum: f32 = e.iter().sum();
-        let row = case.row(b, h, i);
-        lse[row] = m + sum.ln();
-        for c in 0..d.dv {
-            let acc: f32 = (0..d.lk)
-                .filter(|&j| s[j] != f32::NEG_INFINITY)
-                .map(|j| round(e[j] / sum) * case.v[((b * d.hkv + kvh) * d.lk + j) * d.dv + c])
-                .sum();
-            out[row * d.dv + c] = round(acc);
-        }
-    }
-    (out, lse)
+/// `x` in bfloat16.
+fn to_bf16(x: &[f32]) -> Vec<bf16> {
+    x.iter().map(|&x| bf16::from_f32(x)).collect()
 }
 
 /// `kernel` with bfloat16 products on the case, K and V as bf16 views, under `tuning`.
 fn run_bf16(case: &Case, kernel: Kernel, tuning: Tuning) -> AttnOutput<f32> {
-    let to16 = |x: &[f32]| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
-    let (k16, v16) = (to16(&case.k), to16(&case.v));
+    let (k16, v16) = (to_bf16(&case.k), to_bf16(&case.v));
     let q = View4::contiguous("q", &case.q, case.q_dims()).unwrap();
     let k = KvView::Bf16(View4::contiguous("k", &k16, case.k_dims()).unwrap());
     let v = KvView::Bf16(View4::contiguous("v", &v16, case.v_dims()).unwrap());
-    let params = attn_kernels::AttnParams { compute: Precision::Bf16, ..case.params32() };
-    attention_tuned(kernel, tuning, &q, &k, &v, &params, false).unwrap_or_else(|e| panic!("{}: {e}", case.describe()))
+    attention_tuned(kernel, tuning, &q, &k, &v, &case.params32(), false)
+        .unwrap_or_else(|e| panic!("{}: {e}", case.describe()))
+}
+
+/// `kernel`'s forward then backward with bfloat16 products, K and V as bf16 views, under `plans`.
+fn grads_bf16(case: &Case, kernel: Kernel, plans: (Tuning, BackwardTuning), dout: &[f32]) -> AttnGrads<f32> {
+    let (k16, v16) = (to_bf16(&case.k), to_bf16(&case.v));
+    let k = KvView::Bf16(View4::contiguous("k", &k16, case.k_dims()).unwrap());
+    let v = KvView::Bf16(View4::contiguous("v", &v16, case.v_dims()).unwrap());
+    grads_kv(case, kernel, plans, &k, &v, dout).unwrap_or_else(|e| panic!("{} {plans:?}: {e}", case.describe()))
 }
 
 /// The plans a case runs under: automatic, prefill whole, prefill split into shards, decode.
@@ -88,16 +66,26 @@ const PLANS: [Tuning; 4] = [
     Tuning { path: Some(Path::Decode), shards: None },
 ];
 
-/// Checks `kernel`'s bfloat16 products on `case` (rounded to bf16) under every plan.
+/// Checks `kernel`'s bfloat16 products on `case` (rounded to bf16) under every plan, forward
+/// and backward, with PyTorch's bf16 math path as the baseline.
 fn check(kernel: Kernel, case: Case) {
     let case = in_bf16(case);
+    let dout = random_dout(&case, 7);
     let r64 = case.reference64(false).unwrap();
-    let (out16, lse16) = math_bf16(&case);
+    let base = math_path_rounded::<f32>(&case, &dout, round);
     for tuning in PLANS {
         let res = run_bf16(&case, kernel, tuning);
         let label = format!("{} {tuning:?} [{}]", kernel.name(), case.describe());
-        oracle::check("out", &res.out, &r64.out, &out16, OUTPUT_FACTOR).unwrap_or_else(|e| panic!("{label}: {e}"));
-        oracle::check("lse", &res.lse, &r64.lse, &lse16, OUTPUT_FACTOR).unwrap_or_else(|e| panic!("{label}: {e}"));
+        oracle::check("out", &res.out, &r64.out, &base.out, OUTPUT_FACTOR).unwrap_or_else(|e| panic!("{label}: {e}"));
+        oracle::check("lse", &res.lse, &r64.lse, &base.lse, OUTPUT_FACTOR).unwrap_or_else(|e| panic!("{label}: {e}"));
+    }
+    let (g64, terms) = (grads64(&case, &dout), terms(&case, &dout));
+    let plans = FORCED_PLANS
+        .into_iter()
+        .chain([(Tuning { path: Some(Path::Decode), shards: None }, BackwardTuning::default())]);
+    for plans in plans.chain([Default::default()]) {
+        let g = grads_bf16(&case, kernel, plans, &dout);
+        assert_grads(&format!("{} {plans:?} [{}]", kernel.name(), case.describe()), &g, &g64, &base.grads, &terms);
     }
 }
 
@@ -131,29 +119,41 @@ fn check_masks(kernel: Kernel) {
     check(kernel, Case { keep: Some(random_keep(&[d.b, 1, d.lq, d.lk], 0.7, &mut rng)), ..base() });
     check(kernel, Case { bias: Some(random_bias(&[d.lq, d.lk], 2.0, 0.1, &mut rng)), ..base() });
     check(kernel, Case { softcap: Some(5.0), scale: Some(0.9), ..base() });
+    check(kernel, Case { dropout: Some(Dropout { p: 0.2, seed: 3 }), causal: true, ..base() });
+    check(kernel, Case { sinks: Some(vec![0.5, -1.0, 2.0, 0.0]), ..base() });
 }
 
-/// A masked key whose value row is NaN must not reach the output (that tile falls back to f32
-/// products), and the unmasked rows keep the bf16 accuracy.
+/// A masked key whose key and value rows are NaN must reach no output and no gradient (the
+/// forward's tile and the backward's job fall back to f32 products), and the unmasked rows keep
+/// the bf16 accuracy.
 fn check_masked_nan_values(kernel: Kernel) {
     let d = dims(1, 2, 1, 48, 64, 16, 16);
     let mut case = Case { causal: true, ..Case::new(d, 5) };
     case.poison_key(0, 0, 40);
     let case = in_bf16(case);
-    let res = run_bf16(&case, kernel, Tuning { path: Some(Path::Prefill), shards: None });
-    for (r, row) in res.out.chunks(d.dv).enumerate() {
+    let plans = (Tuning { path: Some(Path::Prefill), shards: None }, BackwardTuning::default());
+    let res = run_bf16(&case, kernel, plans.0);
+    let g = grads_bf16(&case, kernel, plans, &random_dout(&case, 3));
+    for (r, (row, dq)) in res.out.chunks(d.dv).zip(g.dq.chunks(d.dk)).enumerate() {
         let i = r % d.lq;
-        assert_eq!(row.iter().all(|x| x.is_finite()), i < 40, "row {i}: {row:?}");
+        assert_eq!(row.iter().all(|x| x.is_finite()), i < 40, "out row {i}: {row:?}");
+        assert_eq!(dq.iter().all(|x| x.is_finite()), i < 40, "dq row {i}: {dq:?}");
     }
 }
 
-/// bfloat16 products really run: the result differs from the f32 products' (P is rounded), by no
-/// more than the oracle rule allows.
+/// bfloat16 products really run: the outputs and every gradient differ from the f32 products'
+/// (P, dS and the operands are rounded), by no more than the oracle rule allows.
 fn check_differs_from_f32(kernel: Kernel) {
     let case = in_bf16(Case::new(dims(1, 2, 2, 64, 128, 64, 64), 3));
-    let bf = run_bf16(&case, kernel, Tuning::default());
-    let f = case.run(kernel, false).unwrap();
-    assert!(bf.out.iter().zip(&f.out).any(|(a, b)| a != b), "bf16 products gave the f32 result bit for bit");
+    let f32_case = Case { compute: Precision::F32, ..case.clone() };
+    let (bf, f) = (run_bf16(&case, kernel, Tuning::default()), f32_case.run(kernel, false).unwrap());
+    assert!(bf.out.iter().zip(&f.out).any(|(a, b)| a != b), "bf16 products gave the f32 output bit for bit");
+    let dout = random_dout(&case, 5);
+    let bf = grads_bf16(&case, kernel, Default::default(), &dout);
+    let f = grads_bf16(&f32_case, kernel, Default::default(), &dout);
+    for (name, a, b) in [("dq", &bf.dq, &f.dq), ("dk", &bf.dk, &f.dk), ("dv", &bf.dv, &f.dv)] {
+        assert!(a.iter().zip(b).any(|(x, y)| x != y), "bf16 products gave the f32 {name} bit for bit");
+    }
 }
 
 macro_rules! flash_tests {

@@ -5,7 +5,7 @@
 //! This module is the entry point, `forward`: it picks the micro-kernels' instruction set, asks
 //! `plan` how to cut the call (prefill or decode path, packing chunks, split-KV shards; the rules
 //! are there), packs each chunk's keys (and, with bfloat16 products, values) into panels (`pack`,
-//! in a reused `workspace` buffer; the entry point for AVX512-BF16 products is `block_fn`'s) and
+//! in a reused `workspace` buffer) and
 //! runs the jobs on rayon's threads, whole (`forward::run`, one block of query rows through the
 //! online softmax) or as key shards merged through their log-sum-exps (`split`). Attention sinks
 //! are joined after every job, once per row (`merge::fold_sink_rows`): the blocks and shards
@@ -20,17 +20,23 @@
 /// Defines the module `entry` of the per-ISA entry points of `$run`, an `#[inline(always)]`
 /// function generic over `S: Simd` and `E: KvElem` with the given arguments: one function per
 /// instruction set carrying its `#[target_feature]` (so the whole of `$run` is compiled for it),
-/// and `entry::of::<E>(isa)`, the one for `isa` with its vector width `W`. Forward and backward
-/// both enter through it; the caller's module must have `KvElem`, `Isa` and the argument types
-/// in scope.
+/// and `entry::of::<E>(isa, compute)`, the one for `isa` with its vector width `W`: AVX-512F's
+/// own, or with [`Precision::Bf16`] on a CPU that has AVX512-BF16, the one that multiplies with
+/// `VDPBF16PS`. Forward and backward both enter through it; the caller's module must have
+/// `KvElem`, `Isa`, `Precision` and the argument types in scope.
 macro_rules! isa_entries {
     ($run:ident ($($arg:ident: $ty:ty),*)) => {
         /// The per-ISA entry points (see `isa_entries!`).
         mod entry {
             use super::*;
 
-            /// The entry point for `isa` (which must be available) and its vector width.
-            pub fn of<E: KvElem>(isa: Isa) -> (unsafe fn($($ty),*), usize) {
+            /// The entry point for `isa` (which must be available) and products in `compute`,
+            /// and its vector width.
+            pub fn of<E: KvElem>(isa: Isa, compute: Precision) -> (unsafe fn($($ty),*), usize) {
+                #[cfg(target_arch = "x86_64")]
+                if isa == Isa::Avx512 && compute == Precision::Bf16 && Isa::has_avx512_bf16() {
+                    return (avx512_bf16::<E>, 16);
+                }
                 match isa {
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx512 => (avx512::<E>, 16),
@@ -49,6 +55,15 @@ macro_rules! isa_entries {
             pub unsafe fn avx512<E: KvElem>($($arg: $ty),*) {
                 // SAFETY: forwarded from the caller.
                 unsafe { $run::<crate::flash::simd::Avx512, E>($($arg),*) }
+            }
+
+            /// # Safety
+            /// The CPU supports AVX-512F and AVX512-BF16; otherwise as for the inlined function.
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512bf16")]
+            pub unsafe fn avx512_bf16<E: KvElem>($($arg: $ty),*) {
+                // SAFETY: forwarded from the caller.
+                unsafe { $run::<crate::flash::simd::Avx512Bf16, E>($($arg),*) }
             }
 
             /// # Safety
@@ -76,6 +91,7 @@ pub mod cache;
 mod forward;
 mod micro;
 mod pack;
+mod pairs;
 mod plan;
 mod scores;
 pub(crate) mod simd;
@@ -117,7 +133,7 @@ pub(crate) fn forward<E: KvElem>(
     tuning: Tuning,
 ) -> Result<AttnOutput<f32>> {
     assert!(isa.is_available(), "flash kernel entered without {isa:?} support");
-    let (run, w) = block_fn::<E>(isa, pb.compute);
+    let (run, w) = entry::of::<E>(isa, pb.compute);
     let cx = Ctx { pb, q: *q, k: *k, v: *v };
     let d = pb.dims;
     let AttnOutput { mut out, mut lse, mut lse_residue, mut weights, .. } =
@@ -160,22 +176,3 @@ pub(crate) fn forward<E: KvElem>(
 }
 
 isa_entries!(run(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work));
-
-/// The forward's entry point for `isa` and its vector width: `isa`'s own, but AVX-512F with
-/// AVX512-BF16's products (`VDPBF16PS`) for [`Precision::Bf16`] on a CPU that has them.
-fn block_fn<E: KvElem>(isa: Isa, compute: Precision) -> (BlockFn<E>, usize) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && compute == Precision::Bf16 && Isa::has_avx512_bf16() {
-        return (run_avx512_bf16::<E>, 16);
-    }
-    entry::of::<E>(isa)
-}
-
-/// # Safety
-/// The CPU supports AVX-512F and AVX512-BF16; otherwise as for [`run`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn run_avx512_bf16<E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work) {
-    // SAFETY: forwarded from the caller.
-    unsafe { run::<simd::Avx512Bf16, E>(cx, panels, job, outs, w) }
-}

@@ -4,9 +4,11 @@
 //!
 //! With bfloat16 products ([`Precision::Bf16`], [`pack_head`]) the forward packs both operands as
 //! bfloat16 pairs, one pair per f32 slot: key panels `[⌈Dk/2⌉][2·W]` (each slot a key's dimensions
-//! `2t, 2t+1`), then the values `[Lk/2][Dv]` where slot `(g·W + l, c)` pairs column `c` of keys
-//! `2W·g + l` and `2W·g + l + W` (the pairing `Simd::pack_bf16` gives two vectors of probabilities
-//! without a shuffle).
+//! `2t, 2t+1`, [`pack_dim_pairs`]), then the values `[Lk/2][Dv]` where slot `(g·W + l, c)` pairs
+//! column `c` of keys `2W·g + l` and `2W·g + l + W` ([`pack_key_pairs`]: the pairing
+//! `Simd::pack_bf16` gives two vectors of probabilities without a shuffle). The backward packs
+//! each key block the same ways: keys and values along the row for `Q·Kᵀ` and `dO·Vᵀ`, keys in
+//! pairs of keys for `dS·K`.
 
 use std::ops::Range;
 
@@ -46,7 +48,7 @@ pub fn pack_keys<E: KvElem>(k: &View4<E>, b: usize, h: usize, keys: Range<usize>
 pub fn head_len(d: &Dims, w: usize, compute: Precision) -> usize {
     match compute {
         Precision::F32 => panel_len(d.lk, d.dk, w),
-        Precision::Bf16 => values_at(d, w).saturating_add((d.lk.div_ceil(2 * w) * w).saturating_mul(d.dv)),
+        Precision::Bf16 => values_at(d, w).saturating_add(key_pairs_len(d.lk, d.dv, w)),
     }
 }
 
@@ -70,23 +72,42 @@ pub fn pack_head<E: KvElem>(
     if compute == Precision::F32 {
         return pack_keys(k, b, h, 0..lk, w, out);
     }
-    let (dk, dv, pw) = (k.dims()[3], v.dims()[3], 2 * w);
-    let words = dk.div_ceil(2);
-    let (kp, vp) = out.split_at_mut(panel_len(lk, words, w));
+    let (kp, vp) = out.split_at_mut(panel_len(lk, k.dims()[3].div_ceil(2), w));
+    pack_dim_pairs(k, b, h, 0..lk, w, kp);
+    pack_key_pairs(v, b, h, 0..lk, w, vp);
+}
+
+/// Packs rows `keys` of head `(b, h)` of `k` as bfloat16 pairs along the row: panels
+/// `[⌈D/2⌉][2·W]` whose slot `(t, c)` pairs dimensions `2t, 2t + 1` of key `keys.start + c` (the
+/// second 0 for an odd `D`), [`panel_len`] of `keys.len()` and `⌈D/2⌉` slots, zero beyond `keys.end`.
+pub fn pack_dim_pairs<E: KvElem>(k: &View4<E>, b: usize, h: usize, keys: Range<usize>, w: usize, out: &mut [f32]) {
+    let (words, pw) = (k.dims()[3].div_ceil(2), 2 * w);
     let at = |row: &[E], c: usize| row.get(c).map_or(0, |x| x.bf16_bits());
-    for (p, panel) in kp.chunks_exact_mut(pw * words).enumerate() {
+    for (p, panel) in out.chunks_exact_mut(pw * words).enumerate() {
         for c in 0..pw {
-            let j = p * pw + c;
-            let row = (j < lk).then(|| k.row(b, h, j));
+            let j = keys.start + p * pw + c;
+            let row = (j < keys.end).then(|| k.row(b, h, j));
             for t in 0..words {
                 panel[t * pw + c] = row.map_or(0.0, |row| pair(at(row, 2 * t), at(row, 2 * t + 1)));
             }
         }
     }
-    let value = |j: usize, c: usize| if j < lk { v.row(b, h, j)[c].bf16_bits() } else { 0 };
-    for (u, slots) in vp.chunks_exact_mut(dv.max(1)).enumerate().take(lk.div_ceil(pw) * w) {
+}
+
+/// Slots of [`pack_key_pairs`] for `n` keys of dimension `d` and vector width `w`.
+pub fn key_pairs_len(n: usize, d: usize, w: usize) -> usize {
+    (n.div_ceil(2 * w) * w).saturating_mul(d)
+}
+
+/// Packs rows `keys` of head `(b, h)` of `v` as bfloat16 pairs of keys: `[⌈n/2W⌉·W][D]` (`n` the
+/// key count), slot `(g·W + l, c)` pairing column `c` of keys `2W·g + l` and `2W·g + l + W`
+/// (counted from `keys.start`; 0 beyond `keys.end`), [`key_pairs_len`] slots.
+pub fn pack_key_pairs<E: KvElem>(v: &View4<E>, b: usize, h: usize, keys: Range<usize>, w: usize, out: &mut [f32]) {
+    let (d, pw, n) = (v.dims()[3], 2 * w, keys.len());
+    let value = |j: usize, c: usize| if j < n { v.row(b, h, keys.start + j)[c].bf16_bits() } else { 0 };
+    for (u, slots) in out.chunks_exact_mut(d.max(1)).enumerate().take(n.div_ceil(pw) * w) {
         let j = u / w * pw + u % w;
-        for (c, x) in slots.iter_mut().enumerate().take(dv) {
+        for (c, x) in slots.iter_mut().enumerate().take(d) {
             *x = pair(value(j, c), value(j + w, c));
         }
     }

@@ -52,6 +52,8 @@ pub struct Case {
     pub score: Option<Scored>,
     /// Sink logits per query head, `[Hq]`.
     pub sinks: Option<Vec<f32>>,
+    /// How the flash kernel computes its products.
+    pub compute: Precision,
 }
 
 /// A score modification with its table.
@@ -113,6 +115,7 @@ impl Case {
             sparse: None,
             score: None,
             sinks: None,
+            compute: Precision::F32,
         }
     }
 
@@ -185,6 +188,9 @@ impl Case {
         if let Some(sinks) = &self.sinks {
             s += &format!(" sinks={sinks:?}");
         }
+        if self.compute != Precision::F32 {
+            s += &format!(" compute={:?}", self.compute);
+        }
         s
     }
 
@@ -209,7 +215,7 @@ impl Case {
             dropout: self.dropout,
             score_mod: self.score.as_ref().map(|x| ScoreFn { m: &*x.m, table: &x.table }),
             sinks: sinks.filter(|_| self.sinks.is_some()),
-            compute: Precision::F32,
+            compute: self.compute,
         }
     }
 

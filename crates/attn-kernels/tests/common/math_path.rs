@@ -36,6 +36,15 @@ pub struct MathPath<T> {
 /// The results and gradients of `case` with output gradient `dout: [B, Hq, Lq, Dv]`, computed in
 /// `T`.
 pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
+    math_path_rounded(case, dout, |x| x)
+}
+
+/// [`math_path`] with every tensor PyTorch's math path materialises rounded by `round` (to bfloat16
+/// for its bf16 path): `dO` as given; the products `q·k` and `dO·v`, each score after scaling,
+/// soft-capping and the bias; `P`; `dS`, `dS` through the soft-cap and scaled; and the results
+/// `out`, `dq`, `dk`, `dv`, `dbias`, `dsinks`. The softmax and its backward's row sum run in `T` on
+/// the rounded tensors, as PyTorch's bf16 kernels compute them in f32.
+pub fn math_path_rounded<T: Real>(case: &Case, dout: &[f32], round: impl Fn(T) -> T) -> MathPath<T> {
     let d = case.dims;
     let t = |x: f32| T::from_f32(x).unwrap();
     let scale = T::from_f64(case.scale.unwrap_or(1.0 / (d.dk as f64).sqrt())).unwrap();
@@ -50,7 +59,7 @@ pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
     for (b, h, i) in case.rows() {
         let kvh = h / d.group();
         let qi: Vec<T> = case.q[case.row(b, h, i) * d.dk..][..d.dk].iter().map(|&x| t(x)).collect();
-        let doi: Vec<T> = dout[case.row(b, h, i) * d.dv..][..d.dv].iter().map(|&x| t(x)).collect();
+        let doi: Vec<T> = dout[case.row(b, h, i) * d.dv..][..d.dv].iter().map(|&x| round(t(x))).collect();
         let krow = |j: usize| -> Vec<T> {
             case.k[((b * d.hkv + kvh) * d.lk + j) * d.dk..][..d.dk].iter().map(|&x| t(x)).collect()
         };
@@ -60,9 +69,10 @@ pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
         for j in 0..d.lk {
             (s[j], dcap[j]) = (T::neg_infinity(), T::one());
             if case.allowed(b, h, i, j) {
-                let x = scale * dot(&qi, &krow(j));
-                let (x, c) = cap.map_or((x, T::one()), |c| ((x / c).tanh() * c, T::one() - (x / c).tanh().powi(2)));
-                s[j] = x + case.bias.as_ref().map_or(T::zero(), |m| t(m.at([b, h, i, j])));
+                let x = round(scale * round(dot(&qi, &krow(j))));
+                let (x, c) =
+                    cap.map_or((x, T::one()), |c| (round((x / c).tanh() * c), T::one() - (x / c).tanh().powi(2)));
+                s[j] = case.bias.as_ref().map_or(x, |m| round(x + t(m.at([b, h, i, j]))));
                 dcap[j] = c;
             }
         }
@@ -73,7 +83,7 @@ pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
         }
         s.iter().zip(&mut p).for_each(|(&x, p)| *p = (x - m).exp());
         let l = p.iter().fold(T::zero(), |a, &x| a + x) + (sink - m).exp();
-        p.iter_mut().for_each(|p| *p = *p / l);
+        p.iter_mut().for_each(|p| *p = round(*p / l));
         lse[case.row(b, h, i)] = m + l.ln();
         let seen: Vec<usize> = (0..d.lk).filter(|&j| p[j] != T::zero()).collect();
         for &j in &seen {
@@ -81,7 +91,7 @@ pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
             (dp[j], mag[j]) = (T::zero(), T::zero());
             if z != T::zero() {
                 let v = vrow(j);
-                dp[j] = z * dot(&doi, &v);
+                dp[j] = round(z * round(dot(&doi, &v)));
                 axpy(z * p[j], &v, &mut out[case.row(b, h, i) * d.dv..][..d.dv]);
                 mag[j] = z * doi.iter().zip(&v).fold(T::zero(), |a, (&x, &y)| a + (x * y).abs());
                 axpy(z * p[j], &doi, &mut g.dv[((b * d.hkv + kvh) * d.lk + j) * d.dv..][..d.dv]);
@@ -94,16 +104,22 @@ pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
             st[h] = st[h] + term.abs();
         }
         for &j in &seen {
-            let ds = p[j] * (dp[j] - rowsum);
+            let ds = round(p[j] * (dp[j] - rowsum));
             if let (Some(gb), Some(tb), Some(bias)) = (g.dbias.as_mut(), terms.as_mut(), case.bias.as_ref()) {
                 let at = bias.offset([b, h, i, j]);
                 gb[at] = gb[at] + ds;
                 tb[at] = tb[at] + p[j] * (mag[j] + rowsum.abs());
             }
-            let dx = ds * dcap[j] * scale;
+            let dx = round(round(ds * dcap[j]) * scale);
             axpy(dx, &krow(j), &mut g.dq[case.row(b, h, i) * d.dk..][..d.dk]);
             axpy(dx, &qi, &mut g.dk[((b * d.hkv + kvh) * d.lk + j) * d.dk..][..d.dk]);
         }
+    }
+    for x in out.iter_mut().chain(g.dq.iter_mut()).chain(g.dk.iter_mut()).chain(g.dv.iter_mut()) {
+        *x = round(*x);
+    }
+    for x in g.dbias.iter_mut().chain(g.dsinks.iter_mut()).flatten() {
+        *x = round(*x);
     }
     MathPath { out, lse, grads: g, dbias_terms: terms, dsinks_terms: sink_terms }
 }

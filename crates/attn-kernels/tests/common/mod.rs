@@ -29,5 +29,5 @@ pub use dense::{broadcast_shape, Dense, SHAPE_CODES};
 pub use generator::{random_bias, random_keep, Rng};
 pub use kernels::{assert_available, for_kernel};
 pub(crate) use kernels::{isa_test, kernel_tests};
-pub use math_path::{math_path, MathPath};
+pub use math_path::{math_path, math_path_rounded, MathPath};
 pub use run::{assert_bit_identical, assert_oracle, oracle_verdict, Oracle};

@@ -39,7 +39,7 @@ use super::plan::{self, Path};
 use super::simd::KvElem;
 use crate::alloc::{self, AllocError};
 use crate::grad::{AttnGrads, Saved};
-use crate::problem::Problem;
+use crate::problem::{Precision, Problem};
 use crate::view::View4;
 use crate::Isa;
 use tile::{run_job, BwdWork};
@@ -147,7 +147,7 @@ pub(crate) fn backward<E: KvElem>(
     tuning: BackwardTuning,
 ) -> Result<AttnGrads<f32>, AllocError> {
     assert!(isa.is_available(), "flash backward entered without {isa:?} support");
-    let (run, _) = entry::of::<E>(isa);
+    let (run, _) = entry::of::<E>(isa, pb.compute);
     let d = pb.dims;
     let bias_len = pb.elem.bias.filter(|_| want_dbias).map(|b| b.data.len());
     let mut g = AttnGrads::zeros(&d, bias_len, pb.sinks.is_some(), pb.score_mod.map(|f| f.table.len()))?;

@@ -9,6 +9,7 @@
 
 use crate::flash::block::{rows_per_call, with_rows, Work, LDS};
 use crate::flash::micro::{pv, pv_scalar, Bf16Pairs, Fma, Product};
+use crate::flash::pairs::pair_keys;
 use crate::flash::simd::{KvElem, Simd};
 
 /// Row stride of the probability pairs in `Work::p2`.
@@ -37,18 +38,9 @@ pub(super) unsafe fn accumulate_bf16<S: Simd>(
     if w.p2.len() < rows * LDP {
         w.p2.resize(rows * LDP, 0.0);
     }
-    for r in 0..rows {
-        let row = &mut w.s[r * LDS..r * LDS + width];
-        row[n..].fill(0.0);
-        for g in 0..width / pw {
-            // SAFETY: the CPU supports `S` (the caller's contract); `row` holds `width` floats and
-            // `w.p2` row `r` holds `LDP >= width / 2`.
-            unsafe {
-                let (lo, hi) = (S::load(row.as_ptr().add(g * pw)), S::load(row.as_ptr().add(g * pw + S::W)));
-                S::store(w.p2.as_mut_ptr().add(r * LDP + g * S::W), S::pack_bf16(lo, hi));
-            }
-        }
-    }
+    // SAFETY: the CPU supports `S` (the caller's contract); `w.s` holds `rows` rows of `LDS >=
+    // width` floats and `w.p2` `rows` rows of `LDP >= width / 2`.
+    unsafe { pair_keys::<S>(w.s.as_mut_ptr(), LDS, rows, n, width, w.p2.as_mut_ptr(), LDP) };
     // SAFETY: the CPU supports `S`; `w.p2` holds `rows` rows of `width / 2` pairs at stride `LDP`,
     // `vpairs` the pairs of keys `j0..j0 + width` from slot `j0 / 2 · dv` (the caller's contract).
     unsafe {

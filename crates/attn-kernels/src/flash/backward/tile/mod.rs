@@ -13,18 +13,26 @@
 //! 3. `dV += P̄ᵀ·dO`, `dK += dXᵀ·Q` into the block's accumulators and `dQ += dX·K`, with the
 //!    forward's `pv` micro-kernel; key rows holding a non-finite number are added one product
 //!    at a time, skipping the rows that mask them.
+//!
+//! The products of steps 1 and 3 ([`products`](mod@products)) are f32, or bfloat16 pairs with
+//! f32 accumulation for a job of a call with [`Precision::Bf16`] whose forward took the prefill
+//! path (so `S` is rounded bit for bit as the forward's) and whose keys are all finite (a pair of
+//! keys would carry a masked key's NaN into its neighbour's `dQ`): its [`Form`]. Step 2 is f32
+//! either way.
 
+mod products;
 mod score_grads;
 
 use super::rows::dot_as_panel;
 use super::{BwdCtx, BwdJob, KEY_BLOCK, TILE_ROWS};
-use crate::flash::block::{head, rows_per_call, with_rows};
-use crate::flash::forward::accumulate::pv_block;
-use crate::flash::micro::{qk_panel, Fma};
-use crate::flash::pack::{pack_keys, panel_len};
-use crate::flash::scores::{all_finite, decode_scores};
+use crate::flash::block::rows_per_call;
+use crate::flash::micro::{Bf16Pairs, Fma};
+use crate::flash::pack::{key_pairs_len, pack_dim_pairs, pack_key_pairs, pack_keys, panel_len};
+use crate::flash::scores::all_finite;
 use crate::flash::simd::{KvElem, Simd};
+use crate::problem::Precision;
 use crate::sparse::runs;
+use products::{accumulate, products, transpose_chunks};
 use score_grads::score_grads;
 
 /// Most bytes of a job's queries and output gradients transposed once for all its key blocks;
@@ -56,6 +64,12 @@ pub struct BwdWork {
     /// One row's gradient of the modified score, `[LDB]`, and the tile's table gradient.
     g: Vec<f32>,
     dtable: Vec<f32>,
+    /// With bfloat16 products: the block's keys in pairs of keys (`pack::pack_key_pairs`), then
+    /// per tile `P̄` or `dX` paired two query rows at a time `[⌈TILE_ROWS/2⌉, LDB]` followed by
+    /// the tile's `dO` or `Q` rows paired alike, and `dX` paired per key panel `[TILE_ROWS, LDB/2]`.
+    kk: Vec<f32>,
+    rows2: Vec<f32>,
+    keys2: Vec<f32>,
     /// The block's `dK` `[KEY_BLOCK, Dk]` and `dV` `[KEY_BLOCK, Dv]`.
     dk: Vec<f32>,
     dv: Vec<f32>,
@@ -73,6 +87,26 @@ fn grow(v: &mut Vec<f32>, n: usize) {
     }
 }
 
+/// How a job multiplies (see the module header): its products' precision, and whether its
+/// heads' queries and output gradients are transposed once for all its key blocks (`whole`) or
+/// tile by tile.
+#[derive(Debug, Clone, Copy)]
+struct Form {
+    whole: bool,
+    bf16: bool,
+}
+
+impl Form {
+    /// Slots of a row of `d` values: `d`, or `⌈d/2⌉` bfloat16 pairs.
+    fn slots(self, d: usize) -> usize {
+        if self.bf16 {
+            d.div_ceil(2)
+        } else {
+            d
+        }
+    }
+}
+
 /// Runs one job (see the module header of `backward`).
 ///
 /// # Safety
@@ -87,37 +121,29 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     }
     grow(&mut w.g, LDB);
     let (rq, _) = rows_per_call::<S>();
-    let whole = cx.whole_heads.unwrap_or(g * d.lq * (d.dk + d.dv) * 4 <= TRANSPOSED_BUDGET);
-    let rows = if whole { g * d.lq } else { TILE_ROWS };
-    grow(&mut w.qt, rows * d.dk);
-    grow(&mut w.dot, rows * d.dv);
-    // Plain loops here and in `dot_as_panel`: a closure would not inherit the target features.
-    // With a sink the row's one-key exactness is gone (`dS = P·dP·p_sink`, not 0) and what is
-    // left of `Δ`'s error is `O`'s rounding plus the dot product's: the latter is removed by
-    // taking the products and their sum in `f64`.
-    w.delta.clear();
-    for h in job.kvh * g..(job.kvh + 1) * g {
-        for i in 0..d.lq {
-            let (dout, out) = (cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i));
-            if cx.pb.sink(h).is_some() {
-                let mut delta = 0.0f64;
-                for (&x, &y) in dout.iter().zip(out) {
-                    delta += x as f64 * y as f64;
-                }
-                w.delta.push(delta as f32);
-            } else {
-                // SAFETY: CPU supports `S`.
-                w.delta.push(unsafe { dot_as_panel::<S>(dout, out) });
-            }
-        }
+    let form = Form {
+        whole: cx.whole_heads.unwrap_or(g * d.lq * (d.dk + d.dv) * 4 <= TRANSPOSED_BUDGET),
+        bf16: cx.pb.compute == Precision::Bf16
+            && !cx.decode_scores
+            && (0..d.lk).all(|j| all_finite(cx.k.row(job.b, job.kvh, j))),
+    };
+    if form.bf16 {
+        grow(&mut w.rows2, TILE_ROWS.div_ceil(2) * (LDB + d.dk.max(d.dv)));
+        grow(&mut w.keys2, TILE_ROWS * LDB / 2);
     }
-    if whole {
+    let rows = if form.whole { g * d.lq } else { TILE_ROWS };
+    grow(&mut w.qt, rows * form.slots(d.dk));
+    grow(&mut w.dot, rows * form.slots(d.dv));
+    // SAFETY: CPU supports `S`.
+    unsafe { deltas::<S, E>(cx, job, form, w) };
+    if form.whole {
+        let (dks, dvs) = (form.slots(d.dk), form.slots(d.dv));
         for x in 0..g {
             let h = job.kvh * g + x;
             if !cx.decode_scores {
-                transpose_chunks(d.lq, d.dk, rq, |r| cx.q.row(job.b, h, r), &mut w.qt[x * d.lq * d.dk..]);
+                transpose_chunks(form, d.lq, d.dk, rq, |r| cx.q.row(job.b, h, r), &mut w.qt[x * d.lq * dks..]);
             }
-            transpose_chunks(d.lq, d.dv, rq, |r| cx.dout.row(job.b, h, r), &mut w.dot[x * d.lq * d.dv..]);
+            transpose_chunks(form, d.lq, d.dv, rq, |r| cx.dout.row(job.b, h, r), &mut w.dot[x * d.lq * dvs..]);
         }
     }
     let unit = job.b * d.hkv + job.kvh;
@@ -142,22 +168,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         if w.spans.is_empty() {
             continue;
         }
-        w.kp.resize(panel_len(n, d.dk, S::W), 0.0);
-        w.vp.resize(panel_len(n, d.dv, S::W), 0.0);
-        // Scored in place after a decode-path forward: no packed keys.
-        if !cx.decode_scores {
-            pack_keys(&cx.k, job.b, job.kvh, j0..j0 + n, S::W, &mut w.kp);
-        }
-        pack_keys(&cx.v, job.b, job.kvh, j0..j0 + n, S::W, &mut w.vp);
-        // With dropout, `dP = keep·(dO·(c·V))` with `c = 1/(1 − p)` rounded into each value as
-        // the forward's `O = Σ (c·P)·V` rounded it: a row that sees one key then gets `dP = Δ`
-        // bit for bit and `dS = 0` exactly, as without dropout.
-        if let Some(dr) = cx.pb.dropout {
-            let c = dr.scale();
-            w.vp.iter_mut().for_each(|x| *x *= c);
-        }
-        w.bad_keys.clear();
-        w.bad_keys.extend((0..n).filter(|&c| !all_finite(cx.k.row(job.b, job.kvh, j0 + c))));
+        pack_block::<E>(cx, job, w, form, j0, n, S::W);
         w.dk.clear();
         w.dk.resize(n * d.dk, 0.0);
         w.dv.clear();
@@ -168,7 +179,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
                 let nr = TILE_ROWS.min(ib - i0);
                 let dq_rows = &mut dq[((h - job.kvh * g) * d.lq + i0) * d.dk..][..nr * d.dk];
                 // SAFETY: forwarded from the caller; rows `i0..i0+nr` and keys `j0..j0+n` exist.
-                unsafe { tile::<S, E>(cx, job, w, whole, TileAt { h, i0, nr, j0, n }, dq_rows) };
+                unsafe { tile::<S, E>(cx, job, w, form, TileAt { h, i0, nr, j0, n }, dq_rows) };
             }
         }
         let at = (unit * d.lk + j0) * d.dk;
@@ -178,6 +189,69 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         // SAFETY: as above.
         unsafe { cx.dv.part(at, n * d.dv) }.copy_from_slice(&w.dv);
     }
+}
+
+/// `Δ_i = dO_i·O_i` of the job's rows into `w.delta`, rounded as the form's `dO·Vᵀ` rounds.
+///
+/// # Safety
+/// CPU supports `S`.
+#[inline(always)]
+unsafe fn deltas<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, form: Form, w: &mut BwdWork) {
+    let (d, g) = (cx.pb.dims, cx.pb.dims.group());
+    // Plain loops here and in `dot_as_panel`: a closure would not inherit the target features.
+    // With a sink the row's one-key exactness is gone (`dS = P·dP·p_sink`, not 0) and what is
+    // left of `Δ`'s error is `O`'s rounding plus the dot product's: the latter is removed by
+    // taking the products and their sum in `f64`.
+    w.delta.clear();
+    for h in job.kvh * g..(job.kvh + 1) * g {
+        for i in 0..d.lq {
+            let (dout, out) = (cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i));
+            if cx.pb.sink(h).is_some() {
+                let mut delta = 0.0f64;
+                for (&x, &y) in dout.iter().zip(out) {
+                    delta += x as f64 * y as f64;
+                }
+                w.delta.push(delta as f32);
+            } else if form.bf16 {
+                // SAFETY: CPU supports `S`.
+                w.delta.push(unsafe { dot_as_panel::<S, Bf16Pairs>(dout, out) });
+            } else {
+                // SAFETY: CPU supports `S`.
+                w.delta.push(unsafe { dot_as_panel::<S, Fma>(dout, out) });
+            }
+        }
+    }
+}
+
+/// Packs keys `j0..j0+n` of the job's head for vector width `lanes`: keys (unless scored in
+/// place after a decode-path forward) and values in panels, the values scaled by dropout's `c`;
+/// or, with bfloat16 products, both in pairs along the row and the keys in pairs of keys too.
+/// Lists the block's keys that hold a non-finite number.
+fn pack_block<E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork, form: Form, j0: usize, n: usize, lanes: usize) {
+    let d = cx.pb.dims;
+    let (b, h, keys) = (job.b, job.kvh, j0..j0 + n);
+    w.kp.resize(panel_len(n, form.slots(d.dk), lanes), 0.0);
+    w.vp.resize(panel_len(n, form.slots(d.dv), lanes), 0.0);
+    w.bad_keys.clear();
+    if form.bf16 {
+        pack_dim_pairs(&cx.k, b, h, keys.clone(), lanes, &mut w.kp);
+        pack_dim_pairs(&cx.v, b, h, keys.clone(), lanes, &mut w.vp);
+        w.kk.resize(key_pairs_len(n, d.dk, lanes), 0.0);
+        pack_key_pairs(&cx.k, b, h, keys, lanes, &mut w.kk);
+        return;
+    }
+    if !cx.decode_scores {
+        pack_keys(&cx.k, b, h, keys.clone(), lanes, &mut w.kp);
+    }
+    pack_keys(&cx.v, b, h, keys, lanes, &mut w.vp);
+    // With dropout, `dP = keep·(dO·(c·V))` with `c = 1/(1 − p)` rounded into each value as
+    // the forward's `O = Σ (c·P)·V` rounded it: a row that sees one key then gets `dP = Δ`
+    // bit for bit and `dS = 0` exactly, as without dropout.
+    if let Some(dr) = cx.pb.dropout {
+        let c = dr.scale();
+        w.vp.iter_mut().for_each(|x| *x *= c);
+    }
+    w.bad_keys.extend((0..n).filter(|&c| !all_finite(cx.k.row(b, h, j0 + c))));
 }
 
 /// Query rows `ia..ib` of batch `b` whose band reaches keys `j0..j0+n` (the band's bounds only
@@ -214,51 +288,6 @@ fn listed_rows(
     runs(listed, ia..ib).map(move |r| (r.start / rq * rq, r.end.next_multiple_of(rq).min(lq)))
 }
 
-/// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk of `rq` rows:
-/// chunk `r0` is stored `[d][nr]` at `out[r0·d..]`, as `qk_panel` reads it.
-fn transpose_chunks<'a>(rows: usize, d: usize, rq: usize, src: impl Fn(usize) -> &'a [f32], out: &mut [f32]) {
-    for r in 0..rows {
-        let r0 = r / rq * rq;
-        let nr = rq.min(rows - r0);
-        for (k, &x) in src(r).iter().enumerate() {
-            out[r0 * d + k * nr + r - r0] = x;
-        }
-    }
-}
-
-/// `out[r][·] = scale · a_r · panels` for `rows` rows (transposed chunks `at`, length `d`) against
-/// the `np` packed panels.
-///
-/// # Safety
-/// CPU supports `S`; `at` holds `rows·d`, `panels` `np` panels of `d·2·W`, `out` `rows·LDB`.
-#[inline(always)]
-unsafe fn panel_product<S: Simd>(
-    at: &[f32],
-    panels: &[f32],
-    d: usize,
-    rows: usize,
-    np: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let (rq, _) = rows_per_call::<S>();
-    let pw = 2 * S::W;
-    let (ap, op) = (at.as_ptr(), out.as_mut_ptr());
-    for pi in 0..np {
-        let kp = panels[pi * d * pw..].as_ptr();
-        let mut r0 = 0;
-        while r0 < rows {
-            let nr = rq.min(rows - r0);
-            // SAFETY: chunk `r0` holds `nr·d` floats; the panel `d·pw`; the output row block
-            // `nr` rows of `LDB >= np·pw` columns.
-            unsafe {
-                with_rows!(nr, qk_panel::<S, Fma; >(ap.add(r0 * d), kp, d, scale, op.add(r0 * LDB + pi * pw), LDB))
-            };
-            r0 += nr;
-        }
-    }
-}
-
 /// Where one tile sits: query rows `i0..i0+nr` of head `h` against keys `j0..j0+n` of the job's
 /// block.
 #[derive(Debug, Clone, Copy)]
@@ -279,92 +308,14 @@ unsafe fn tile<S: Simd, E: KvElem>(
     cx: &BwdCtx<E>,
     job: &BwdJob,
     w: &mut BwdWork,
-    whole: bool,
+    form: Form,
     t: TileAt,
     dq: &mut [f32],
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
-        products::<S, E>(cx, job, w, whole, t);
+        products::<S, E>(cx, job, w, form, t);
         score_grads::<S>(cx, job, w, t);
-        accumulate::<S, E>(cx, job, w, t, dq);
-    }
-}
-
-/// Step 1: the tile's scores `S` into `w.s` and `dP̄ = dO·Vᵀ` into `w.dp`, the queries and output
-/// gradients transposed first when the job did not transpose its whole heads.
-///
-/// # Safety
-/// As [`tile`].
-#[inline(always)]
-unsafe fn products<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork, whole: bool, t: TileAt) {
-    let d = cx.pb.dims;
-    let (b, TileAt { h, i0, nr, j0, n }) = (job.b, t);
-    let (rq, _) = rows_per_call::<S>();
-    let np = n.div_ceil(2 * S::W);
-    let (qt, dot) = if whole {
-        let x = (h - job.kvh * d.group()) * d.lq + i0;
-        (x * d.dk, x * d.dv)
-    } else {
-        if !cx.decode_scores {
-            transpose_chunks(nr, d.dk, rq, |r| cx.q.row(b, h, i0 + r), &mut w.qt);
-        }
-        transpose_chunks(nr, d.dv, rq, |r| cx.dout.row(b, h, i0 + r), &mut w.dot);
-        (0, 0)
-    };
-    let scale = cx.pb.scale as f32;
-    // SAFETY: buffers sized by `run_job`; CPU supports `S`; rows `i0..i0+nr` and keys
-    // `j0..j0+n` exist.
-    unsafe {
-        if cx.decode_scores {
-            let (qb, ldq) = head(&cx.q, b, h);
-            let (kb, ldk) = head(&cx.k, b, job.kvh);
-            let (qb, kb) = (qb.as_ptr().add(i0 * ldq), kb.as_ptr().add(j0 * ldk));
-            decode_scores::<S, E>(qb, ldq, kb, ldk, n, d.dk, scale, nr, w.s.as_mut_ptr(), LDB);
-        } else {
-            panel_product::<S>(&w.qt[qt..], &w.kp, d.dk, nr, np, scale, &mut w.s);
-        }
-        panel_product::<S>(&w.dot[dot..], &w.vp, d.dv, nr, np, 1.0, &mut w.dp);
-    }
-}
-
-/// Step 3: `dV += P̄ᵀ·dO` and `dK += dXᵀ·Q` into the block's accumulators, `dQ += dX·K` into `dq`
-/// (`[nr, Dk]`), key rows holding a non-finite number one product at a time.
-///
-/// # Safety
-/// As [`tile`].
-#[inline(always)]
-unsafe fn accumulate<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork, t: TileAt, dq: &mut [f32]) {
-    let d = cx.pb.dims;
-    let (b, TileAt { h, i0, nr, j0, n }) = (job.b, t);
-    let pd = if cx.pb.dropout.is_some() { &w.pd } else { &w.p };
-    let (qb, ldq) = head(&cx.q, b, h);
-    let (ob, ldo) = head(&cx.dout, b, h);
-    let (kb, ldk) = head(&cx.k, b, job.kvh);
-    let (qb, ob, kb) = (qb.as_ptr(), ob.as_ptr(), kb.as_ptr());
-    // SAFETY: `P̄` and `dX` hold `nr` rows of `n` at stride `LDB`, read transposed for `dV`, `dK`;
-    // Q and dO rows `i0..i0+nr` and K rows `j0..j0+n` exist; the accumulators hold `n` rows,
-    // `dq` `nr` rows.
-    unsafe {
-        let (qb, ob, kb) = (qb.add(i0 * ldq), ob.add(i0 * ldo), kb.add(j0 * ldk));
-        pv_block::<S, Fma, f32>(pd.as_ptr(), 1, LDB, ob, ldo, nr, w.dv.as_mut_ptr(), d.dv, n);
-        pv_block::<S, Fma, f32>(w.dp.as_ptr(), 1, LDB, qb, ldq, nr, w.dk.as_mut_ptr(), d.dk, n);
-        let mut c = 0;
-        for run_end in w.bad_keys.iter().copied().chain(std::iter::once(n)) {
-            if run_end > c {
-                let (dx, k) = (w.dp.as_ptr().add(c), kb.add(c * ldk));
-                pv_block::<S, Fma, E>(dx, LDB, 1, k, ldk, run_end - c, dq.as_mut_ptr(), d.dk, nr);
-            }
-            c = run_end + 1;
-        }
-    }
-    for &c in &w.bad_keys {
-        let krow = cx.k.row(b, job.kvh, j0 + c);
-        for r in (0..nr).filter(|&r| w.s[r * LDB + c] != f32::NEG_INFINITY) {
-            let dx = w.dp[r * LDB + c];
-            for (x, y) in dq[r * d.dk..(r + 1) * d.dk].iter_mut().zip(krow) {
-                *x += dx * y.to_f32();
-            }
-        }
+        accumulate::<S, E>(cx, job, w, form, t, dq);
     }
 }

@@ -1,0 +1,243 @@
+//! Steps 1 and 3 of a backward tile (see the parent module's header): the products `S = Q·Kᵀ`,
+//! `dP̄ = dO·Vᵀ` and the accumulations `dV += P̄ᵀ·dO`, `dK += dXᵀ·Q`, `dQ += dX·K`, in f32 or, for
+//! a job with bfloat16 products ([`Form::bf16`]), on bfloat16 pairs with f32 accumulation as the
+//! forward multiplies: `Q·Kᵀ` and `dO·Vᵀ` pair the head dimension (queries and output gradients
+//! transposed in pairs, keys and values packed by `pack::pack_dim_pairs`), the three
+//! accumulations pair their reduction index — two query rows ([`pair_rows`]) for `dV` and `dK`, two
+//! keys of a panel ([`pair_keys`], against `pack::pack_key_pairs`) for `dQ`.
+
+use super::{BwdCtx, BwdJob, BwdWork, Form, TileAt, LDB};
+use crate::flash::block::{head, rows_per_call, with_rows};
+use crate::flash::forward::accumulate::pv_block;
+use crate::flash::micro::{qk_panel, Bf16Pairs, Fma, Product};
+use crate::flash::pairs::{pair_keys, pair_rows};
+use crate::flash::scores::decode_scores;
+use crate::flash::simd::{KvElem, Simd};
+
+/// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk of `rq` rows,
+/// in slots of `P` (pairs of the row's values for bfloat16 products): chunk `r0` is stored
+/// `[slots][nr]` at `out[r0·slots..]`, as `qk_panel` reads it.
+fn transpose_as<'a, P: Product>(rows: usize, d: usize, rq: usize, src: impl Fn(usize) -> &'a [f32], out: &mut [f32]) {
+    let slots = d.div_ceil(P::PER_SLOT);
+    for r in 0..rows {
+        let r0 = r / rq * rq;
+        let nr = rq.min(rows - r0);
+        for (k, x) in src(r).chunks(P::PER_SLOT).enumerate() {
+            out[r0 * slots + k * nr + r - r0] = P::slot(x);
+        }
+    }
+}
+
+/// [`transpose_as`] in the form's slots.
+pub(super) fn transpose_chunks<'a>(
+    form: Form,
+    rows: usize,
+    d: usize,
+    rq: usize,
+    src: impl Fn(usize) -> &'a [f32],
+    out: &mut [f32],
+) {
+    if form.bf16 {
+        transpose_as::<Bf16Pairs>(rows, d, rq, src, out)
+    } else {
+        transpose_as::<Fma>(rows, d, rq, src, out)
+    }
+}
+
+/// `out[r][·] = scale · a_r · panels` for `rows` rows (transposed chunks `at`, `d` slots) against
+/// the `np` packed panels, multiplied as `P` multiplies.
+///
+/// # Safety
+/// CPU supports `S`; `at` holds `rows·d`, `panels` `np` panels of `d·2·W`, `out` `rows·LDB`.
+#[inline(always)]
+unsafe fn panel_product<S: Simd, P: Product>(
+    at: &[f32],
+    panels: &[f32],
+    d: usize,
+    rows: usize,
+    np: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let (rq, _) = rows_per_call::<S>();
+    let pw = 2 * S::W;
+    let (ap, op) = (at.as_ptr(), out.as_mut_ptr());
+    for pi in 0..np {
+        let kp = panels[pi * d * pw..].as_ptr();
+        let mut r0 = 0;
+        while r0 < rows {
+            let nr = rq.min(rows - r0);
+            // SAFETY: chunk `r0` holds `nr·d` floats; the panel `d·pw`; the output row block
+            // `nr` rows of `LDB >= np·pw` columns.
+            unsafe {
+                with_rows!(nr, qk_panel::<S, P; >(ap.add(r0 * d), kp, d, scale, op.add(r0 * LDB + pi * pw), LDB))
+            };
+            r0 += nr;
+        }
+    }
+}
+
+/// Step 1: the tile's scores `S` into `w.s` and `dP̄ = dO·Vᵀ` into `w.dp`, the queries and output
+/// gradients transposed first when the job did not transpose its whole heads.
+///
+/// # Safety
+/// As [`super::tile`].
+#[inline(always)]
+pub(super) unsafe fn products<S: Simd, E: KvElem>(
+    cx: &BwdCtx<E>,
+    job: &BwdJob,
+    w: &mut BwdWork,
+    form: Form,
+    t: TileAt,
+) {
+    let d = cx.pb.dims;
+    let (b, TileAt { h, i0, nr, j0, n }) = (job.b, t);
+    let (rq, _) = rows_per_call::<S>();
+    let np = n.div_ceil(2 * S::W);
+    let (dks, dvs) = (form.slots(d.dk), form.slots(d.dv));
+    let (qt, dot) = if form.whole {
+        let x = (h - job.kvh * d.group()) * d.lq + i0;
+        (x * dks, x * dvs)
+    } else {
+        if !cx.decode_scores {
+            transpose_chunks(form, nr, d.dk, rq, |r| cx.q.row(b, h, i0 + r), &mut w.qt);
+        }
+        transpose_chunks(form, nr, d.dv, rq, |r| cx.dout.row(b, h, i0 + r), &mut w.dot);
+        (0, 0)
+    };
+    let scale = cx.pb.scale as f32;
+    // SAFETY: buffers sized by `run_job`; CPU supports `S`; rows `i0..i0+nr` and keys
+    // `j0..j0+n` exist.
+    unsafe {
+        if cx.decode_scores {
+            let (qb, ldq) = head(&cx.q, b, h);
+            let (kb, ldk) = head(&cx.k, b, job.kvh);
+            let (qb, kb) = (qb.as_ptr().add(i0 * ldq), kb.as_ptr().add(j0 * ldk));
+            decode_scores::<S, E>(qb, ldq, kb, ldk, n, d.dk, scale, nr, w.s.as_mut_ptr(), LDB);
+        } else if form.bf16 {
+            panel_product::<S, Bf16Pairs>(&w.qt[qt..], &w.kp, dks, nr, np, scale, &mut w.s);
+        } else {
+            panel_product::<S, Fma>(&w.qt[qt..], &w.kp, dks, nr, np, scale, &mut w.s);
+        }
+        if form.bf16 {
+            // The packed values are bfloat16: dropout's `c` scales the product instead.
+            let c = cx.pb.dropout.map_or(1.0, |dr| dr.scale());
+            panel_product::<S, Bf16Pairs>(&w.dot[dot..], &w.vp, dvs, nr, np, c, &mut w.dp);
+        } else {
+            panel_product::<S, Fma>(&w.dot[dot..], &w.vp, dvs, nr, np, 1.0, &mut w.dp);
+        }
+    }
+}
+
+/// Step 3: `dV += P̄ᵀ·dO` and `dK += dXᵀ·Q` into the block's accumulators, `dQ += dX·K` into `dq`
+/// (`[nr, Dk]`): in f32, key rows holding a non-finite number one product at a time; or on
+/// bfloat16 pairs.
+///
+/// # Safety
+/// As [`super::tile`].
+#[inline(always)]
+pub(super) unsafe fn accumulate<S: Simd, E: KvElem>(
+    cx: &BwdCtx<E>,
+    job: &BwdJob,
+    w: &mut BwdWork,
+    form: Form,
+    t: TileAt,
+    dq: &mut [f32],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if form.bf16 {
+            accumulate_pairs::<S, E>(cx, job, w, t, dq)
+        } else {
+            accumulate_f32::<S, E>(cx, job, w, t, dq)
+        }
+    }
+}
+
+/// [`accumulate`] in f32.
+///
+/// # Safety
+/// As [`super::tile`].
+#[inline(always)]
+unsafe fn accumulate_f32<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork, t: TileAt, dq: &mut [f32]) {
+    let d = cx.pb.dims;
+    let (b, TileAt { h, i0, nr, j0, n }) = (job.b, t);
+    let pd = if cx.pb.dropout.is_some() { &w.pd } else { &w.p };
+    let (qb, ldq) = head(&cx.q, b, h);
+    let (ob, ldo) = head(&cx.dout, b, h);
+    let (kb, ldk) = head(&cx.k, b, job.kvh);
+    let (qb, ob, kb) = (qb.as_ptr(), ob.as_ptr(), kb.as_ptr());
+    // SAFETY: `P̄` and `dX` hold `nr` rows of `n` at stride `LDB`, read transposed for `dV`, `dK`;
+    // Q and dO rows `i0..i0+nr` and K rows `j0..j0+n` exist; the accumulators hold `n` rows,
+    // `dq` `nr` rows.
+    unsafe {
+        let (qb, ob, kb) = (qb.add(i0 * ldq), ob.add(i0 * ldo), kb.add(j0 * ldk));
+        pv_block::<S, Fma, f32>(pd.as_ptr(), 1, LDB, ob, ldo, nr, w.dv.as_mut_ptr(), d.dv, n);
+        pv_block::<S, Fma, f32>(w.dp.as_ptr(), 1, LDB, qb, ldq, nr, w.dk.as_mut_ptr(), d.dk, n);
+        let mut c = 0;
+        for run_end in w.bad_keys.iter().copied().chain(std::iter::once(n)) {
+            if run_end > c {
+                let (dx, k) = (w.dp.as_ptr().add(c), kb.add(c * ldk));
+                pv_block::<S, Fma, E>(dx, LDB, 1, k, ldk, run_end - c, dq.as_mut_ptr(), d.dk, nr);
+            }
+            c = run_end + 1;
+        }
+    }
+    for &c in &w.bad_keys {
+        let krow = cx.k.row(b, job.kvh, j0 + c);
+        for r in (0..nr).filter(|&r| w.s[r * LDB + c] != f32::NEG_INFINITY) {
+            let dx = w.dp[r * LDB + c];
+            for (x, y) in dq[r * d.dk..(r + 1) * d.dk].iter_mut().zip(krow) {
+                *x += dx * y.to_f32();
+            }
+        }
+    }
+}
+
+/// [`accumulate`] on bfloat16 pairs: `P̄`, `dX` and the tile's `dO` and `Q` rows paired two
+/// query rows at a time (an odd last row with a row of zeros), `dX` also paired per key panel
+/// against the block's keys packed in pairs of keys (`w.kk`).
+///
+/// # Safety
+/// As [`super::tile`]; the job's keys are all finite (the form's rule).
+#[inline(always)]
+unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
+    cx: &BwdCtx<E>,
+    job: &BwdJob,
+    w: &mut BwdWork,
+    t: TileAt,
+    dq: &mut [f32],
+) {
+    let d = cx.pb.dims;
+    let (b, TileAt { h, i0, nr, n, .. }) = (job.b, t);
+    let (half, width) = (nr.div_ceil(2), n.div_ceil(2 * S::W) * 2 * S::W);
+    let pd = if cx.pb.dropout.is_some() { &w.pd } else { &w.p };
+    let (qb, ldq) = head(&cx.q, b, h);
+    let (ob, ldo) = head(&cx.dout, b, h);
+    // SAFETY: `P̄` and `dX` hold `nr` rows of `LDB >= width` at stride `LDB`; Q and dO rows
+    // `i0..i0+nr` exist; `w.rows2` holds `⌈TILE_ROWS/2⌉` rows of `max(LDB, Dk, Dv)`, `w.keys2`
+    // `TILE_ROWS` rows of `LDB/2`, `w.kk` the block's keys in pairs (`width/2` rows of `Dk`); the
+    // accumulators hold `n` rows, `dq` `nr` rows.
+    unsafe {
+        let (qb, ob) = (qb.as_ptr().add(i0 * ldq), ob.as_ptr().add(i0 * ldo));
+        let (pairs, values) = w.rows2.split_at_mut(half * LDB);
+        pair_rows::<S>(pd.as_ptr(), LDB, nr, n, pairs.as_mut_ptr(), LDB);
+        pair_rows::<S>(ob, ldo, nr, d.dv, values.as_mut_ptr(), d.dv);
+        pv_block::<S, Bf16Pairs, f32>(pairs.as_ptr(), 1, LDB, values.as_ptr(), d.dv, half, w.dv.as_mut_ptr(), d.dv, n);
+        pair_rows::<S>(w.dp.as_ptr(), LDB, nr, n, pairs.as_mut_ptr(), LDB);
+        pair_rows::<S>(qb, ldq, nr, d.dk, values.as_mut_ptr(), d.dk);
+        pv_block::<S, Bf16Pairs, f32>(pairs.as_ptr(), 1, LDB, values.as_ptr(), d.dk, half, w.dk.as_mut_ptr(), d.dk, n);
+        pair_keys::<S>(w.dp.as_mut_ptr(), LDB, nr, n, width, w.keys2.as_mut_ptr(), LDB / 2);
+        pv_block::<S, Bf16Pairs, f32>(
+            w.keys2.as_ptr(),
+            LDB / 2,
+            1,
+            w.kk.as_ptr(),
+            d.dk,
+            width / 2,
+            dq.as_mut_ptr(),
+            d.dk,
+            nr,
+        );
+    }
+}
