@@ -21,9 +21,10 @@ return_lse=False, return_weights=False, seed=None, compute="f32")`` follows
   ``return_lse``/``return_weights``: ``lse [B, Hq, Lq]`` in the compute type (float32, float64 for
   float64 inputs), ``weights [B, Hq, Lq, Lk]`` before dropout. Only ``out`` carries gradients.
 - ``compute``: ``"f32"`` (default) or ``"bf16"``: bfloat16 products with float32 accumulation in
-  the forward (q, k, v and the probabilities rounded to bfloat16, as FlashAttention computes on
-  bfloat16 inputs; native on AVX512-BF16, emulated elsewhere); the softmax, the output and the
-  backward stay in float32. Not for float64 inputs.
+  the forward and the backward (q, k, v, the output gradient, the probabilities and their
+  gradients rounded to bfloat16 where they enter a product, as FlashAttention computes on bfloat16
+  inputs; native on AVX512-BF16, emulated elsewhere); the softmax, its gradient, the output and the
+  gradients stay in float32. Not for float64 inputs.
 - Types: NumPy float32/float64/float16 arrays or PyTorch CPU float32/float64/float16/bfloat16
   tensors, all alike, read in place through DLPack (bfloat16 as bfloat16); the result is of the
   same kind and dtype. float16/bfloat16 compute in float32 (keys and values read as stored, the

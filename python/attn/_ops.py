@@ -8,7 +8,7 @@ float64), ``k: [B, Hkv, Lk, Dk]`` and ``v: [B, Hkv, Lk, Dv]`` in float32, float1
 (float64 with float64 queries), last dimension contiguous, read in place through DLPack.
 ``attn_mask`` is a C-contiguous bool keep-mask or a float bias in the compute type, broadcast to
 ``[B, Hq, Lq, Lk]``. ``window`` is ``[left, right]`` with -1 for an unbounded side. ``compute``
-is ``"f32"`` or ``"bf16"`` (bfloat16 products in the forward; the backward computes in float32).
+is ``"f32"`` or ``"bf16"`` (bfloat16 products, forward and backward).
 The forward returns ``out: [B, Hq, Lq, Dv]`` (compute type), ``lse`` and ``lse_residue``
 ``[B, Hq, Lq]``; only ``out`` is differentiable.
 """

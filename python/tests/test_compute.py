@@ -2,7 +2,8 @@
 the team's rule with PyTorch's bfloat16 math path as the baseline error (every materialised tensor
 rounded to bfloat16: scores, probabilities, output), on inputs that hold bfloat16 values, as
 ``crates/attn-kernels/tests/bf16_compute.rs`` checks the kernels; through NumPy arrays, float32
-tensors and bfloat16 tensors (read as bfloat16 through DLPack), and under autograd."""
+tensors and bfloat16 tensors (read as bfloat16 through DLPack), and the gradients (bf16 products in
+the backward too) against PyTorch's bf16 math path written out."""
 
 import numpy as np
 import pytest
@@ -77,14 +78,48 @@ def test_bf16_products_really_run(rng):
     assert not np.array_equal(attn.sdpa(q, k, v, compute="bf16"), attn.sdpa(q, k, v))
 
 
-def test_bf16_products_under_autograd(rng):
-    q, k, v = (torch.from_numpy(x).requires_grad_() for x in inputs(rng))
-    out = attn.sdpa(q, k, v, is_causal=True, enable_gqa=True, compute="bf16")
+def math_path(q, k, v, grad, causal, dtype):
+    """PyTorch's math path written out in ``dtype`` (every materialised tensor rounded to it, the
+    softmax taken in float32, or float64 for float64), with its gradients for the output gradient
+    ``grad``: ``(out, dq, dk, dv)`` as float64 arrays."""
+    q, k, v = (torch.from_numpy(x).to(dtype).requires_grad_() for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ kk.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    if causal:
+        lq, lk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(lq, lk, dtype=torch.bool).triu(1), float("-inf"))
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    out = torch.softmax(s.to(acc), -1).to(dtype) @ vv
+    out.backward(grad.to(dtype))
+    return [t.detach().double().numpy() for t in (out, q.grad, k.grad, v.grad)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_bf16_products_gradients_meet_the_oracle_rule(rng, causal):
+    q, k, v = inputs(rng)
+    grad = torch.from_numpy(round_bf16(rng.standard_normal((2, 4, 40, 32), dtype=np.float32)))
+    ref64 = math_path(q, k, v, grad, causal, torch.float64)
+    base = math_path(q, k, v, grad, causal, torch.bfloat16)
+    t = [torch.from_numpy(x).requires_grad_() for x in (q, k, v)]
+    out = attn.sdpa(*t, is_causal=causal, enable_gqa=True, compute="bf16")
+    out.backward(grad)
+    fast = [out.detach().numpy()] + [x.grad.numpy() for x in t]
+    for name, f, b, r, factor in zip(["out", "dq", "dk", "dv"], fast, base, ref64, [2, 3, 3, 3]):
+        assert_oracle(f, b, r, k=factor, what=name)
     with torch.no_grad():
-        direct = attn.sdpa(q, k, v, is_causal=True, enable_gqa=True, compute="bf16")
+        direct = attn.sdpa(*t, is_causal=causal, enable_gqa=True, compute="bf16")
     torch.testing.assert_close(out, direct, rtol=0, atol=0)
-    out.sum().backward()
-    assert all(t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0 for t in (q, k, v))
+    # The backward operator itself computes with bf16 products: on the same saved forward, its
+    # gradients differ from its f32 products' ones.
+    qq, kk, vv = (x.detach() for x in t)
+    options = (0.0, causal, None, None, None, False, None, 0)
+    out, lse, res = torch.ops.attn.sdpa_forward(qq, kk, vv, None, *options, "bf16")
+    grads = {
+        c: torch.ops.attn.sdpa_backward(grad, qq, kk, vv, out, lse, res, None, False, *options, c)
+        for c in ("bf16", "f32")
+    }
+    assert all(not torch.equal(a, b) for a, b in zip(grads["bf16"][:3], grads["f32"][:3]))
 
 
 @pytest.mark.parametrize(
