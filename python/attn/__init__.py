@@ -30,7 +30,8 @@ return_lse=False, return_weights=False, seed=None, compute="f32")`` follows
   same kind and dtype. float16/bfloat16 compute in float32 (keys and values read as stored, the
   queries widened); float64 runs the exact reference kernel.
 - Threads: the kernels run in attn's own pool of ``get_num_threads()`` threads
-  (``RAYON_NUM_THREADS``, else the cores, until ``set_num_threads(n)``), apart from PyTorch's.
+  (``RAYON_NUM_THREADS``, else the cores, until ``set_num_threads(n)``), apart from PyTorch's; a
+  forked child starts a pool of its own.
 - Bad input raises ``ValueError`` or ``TypeError`` with the library's message.
 
 ``attn.torch`` registers the ``attn::sdpa_forward`` / ``attn::sdpa_backward`` operators (autograd,
@@ -38,11 +39,16 @@ return_lse=False, return_weights=False, seed=None, compute="f32")`` follows
 ``attn_implementation="attn"`` available to Hugging Face ``transformers``.
 """
 
+import os
 import sys
 
-from ._attn import ISA, get_num_threads, set_num_threads
+from ._attn import ISA, forget_after_fork, get_num_threads, set_num_threads
 
 __all__ = ["sdpa", "ISA", "get_num_threads", "set_num_threads"]
+
+# A forked child inherits attn's thread pool without its threads: it starts its own.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=forget_after_fork)
 
 
 def sdpa(

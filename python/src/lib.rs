@@ -187,6 +187,7 @@ fn _attn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(pool::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(pool::get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::forget_after_fork, m)?)?;
     m.add("ISA", format!("{:?}", attn_kernels::Isa::best()))?;
     Ok(())
 }

@@ -2,13 +2,18 @@
 //! thread hands over one job and sleeps, and the kernels' parallel loops start from a worker, as in
 //! the `attn` binary, instead of each loop being injected from outside the pool and waking its
 //! workers again. Its size is `RAYON_NUM_THREADS` (else the cores) until `set_num_threads` says.
+//! A forked child (a `fork` data-loader worker) inherits the pool but none of its threads, so the
+//! package forgets the pool in the child (`os.register_at_fork`) and starts a new one there.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 static POOL: RwLock<Option<Arc<rayon::ThreadPool>>> = RwLock::new(None);
+/// The size `set_num_threads` asked for; 0: rayon's default, `RAYON_NUM_THREADS` or the cores.
+static THREADS: AtomicUsize = AtomicUsize::new(0);
 
 fn build(threads: usize) -> PyResult<Arc<rayon::ThreadPool>> {
     let pool = rayon::ThreadPoolBuilder::new()
@@ -25,8 +30,10 @@ pub(crate) fn get() -> PyResult<Arc<rayon::ThreadPool>> {
         return Ok(p);
     }
     let mut slot = POOL.write().map_err(|_| PyRuntimeError::new_err("attn: thread pool lock poisoned"))?;
-    // `0`: rayon's default, `RAYON_NUM_THREADS` or the number of cores.
-    Ok(slot.get_or_insert(build(0)?).clone())
+    if let Some(p) = slot.as_ref() {
+        return Ok(p.clone());
+    }
+    Ok(slot.insert(build(THREADS.load(Ordering::Relaxed))?).clone())
 }
 
 /// Sets the number of threads attn's kernels run on (a new pool; calls already running finish on
@@ -37,6 +44,7 @@ pub(crate) fn set_num_threads(n: usize) -> PyResult<()> {
         return Err(PyValueError::new_err("set_num_threads: n = 0, expected at least 1"));
     }
     let pool = build(n)?;
+    THREADS.store(n, Ordering::Relaxed);
     *POOL.write().map_err(|_| PyRuntimeError::new_err("attn: thread pool lock poisoned"))? = Some(pool);
     Ok(())
 }
@@ -45,4 +53,15 @@ pub(crate) fn set_num_threads(n: usize) -> PyResult<()> {
 #[pyfunction]
 pub(crate) fn get_num_threads() -> PyResult<usize> {
     Ok(get()?.current_num_threads())
+}
+
+/// Forgets the pool in a forked child, whose copy has no threads (a call would wait for them for
+/// ever); the next call starts a new one, of the size last set. The copy is leaked: dropping it would signal threads
+/// that do not exist in this process.
+#[pyfunction]
+pub(crate) fn forget_after_fork() {
+    // Python forks with the GIL held, and the lock is only taken under the GIL, so it is free.
+    if let Ok(mut slot) = POOL.write() {
+        std::mem::forget(slot.take());
+    }
 }

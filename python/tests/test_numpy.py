@@ -2,6 +2,8 @@
 option, the kinds and dtypes that come back, strided inputs read in place, the GIL released,
 and bad input refused with a Python exception."""
 
+import os
+import signal
 import threading
 import time
 
@@ -129,6 +131,33 @@ def test_thread_count_is_settable():
     finally:
         attn.set_num_threads(before)
     assert attn.get_num_threads() == before
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_gets_threads_of_its_own(rng):
+    # A fork data-loader worker inherits attn's started pool but not its threads; without a pool
+    # of its own the child's call would wait for ever.
+    q, k, v = inputs(rng, hq=2, hkv=2)
+    expected = attn.sdpa(q, k, v)
+    before = attn.get_num_threads()
+    attn.set_num_threads(1)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            ok = attn.get_num_threads() == 1 and np.array_equal(attn.sdpa(q, k, v), expected)
+            os._exit(0 if ok else 1)
+        for _ in range(400):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's attn.sdpa did not return within 20 s")
+    finally:
+        attn.set_num_threads(before)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_dropout_is_a_function_of_the_seed(rng):
