@@ -25,7 +25,12 @@ Each case becomes `crates/attn-kernels/tests/fixtures/<name>.safetensors` holdin
 - metadata (all strings): `name`, `scale` ("default" = 1/sqrt(Dk), else a Python float repr),
   `causal` ("true"/"false"), `align` ("top_left"/"bottom_right"), `window_left` / `window_right`
   (keys allowed before/after the aligned diagonal, "none" = unbounded), `softcap` ("none" or a float),
-  `torch_version`.
+  `torch_version`;
+- for the `bf16_*` cases: q, k, v and grad_out rounded to bfloat16 before anything is computed, and
+  PyTorch's own bf16 results beside the float64 ones (F64 holding bf16 values): `out_bf16`,
+  `dq_bf16`, `dk_bf16`, `dv_bf16` (and `dbias_bf16`) from `F.scaled_dot_product_attention` with the
+  math backend on bf16 tensors — the baseline error of attn's bfloat16 products
+  (`crates/attn-kernels/tests/golden_bf16.rs`).
 
 Expected values come from an explicit float64 torch implementation written as the formula reads
 (scores = q@k^T * scale, softcap via tanh, + bias, masked_fill(-inf), softmax, @ v; lse via
@@ -66,7 +71,7 @@ from safetensors.torch import save
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "crates" / "attn-kernels" / "tests" / "fixtures"
-MAX_TOTAL_BYTES = 5_000_000
+MAX_TOTAL_BYTES = 6_500_000
 TOL = dict(rtol=1e-11, atol=1e-11)
 # Autograd through SDPA (math backend) against autograd through `explicit`: max |a - b| / (1 + max |b|).
 GRAD_TOL = 1e-10
@@ -106,6 +111,9 @@ class Case:
     # makes head 0's -inf (no sink).
     sinks: bool = False
     sink_none: bool = False
+    # q, k, v and grad_out rounded to bfloat16 (a bf16 model's tensors), and PyTorch's own bf16
+    # results stored beside the float64 ones: the baseline error of bfloat16 products.
+    bf16: bool = False
 
 
 def cases() -> list[Case]:
@@ -191,6 +199,12 @@ def cases() -> list[Case]:
         c("sinks_bias_key_broadcast", 2, 4, 2, 10, 13, 8, 8, causal=True, bias=(2, 4, 10, 1), sinks=True),
         c("sinks_combined", 2, 4, 2, 13, 29, 8, 12, scale=-0.7, window=(6, None), mask=(4, 1, 29),
           bias=(2, 1, 13, 29), bias_neginf=0.1, softcap=4.0, spread=2.0, sinks=True, sink_none=True),
+        # bfloat16 inputs with PyTorch's bf16 math path beside the float64 results.
+        c("bf16_plain_gqa", 1, 4, 2, 40, 50, 32, 32, bf16=True),
+        c("bf16_causal_tl", 1, 2, 2, 48, 48, 64, 64, causal=True, bf16=True),
+        c("bf16_bias_rank2", 1, 2, 1, 33, 40, 16, 24, bias=(33, 40), bf16=True),
+        c("bf16_keylen_window_br", 2, 2, 1, 30, 40, 32, 32, window=(9, 3), bottom_right=True, key_lengths=(40, 23),
+          bf16=True),
     ]
 
 
@@ -220,7 +234,14 @@ def draw_inputs(case: Case) -> dict[str, torch.Tensor]:
         if case.sink_none:
             sinks[0] = -math.inf
         t["sinks"] = sinks
+    if case.bf16:
+        t.update({n: to_bf16(t[n]) for n in ("q", "k", "v")})
     return t
+
+
+def to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """`x` rounded to bfloat16 (to nearest, ties to even), back in float64."""
+    return x.to(torch.bfloat16).to(F64)
 
 
 def allowed_mask(case: Case, t: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -285,7 +306,28 @@ def explicit(case: Case, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]
 def draw_grad_out(case: Case) -> torch.Tensor:
     """The output gradient [B,Hq,Lq,Dv], from its own generator (the inputs do not depend on it)."""
     g = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/grad_out".encode()))
-    return torch.randn(case.b, case.hq, case.lq, case.dv, generator=g, dtype=F64)
+    grad_out = torch.randn(case.b, case.hq, case.lq, case.dv, generator=g, dtype=F64)
+    return to_bf16(grad_out) if case.bf16 else grad_out
+
+
+def torch_bf16(case: Case, t: dict[str, torch.Tensor], grad_out: torch.Tensor, allowed) -> dict[str, torch.Tensor]:
+    """PyTorch's own bf16 results (`<name>_bf16`, stored as float64): `F.scaled_dot_product_attention`
+    with the math backend on bf16 q, k, v (and bias), its `out` and the gradients of
+    `(out * grad_out).sum()` with a bf16 `grad_out`."""
+    bf = torch.bfloat16
+    mask, is_causal = sdpa_mask(case, t, allowed)
+    leaf = {n: t[n].to(bf).requires_grad_() for n in ("q", "k", "v")}
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(bf).requires_grad_("bias" in t and mask.shape == t["bias"].shape)
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(leaf["q"], leaf["k"], leaf["v"], attn_mask=mask, is_causal=is_causal,
+                                             scale=case.scale, enable_gqa=case.hq != case.hkv)
+    out.backward(grad_out.to(bf))
+    res = {"out": out, **{f"d{n}": x.grad for n, x in leaf.items()}}
+    if "bias" in t:
+        assert mask is not None and mask.requires_grad, f"{case.name}: the bias must reach SDPA as given"
+        res["dbias"] = mask.grad.reshape(t["bias"].shape)
+    return {f"{n}_bf16": x.detach().to(F64).contiguous() for n, x in res.items()}
 
 
 def leaves(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -460,6 +502,8 @@ def main() -> None:
         worst = max(worst, cross_check_grads(case, t, grads, grad_out, allowed))
         tensors = {name: x.contiguous() for name, x in t.items()}
         tensors.update({name: x.contiguous() for name, x in expected.items()}, grad_out=grad_out)
+        if case.bf16:
+            tensors.update(torch_bf16(case, t, grad_out, allowed))
         path = OUT_DIR / f"{case.name}.safetensors"
         save_sorted(tensors, path, metadata(case))
         size = path.stat().st_size

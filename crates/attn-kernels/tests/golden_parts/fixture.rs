@@ -20,6 +20,22 @@ pub fn fixture_paths() -> Vec<PathBuf> {
     fixtures::safetensors_in(&fixture_dir())
 }
 
+/// PyTorch's own bf16 results of a `bf16_*` fixture (`F.scaled_dot_product_attention`, math
+/// backend, on the fixture's bf16 inputs): the baseline error of bfloat16 products. Read by
+/// `golden_bf16.rs` alone.
+#[allow(dead_code)]
+#[derive(Debug, Clone)]
+pub struct TorchBf16 {
+    /// `out_bf16`, like `out`.
+    pub out: Tensor<f64>,
+    /// `dq_bf16`, `dk_bf16`, `dv_bf16`, like `dq`, `dk`, `dv`.
+    pub dq: Tensor<f64>,
+    pub dk: Tensor<f64>,
+    pub dv: Tensor<f64>,
+    /// `dbias_bf16`, like the bias, when there is one.
+    pub dbias: Option<Tensor<f64>>,
+}
+
 /// A tensor read from a fixture: row-major `data` of the given `shape`.
 #[derive(Debug, Clone)]
 pub struct Tensor<T> {
@@ -105,6 +121,8 @@ pub struct Fixture {
     pub options: Options,
     /// The gradients, when the file holds `grad_out`, `dq`, `dk`, `dv` (and `dbias` with a bias).
     pub grads: Option<Grads>,
+    /// PyTorch's bf16 results, for the `bf16_*` fixtures.
+    pub torch_bf16: Option<TorchBf16>,
 }
 
 impl Fixture {
@@ -121,6 +139,7 @@ impl Fixture {
         let sinks = if has("sinks") { Some(r.f64_rank("sinks", 1)?) } else { None };
         let out = r.f64_rank("out", 4)?;
         let grads = r.grads(&names, [&q, &k, &v, &out], [bias.as_ref(), sinks.as_ref()])?;
+        let torch_bf16 = r.torch_bf16(&names, [&q, &k, &v, &out], bias.as_ref())?;
         Ok(Self {
             q,
             k,
@@ -134,6 +153,7 @@ impl Fixture {
             weights: r.f64_rank("weights", 4)?,
             options: options(&file, &meta)?,
             grads,
+            torch_bf16,
             file,
         })
     }
@@ -255,6 +275,24 @@ impl Reader<'_> {
             dv: self.f64_like("dv", v)?,
             dbias: grad_of(bias, "dbias", "a bias")?,
             dsinks: grad_of(sinks, "dsinks", "sinks")?,
+        }))
+    }
+
+    fn torch_bf16(
+        &self,
+        names: &[&str],
+        [q, k, v, out]: [&Tensor<f64>; 4],
+        bias: Option<&Tensor<f64>>,
+    ) -> Result<Option<TorchBf16>, String> {
+        if !names.contains(&"out_bf16") {
+            return Ok(None);
+        }
+        Ok(Some(TorchBf16 {
+            out: self.f64_like("out_bf16", out)?,
+            dq: self.f64_like("dq_bf16", q)?,
+            dk: self.f64_like("dk_bf16", k)?,
+            dv: self.f64_like("dv_bf16", v)?,
+            dbias: bias.map(|b| self.f64_like("dbias_bf16", b)).transpose()?,
         }))
     }
 
