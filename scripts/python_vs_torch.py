@@ -5,13 +5,16 @@ round; beside them the `attn bench` binary, so that the Python call's ratio can 
 the binary's (issue 20: at least 90% of it).
 
 Sections (all by default; pick with --only):
-  forward   the forward shapes of bench_vs_torch.py, under torch.inference_mode
+  forward   the forward shapes of bench_vs_torch.py, under torch.inference_mode (per round: torch,
+            a pause of --settle seconds for its OpenMP threads to stop spinning, then attn from
+            Python and the binary, in alternating order)
   backward  forward + backward (autograd, `out.backward(grad)`) at bench_vs_torch.py's gradient shapes
   overhead  the per-call cost at 1,8,128,64 (no gradient): attn.sdpa on tensors and on NumPy
             arrays, the native call alone, and `attn bench`'s kernel time; overhead = Python
             call − kernel
   hf        a Hugging Face Llama training step (forward, backward, AdamW) with
-            attn_implementation="attn" against "sdpa", at sequence lengths 512 and 2048
+            attn_implementation="attn" against "sdpa", at sequence lengths 512 and 2048,
+            alternating (in turn first) round by round
             (--hf-impl attn, then --hf-impl sdpa, times each in a process of its own)
 
 Setup:  pip install -r scripts/requirements.txt transformers && pip install ./python
@@ -27,6 +30,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rust_side import median_seconds  # noqa: E402
@@ -62,12 +66,18 @@ def kernels(a, torch, attn, bench, backward):
         t, p, r = [], [], []
         ctx, tcall, backend = bench.torch_call(torch, shape, backward, None)
         pcall = attn_call(torch, attn, shape, backward)
-        for _ in range(a.rounds):
+        for i in range(a.rounds):
             with ctx():
                 t.append(median_seconds(tcall, a.reps, a.warmup))
-            p.append(median_seconds(pcall, a.reps, a.warmup))
+            # PyTorch's OpenMP workers spin for milliseconds after its last operation; let them
+            # settle, and alternate which attn side goes first, so both meet the same conditions.
+            time.sleep(a.settle)
+            sides = [lambda: p.append(median_seconds(pcall, a.reps, a.warmup))]
             if a.attn:
-                r.append(bench.time_attn(a.attn, shape, a.threads, a.reps, a.warmup, "auto", backward))
+                sides.append(lambda: r.append(
+                    bench.time_attn(a.attn, shape, a.threads, a.reps, a.warmup, "auto", backward)))
+            for side in sides[:: 1 if i % 2 == 0 else -1]:
+                side()
         t, p = statistics.median(t), statistics.median(p)
         r = statistics.median(r) if r else float("nan")
         row = {"shape": shape.spec, "backward": backward, "torch_backend": backend, "torch_ms": t * 1e3,
@@ -86,13 +96,13 @@ def overhead(a, torch, attn, bench):
     q, k, v = (torch.randn(1, 8, 128, 64) for _ in range(3))
     qn, kn, vn = (x.numpy() for x in (q, k, v))
     opts = dict(keep=None, bias=None, causal=False, window=None, bottom_right=False, key_lengths=None, scale=None,
-                softcap=None, dropout_p=0.0, seed=0)
+                softcap=None, dropout_p=0.0, seed=0, bf16_products=False)
     ctx, tcall, _ = bench.torch_call(torch, shape, False, None)
     calls = {
         "torch F.sdpa": tcall,
         "attn.sdpa (tensors)": lambda: attn.sdpa(q, k, v),
         "attn.sdpa (numpy)": lambda: attn.sdpa(qn, kn, vn),
-        "native forward": lambda: _attn.forward(qn, kn, vn, "float32", opts, False),
+        "native forward": lambda: _attn.forward(qn.__dlpack__(), kn.__dlpack__(), vn.__dlpack__(), opts, False),
     }
     reps = a.reps * 200
     times = {name: [] for name in list(calls) + ["attn bench (kernel)"]}
@@ -142,8 +152,8 @@ def hf_step(a, torch):
 
             steps[impl] = step
         times = {impl: [] for impl in steps}
-        for _ in range(a.rounds):
-            for impl, step in steps.items():
+        for i in range(a.rounds):
+            for impl, step in list(steps.items())[:: 1 if i % 2 == 0 else -1]:
                 times[impl].append(median_seconds(step, a.reps, 1))
         med = {impl: statistics.median(times[impl]) * 1e3 if impl in times else float("nan") for impl in ("sdpa", "attn")}
         rows.append({"seq": seq, "sdpa_ms": med["sdpa"], "attn_ms": med["attn"], "ratio": med["sdpa"] / med["attn"]})
@@ -162,6 +172,8 @@ def main():
                    default=["forward", "backward", "overhead", "hf"])
     p.add_argument("--hf-impl", nargs="+", choices=["sdpa", "attn"], default=["sdpa", "attn"],
                    help="the HF implementations to time (one per process: no interference between them)")
+    p.add_argument("--settle", type=float, default=0.05,
+                   help="seconds to wait after each PyTorch round before the attn rounds (default 0.05)")
     p.add_argument("--json-out", help="also write the results to this JSON file")
     a = p.parse_args()
     if a.threads < 1 or a.rounds < 1 or a.reps < 1 or a.warmup < 0:

@@ -3,7 +3,7 @@ and fused backward) for NumPy arrays and PyTorch tensors.
 
 ``attn.sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
 enable_gqa=False, *, window=None, softcap=None, align="top-left", key_lengths=None,
-return_lse=False, return_weights=False, seed=None)`` follows
+return_lse=False, return_weights=False, seed=None, compute="f32")`` follows
 ``torch.nn.functional.scaled_dot_product_attention``:
 
 - ``q: [B, Hq, Lq, Dk]``, ``k: [B, Hkv, Lk, Dk]``, ``v: [B, Hkv, Lk, Dv]`` → ``[B, Hq, Lq, Dv]``;
@@ -20,9 +20,18 @@ return_lse=False, return_weights=False, seed=None)`` follows
 - Returns ``out``, or ``(out, lse)``, ``(out, weights)``, ``(out, lse, weights)`` with
   ``return_lse``/``return_weights``: ``lse [B, Hq, Lq]`` in the compute type (float32, float64 for
   float64 inputs), ``weights [B, Hq, Lq, Lk]`` before dropout. Only ``out`` carries gradients.
+- ``compute``: ``"f32"`` (default) or ``"bf16"``: bfloat16 products with float32 accumulation in
+  the forward and the backward (q, k, v, the output gradient, the probabilities and their
+  gradients rounded to bfloat16 where they enter a product, as FlashAttention computes on bfloat16
+  inputs; native on AVX512-BF16, emulated elsewhere); the softmax, its gradient, the output and the
+  gradients stay in float32. Not for float64 inputs.
 - Types: NumPy float32/float64/float16 arrays or PyTorch CPU float32/float64/float16/bfloat16
-  tensors, all alike; the result is of the same kind and dtype. float16/bfloat16 compute in
-  float32 (keys and values read in place); float64 runs the exact reference kernel.
+  tensors, all alike, read in place through DLPack (bfloat16 as bfloat16); the result is of the
+  same kind and dtype. float16/bfloat16 compute in float32 (keys and values read as stored, the
+  queries widened); float64 runs the exact reference kernel.
+- Threads: the kernels run in attn's own pool of ``get_num_threads()`` threads
+  (``RAYON_NUM_THREADS``, else the cores, until ``set_num_threads(n)``), apart from PyTorch's; a
+  forked child starts a pool of its own.
 - Bad input raises ``ValueError`` or ``TypeError`` with the library's message.
 
 ``attn.torch`` registers the ``attn::sdpa_forward`` / ``attn::sdpa_backward`` operators (autograd,
@@ -30,11 +39,16 @@ return_lse=False, return_weights=False, seed=None)`` follows
 ``attn_implementation="attn"`` available to Hugging Face ``transformers``.
 """
 
+import os
 import sys
 
-from ._attn import ISA
+from ._attn import ISA, forget_after_fork, get_num_threads, set_num_threads
 
-__all__ = ["sdpa", "ISA"]
+__all__ = ["sdpa", "ISA", "get_num_threads", "set_num_threads"]
+
+# A forked child inherits attn's thread pool without its threads: it starts its own.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=forget_after_fork)
 
 
 def sdpa(
@@ -54,11 +68,12 @@ def sdpa(
     return_lse=False,
     return_weights=False,
     seed=None,
+    compute="f32",
 ):
     """Scaled dot-product attention (see the module's docstring)."""
     extras = dict(
         window=window, softcap=softcap, align=align, key_lengths=key_lengths, return_lse=return_lse,
-        return_weights=return_weights, seed=seed,
+        return_weights=return_weights, seed=seed, compute=compute,
     )
     return _path(query)(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras)
 

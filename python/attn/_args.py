@@ -8,9 +8,10 @@ Shapes: ``q: [B, Hq, Lq, Dk]``, ``k: [B, Hkv, Lk, Dk]``, ``v: [B, Hkv, Lk, Dv]``
 import random
 
 ALIGNS = ("top-left", "bottom-right")
+COMPUTES = ("f32", "bf16")
 # attn's keyword-only extras, in the order the paths read them, and their defaults.
-EXTRAS = ("window", "softcap", "align", "key_lengths", "return_lse", "return_weights", "seed")
-NO_EXTRAS = dict(zip(EXTRAS, (None, None, "top-left", None, False, False, None)))
+EXTRAS = ("window", "softcap", "align", "key_lengths", "return_lse", "return_weights", "seed", "compute")
+NO_EXTRAS = dict(zip(EXTRAS, (None, None, "top-left", None, False, False, None, "f32")))
 
 
 def check_ranks(q_shape, k_shape, v_shape, enable_gqa):
@@ -60,10 +61,12 @@ def new_seed():
     return random.getrandbits(63)
 
 
-def options(*, is_causal, scale, window, softcap, align, key_lengths, dropout_p, seed, keep=None, bias=None):
+def options(*, is_causal, scale, window, softcap, align, key_lengths, dropout_p, seed, compute, keep=None, bias=None):
     """The options dictionary of one call, checked where the kernels do not check."""
     if align not in ALIGNS:
         raise ValueError(f"align: {align!r}, expected one of {ALIGNS}")
+    if compute not in COMPUTES:
+        raise ValueError(f"compute: {compute!r}, expected one of {COMPUTES}")
     for name, x in (("scale", scale), ("softcap", softcap), ("dropout_p", dropout_p)):
         if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))):
             raise TypeError(f"{name}: expected a float, found {type(x).__name__}")
@@ -80,6 +83,7 @@ def options(*, is_causal, scale, window, softcap, align, key_lengths, dropout_p,
         "softcap": None if softcap is None else float(softcap),
         "dropout_p": float(dropout_p),
         "seed": 0 if seed is None else int(seed),
+        "bf16_products": compute == "bf16",
     }
 
 

@@ -1,5 +1,7 @@
 """``attn.sdpa`` on NumPy arrays: float32 and float64 in place, float16 keys and values read in
-place (queries widened to float32), results handed over by the native module without a copy.
+place (queries widened to float32), all through DLPack capsules (versioned where NumPy has them,
+so read-only arrays are read in place too); results handed over by the native module without a
+copy.
 
 Shapes: ``q: [B, Hq, Lq, Dk]``, ``k: [B, Hkv, Lk, Dk]``, ``v: [B, Hkv, Lk, Dv]`` → ``out:
 [B, Hq, Lq, Dv]``, ``lse: [B, Hq, Lq]``, ``weights: [B, Hq, Lq, Lk]`` (3-D inputs drop the heads).
@@ -31,9 +33,21 @@ def dtype_name(q, k, v):
     return names[0]
 
 
-def native(x, name):
-    """An input as the native module reads it: float16 as its uint16 bits."""
-    return x.view(np.uint16) if name == "float16" else x
+def _versioned():
+    try:
+        np.empty(0).__dlpack__(max_version=(1, 0))
+        return True
+    except TypeError:
+        return False
+
+
+# NumPy >= 2.1 exports DLPack 1.0 capsules, which may be read-only.
+_KW = {"max_version": (1, 0)} if _versioned() else {}
+
+
+def capsule(x):
+    """An array as the DLPack capsule the native module reads (``None`` stays ``None``)."""
+    return None if x is None else x.__dlpack__(**_KW)
 
 
 def mask_parts(attn_mask, dtype, single_head):
@@ -63,11 +77,12 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
         seed = _args.new_seed()
     opts = _args.options(
         is_causal=is_causal, scale=scale, window=extras["window"], softcap=extras["softcap"], align=extras["align"],
-        key_lengths=extras["key_lengths"], dropout_p=dropout_p, seed=seed, keep=keep, bias=bias,
+        key_lengths=extras["key_lengths"], dropout_p=dropout_p, seed=seed, compute=extras["compute"],
+        keep=capsule(keep), bias=capsule(bias),
     )
     q = lift(query).astype(cdt, copy=False)
     out, lse, _, weights = _attn.forward(
-        q, native(lift(key), name), native(lift(value), name), name, opts, bool(extras["return_weights"])
+        capsule(q), capsule(lift(key)), capsule(lift(value)), opts, bool(extras["return_weights"])
     )
     drop = (lambda x: x[:, 0]) if single else (lambda x: x)
     out = drop(out).astype(query.dtype, copy=False)

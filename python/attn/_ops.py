@@ -5,41 +5,33 @@ replaying dropout from its seed.
 
 The operators take 4-D CPU tensors: ``q: [B, Hq, Lq, Dk]`` in the compute type (float32, or
 float64), ``k: [B, Hkv, Lk, Dk]`` and ``v: [B, Hkv, Lk, Dv]`` in float32, float16 or bfloat16
-(float64 with float64 queries), last dimension contiguous, read in place. ``attn_mask`` is a
-C-contiguous bool keep-mask or a float bias in the compute type, broadcast to
-``[B, Hq, Lq, Lk]``. ``window`` is ``[left, right]`` with -1 for an unbounded side.
+(float64 with float64 queries), last dimension contiguous, read in place through DLPack.
+``attn_mask`` is a C-contiguous bool keep-mask or a float bias in the compute type, broadcast to
+``[B, Hq, Lq, Lk]``. ``window`` is ``[left, right]`` with -1 for an unbounded side. ``compute``
+is ``"f32"`` or ``"bf16"`` (bfloat16 products, forward and backward).
 The forward returns ``out: [B, Hq, Lq, Dv]`` (compute type), ``lse`` and ``lse_residue``
 ``[B, Hq, Lq]``; only ``out`` is differentiable.
 """
 
 from typing import List, Optional, Tuple
 
-import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.dlpack import to_dlpack
 
 from . import _attn
 
-STORAGE = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+STORAGE = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def as_numpy(t):
-    """A CPU tensor as a NumPy array over the same memory (float16/bfloat16 as uint16 bits)."""
-    if t.requires_grad:
-        t = t.detach()
-    if t.dtype in (torch.float16, torch.bfloat16):
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
-
-
-def native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed):
+def native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute):
     """The native module's options dictionary from the operators' arguments."""
     keep = bias = None
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
-            keep = as_numpy(attn_mask)
+            keep = to_dlpack(attn_mask)
         else:
-            bias = as_numpy(attn_mask)
+            bias = to_dlpack(attn_mask)
     return {
         "keep": keep,
         "bias": bias,
@@ -51,14 +43,14 @@ def native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bott
         "softcap": softcap,
         "dropout_p": dropout_p,
         "seed": seed,
+        "bf16_products": compute == "bf16",
     }
 
 
 def run_forward(q, k, v, opts, want_weights):
-    """The native forward on tensors: ``(out, lse, lse_residue, weights or None)`` as tensors
-    sharing the native buffers."""
-    out, lse, res, w = _attn.forward(as_numpy(q), as_numpy(k), as_numpy(v), STORAGE[k.dtype], opts, want_weights)
-    return torch.from_numpy(out), torch.from_numpy(lse), torch.from_numpy(res), None if w is None else torch.from_numpy(w)
+    """The native forward on tensors, read in place: ``(out, lse, lse_residue, weights or None)``
+    as NumPy arrays owning the kernels' buffers (``torch.from_numpy`` shares them)."""
+    return _attn.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), opts, want_weights)
 
 
 @torch.library.custom_op("attn::sdpa_forward", mutates_args=(), device_types="cpu")
@@ -75,14 +67,17 @@ def sdpa_forward(
     bottom_right: bool,
     key_lengths: Optional[List[int]],
     seed: int,
+    compute: str,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    opts = native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed)
+    opts = native_options(
+        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute
+    )
     out, lse, res, _ = run_forward(q, k, v, opts, False)
-    return out, lse, res
+    return torch.from_numpy(out), torch.from_numpy(lse), torch.from_numpy(res)
 
 
 @sdpa_forward.register_fake
-def _(q, k, v, attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed):
+def _(q, k, v, attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute):
     lse = q.new_empty(q.shape[:-1])
     return q.new_empty((*q.shape[:-1], v.shape[-1])), lse, torch.empty_like(lse)
 
@@ -106,15 +101,16 @@ def sdpa_backward(
     bottom_right: bool,
     key_lengths: Optional[List[int]],
     seed: int,
+    compute: str,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    opts = native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed)
+    opts = native_options(
+        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute
+    )
     grad = grad.to(q.dtype)
     if grad.dim() == 4 and grad.shape[-1] > 1 and grad.stride(-1) != 1:
         grad = grad.contiguous()
-    flat = (as_numpy(lse.reshape(-1)), as_numpy(lse_residue.reshape(-1)))
-    dq, dk, dv, dbias = _attn.backward(
-        as_numpy(q), as_numpy(k), as_numpy(v), STORAGE[k.dtype], as_numpy(out), as_numpy(grad), *flat, opts, want_dbias
-    )
+    saved = (to_dlpack(out), to_dlpack(grad), to_dlpack(lse.contiguous()), to_dlpack(lse_residue.contiguous()))
+    dq, dk, dv, dbias = _attn.backward(to_dlpack(q), to_dlpack(k), to_dlpack(v), *saved, opts, want_dbias)
     dbias = q.new_empty(0) if dbias is None else torch.from_numpy(dbias).reshape(attn_mask.shape)
     return torch.from_numpy(dq), torch.from_numpy(dk).to(k.dtype), torch.from_numpy(dv).to(v.dtype), dbias
 

@@ -59,7 +59,7 @@ def _mask(attn_mask, dtype, single_head):
 
 def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras):
     """The PyTorch path of ``attn.sdpa`` (``extras``: window, softcap, align, key_lengths,
-    return_lse, return_weights, seed)."""
+    return_lse, return_weights, seed, compute)."""
     seed, return_lse, return_weights = extras["seed"], extras["return_lse"], extras["return_weights"]
     _check(query, key, value, attn_mask)
     single = _args.check_ranks(query.shape, key.shape, value.shape, enable_gqa)
@@ -67,7 +67,7 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
         seed = int(torch.randint(0, 2**62, ()).item())
     o = _args.options(
         is_causal=is_causal, scale=scale, window=extras["window"], softcap=extras["softcap"], align=extras["align"],
-        key_lengths=extras["key_lengths"], dropout_p=dropout_p, seed=seed,
+        key_lengths=extras["key_lengths"], dropout_p=dropout_p, seed=seed, compute=extras["compute"],
     )
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32
     q, k, v = (query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)) if single else (query, key, value)
@@ -75,7 +75,10 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
         q = q.to(compute)
     mask = _mask(attn_mask, compute, single)
     win = None if o["window"] is None else [-1 if x is None else x for x in o["window"]]
-    args = (o["dropout_p"], o["causal"], o["scale"], win, o["softcap"], o["bottom_right"], o["key_lengths"], o["seed"])
+    args = (
+        o["dropout_p"], o["causal"], o["scale"], win, o["softcap"], o["bottom_right"], o["key_lengths"], o["seed"],
+        extras["compute"],
+    )
     tracked = q.requires_grad or k.requires_grad or v.requires_grad or (mask is not None and mask.requires_grad)
     needs_op = torch.compiler.is_compiling() or (tracked and torch.is_grad_enabled())
     weights = None
@@ -84,10 +87,14 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
     if return_weights or not needs_op:
         direct = run_forward(q, k, v, native_options(mask, *args), bool(return_weights))
         if not needs_op:
-            out, lse = direct[0], direct[1]
-        weights = direct[3]
+            out, lse = torch.from_numpy(direct[0]), direct[1]
+        weights = None if direct[3] is None else torch.from_numpy(direct[3])
+    if return_lse and not needs_op:
+        lse = torch.from_numpy(lse)
     if single:
-        out, lse, weights = out.squeeze(1), lse.squeeze(1), None if weights is None else weights.squeeze(1)
+        out = out.squeeze(1)
+        lse = lse.squeeze(1) if return_lse else None
+        weights = None if weights is None else weights.squeeze(1)
     if out.dtype != query.dtype:
         out = out.to(query.dtype)
         weights = None if weights is None else weights.to(query.dtype)

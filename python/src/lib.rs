@@ -1,29 +1,52 @@
 //! `attn._attn`, the native half of the Python package: the kernels' forward and fused backward on
-//! NumPy arrays (read in place; results handed to NumPy without a copy), the GIL released while
-//! they run. The Python package (`python/attn`) turns PyTorch tensors into these arrays and back.
+//! tensors handed over as DLPack capsules (read in place; results handed to NumPy without a copy),
+//! run in the package's own thread pool with the GIL released. The Python package
+//! (`python/attn`) makes the capsules from NumPy arrays and PyTorch tensors and turns the results
+//! back.
 //!
 //! Shapes: `q: [B, Hq, Lq, Dk]`, `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`; results
 //! `out: [B, Hq, Lq, Dv]`, `lse`, `lse_residue: [B, Hq, Lq]`, `weights: [B, Hq, Lq, Lk]`.
 //! Types: `float32` queries with `float32`, `float16` or `bfloat16` keys and values run the fast
-//! kernel in `f32`; `float64` everything runs the reference kernel in `f64`.
+//! kernel in `f32` (or with bfloat16 products, `bf16_products`); `float64` everything runs the
+//! reference kernel in `f64`.
 
+mod dlpack;
 mod options;
+mod pool;
 mod views;
 
 use attn_kernels::{
-    attention, attention_backward, reference, reference_backward, AttnGrads, AttnOutput, Kernel, Saved, View4,
+    attention, attention_backward, reference, reference_backward, AttnGrads, AttnOutput, Kernel, Saved,
 };
-use numpy::{Element, IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray4};
-use pyo3::exceptions::PyTypeError;
+use numpy::ndarray::{ArrayD, IxDyn};
+use numpy::{Element, IntoPyArray};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::dlpack::{Borrowed, Dtype};
 use crate::options::Options;
-use crate::views::{array4, value_error, view4, Floats};
+use crate::views::{kv, value_error, view4};
 
 /// A result buffer as a NumPy array of `shape`, owning the buffer.
 fn array<'py, T: Element>(py: Python<'py>, data: Vec<T>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
-    let flat: Bound<'py, PyArray1<T>> = data.into_pyarray(py);
-    Ok(flat.reshape(shape)?.into_any())
+    let a = ArrayD::from_shape_vec(IxDyn(shape), data).map_err(value_error)?;
+    Ok(a.into_pyarray(py).into_any())
+}
+
+/// Runs `f` in the package's pool with the GIL released; its error as `ValueError`.
+fn run<R: Send, E: std::fmt::Display + Send>(py: Python<'_>, f: impl FnOnce() -> Result<R, E> + Send) -> PyResult<R> {
+    let pool = pool::get()?;
+    py.detach(|| pool.install(f)).map_err(value_error)
+}
+
+/// Refuses bfloat16 products for the float64 reference kernel, which computes in float64 only.
+fn refuse_bf16_in_f64(opts: &Options<'_>) -> PyResult<()> {
+    if opts.bf16_products {
+        return Err(PyValueError::new_err(
+            "compute: 'bf16' needs float32, float16 or bfloat16 inputs; float64 runs the exact reference kernel",
+        ));
+    }
+    Ok(())
 }
 
 type Forward<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>);
@@ -48,34 +71,30 @@ fn forward_result<'py, T: Element>(
     ))
 }
 
-/// Attention forward: `(out, lse, lse_residue, weights or None)`; `kv_dtype` names the storage of
-/// `k` and `v` (`float16`/`bfloat16` as `uint16` bits).
+/// Attention forward on DLPack capsules `q`, `k`, `v`: `(out, lse, lse_residue, weights or None)`.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, kv_dtype, opts, want_weights))]
+#[pyo3(signature = (q, k, v, opts, want_weights))]
 fn forward<'py>(
     py: Python<'py>,
     q: &Bound<'py, PyAny>,
     k: &Bound<'py, PyAny>,
     v: &Bound<'py, PyAny>,
-    kv_dtype: &str,
     opts: Options<'py>,
     want_weights: bool,
 ) -> PyResult<Forward<'py>> {
-    let (k, v) = (Floats::extract("k", k, kv_dtype)?, Floats::extract("v", v, kv_dtype)?);
-    if let (Floats::F64(k), Floats::F64(v)) = (&k, &v) {
-        let q = array4::<f64>("q", q, "float64")?;
-        let bias = opts.bias_array::<f64>()?;
-        let params = opts.params(bias.as_ref())?;
-        let (q, k, v) = (view4("q", &q)?, view4("k", k)?, view4("v", v)?);
-        let r = py.detach(|| reference(&q, &k, &v, &params, want_weights)).map_err(value_error)?;
+    let (q, k, v) = (Borrowed::new("q", q)?, Borrowed::new("k", k)?, Borrowed::new("v", v)?);
+    let masks = opts.masks()?;
+    if q.dtype == Dtype::F64 {
+        refuse_bf16_in_f64(&opts)?;
+        let params = opts.params::<f64>(&masks)?;
+        let (q, k, v) = (view4(&q)?, view4(&k)?, view4(&v)?);
+        let r = run(py, || reference(&q, &k, &v, &params, want_weights))?;
         return forward_result(py, r, q.dims(), v.dims()[3]);
     }
-    let q = array4::<f32>("q", q, "float32")?;
-    let bias = opts.bias_array::<f32>()?;
-    let params = opts.params(bias.as_ref())?;
-    let (q, kv, vv) = (view4("q", &q)?, k.kv("k")?, v.kv("v")?);
-    let r = py.detach(|| attention(Kernel::Auto, &q, &kv, &vv, &params, want_weights)).map_err(value_error)?;
-    forward_result(py, r, q.dims(), vv.dims()[3])
+    let params = opts.params::<f32>(&masks)?;
+    let (q, k, v) = (view4(&q)?, kv(&k)?, kv(&v)?);
+    let r = run(py, || attention(Kernel::Auto, &q, &k, &v, &params, want_weights))?;
+    forward_result(py, r, q.dims(), v.dims()[3])
 }
 
 type Backward<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>);
@@ -100,62 +119,39 @@ fn backward_result<'py, T: Element>(
     ))
 }
 
-/// A 1-D array's contiguous elements.
-fn flat<'a, T: Element>(name: &str, a: &'a PyReadonlyArray1<'_, T>) -> PyResult<&'a [T]> {
-    a.as_slice().map_err(|_| value_error(format!("{name}: must be contiguous")))
+/// What a backward reads from its forward, as capsules: `out`, `dout` (`[B, Hq, Lq, Dv]`, the
+/// compute type) and the C-contiguous `lse`, `lse_residue` (`[B, Hq, Lq]` or flat).
+struct SavedCapsules<'a> {
+    out: Borrowed<'a>,
+    dout: Borrowed<'a>,
+    lse: Borrowed<'a>,
+    lse_residue: Borrowed<'a>,
 }
 
-/// The arrays a backward reads besides the keys and values, in the compute type `T`: `q`,
-/// `out`, `dout` (`[B, H, L, D]`) and the flat `lse`, `lse_residue` (`[B·Hq·Lq]`).
-struct BackwardInputs<'py, T: Element> {
-    q: PyReadonlyArray4<'py, T>,
-    out: PyReadonlyArray4<'py, T>,
-    dout: PyReadonlyArray4<'py, T>,
-    lse: PyReadonlyArray1<'py, T>,
-    lse_residue: PyReadonlyArray1<'py, T>,
-}
-
-impl<'py, T: Element + Copy> BackwardInputs<'py, T> {
-    fn extract(arrays: [&Bound<'py, PyAny>; 5], dtype: &str) -> PyResult<Self> {
-        let [q, out, dout, lse, lse_residue] = arrays;
-        let flat = |name: &str, a: &Bound<'py, PyAny>| {
-            a.extract::<PyReadonlyArray1<'py, T>>()
-                .map_err(|e| PyTypeError::new_err(format!("{name}: expected a 1-D {dtype} array ({e})")))
-        };
-        Ok(Self {
-            q: array4("q", q, dtype)?,
-            out: array4("out", out, dtype)?,
-            dout: array4("grad_out", dout, dtype)?,
-            lse: flat("lse", lse)?,
-            lse_residue: flat("lse_residue", lse_residue)?,
+impl<'a> SavedCapsules<'a> {
+    fn saved<T: dlpack::Elem>(&self) -> PyResult<Saved<'a, T>> {
+        Ok(Saved {
+            out: view4(&self.out)?,
+            lse: self.lse.contiguous()?,
+            lse_residue: Some(self.lse_residue.contiguous()?),
+            forward_path: None,
+            dout: view4(&self.dout)?,
         })
     }
-
-    /// The queries and what the kernels' backward reads from its forward.
-    fn views(&self) -> PyResult<(View4<'_, T>, Saved<'_, T>)> {
-        let saved = Saved {
-            out: view4("out", &self.out)?,
-            lse: flat("lse", &self.lse)?,
-            lse_residue: Some(flat("lse_residue", &self.lse_residue)?),
-            forward_path: None,
-            dout: view4("grad_out", &self.dout)?,
-        };
-        Ok((view4("q", &self.q)?, saved))
-    }
 }
 
-/// Attention backward from the forward's saved `out`, `lse` and `lse_residue` (flattened) and the
-/// output's gradient `dout`: `(dq, dk, dv, dbias or None)` with `dq`, `dk`, `dv` in the compute
-/// type (`f32`, or `f64` for `float64` inputs) and `dbias` flat, in the bias's own shape's order.
+/// Attention backward from the forward's saved `out`, `lse` and `lse_residue` and the output's
+/// gradient `dout` (DLPack capsules): `(dq, dk, dv, dbias or None)` with `dq`, `dk`, `dv` in the
+/// compute type (`f32`, or `f64` for `float64` inputs) and `dbias` flat, in the bias's own
+/// shape's order.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, kv_dtype, out, dout, lse, lse_residue, opts, want_dbias))]
+#[pyo3(signature = (q, k, v, out, dout, lse, lse_residue, opts, want_dbias))]
 #[allow(clippy::too_many_arguments)]
 fn backward<'py>(
     py: Python<'py>,
     q: &Bound<'py, PyAny>,
     k: &Bound<'py, PyAny>,
     v: &Bound<'py, PyAny>,
-    kv_dtype: &str,
     out: &Bound<'py, PyAny>,
     dout: &Bound<'py, PyAny>,
     lse: &Bound<'py, PyAny>,
@@ -163,23 +159,25 @@ fn backward<'py>(
     opts: Options<'py>,
     want_dbias: bool,
 ) -> PyResult<Backward<'py>> {
-    let (k, v) = (Floats::extract("k", k, kv_dtype)?, Floats::extract("v", v, kv_dtype)?);
-    let arrays = [q, out, dout, lse, lse_residue];
-    if let (Floats::F64(k), Floats::F64(v)) = (&k, &v) {
-        let inputs = BackwardInputs::<f64>::extract(arrays, "float64")?;
-        let bias = opts.bias_array::<f64>()?;
-        let params = opts.params(bias.as_ref())?;
-        let ((q, s), k, v) = (inputs.views()?, view4("k", k)?, view4("v", v)?);
-        let g = py.detach(|| reference_backward(&q, &k, &v, &s, &params, want_dbias)).map_err(value_error)?;
+    let (q, k, v) = (Borrowed::new("q", q)?, Borrowed::new("k", k)?, Borrowed::new("v", v)?);
+    let saved = SavedCapsules {
+        out: Borrowed::new("out", out)?,
+        dout: Borrowed::new("grad_out", dout)?,
+        lse: Borrowed::new("lse", lse)?,
+        lse_residue: Borrowed::new("lse_residue", lse_residue)?,
+    };
+    let masks = opts.masks()?;
+    if q.dtype == Dtype::F64 {
+        refuse_bf16_in_f64(&opts)?;
+        let params = opts.params::<f64>(&masks)?;
+        let (q, k, v, s) = (view4(&q)?, view4(&k)?, view4(&v)?, saved.saved()?);
+        let g = run(py, || reference_backward(&q, &k, &v, &s, &params, want_dbias))?;
         return backward_result(py, g, q.dims(), k.dims(), v.dims()[3]);
     }
-    let inputs = BackwardInputs::<f32>::extract(arrays, "float32")?;
-    let bias = opts.bias_array::<f32>()?;
-    let params = opts.params(bias.as_ref())?;
-    let ((q, s), kv, vv) = (inputs.views()?, k.kv("k")?, v.kv("v")?);
-    let g =
-        py.detach(|| attention_backward(Kernel::Auto, &q, &kv, &vv, &s, &params, want_dbias)).map_err(value_error)?;
-    backward_result(py, g, q.dims(), kv.dims(), vv.dims()[3])
+    let params = opts.params::<f32>(&masks)?;
+    let (q, k, v, s) = (view4(&q)?, kv(&k)?, kv(&v)?, saved.saved()?);
+    let g = run(py, || attention_backward(Kernel::Auto, &q, &k, &v, &s, &params, want_dbias))?;
+    backward_result(py, g, q.dims(), k.dims(), v.dims()[3])
 }
 
 /// The native module `attn._attn`.
@@ -187,6 +185,9 @@ fn backward<'py>(
 fn _attn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::forget_after_fork, m)?)?;
     m.add("ISA", format!("{:?}", attn_kernels::Isa::best()))?;
     Ok(())
 }

@@ -1,21 +1,20 @@
 //! The options of one call as the Python side hands them over (a `bool` keep-mask and a float
-//! bias as C-contiguous NumPy arrays of rank 1 to 4, key lengths, window, alignment, scalars),
-//! borrowed into the kernels' [`AttnParams`].
+//! bias as C-contiguous DLPack capsules of rank 1 to 4, key lengths, window, alignment, scalars,
+//! the products' precision), borrowed into the kernels' [`AttnParams`].
 
-use attn_kernels::{Align, AttnParams, Broadcast, Dropout, MaskSpec, Window};
-use numpy::{Element, PyReadonlyArrayDyn, PyUntypedArrayMethods};
-use pyo3::exceptions::PyValueError;
+use attn_kernels::{Align, AttnParams, Dropout, MaskSpec, Precision, Window};
 use pyo3::prelude::*;
 
-use crate::views::value_error;
+use crate::dlpack::{Borrowed, Elem};
+use crate::views::broadcast;
 
 /// Options shared by the forward and the backward, owned where small and borrowed where large.
 /// A Python `dict` with these keys (see `attn/_args.py`).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub(crate) struct Options<'py> {
-    /// Keep-mask, `true` = may attend, rank 1 to 4, broadcast to `[B, Hq, Lq, Lk]`.
-    pub keep: Option<PyReadonlyArrayDyn<'py, bool>>,
+    /// Keep-mask (`bool`, `true` = may attend), rank 1 to 4, broadcast to `[B, Hq, Lq, Lk]`.
+    pub keep: Option<Bound<'py, PyAny>>,
     /// Additive bias in the compute type (checked by [`Options::params`]), rank 1 to 4.
     pub bias: Option<Bound<'py, PyAny>>,
     pub causal: bool,
@@ -28,40 +27,30 @@ pub(crate) struct Options<'py> {
     pub softcap: Option<f64>,
     pub dropout_p: f32,
     pub seed: u64,
+    /// bfloat16 products with f32 accumulation ([`Precision::Bf16`]) in the fast kernel.
+    pub bf16_products: bool,
 }
 
-/// A borrowed NumPy array of rank 1 to 4 as a contiguous slice and its shape.
-fn contiguous<'a, T: Element>(name: &'static str, a: &'a PyReadonlyArrayDyn<'_, T>) -> PyResult<Broadcast<'a, T>> {
-    let data = a
-        .as_slice()
-        .map_err(|_| PyValueError::new_err(format!("{name}: must be C-contiguous (the Python wrapper copies it)")))?;
-    Broadcast::new(name, data, a.shape()).map_err(value_error)
+/// The masks of one call, borrowed from their capsules.
+pub(crate) struct Masks<'a> {
+    keep: Option<Borrowed<'a>>,
+    bias: Option<Borrowed<'a>>,
+}
+
+fn read_mask<'a>(m: &'a Option<Bound<'_, PyAny>>) -> PyResult<Option<Borrowed<'a>>> {
+    m.as_ref().map(|m| Borrowed::new("attn_mask", m)).transpose()
 }
 
 impl<'py> Options<'py> {
-    /// The bias as an array of `T`, when there is one.
-    pub(crate) fn bias_array<T: Element>(&self) -> PyResult<Option<PyReadonlyArrayDyn<'py, T>>> {
-        self.bias
-            .as_ref()
-            .map(|b| {
-                b.extract().map_err(|_| {
-                    pyo3::exceptions::PyTypeError::new_err(format!(
-                        "attn_mask: a float mask must have the queries' compute dtype ({})",
-                        std::any::type_name::<T>()
-                    ))
-                })
-            })
-            .transpose()
+    /// The masks' capsules, read.
+    pub(crate) fn masks(&self) -> PyResult<Masks<'_>> {
+        Ok(Masks { keep: read_mask(&self.keep)?, bias: read_mask(&self.bias)? })
     }
 
-    /// The kernels' parameters, borrowing the mask, `bias` (this call's [`Options::bias_array`])
-    /// and the key lengths.
-    pub(crate) fn params<'a, T: Element + Default>(
-        &'a self,
-        bias: Option<&'a PyReadonlyArrayDyn<'py, T>>,
-    ) -> PyResult<AttnParams<'a, T>> {
-        let keep = self.keep.as_ref().map(|m| contiguous("attn_mask", m)).transpose()?;
-        let bias = bias.map(|b| contiguous("attn_mask", b)).transpose()?;
+    /// The kernels' parameters in compute type `T`, borrowing the masks and the key lengths.
+    pub(crate) fn params<'a, T: Elem + Default>(&'a self, masks: &Masks<'a>) -> PyResult<AttnParams<'a, T>> {
+        let keep = masks.keep.as_ref().map(broadcast::<bool>).transpose()?;
+        let bias = masks.bias.as_ref().map(broadcast::<T>).transpose()?;
         let dropout = (self.dropout_p != 0.0).then_some(Dropout { p: self.dropout_p, seed: self.seed });
         Ok(AttnParams {
             scale: self.scale,
@@ -76,6 +65,7 @@ impl<'py> Options<'py> {
             },
             softcap: self.softcap,
             dropout,
+            compute: if self.bf16_products { Precision::Bf16 } else { Precision::F32 },
             ..AttnParams::default()
         })
     }

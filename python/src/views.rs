@@ -1,111 +1,65 @@
-//! NumPy arrays as the kernels' read-only views, without copying: a 4-D array `[B, H, L, D]`
-//! with non-negative strides and a contiguous last dimension becomes a [`View4`] over the span
-//! of memory its strides reach; `f16`/`bf16` arrays arrive as `uint16` arrays (NumPy has no
-//! `bfloat16`; the Python side views the bits) and are reinterpreted in place.
+//! Borrowed DLPack tensors ([`Borrowed`]) as the kernels' read-only views, without copying: a 4-D
+//! tensor `[B, H, L, D]` with non-negative strides and a contiguous last dimension becomes a
+//! [`View4`] over the span of memory its strides reach; keys and values of `float32`, `float16`
+//! or `bfloat16` become a [`KvView`]; a C-contiguous mask of rank 1 to 4 a [`Broadcast`].
 
-use attn_kernels::{KvView, View4};
-use half::slice::HalfBitsSliceExt;
-use half::{bf16, f16};
-use numpy::ndarray::ArrayView4;
-use numpy::{Element, PyReadonlyArray4, PyUntypedArrayMethods};
+use attn_kernels::{Broadcast, KvView, View4};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-/// A `[B, H, L, D]` input in one of the storage types the kernels read.
-pub(crate) enum Floats<'py> {
-    F32(PyReadonlyArray4<'py, f32>),
-    F64(PyReadonlyArray4<'py, f64>),
-    /// IEEE half precision, as its bits.
-    F16(PyReadonlyArray4<'py, u16>),
-    /// bfloat16, as its bits.
-    Bf16(PyReadonlyArray4<'py, u16>),
-}
+use crate::dlpack::{Borrowed, Dtype, Elem};
 
-impl<'py> Floats<'py> {
-    /// Reads `obj`, a 4-D NumPy array holding `dtype` (`"float32"`, `"float64"`, or `"float16"`
-    /// / `"bfloat16"` as `uint16` bits).
-    pub(crate) fn extract(name: &str, obj: &Bound<'py, PyAny>, dtype: &str) -> PyResult<Self> {
-        Ok(match dtype {
-            "float32" => Floats::F32(array4(name, obj, dtype)?),
-            "float64" => Floats::F64(array4(name, obj, dtype)?),
-            "float16" => Floats::F16(array4(name, obj, dtype)?),
-            "bfloat16" => Floats::Bf16(array4(name, obj, dtype)?),
-            _ => {
-                return Err(PyTypeError::new_err(format!(
-                    "{name}: dtype {dtype} is not supported (float32, float64, float16, bfloat16)"
-                )))
-            }
-        })
-    }
-
-    /// The key/value view of an `f32`, `f16` or `bf16` input.
-    pub(crate) fn kv(&self, name: &'static str) -> PyResult<KvView<'_>> {
-        Ok(match self {
-            Floats::F32(a) => KvView::F32(view4(name, a)?),
-            Floats::F16(a) => {
-                let bits = view4(name, a)?;
-                KvView::F16(
-                    View4::strided(name, bits.data().reinterpret_cast::<f16>(), bits.dims(), bits.strides())
-                        .map_err(value_error)?,
-                )
-            }
-            Floats::Bf16(a) => {
-                let bits = view4(name, a)?;
-                KvView::Bf16(
-                    View4::strided(name, bits.data().reinterpret_cast::<bf16>(), bits.dims(), bits.strides())
-                        .map_err(value_error)?,
-                )
-            }
-            Floats::F64(_) => return Err(PyTypeError::new_err(format!("{name}: float64 keys need float64 queries"))),
-        })
-    }
-}
-
-/// `obj` as a 4-D array of `T` (`dtype` in messages).
-pub(crate) fn array4<'py, T: Element>(
-    name: &str,
-    obj: &Bound<'py, PyAny>,
-    dtype: &str,
-) -> PyResult<PyReadonlyArray4<'py, T>> {
-    obj.extract::<PyReadonlyArray4<'py, T>>()
-        .map_err(|e| PyTypeError::new_err(format!("{name}: expected a 4-D {dtype} array ({e})")))
-}
-
-/// The kernels' (or a shape) error as Python's `ValueError`, with the library's message.
-pub(crate) fn value_error(e: impl std::fmt::Display) -> PyErr {
-    PyValueError::new_err(e.to_string())
-}
-
-/// An `f32` or `f64` array as a view (`name` in messages).
-pub(crate) fn view4<'a, T: Element>(name: &'static str, a: &'a PyReadonlyArray4<'_, T>) -> PyResult<View4<'a, T>> {
-    let arr: ArrayView4<'a, T> = a.as_array();
-    let shape = a.shape();
-    let dims = [shape[0], shape[1], shape[2], shape[3]];
-    // A dimension of size 1 is never stepped over: its stride, whatever NumPy says, is 0.
-    let strides: Vec<isize> = arr.strides().iter().zip(dims).map(|(&s, d)| if d == 1 { 0 } else { s }).collect();
+/// A 4-D tensor of `T` as a view.
+pub(crate) fn view4<'a, T: Elem>(t: &Borrowed<'a>) -> PyResult<View4<'a, T>> {
+    let name = t.name;
+    let &[b, h, l, d] = t.shape.as_slice() else {
+        return Err(PyValueError::new_err(format!("{name}: rank {} (shape {:?}), expected 4", t.shape.len(), t.shape)));
+    };
+    let dims = [b, h, l, d];
+    let strides = t.strides();
     if let Some(s) = strides.iter().find(|&&s| s < 0) {
         return Err(PyValueError::new_err(format!(
-            "{name}: negative stride {s} in {strides:?}; pass a copy (numpy.ascontiguousarray)"
+            "{name}: negative stride {s} in {strides:?}; pass a copy (.contiguous(), numpy.ascontiguousarray)"
         )));
     }
-    if dims[3] > 1 && strides[3] != 1 {
+    if d > 1 && strides[3] != 1 {
         return Err(PyValueError::new_err(format!(
             "{name}: the last dimension is strided (stride {} elements); it must be contiguous",
             strides[3]
         )));
     }
-    let strides: [usize; 4] = [strides[0] as usize, strides[1] as usize, strides[2] as usize, strides[3] as usize];
-    let data: &'a [T] = if dims.contains(&0) {
-        &[]
+    let s = [strides[0] as usize, strides[1] as usize, strides[2] as usize, strides[3] as usize];
+    let reach = if dims.contains(&0) {
+        Some(0)
     } else {
-        let reach = (0..4).try_fold(1usize, |acc, i| (dims[i] - 1).checked_mul(strides[i])?.checked_add(acc));
-        let len = reach.ok_or_else(|| PyValueError::new_err(format!("{name}: strides overflow")))?;
-        // SAFETY: NumPy guarantees that every element `Σ idx_i·stride_i` of the array lies in one
-        // live, initialised allocation (the array's base buffer), and the strides are
-        // non-negative, so the span from the first element to the last reachable one (`len`
-        // elements) lies inside it, aligned for `T`. The borrow `a` is a read-only borrow checked
-        // by rust-numpy, held for `'a`, which keeps the array alive and unwritten by Rust code.
-        unsafe { std::slice::from_raw_parts(arr.as_ptr(), len) }
+        (0..4).try_fold(1usize, |acc, i| (dims[i] - 1).checked_mul(s[i])?.checked_add(acc))
     };
-    View4::strided(name, data, dims, [strides[0], strides[1], strides[2]]).map_err(value_error)
+    let reach = reach.ok_or_else(|| PyValueError::new_err(format!("{name}: strides overflow")))?;
+    View4::strided(name, t.span(reach)?, dims, [s[0], s[1], s[2]]).map_err(value_error)
+}
+
+/// Keys or values in `float32`, `float16` or `bfloat16`.
+pub(crate) fn kv<'a>(t: &Borrowed<'a>) -> PyResult<KvView<'a>> {
+    Ok(match t.dtype {
+        Dtype::F32 => KvView::F32(view4(t)?),
+        Dtype::F16 => KvView::F16(view4(t)?),
+        Dtype::Bf16 => KvView::Bf16(view4(t)?),
+        other => {
+            return Err(PyTypeError::new_err(format!(
+                "{}: dtype {}, expected float32, float16 or bfloat16 (float64 needs float64 queries)",
+                t.name,
+                other.name()
+            )))
+        }
+    })
+}
+
+/// A C-contiguous mask or bias of rank 1 to 4, broadcast right-aligned to `[B, Hq, Lq, Lk]`.
+pub(crate) fn broadcast<'a, T: Elem>(t: &Borrowed<'a>) -> PyResult<Broadcast<'a, T>> {
+    Broadcast::new(t.name, t.contiguous()?, &t.shape).map_err(value_error)
+}
+
+/// The kernels' (or a shape) error as Python's `ValueError`, with the library's message.
+pub(crate) fn value_error(e: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(e.to_string())
 }

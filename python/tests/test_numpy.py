@@ -2,6 +2,8 @@
 option, the kinds and dtypes that come back, strided inputs read in place, the GIL released,
 and bad input refused with a Python exception."""
 
+import os
+import signal
 import threading
 import time
 
@@ -91,6 +93,71 @@ def test_strided_inputs_are_read_in_place(rng):
     assert not q.flags.c_contiguous
     out = attn.sdpa(q, k, v)
     np.testing.assert_allclose(out, attn.sdpa(*(np.ascontiguousarray(x) for x in (q, k, v))), rtol=0, atol=0)
+
+
+def test_read_only_and_broadcast_inputs_are_read_in_place(rng):
+    # np.broadcast_to gives a read-only view with a stride-0 batch: DLPack 1.0 capsules carry it.
+    q, k, v = inputs(rng, b=1)
+    kb, vb = (np.broadcast_to(x, (3,) + x.shape[1:]) for x in (k, v))
+    qb = np.ascontiguousarray(np.broadcast_to(q, (3,) + q.shape[1:]))
+    qb.flags.writeable = False
+    assert not kb.flags.writeable and kb.strides[0] == 0
+    out = attn.sdpa(qb, kb, vb, enable_gqa=True)
+    np.testing.assert_array_equal(out, attn.sdpa(*(np.ascontiguousarray(x) for x in (qb, kb, vb)), enable_gqa=True))
+
+
+def test_native_module_takes_only_live_cpu_capsules(rng):
+    torch = pytest.importorskip("torch")
+    q, k, v = inputs(rng, hq=2)
+    opts = dict(keep=None, bias=None, causal=False, window=None, bottom_right=False, key_lengths=None, scale=None,
+                softcap=None, dropout_p=0.0, seed=0, bf16_products=False)
+    with pytest.raises(TypeError, match="q: expected a DLPack capsule, found ndarray"):
+        attn._attn.forward(q, k.__dlpack__(), v.__dlpack__(), opts, False)
+    used = q.__dlpack__()
+    torch.from_dlpack(used)  # consumes it
+    with pytest.raises(ValueError, match="q: not an unconsumed DLPack capsule"):
+        attn._attn.forward(used, k.__dlpack__(), v.__dlpack__(), opts, False)
+    with pytest.raises(TypeError, match="k: DLPack type code 0 with 32 bits"):
+        attn._attn.forward(q.__dlpack__(), k.astype(np.int32).__dlpack__(), v.__dlpack__(), opts, False)
+
+
+def test_thread_count_is_settable():
+    before = attn.get_num_threads()
+    try:
+        attn.set_num_threads(1)
+        assert attn.get_num_threads() == 1
+        with pytest.raises(ValueError, match="at least 1"):
+            attn.set_num_threads(0)
+    finally:
+        attn.set_num_threads(before)
+    assert attn.get_num_threads() == before
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_gets_threads_of_its_own(rng):
+    # A fork data-loader worker inherits attn's started pool but not its threads; without a pool
+    # of its own the child's call would wait for ever.
+    q, k, v = inputs(rng, hq=2, hkv=2)
+    expected = attn.sdpa(q, k, v)
+    before = attn.get_num_threads()
+    attn.set_num_threads(1)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            ok = attn.get_num_threads() == 1 and np.array_equal(attn.sdpa(q, k, v), expected)
+            os._exit(0 if ok else 1)
+        for _ in range(400):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's attn.sdpa did not return within 20 s")
+    finally:
+        attn.set_num_threads(before)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_dropout_is_a_function_of_the_seed(rng):

@@ -1,6 +1,7 @@
-"""Ring (context-parallel) attention over torch.distributed gloo on loopback, 2 and 4 processes:
-each rank's output shard and the gradients of its q, k, v shards equal the single-process result
-under the team's rule against float64."""
+"""Ring (context-parallel) attention over torch.distributed gloo on loopback, 2 and 4 processes,
+with as many key/value heads as query heads and with grouped-query attention: each rank's output
+shard and the gradients of its q, k, v shards equal the single-process result under the team's rule
+against float64."""
 
 import os
 import socket
@@ -10,15 +11,37 @@ import torch
 import torch.multiprocessing as mp
 from conftest import assert_oracle
 
-B, H, L, D = 1, 2, 64, 16
+B, H, L, D = 1, 4, 64, 16
 
 
-def full_inputs():
+def full_inputs(hkv):
     g = torch.Generator().manual_seed(0)
-    return [torch.randn(B, H, L, D, generator=g, dtype=torch.float64) for _ in range(4)]  # q, k, v, grad
+    # q, k, v, grad
+    return [torch.randn(B, h, L, D, generator=g, dtype=torch.float64) for h in (H, hkv, hkv, H)]
 
 
-def worker(rank, world, port, causal, results):
+def full_mask(kind):
+    """A bool keep-mask over the whole sequence: None, key padding ``[B, 1, 1, L]`` (the last 11
+    keys padded), or random ``[B, 1, L, L]`` with whole rows masked."""
+    if kind is None:
+        return None
+    if kind == "padding":
+        return (torch.arange(L) < L - 11).reshape(1, 1, 1, L).expand(B, 1, 1, L)
+    g = torch.Generator().manual_seed(1)
+    m = torch.rand(B, 1, L, L, generator=g) > 0.4
+    m[..., 5, :] = False
+    return m
+
+
+def rank_mask(kind, rank, world):
+    """This rank's rows of the mask, against all keys."""
+    m = full_mask(kind)
+    if m is None or m.shape[2] == 1:
+        return m
+    return m[:, :, rank * (L // world):(rank + 1) * (L // world)]
+
+
+def worker(rank, world, port, causal, hkv, mask, results):
     os.environ["RAYON_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     import torch.distributed as dist
@@ -27,9 +50,9 @@ def worker(rank, world, port, causal, results):
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        q, k, v, grad = (t.chunk(world, dim=2)[rank].float().contiguous() for t in full_inputs())
+        q, k, v, grad = (t.chunk(world, dim=2)[rank].float().contiguous() for t in full_inputs(hkv))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        out = ring_sdpa(q, k, v, is_causal=causal)
+        out = ring_sdpa(q, k, v, is_causal=causal, attn_mask=rank_mask(mask, rank, world))
         out.backward(grad)
         # NumPy copies: a tensor would travel as shared memory that dies with this process.
         results.put((rank, *(t.detach().numpy().copy() for t in (out, q.grad, k.grad, v.grad)), stats()["bytes"]))
@@ -43,20 +66,37 @@ def free_port():
         return s.getsockname()[1]
 
 
-def single(dtype, fn, causal):
-    q, k, v, grad = full_inputs()
+def single(dtype, causal, hkv, mask):
+    """Attention on the whole sequence as the formula reads, in ``dtype``, differentiable (mask and
+    causal as one mask; a fully masked row gives 0): ``[out, dq, dk, dv]``."""
+    q, k, v, grad = full_inputs(hkv)
     q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
-    out = fn(q, k, v, is_causal=causal)
+    m = full_mask(mask)
+    m = torch.ones(B, 1, L, L, dtype=torch.bool) if m is None else m.expand(B, 1, L, L)
+    if causal:
+        m = m & torch.ones(L, L, dtype=torch.bool).tril()
+    kk, vv = k.repeat_interleave(H // hkv, 1), v.repeat_interleave(H // hkv, 1)
+    s = (q @ kk.transpose(-1, -2)) * D**-0.5
+    empty = ~m.any(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(~m, float("-inf")).masked_fill(empty, 0), -1).masked_fill(empty, 0)
+    out = p @ vv
     out.backward(grad.to(dtype))
     return [out.detach(), q.grad, k.grad, v.grad]
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("world", [2, 4])
-def test_ring_equals_single_process(world, causal):
+@pytest.mark.parametrize(
+    "world, causal, hkv, mask",
+    [
+        (2, False, H, None), (2, True, H, None), (4, False, H, None), (4, True, H, None), (2, True, 2, None),
+        (4, False, 1, None), (2, True, 2, "padding"), (4, False, H, "random"),
+    ],
+    ids=["2-full", "2-causal", "4-full", "4-causal", "2-causal-gqa", "4-full-mqa", "2-causal-padding",
+         "4-random-mask"],
+)
+def test_ring_equals_single_process(world, causal, hkv, mask):
     ctx = mp.get_context("spawn")
     results, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, causal, results))
+    procs = [ctx.Process(target=worker, args=(r, world, port, causal, hkv, mask, results))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -65,10 +105,10 @@ def test_ring_equals_single_process(world, causal):
         p.join(timeout=60)
         assert p.exitcode == 0
     ring = [torch.cat([torch.from_numpy(got[r][i]) for r in range(world)], dim=2) for i in range(4)]
-    ref64 = single(torch.float64, torch.nn.functional.scaled_dot_product_attention, causal)
-    naive32 = single(torch.float32, torch.nn.functional.scaled_dot_product_attention, causal)
+    ref64 = single(torch.float64, causal, hkv, mask)
+    naive32 = single(torch.float32, causal, hkv, mask)
     for i, name in enumerate(["out", "dq", "dk", "dv"]):
         assert_oracle(ring[i], naive32[i], ref64[i], k=2 if i == 0 else 3, floor=1e-6, what=name)
-    shard_bytes = B * H * (L // world) * 2 * D * 4
+    shard_bytes = B * hkv * (L // world) * 2 * D * 4
     # Forward: world-1 shard rotations; backward: world rotations of shard + gradient (twice the size).
     assert all(got[r][4] == (world - 1) * shard_bytes + world * 2 * shard_bytes for r in range(world))

@@ -102,9 +102,10 @@ def test_opcheck_passes():
     q, k, v = tensors()
     bias = torch.randn(9, 12)
     keep = torch.rand(2, 1, 9, 12) > 0.2
-    for mask, causal in ((None, True), (keep, False), (bias, False)):
+    cases = ((None, True, "f32"), (keep, False, "f32"), (bias, False, "f32"), (None, True, "bf16"))
+    for mask, causal, compute in cases:
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-        args = (qq, kk, vv, mask, 0.0, causal, None, [4, -1], None, False, None, 0)
+        args = (qq, kk, vv, mask, 0.0, causal, None, [4, -1], None, False, None, 0, compute)
         torch.library.opcheck(torch.ops.attn.sdpa_forward.default, args)
 
 

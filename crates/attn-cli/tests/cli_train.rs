@@ -54,6 +54,30 @@ fn train_then_translate_with_a_heatmap() {
     );
 }
 
+/// `--attention linear-favor` trains, is saved in `config.json`, and the checkpoint translates
+/// (through the layers' recurrent state) with its heatmap of the softmax cross-attention; a
+/// resumed run keeps the kind and refuses another; `--packed` is refused with it.
+#[test]
+fn linear_attention_trains_and_translates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, dir) = (tmp.path().join("pairs.tsv"), tmp.path().join("model"));
+    write_pairs(&data, 60);
+    let o = train(&dir, &["--steps", "20", "--data", data.to_str().unwrap(), "--attention", "linear-favor"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    assert!(config.contains("\"attention\": \"linear-favor\""), "{config}");
+    let png = tmp.path().join("a.png");
+    let o = attn(&["translate", "--checkpoint", dir.to_str().unwrap(), "--heatmap", png.to_str().unwrap(), "abc"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).lines().count(), 1);
+    assert!(std::fs::read(tmp.path().join("a-average.png")).unwrap().starts_with(b"\x89PNG"));
+    let o = attn(&["train", "--out", dir.to_str().unwrap(), "--resume", "--attention", "softmax"]);
+    assert!(o.status.code() == Some(1) && text(&o.stderr).contains("--attention"), "{}", text(&o.stderr));
+    let o = train(&tmp.path().join("packed"), &["--steps", "2", "--attention", "linear-elu", "--packed"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stdout));
+    assert!(text(&o.stderr).contains("--packed: packed batches need softmax attention"), "{}", text(&o.stderr));
+}
+
 #[test]
 fn bad_pairs_files_name_the_line() {
     let tmp = tempfile::tempdir().unwrap();

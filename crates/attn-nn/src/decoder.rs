@@ -6,6 +6,7 @@
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
+use crate::attention_kind::{LayerAttention, SelfCache};
 use crate::dropout::{Dropout, Mode};
 use crate::encoder::StackOutput;
 use crate::error::Result;
@@ -13,6 +14,7 @@ use crate::feedforward::FeedForward;
 use crate::kv_cache::{Cache, KvCache};
 use crate::layer::{norm_packed, residual, stack, LayerConfig, LayerOutput, Run};
 use crate::layout::SeqInputs;
+use crate::linear_attn::LinearCache;
 use crate::masks::AttnMasks;
 use crate::mha::{MhaInput, MultiHeadAttention, PackedMhaInput};
 use crate::norm::LayerNorm;
@@ -21,10 +23,24 @@ use crate::packed::Packed;
 /// The caches of one decoder layer.
 #[derive(Debug, Clone, Default)]
 pub struct LayerCache {
-    /// Keys/values of the target tokens decoded so far.
+    /// Keys/values of the target tokens decoded so far (softmax self-attention).
     pub self_kv: KvCache,
+    /// The recurrent state of the target tokens decoded so far (linear self-attention).
+    pub self_linear: LinearCache,
     /// Keys/values projected from the memory.
     pub cross_kv: KvCache,
+}
+
+impl LayerCache {
+    /// How many target positions are cached, by whichever self-attention cache the layer uses.
+    pub fn len(&self) -> usize {
+        self.self_kv.len().max(self.self_linear.len())
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The caches of every layer of a decoder, for one batch of sequences.
@@ -42,7 +58,7 @@ impl DecoderCache {
 
     /// How many target positions are cached (the position of the next token).
     pub fn len(&self) -> usize {
-        self.layers.first().map_or(0, |c| c.self_kv.len())
+        self.layers.first().map_or(0, LayerCache::len)
     }
 
     /// Whether nothing is cached.
@@ -69,7 +85,7 @@ impl DecoderCache {
 /// ```
 #[derive(Debug)]
 pub struct DecoderLayer {
-    self_attn: MultiHeadAttention,
+    self_attn: LayerAttention,
     multihead_attn: MultiHeadAttention,
     ff: FeedForward,
     norms: [LayerNorm; 3],
@@ -82,8 +98,8 @@ impl DecoderLayer {
     /// Loads (or creates) the layer's weights under `vb`.
     pub fn new(cfg: &LayerConfig, vb: VarBuilder) -> Result<Self> {
         Ok(Self {
-            self_attn: cfg.attention(vb.pp("self_attn"))?,
-            multihead_attn: cfg.attention(vb.pp("multihead_attn"))?,
+            self_attn: cfg.self_attention(vb.pp("self_attn"))?,
+            multihead_attn: cfg.cross_attention(vb.pp("multihead_attn"))?,
             ff: FeedForward::new(cfg, vb.clone())?,
             norms: [cfg.norm(&vb, "norm1")?, cfg.norm(&vb, "norm2")?, cfg.norm(&vb, "norm3")?],
             dropouts: [cfg.dropout(&vb, "dropout1"), cfg.dropout(&vb, "dropout2"), cfg.dropout(&vb, "dropout3")],
@@ -122,31 +138,27 @@ impl DecoderLayer {
         cache: Option<&mut LayerCache>,
     ) -> Result<LayerOutput> {
         let (self_cache, cross_cache) = match cache {
-            Some(c) => (Some(Cache::SelfAttn(&mut c.self_kv)), Some(Cache::Cross(&mut c.cross_kv))),
+            Some(c) => (
+                Some(SelfCache { kv: &mut c.self_kv, linear: &mut c.self_linear }),
+                Some(Cache::Cross(&mut c.cross_kv)),
+            ),
             None => (None, None),
-        };
-        let attend = |mha: &MultiHeadAttention,
-                      q: &Tensor,
-                      kv: &Tensor,
-                      masks: &AttnMasks,
-                      cache: Option<Cache>|
-         -> Result<(Tensor, Option<Tensor>)> {
-            let input = MhaInput {
-                masks: masks.clone(),
-                need_weights: run.need_weights,
-                mode: run.mode,
-                cache,
-                ..MhaInput::new(q, kv, kv)
-            };
-            let o = mha.forward(input)?;
-            Ok((o.out, o.weights))
         };
         let [n1, n2, _] = &self.norms;
         let [d1, d2, _] = &self.dropouts;
-        let (x, self_weights) =
-            residual(tgt, n1, d1, self.norm_first, run.mode, |x| attend(&self.self_attn, x, x, tgt_masks, self_cache))?;
+        let (x, self_weights) = residual(tgt, n1, d1, self.norm_first, run.mode, |x| {
+            self.self_attn.forward(x, tgt_masks, run, self_cache)
+        })?;
         let (x, cross_weights) = residual(&x, n2, d2, self.norm_first, run.mode, |x| {
-            attend(&self.multihead_attn, x, memory, memory_masks, cross_cache)
+            let input = MhaInput {
+                masks: memory_masks.clone(),
+                need_weights: run.need_weights,
+                mode: run.mode,
+                cache: cross_cache,
+                ..MhaInput::new(x, memory, memory)
+            };
+            let o = self.multihead_attn.forward(input)?;
+            Ok((o.out, o.weights))
         })?;
         Ok(LayerOutput { out: self.feed_forward(&x, run.mode)?, self_weights, cross_weights })
     }
@@ -159,17 +171,18 @@ impl DecoderLayer {
         let i = &self.inputs;
         tgt.expect_rows(i.module, "tgt", i.width, i.dtype)?;
         memory.expect_rows(i.module, "memory", i.width, i.dtype)?;
-        let attend = |mha: &MultiHeadAttention, x: &Tensor, memory: Option<&Packed>, causal: bool| {
-            let q = tgt.with_data(x.clone())?;
-            let kv = memory.unwrap_or(&q);
-            let o = mha.forward_packed(PackedMhaInput { causal, mode, ..PackedMhaInput::new(&q, kv, kv) })?;
-            Ok((o.data().clone(), None))
-        };
         let [n1, n2, _] = &self.norms;
         let [d1, d2, _] = &self.dropouts;
-        let (x, _) = residual(tgt.data(), n1, d1, self.norm_first, mode, |x| attend(&self.self_attn, x, None, causal))?;
-        let (x, _) =
-            residual(&x, n2, d2, self.norm_first, mode, |x| attend(&self.multihead_attn, x, Some(memory), false))?;
+        let (x, _) = residual(tgt.data(), n1, d1, self.norm_first, mode, |x| {
+            Ok((self.self_attn.forward_packed(&tgt.with_data(x.clone())?, causal, mode)?.data().clone(), None))
+        })?;
+        let (x, _) = residual(&x, n2, d2, self.norm_first, mode, |x| {
+            let q = tgt.with_data(x.clone())?;
+            let o = self
+                .multihead_attn
+                .forward_packed(PackedMhaInput { mode, ..PackedMhaInput::new(&q, memory, memory) })?;
+            Ok((o.data().clone(), None))
+        })?;
         tgt.with_data(self.feed_forward(&x, mode)?)
     }
 

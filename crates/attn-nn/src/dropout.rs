@@ -48,6 +48,12 @@ impl SeedStream {
         Self { key, drawn: AtomicU64::new(0) }
     }
 
+    /// The stream's key: a pure function of the seed and the path (for draws made once, such as
+    /// FAVOR+'s projection).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
     /// The seed of a call in `mode`: none in evaluation, the next draw in `Train`, a function of
     /// the key and the step in `TrainStep`.
     pub fn seed(&self, mode: Mode) -> Option<u64> {

@@ -6,13 +6,13 @@
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
+use crate::attention_kind::LayerAttention;
 use crate::dropout::{Dropout, Mode};
 use crate::error::Result;
 use crate::feedforward::FeedForward;
 use crate::layer::{norm_packed, residual, stack, LayerConfig, LayerOutput, Run};
 use crate::layout::{Layout, SeqInputs};
 use crate::masks::AttnMasks;
-use crate::mha::{MhaInput, MultiHeadAttention, PackedMhaInput};
 use crate::norm::LayerNorm;
 use crate::packed::Packed;
 
@@ -33,7 +33,7 @@ use crate::packed::Packed;
 /// ```
 #[derive(Debug)]
 pub struct EncoderLayer {
-    self_attn: MultiHeadAttention,
+    self_attn: LayerAttention,
     ff: FeedForward,
     norm1: LayerNorm,
     norm2: LayerNorm,
@@ -47,7 +47,7 @@ impl EncoderLayer {
     /// Loads (or creates) the layer's weights under `vb`.
     pub fn new(cfg: &LayerConfig, vb: VarBuilder) -> Result<Self> {
         Ok(Self {
-            self_attn: cfg.attention(vb.pp("self_attn"))?,
+            self_attn: cfg.self_attention(vb.pp("self_attn"))?,
             ff: FeedForward::new(cfg, vb.clone())?,
             norm1: cfg.norm(&vb, "norm1")?,
             norm2: cfg.norm(&vb, "norm2")?,
@@ -69,10 +69,7 @@ impl EncoderLayer {
     /// [`Self::forward`] on `src: [B, L, d_model]`.
     fn forward_bld(&self, src: &Tensor, masks: &AttnMasks, run: Run) -> Result<LayerOutput> {
         let (x, self_weights) = residual(src, &self.norm1, &self.dropout1, self.norm_first, run.mode, |x| {
-            let mut input = MhaInput::self_attention(x).masks(masks.clone()).mode(run.mode);
-            input.need_weights = run.need_weights;
-            let o = self.self_attn.forward(input)?;
-            Ok((o.out, o.weights))
+            self.self_attn.forward(x, masks, run, None)
         })?;
         Ok(LayerOutput { out: self.feed_forward(&x, run.mode)?, self_weights, cross_weights: None })
     }
@@ -84,8 +81,7 @@ impl EncoderLayer {
         let i = &self.inputs;
         src.expect_rows(i.module, "src", i.width, i.dtype)?;
         let (x, _) = residual(src.data(), &self.norm1, &self.dropout1, self.norm_first, mode, |x| {
-            let x = src.with_data(x.clone())?;
-            let o = self.self_attn.forward_packed(PackedMhaInput::self_attention(&x).causal(causal).mode(mode))?;
+            let o = self.self_attn.forward_packed(&src.with_data(x.clone())?, causal, mode)?;
             Ok((o.data().clone(), None))
         })?;
         src.with_data(self.feed_forward(&x, mode)?)

@@ -6,6 +6,7 @@ use attn::{Kernel, Precision};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 
+use crate::attention_kind::{self, AttentionKind, LayerAttention};
 use crate::dropout::{Dropout, Mode};
 use crate::error::Result;
 use crate::feedforward::Activation;
@@ -42,8 +43,10 @@ pub struct LayerConfig {
     pub kernel: Kernel,
     /// How the flash kernel computes its products (see `MultiHeadAttentionConfig::compute`).
     pub compute: Precision,
-    /// Seed of the dropout streams.
+    /// Seed of the dropout streams (and of FAVOR+'s projections).
     pub seed: u64,
+    /// The self-attention's kind (softmax by default; cross-attention is always softmax).
+    pub attention: AttentionKind,
 }
 
 impl LayerConfig {
@@ -62,20 +65,30 @@ impl LayerConfig {
             kernel: Kernel::Auto,
             compute: Precision::F32,
             seed: 0,
+            attention: AttentionKind::Softmax,
         }
     }
 
-    /// The attention of a layer; `vb` is where its weights live.
-    pub(crate) fn attention(&self, vb: VarBuilder) -> Result<MultiHeadAttention> {
-        let cfg = MultiHeadAttentionConfig {
+    /// Softmax attention's configuration in a layer.
+    fn mha_config(&self) -> MultiHeadAttentionConfig {
+        MultiHeadAttentionConfig {
             bias: self.bias,
             dropout: self.dropout,
             kernel: self.kernel,
             compute: self.compute,
             seed: self.seed,
             ..MultiHeadAttentionConfig::new(self.d_model, self.nhead)
-        };
-        MultiHeadAttention::new(cfg, vb)
+        }
+    }
+
+    /// The self-attention of a layer, of the configured kind; `vb` is where its weights live.
+    pub(crate) fn self_attention(&self, vb: VarBuilder) -> Result<LayerAttention> {
+        attention_kind::build(self.attention, self.mha_config(), vb)
+    }
+
+    /// The (softmax) cross-attention of a decoder layer.
+    pub(crate) fn cross_attention(&self, vb: VarBuilder) -> Result<MultiHeadAttention> {
+        MultiHeadAttention::new(self.mha_config(), vb)
     }
 
     /// LayerNorm `name` under `vb`.

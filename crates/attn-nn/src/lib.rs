@@ -4,10 +4,13 @@
 //! - [`MultiHeadAttention`]: `nn.MultiheadAttention` (with `add_bias_kv`, `add_zero_attn`,
 //!   batch-first, sequence-first and unbatched inputs) plus grouped-query heads, rotary
 //!   embeddings and a [`KvCache`] for incremental decoding;
+//! - [`LinearAttention`]: multi-head linear attention (`elu+1`, ReLU, identity, FAVOR+) with
+//!   `MultiHeadAttention`'s weights and a recurrent [`LinearCache`] for decoding;
 //! - [`AdditiveAttention`]: Bahdanau's `vᵀ·tanh(W_q·q + W_k·k)`;
 //! - [`EncoderLayer`], [`DecoderLayer`], [`TransformerEncoder`], [`TransformerDecoder`],
 //!   [`Transformer`]: `nn.TransformerEncoderLayer` and friends (with `bias=False` and
-//!   `batch_first`), returning attention weights when asked; [`Seq2Seq`]: a token-level
+//!   `batch_first`), returning attention weights when asked, their self-attention softmax or
+//!   linear as [`LayerConfig::attention`] says ([`AttentionKind`]); [`Seq2Seq`]: a token-level
 //!   translator built on them;
 //! - [`Packed`]: packed batches (sequences one after another, no padding), which
 //!   `MultiHeadAttention`, the layers, stacks, `Transformer` and `Seq2Seq` take through their
@@ -50,6 +53,7 @@
 pub use {candle_core, candle_nn};
 
 pub mod additive;
+pub mod attention_kind;
 pub mod decoder;
 pub mod dropout;
 pub mod encoder;
@@ -61,6 +65,7 @@ pub mod kv_cache;
 pub mod layer;
 mod layout;
 pub mod linear;
+pub mod linear_attn;
 pub mod load;
 pub mod masks;
 pub mod memory;
@@ -75,6 +80,7 @@ pub mod threads;
 pub mod transformer;
 
 pub use additive::{AdditiveAttention, AdditiveAttentionConfig, AdditiveOutput};
+pub use attention_kind::AttentionKind;
 pub use decoder::{DecoderCache, DecoderLayer, LayerCache, TransformerDecoder};
 pub use dropout::Mode;
 pub use encoder::{EncoderLayer, StackOutput, TransformerEncoder};
@@ -83,6 +89,7 @@ pub use feedforward::{Activation, FeedForward};
 pub use kv_cache::{Cache, KvCache};
 pub use layer::{LayerConfig, LayerOutput, Run};
 pub use linear::Linear;
+pub use linear_attn::{LinearAttention, LinearAttentionConfig, LinearCache, LinearInput, LinearMap};
 pub use load::{named_parameters, StateDict, Trainable};
 pub use masks::{AttnMask, AttnMasks};
 pub use mha::{MhaInput, MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights, PackedMhaInput};

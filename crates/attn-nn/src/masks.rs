@@ -112,6 +112,61 @@ impl AttnMasks {
     }
 }
 
+impl AttnMasks {
+    /// The masks of a call of `b` batch entries over `lk` keys as what linear attention takes:
+    /// causality and, from a boolean key padding mask, the count of real keys per entry
+    /// (`None` without padding). Refused, naming the mask: an attention mask, an additive key
+    /// padding mask, or padding that is not at the end of a row.
+    pub(crate) fn key_lengths(&self, module: &'static str, b: usize, lk: usize) -> Result<Option<Vec<usize>>> {
+        if let Some(m) = &self.attn {
+            let t = match m {
+                AttnMask::Bool(m) => m.tensor(),
+                AttnMask::Additive(t) => t,
+            };
+            return Err(NnError::Input {
+                module,
+                input: "attn_mask",
+                found: t.dims().to_vec(),
+                expected: "none: linear attention takes key padding and causality only".into(),
+            });
+        }
+        let m = match &self.key_padding {
+            None => return Ok(None),
+            Some(AttnMask::Bool(m)) => m,
+            Some(AttnMask::Additive(t)) => {
+                return Err(NnError::Input {
+                    module,
+                    input: "key_padding_mask",
+                    found: t.dims().to_vec(),
+                    expected: "a boolean mask: linear attention cannot add a float bias to its scores".into(),
+                })
+            }
+        };
+        if lk == 0 {
+            return Ok(Some(vec![0; b]));
+        }
+        let keep = m.with_tensor(padding_4d(module, m.tensor(), b, lk)?).to_keep_tensor()?;
+        let keep = keep.flatten_all()?.to_vec1::<u8>()?;
+        let mut lens = Vec::with_capacity(b);
+        for (i, row) in keep.chunks(lk.max(1)).take(b).enumerate() {
+            let len = row.iter().position(|&x| x == 0).unwrap_or(row.len());
+            if let Some(j) = row[len..].iter().position(|&x| x != 0) {
+                return Err(NnError::Input {
+                    module,
+                    input: "key_padding_mask",
+                    found: m.tensor().dims().to_vec(),
+                    expected: format!(
+                        "padding at the end of each row only (row {i}: padding at {len}, a real key at {})",
+                        len + j
+                    ),
+                });
+            }
+            lens.push(len);
+        }
+        Ok(Some(lens))
+    }
+}
+
 /// `t` with `extra` more entries of value `fill` along its last (key) dimension.
 fn extend(t: &Tensor, extra: usize, fill: f64) -> Result<Tensor> {
     if extra == 0 {

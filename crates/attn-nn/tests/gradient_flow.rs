@@ -6,9 +6,10 @@
 mod common;
 
 use attn_nn::{
-    Activation, AdditiveAttention, AdditiveAttentionConfig, AttnMask, AttnMasks, DecoderLayer, EncoderLayer,
-    LayerConfig, MhaInput, Mode, MultiHeadAttention, MultiHeadAttentionConfig, Packed, PackedMhaInput, RopeConfig, Run,
-    SelfAttention, SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer, TransformerConfig,
+    Activation, AdditiveAttention, AdditiveAttentionConfig, AttentionKind, AttnMask, AttnMasks, DecoderLayer,
+    EncoderLayer, LayerConfig, LinearAttention, LinearAttentionConfig, LinearInput, LinearMap, MhaInput, Mode,
+    MultiHeadAttention, MultiHeadAttentionConfig, Packed, PackedMhaInput, RopeConfig, Run, SelfAttention,
+    SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer, TransformerConfig,
 };
 use candle_core::{Device, Module, Tensor};
 use common::{every_param_trains, fresh, input, loss, padding};
@@ -254,4 +255,37 @@ fn the_check_catches_candle_nn_paths_that_cut_gradients() {
     let cut = candle_nn::ops::softmax_last_dim(&scores).unwrap();
     let err = every_param_trains(&map, &[], &loss(&cut)).unwrap_err();
     assert!(err.contains('w'), "{err}");
+}
+
+#[test]
+fn linear_attention_trains_for_every_map_with_gqa_padding_and_causality() {
+    for map in [LinearMap::Elu, LinearMap::Relu, LinearMap::Favor { features: 16 }] {
+        let (vars, vb) = fresh();
+        let cfg = LinearAttentionConfig { num_kv_heads: Some(2), ..LinearAttentionConfig::new(16, 4, map) };
+        let m = LinearAttention::new(cfg, vb).unwrap();
+        let x = input(&[2, 6, 16], 19);
+        let masks = AttnMasks::causal().key_padding(padding(&[6, 4], 6));
+        let out = m.forward(LinearInput::self_attention(&x).masks(masks)).unwrap().out;
+        // q/k/v_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias.
+        let checked = every_param_trains(&vars, &[("x", &x)], &loss(&out)).unwrap_or_else(|e| panic!("{map:?}: {e}"));
+        assert_eq!(checked, 7, "{map:?}");
+    }
+}
+
+#[test]
+fn layers_with_linear_self_attention_train() {
+    let cfg = LayerConfig { attention: AttentionKind::Linear(LinearMap::Elu), ..layer_cfg(false, Activation::Relu) };
+    let (map, vb) = fresh();
+    let m = EncoderLayer::new(&cfg, vb).unwrap();
+    let x = input(&[2, 5, 16], 20);
+    let out = m.forward(&x, &AttnMasks::default().key_padding(padding(&[5, 2], 5)), Run::train()).unwrap().out;
+    assert_trains(&map, &[("src", &x)], &out, 12);
+
+    let (map, vb) = fresh();
+    let m = DecoderLayer::new(&cfg, vb).unwrap();
+    let (t, mem) = (input(&[2, 4, 16], 21), input(&[2, 6, 16], 22));
+    let tgt_masks = AttnMasks::causal().key_padding(padding(&[4, 3], 4));
+    let mem_masks = AttnMasks::default().key_padding(padding(&[6, 4], 6));
+    let out = m.forward(&t, &mem, &tgt_masks, &mem_masks, Run::train(), None).unwrap().out;
+    assert_trains(&map, &[("tgt", &t), ("memory", &mem)], &out, 18);
 }

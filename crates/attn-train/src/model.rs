@@ -1,12 +1,60 @@
 //! The translator's architecture as a saved configuration: the sizes of the sequence-to-sequence
-//! Transformer ([`attn_nn::Seq2Seq`]) in a serialisable form, checked before a model is built.
+//! Transformer ([`attn_nn::Seq2Seq`]) and the kind of its self-attention ([`Attention`]) in a
+//! serialisable form, checked before a model is built.
 
-use attn_nn::{Activation, LayerConfig, Seq2Seq, Seq2SeqConfig, TransformerConfig};
+use attn_nn::{Activation, AttentionKind, LayerConfig, LinearMap, Seq2Seq, Seq2SeqConfig, TransformerConfig};
 use candle_nn::VarBuilder;
 use serde::{Deserialize, Serialize};
 
 use crate::data::vocab;
 use crate::error::{Result, TrainError};
+
+/// The self-attention of the translator's layers (saved in `config.json` as `attention`, absent
+/// for softmax so that softmax checkpoints read as before).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum Attention {
+    /// Softmax attention.
+    #[default]
+    Softmax,
+    /// Linear attention with `elu(x) + 1`.
+    LinearElu,
+    /// Linear attention with ReLU.
+    LinearRelu,
+    /// Linear attention with FAVOR+, [`FAVOR_FEATURES`] random features per head.
+    LinearFavor,
+}
+
+/// FAVOR+'s random features per head in `linear-favor`.
+pub const FAVOR_FEATURES: usize = 64;
+
+impl Attention {
+    /// Whether this is softmax attention (the default, not written to `config.json`).
+    pub fn is_softmax(&self) -> bool {
+        *self == Attention::Softmax
+    }
+
+    /// The name `--attention` and `config.json` give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Attention::Softmax => "softmax",
+            Attention::LinearElu => "linear-elu",
+            Attention::LinearRelu => "linear-relu",
+            Attention::LinearFavor => "linear-favor",
+        }
+    }
+
+    /// The layers' [`AttentionKind`].
+    pub fn kind(self) -> AttentionKind {
+        match self {
+            Attention::Softmax => AttentionKind::Softmax,
+            Attention::LinearElu => AttentionKind::Linear(LinearMap::Elu),
+            Attention::LinearRelu => AttentionKind::Linear(LinearMap::Relu),
+            Attention::LinearFavor => AttentionKind::Linear(LinearMap::Favor { features: FAVOR_FEATURES }),
+        }
+    }
+}
 
 /// The model's sizes. With the `clap` feature, each field but `vocab` is a flag (`--d-model`) whose
 /// help is the field's doc and whose default is [`ModelConfig::default`]'s.
@@ -31,6 +79,11 @@ pub struct ModelConfig {
     /// Longest sequence in positions (characters + 1).
     #[cfg_attr(feature = "clap", arg(long, default_value_t = ModelConfig::default().max_len))]
     pub max_len: usize,
+    /// Self-attention of every layer: softmax, or linear with a feature map (`linear-favor`:
+    /// FAVOR+ with 64 random features per head); cross-attention stays softmax.
+    #[cfg_attr(feature = "clap", arg(long, value_enum, default_value_t = Attention::Softmax))]
+    #[serde(default, skip_serializing_if = "Attention::is_softmax")]
+    pub attention: Attention,
     /// Vocabulary size (one vocabulary for both sides); set from the data, so not a flag.
     #[cfg_attr(feature = "clap", arg(skip))]
     pub vocab: usize,
@@ -39,7 +92,16 @@ pub struct ModelConfig {
 impl Default for ModelConfig {
     /// `attn train`'s defaults; `vocab` is 0 until the task sets it.
     fn default() -> Self {
-        Self { d_model: 64, heads: 4, layers: 2, ff: 256, dropout: 0.1, max_len: 48, vocab: 0 }
+        Self {
+            d_model: 64,
+            heads: 4,
+            layers: 2,
+            ff: 256,
+            dropout: 0.1,
+            max_len: 48,
+            attention: Attention::Softmax,
+            vocab: 0,
+        }
     }
 }
 
@@ -82,6 +144,7 @@ impl ModelConfig {
             dim_feedforward: self.ff,
             dropout: self.dropout,
             activation: Activation::Relu,
+            attention: self.attention.kind(),
             ..LayerConfig::new(self.d_model, self.heads)
         };
         let transformer = TransformerConfig { layer, num_encoder_layers: self.layers, num_decoder_layers: self.layers };

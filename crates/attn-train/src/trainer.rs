@@ -88,6 +88,12 @@ impl Trainer {
     /// absolute.
     pub fn start(dir: &Path, mut model: ModelConfig, mut train: TrainSettings) -> Result<Self> {
         train.check()?;
+        if train.packed && !model.attention.is_softmax() {
+            return Err(TrainError::Setting {
+                field: "packed",
+                reason: format!("packed batches need softmax attention, and the model's is {}", model.attention.name()),
+            });
+        }
         if let TaskSpec::Pairs(path) = &train.task {
             // Absolute, so a resumed run finds the file from any folder.
             let absolute =

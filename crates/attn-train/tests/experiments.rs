@@ -25,7 +25,8 @@ impl Observer for Quiet {
 
 /// A 2-layer, 2-head translator trained for a few steps in `dir`.
 fn trained(dir: &Path) -> Translator {
-    let model = ModelConfig { d_model: 16, heads: 2, layers: 2, ff: 32, dropout: 0.1, max_len: 40, vocab: 0 };
+    let model =
+        ModelConfig { d_model: 16, heads: 2, layers: 2, ff: 32, dropout: 0.1, max_len: 40, ..ModelConfig::default() };
     let settings = TrainSettings {
         task: TaskSpec::Dates,
         steps: 10,

@@ -9,7 +9,7 @@ use attn_nn::Run;
 use attn_train::checkpoint::{self, Evaluation};
 use attn_train::data::vocab;
 use attn_train::loss::masked_cross_entropy;
-use attn_train::model::ModelConfig;
+use attn_train::model::{Attention, ModelConfig};
 use attn_train::settings::{TaskSpec, TrainSettings};
 use attn_train::trainer::{Observer, Outcome, StepReport, Trainer};
 use attn_train::translate::{Translator, Unanswered};
@@ -51,7 +51,7 @@ fn run(trainer: &mut Trainer, stop_after: Option<u64>) -> (Outcome, Vec<f64>, Ve
 }
 
 fn tiny() -> ModelConfig {
-    ModelConfig { d_model: 16, heads: 2, layers: 1, ff: 32, dropout: 0.1, max_len: 40, vocab: 0 }
+    ModelConfig { d_model: 16, heads: 2, layers: 1, ff: 32, dropout: 0.1, max_len: 40, ..ModelConfig::default() }
 }
 
 fn settings(steps: u64) -> TrainSettings {
@@ -192,6 +192,37 @@ fn packed_and_padded_training_make_the_same_steps() {
             .fold(0.0f32, f32::max);
         assert!(f64::from(worst) <= 1e-3 * lr, "{name}: weights differ by {worst:e} after 6 steps (lr {lr})");
     }
+}
+
+/// A model with linear self-attention trains (its loss falls), records its kind in `config.json`
+/// (softmax's checkpoints do not name theirs), and its checkpoint loads with that kind: the
+/// translations equal the live model's greedy decoding through the recurrent caches. Packed
+/// batches are refused for it, naming the setting.
+#[test]
+fn linear_attention_trains_saves_its_kind_and_translates() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ModelConfig { attention: Attention::LinearElu, ..tiny() };
+    let mut t = Trainer::start(dir.path(), model, settings(60)).unwrap();
+    let (_, losses, _, _) = run(&mut t, None);
+    let (first, last) = (losses[..5].iter().sum::<f64>() / 5.0, losses[55..].iter().sum::<f64>() / 5.0);
+    assert!(last < 0.75 * first, "loss {first:.3} → {last:.3}");
+    let json = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
+    assert!(json.contains("\"attention\": \"linear-elu\""), "{json}");
+    let translator = Translator::load(dir.path()).unwrap();
+    assert_eq!(translator.manifest().model.attention, Attention::LinearElu);
+    let texts = vec!["3 March 2021".to_string(), "Wed 3 Mar 2021".to_string()];
+    let saved = translator.translate(&texts).unwrap();
+    assert_eq!(saved, t.translator().translate(&texts).unwrap());
+
+    let softmax = tempfile::tempdir().unwrap();
+    let mut t = Trainer::start(softmax.path(), tiny(), settings(1)).unwrap();
+    run(&mut t, None);
+    let json = std::fs::read_to_string(softmax.path().join("config.json")).unwrap();
+    assert!(!json.contains("attention"), "{json}");
+
+    let packed = TrainSettings { packed: true, ..settings(1) };
+    let err = Trainer::start(&softmax.path().join("p"), model, packed).err().unwrap();
+    assert!(matches!(err, TrainError::Setting { field: "packed", .. }), "{err}");
 }
 
 #[test]

@@ -6,6 +6,7 @@ mod classify;
 mod heads;
 mod scaling;
 mod sparse;
+mod variants;
 
 /// Arguments of `attn explain`.
 #[derive(clap::Args, Debug)]
@@ -27,6 +28,9 @@ pub enum Experiment {
     Classify(classify::Args),
     /// Block-sparse patterns: each mask drawn, and time and memory over lengths (log-log slopes).
     Sparse(sparse::Args),
+    /// Time and memory of the variants (dense, flash, window, sparse, linear, FAVOR+) over L,
+    /// log-log slopes, and FAVOR+'s error against softmax as its features grow.
+    Variants(variants::Args),
 }
 
 /// Runs the chosen experiment.
@@ -37,5 +41,6 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         Experiment::Heads(a) => heads::main(a),
         Experiment::Classify(a) => classify::main(a),
         Experiment::Sparse(a) => sparse::main(a),
+        Experiment::Variants(a) => variants::main(a),
     }
 }

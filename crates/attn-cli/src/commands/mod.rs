@@ -1,6 +1,6 @@
 //! One module per subcommand, each with its clap `Args` and a `main`, and what several share: the
 //! attention flags of `run` and `bench`, `--threads`, `--out-dir`, naming a library setting by its
-//! flag, and the stop by Ctrl-C.
+//! flag, the stop by Ctrl-C, and printing above a progress bar.
 
 pub mod bench;
 pub mod demo;
@@ -15,6 +15,16 @@ pub mod train;
 pub mod translate;
 
 use attn_train::TrainError;
+
+/// Prints `line` above the progress bar `bar`, or on standard output when there is no terminal to
+/// draw it on (indicatif drops a hidden bar's lines).
+pub fn say(bar: &indicatif::ProgressBar, line: String) {
+    if bar.is_hidden() {
+        println!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
 
 /// A command stopped by Ctrl-C after saving its work and saying so: `attn` exits with 130.
 #[derive(Debug, thiserror::Error)]

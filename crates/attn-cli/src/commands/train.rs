@@ -99,11 +99,7 @@ impl Observer for Bar {
 impl Bar {
     /// A line above the bar, or on standard output when there is no terminal to draw it on.
     fn say(&self, line: String) {
-        if self.bar.is_hidden() {
-            println!("{line}");
-        } else {
-            self.bar.println(line);
-        }
+        super::say(&self.bar, line);
     }
 }
 

@@ -21,7 +21,9 @@ pub fn fixture_paths() -> Vec<PathBuf> {
 }
 
 /// PyTorch's own bf16 results of a `bf16_*` fixture (`F.scaled_dot_product_attention`, math
-/// backend, on the fixture's bf16 inputs): the baseline error of bfloat16 products.
+/// backend, on the fixture's bf16 inputs): the baseline error of bfloat16 products. Read by
+/// `golden_bf16.rs` alone.
+#[allow(dead_code)]
 #[derive(Debug, Clone)]
 pub struct TorchBf16 {
     /// `out_bf16`, like `out`.

@@ -21,6 +21,7 @@
 //! Packed batches (no padding): [`MultiHeadAttention::forward_packed`] and [`PackedMhaInput`].
 
 mod packed;
+pub(crate) mod proj;
 
 pub use packed::PackedMhaInput;
 
@@ -32,9 +33,9 @@ use crate::dropout::{Mode, SeedStream};
 use crate::error::{NnError, Result};
 use crate::kv_cache::Cache;
 use crate::layout::Layout;
-use crate::linear::Linear;
 use crate::masks::AttnMasks;
 use crate::position::rope::RopeConfig;
+use proj::{check_heads, key_value, split_heads, ProjSizes, Projections};
 
 const MODULE: &str = "MultiHeadAttention";
 
@@ -111,13 +112,7 @@ impl MultiHeadAttentionConfig {
 
     fn check(&self) -> Result<()> {
         let bad = |field, reason: String| Err(NnError::Config { module: MODULE, field, reason });
-        if self.num_heads == 0 || !self.embed_dim.is_multiple_of(self.num_heads) {
-            return bad("num_heads", format!("{} does not divide embed_dim {}", self.num_heads, self.embed_dim));
-        }
-        let hkv = self.kv_heads();
-        if hkv == 0 || !self.num_heads.is_multiple_of(hkv) {
-            return bad("num_kv_heads", format!("{hkv} does not divide num_heads {}", self.num_heads));
-        }
+        check_heads(MODULE, self.embed_dim, self.num_heads, self.kv_heads())?;
         if !(0.0..1.0).contains(&self.dropout) {
             return bad("dropout", format!("{} is outside [0, 1)", self.dropout));
         }
@@ -222,10 +217,7 @@ pub struct MhaOutput {
 /// ```
 #[derive(Debug)]
 pub struct MultiHeadAttention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    out_proj: Linear,
+    proj: Projections,
     /// `bias_k`, `bias_v`, each `[1, 1, Hkv·hd]`, with `add_bias_kv`.
     bias_kv: Option<(Tensor, Tensor)>,
     /// `sinks [H]`, with `sinks`.
@@ -241,33 +233,7 @@ impl MultiHeadAttention {
         let e = cfg.embed_dim;
         let kv = cfg.kv_heads() * (e / cfg.num_heads);
         let (kdim, vdim) = (cfg.kdim.unwrap_or(e), cfg.vdim.unwrap_or(e));
-        let xavier = |rows: usize, cols: usize| {
-            let bound = (6.0 / (rows + cols) as f64).sqrt();
-            Init::Uniform { lo: -bound, up: bound }
-        };
-        let (wq, wk, wv) = if kdim == e && vdim == e && kv == e {
-            let w = vb.get_with_hints((3 * e, e), "in_proj_weight", xavier(3 * e, e))?;
-            (w.narrow(0, 0, e)?, w.narrow(0, e, e)?, w.narrow(0, 2 * e, e)?)
-        } else {
-            (
-                vb.get_with_hints((e, e), "q_proj_weight", xavier(e, e))?,
-                vb.get_with_hints((kv, kdim), "k_proj_weight", xavier(kv, kdim))?,
-                vb.get_with_hints((kv, vdim), "v_proj_weight", xavier(kv, vdim))?,
-            )
-        };
-        let (bq, bk, bv, out_proj) = if cfg.bias {
-            let b = vb.get_with_hints(e + 2 * kv, "in_proj_bias", Init::Const(0.0))?;
-            let out_w = vb.get_with_hints((e, e), "out_proj.weight", candle_nn::init::DEFAULT_KAIMING_UNIFORM)?;
-            let out_b = vb.get_with_hints(e, "out_proj.bias", Init::Const(0.0))?;
-            (
-                Some(b.narrow(0, 0, e)?),
-                Some(b.narrow(0, e, kv)?),
-                Some(b.narrow(0, e + kv, kv)?),
-                Linear::new(out_w, Some(out_b)),
-            )
-        } else {
-            (None, None, None, Linear::load_no_bias(e, e, vb.pp("out_proj"))?)
-        };
+        let proj = Projections::load(ProjSizes { e, kv, kdim, vdim, bias: cfg.bias }, &vb)?;
         // PyTorch: xavier_normal_ on [1, 1, kv], whose fans are both kv.
         let bias_kv_init = Init::Randn { mean: 0.0, stdev: (kv as f64).powf(-0.5) };
         let bias_kv = if cfg.add_bias_kv {
@@ -281,16 +247,7 @@ impl MultiHeadAttention {
         let sinks_init = Init::Randn { mean: 0.0, stdev: 0.02 };
         let sinks = if cfg.sinks { Some(vb.get_with_hints(cfg.num_heads, "sinks", sinks_init)?) } else { None };
         let seeds = SeedStream::new(cfg.seed, &vb.prefix());
-        Ok(Self {
-            q_proj: Linear::new(wq, bq),
-            k_proj: Linear::new(wk, bk),
-            v_proj: Linear::new(wv, bv),
-            out_proj,
-            bias_kv,
-            sinks,
-            cfg,
-            seeds,
-        })
+        Ok(Self { proj, bias_kv, sinks, cfg, seeds })
     }
 
     /// The configuration.
@@ -305,29 +262,15 @@ impl MultiHeadAttention {
     pub fn forward(&self, input: MhaInput) -> Result<MhaOutput> {
         let cfg = &self.cfg;
         let (e, h, hkv) = (cfg.embed_dim, cfg.num_heads, cfg.kv_heads());
-        let hd = e / h;
-        let dtype = self.out_proj.weight().dtype();
+        let dtype = self.proj.out.weight().dtype();
         let layout = Layout::of(MODULE, "query", input.query, e, dtype, cfg.batch_first)?;
         let query = layout.to_bld(input.query)?;
         let (b, lq, _) = query.dims3()?;
-        let heads = |x: Tensor, n: usize| -> Result<Tensor> {
-            let (b, l, _) = x.dims3()?;
-            Ok(x.reshape((b, l, n, hd))?.transpose(1, 2)?) // [B, n, L, hd]
-        };
         let fresh_kv = |offset: usize| -> Result<(Tensor, Tensor)> {
-            let key = layout.expect(MODULE, "key", input.key, cfg.kdim.unwrap_or(e), dtype)?;
-            let value = layout.expect(MODULE, "value", input.value, cfg.vdim.unwrap_or(e), dtype)?;
-            let ((kb, lk, _), (vb, lv, _)) = (key.dims3()?, value.dims3()?);
-            if kb != b || vb != b || lv != lk {
-                return Err(NnError::Input {
-                    module: MODULE,
-                    input: "key/value",
-                    found: [input.key.dims(), input.value.dims()].concat(),
-                    expected: format!("batch {b} like query and equal key/value lengths"),
-                });
-            }
-            let k = heads(self.k_proj.forward(&key)?, hkv)?; // [B, Hkv, Lk, hd]
-            let v = heads(self.v_proj.forward(&value)?, hkv)?; // [B, Hkv, Lk, hd]
+            let widths = (cfg.kdim.unwrap_or(e), cfg.vdim.unwrap_or(e));
+            let (key, value) = key_value(MODULE, layout, (input.key, input.value), widths, dtype, b)?;
+            let k = split_heads(&self.proj.k.forward(&key)?, hkv)?; // [B, Hkv, Lk, hd]
+            let v = split_heads(&self.proj.v.forward(&value)?, hkv)?; // [B, Hkv, Lk, hd]
             Ok((self.rotate(&k, offset)?, v))
         };
         let (offset, (k, v)) = match input.cache {
@@ -345,7 +288,7 @@ impl MultiHeadAttention {
                 }
             },
         };
-        let q = self.rotate(&heads(self.q_proj.forward(&query)?, h)?, offset)?; // [B, H, Lq, hd]
+        let q = self.rotate(&split_heads(&self.proj.q.forward(&query)?, h)?, offset)?; // [B, H, Lq, hd]
         let lk = k.dims()[2];
         let (k, v) = self.append_extra_keys(k, v)?; // [B, Hkv, Lk + extra, hd]
         let mut opts =
@@ -363,7 +306,7 @@ impl MultiHeadAttention {
             (Some(NeedWeights::Averaged), Some(w)) => Some(w.mean(1)?),
             (_, w) => w,
         };
-        Ok(MhaOutput { out: layout.restore(self.out_proj.forward(&out)?)?, weights: layout.weights(weights)? })
+        Ok(MhaOutput { out: layout.restore(self.proj.out.forward(&out)?)?, weights: layout.weights(weights)? })
     }
 
     /// `k`, `v: [B, Hkv, Lk, hd]` followed by `bias_k`/`bias_v` (`add_bias_kv`) and a zero key and

@@ -92,7 +92,7 @@ impl MultiHeadAttention {
         }
         let (e, h, hkv) = (cfg.embed_dim, cfg.num_heads, cfg.kv_heads());
         let hd = e / h;
-        let dtype = self.out_proj.weight().dtype();
+        let dtype = self.proj.out.weight().dtype();
         let PackedMhaInput { query, key, value, causal, mode } = input;
         query.expect_rows(MODULE, "query", e, dtype)?;
         key.expect_rows(MODULE, "key", cfg.kdim.unwrap_or(e), dtype)?;
@@ -112,9 +112,9 @@ impl MultiHeadAttention {
                 None => Ok(y),
             }
         };
-        let q = heads(&self.q_proj, query, h)?;
-        let k = heads(&self.k_proj, key, hkv)?;
-        let v = self.v_proj.forward(value.data())?.reshape((value.total(), hkv, hd))?;
+        let q = heads(&self.proj.q, query, h)?;
+        let k = heads(&self.proj.k, key, hkv)?;
+        let v = self.proj.v.forward(value.data())?.reshape((value.total(), hkv, hd))?;
         let mut opts = SdpaOptions::default().kernel(cfg.kernel).causal(causal);
         if cfg.dropout > 0.0 {
             if let Some(seed) = self.seeds.seed(mode) {
@@ -122,6 +122,6 @@ impl MultiHeadAttention {
             }
         }
         let out = attn::sdpa_varlen(&q, &k, &v, query.cu_seqlens(), key.cu_seqlens(), &opts)?; // [total_q, H, hd]
-        query.with_data(self.out_proj.forward(&out.reshape((query.total(), e))?)?)
+        query.with_data(self.proj.out.forward(&out.reshape((query.total(), e))?)?)
     }
 }

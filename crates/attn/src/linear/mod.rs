@@ -6,7 +6,8 @@
 //! multiple of `Hkv`; causal needs `Lq = Lk`. `φ` sees `q` and `k` as given (no `1/√D` scale).
 //! Dtypes: computed in `f64` when `q` is `f64`, in `f32` otherwise (inputs converted); the output
 //! has the computing dtype. Differentiable through candle's autograd with respect to `q`, `k`, `v`
-//! (`op`, a `CustomOp3` whose backward is the fused backward kernel).
+//! (`op`, a `CustomOp3` whose backward is the fused backward kernel). [`LinearDecoder`] decodes
+//! causally one token at a time through the recurrent state (`recurrent`).
 //!
 //! The README's example (its text lives in `doc/linear-example.rs`; `tests/readme.rs` checks that
 //! README.md quotes it word for word):
@@ -32,10 +33,12 @@
 )]
 
 mod op;
+mod recurrent;
 
 use candle_core::{DType, Tensor};
 
 pub use attn_kernels::linear::{FavorFeatures, FeatureMap, LinearState, CHUNK, EPS};
+pub use recurrent::LinearDecoder;
 
 use crate::convert::check_input;
 use crate::error::{AttnLibError, Result};
@@ -106,17 +109,19 @@ impl LinearOptions {
 /// Linear attention of `q: [B, Hq, Lq, D]` over `k: [B, Hkv, Lk, D]`, `v: [B, Hkv, Lk, Dv]`:
 /// `[B, Hq, Lq, Dv]`, differentiable (see [the module](self)).
 pub fn linear_attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &LinearOptions) -> Result<Tensor> {
-    for (name, t) in [("q", q), ("k", k), ("v", v)] {
-        check_input(name, t)?;
-        if t.rank() != 4 {
-            return Err(AttnLibError::Shape {
-                tensor: name,
-                found: t.dims().to_vec(),
-                expected: "rank 4 [B, H, L, D]".into(),
-            });
-        }
-    }
+    check_qkv([q, k, v], "rank 4 [B, H, L, D]")?;
     let dtype = if q.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
     let prep = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(dtype)?.contiguous()?) };
     op::forward(&prep(q)?, &prep(k)?, &prep(v)?, opts)
+}
+
+/// Refuses `q`, `k`, `v` unless each is a float CPU tensor of rank 4 (`expected` in the error).
+fn check_qkv(qkv: [&Tensor; 3], expected: &str) -> Result<()> {
+    for (name, t) in ["q", "k", "v"].into_iter().zip(qkv) {
+        check_input(name, t)?;
+        if t.rank() != 4 {
+            return Err(AttnLibError::Shape { tensor: name, found: t.dims().to_vec(), expected: expected.into() });
+        }
+    }
+    Ok(())
 }

@@ -32,7 +32,7 @@ use crate::flash::scores::all_finite;
 use crate::flash::simd::{KvElem, Simd};
 use crate::problem::Precision;
 use crate::sparse::runs;
-use products::{accumulate, products, transpose_chunks};
+use products::{accumulate_f32, accumulate_pairs, products, transpose_chunks};
 use score_grads::score_grads;
 
 /// Most bytes of a job's queries and output gradients transposed once for all its key blocks;
@@ -316,6 +316,10 @@ unsafe fn tile<S: Simd, E: KvElem>(
     unsafe {
         products::<S, E>(cx, job, w, form, t);
         score_grads::<S>(cx, job, w, t);
-        accumulate::<S, E>(cx, job, w, form, t, dq);
+        if form.bf16 {
+            accumulate_pairs::<S, E>(cx, job, w, t, dq)
+        } else {
+            accumulate_f32::<S, E>(cx, job, w, t, dq)
+        }
     }
 }

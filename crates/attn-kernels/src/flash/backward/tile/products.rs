@@ -129,37 +129,19 @@ pub(super) unsafe fn products<S: Simd, E: KvElem>(
     }
 }
 
-/// Step 3: `dV += P̄ᵀ·dO` and `dK += dXᵀ·Q` into the block's accumulators, `dQ += dX·K` into `dq`
-/// (`[nr, Dk]`): in f32, key rows holding a non-finite number one product at a time; or on
-/// bfloat16 pairs.
+/// Step 3 in f32: `dV += P̄ᵀ·dO` and `dK += dXᵀ·Q` into the block's accumulators, `dQ += dX·K`
+/// into `dq` (`[nr, Dk]`), key rows holding a non-finite number one product at a time.
 ///
 /// # Safety
 /// As [`super::tile`].
 #[inline(always)]
-pub(super) unsafe fn accumulate<S: Simd, E: KvElem>(
+pub(super) unsafe fn accumulate_f32<S: Simd, E: KvElem>(
     cx: &BwdCtx<E>,
     job: &BwdJob,
     w: &mut BwdWork,
-    form: Form,
     t: TileAt,
     dq: &mut [f32],
 ) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if form.bf16 {
-            accumulate_pairs::<S, E>(cx, job, w, t, dq)
-        } else {
-            accumulate_f32::<S, E>(cx, job, w, t, dq)
-        }
-    }
-}
-
-/// [`accumulate`] in f32.
-///
-/// # Safety
-/// As [`super::tile`].
-#[inline(always)]
-unsafe fn accumulate_f32<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork, t: TileAt, dq: &mut [f32]) {
     let d = cx.pb.dims;
     let (b, TileAt { h, i0, nr, j0, n }) = (job.b, t);
     let pd = if cx.pb.dropout.is_some() { &w.pd } else { &w.p };
@@ -194,14 +176,14 @@ unsafe fn accumulate_f32<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &m
     }
 }
 
-/// [`accumulate`] on bfloat16 pairs: `P̄`, `dX` and the tile's `dO` and `Q` rows paired two
+/// Step 3 on bfloat16 pairs: `P̄`, `dX` and the tile's `dO` and `Q` rows paired two
 /// query rows at a time (an odd last row with a row of zeros), `dX` also paired per key panel
 /// against the block's keys packed in pairs of keys (`w.kk`).
 ///
 /// # Safety
 /// As [`super::tile`]; the job's keys are all finite (the form's rule).
 #[inline(always)]
-unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
+pub(super) unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
     cx: &BwdCtx<E>,
     job: &BwdJob,
     w: &mut BwdWork,
