@@ -347,12 +347,20 @@ pub(super) fn bad_columns<E: KvElem>(
     columns.into_iter().map(|c| (c, (0..rows).map(|r| w.s[r * LDS + c] == f32::NEG_INFINITY).collect())).collect()
 }
 
-/// The keys of each key/value head of `v: [B, Hkv, Lk, Dv]` whose value row holds a non-finite
-/// number, sorted, one list per head at `b·Hkv + kvh`.
-pub(super) fn nonfinite_rows<E: KvElem>(v: &View4<E>) -> Vec<Vec<usize>> {
-    let [_, h, l, _] = v.dims();
-    let heads = v.dims()[0] * h;
-    (0..heads).into_par_iter().map(|bh| (0..l).filter(|&j| !all_finite(v.row(bh / h, bh % h, j))).collect()).collect()
+/// The keys of each key/value head of `v: [B, Hkv, Lk, Dv]` in `heads` (indices `b·Hkv + kvh`)
+/// whose value row holds a non-finite number, sorted, one list per head at `b·Hkv + kvh` (empty
+/// for the heads outside `heads`).
+pub(super) fn nonfinite_rows<E: KvElem>(v: &View4<E>, heads: Range<usize>) -> Vec<Vec<usize>> {
+    let [b, h, l, _] = v.dims();
+    (0..b * h)
+        .into_par_iter()
+        .map(|bh| {
+            if !heads.contains(&bh) {
+                return Vec::new();
+            }
+            (0..l).filter(|&j| !all_finite(v.row(bh / h, bh % h, j))).collect()
+        })
+        .collect()
 }
 
 /// Whether every element is finite: `x·0` is 0 for finite `x` and NaN otherwise, summed in
