@@ -53,6 +53,10 @@ pub struct Ctx<'a, E> {
     pub k: View4<'a, E>,
     /// `v: [B, Hkv, Lk, Dv]`.
     pub v: View4<'a, E>,
+    /// For each key/value head `(b, kvh)` (at `b·Hkv + kvh`), the keys whose value row holds a
+    /// non-finite number, sorted (`scores::nonfinite_rows`); `None` where the call did not list
+    /// them (the decode path, which scans its tiles' value rows itself).
+    pub bad_values: Option<Vec<Vec<usize>>>,
 }
 
 /// One unit of work: rows `(h0 + r / ni, i0 + r % ni)` of batch `b` over keys `keys`.
@@ -139,6 +143,17 @@ pub(in crate::flash) fn rows_per_call<S: Simd>() -> (usize, usize) {
     }
 }
 
+/// The chunks `(first row, rows)` of a block of `rows` rows for `qk_panel` calls of at most `rq`
+/// rows: as few calls as `rq` allows, their sizes differing by at most one. A call of few rows is
+/// bound by its loads rather than its multiply-adds, so a block of 64 rows (a block mask's query
+/// block) goes as 11, 11, 11, 11, 10, 10 rather than 12 × 5 + 4; multiples of `rq` are cut as
+/// before.
+pub(in crate::flash) fn qk_chunks(rows: usize, rq: usize) -> impl Iterator<Item = (usize, usize)> {
+    let calls = rows.div_ceil(rq.max(1));
+    let (base, extra) = (rows.checked_div(calls).unwrap_or(0), rows.checked_rem(calls).unwrap_or(0));
+    (0..calls).map(move |c| (c * base + c.min(extra), base + usize::from(c < extra)))
+}
+
 /// Calls the micro-kernel `$f` with its row count `R` (a const generic, 1 to 12) set to the
 /// run-time `$n`: `with_rows!(n, f::<Generics; Consts>(args))` is `f::<Generics, n, Consts>(args)`.
 macro_rules! with_rows {
@@ -205,4 +220,31 @@ impl Work {
 pub(in crate::flash) fn head<'a, E>(t: &View4<'a, E>, b: usize, h: usize) -> (&'a [E], usize) {
     let s = t.strides();
     (&t.data()[b * s[0] + h * s[1]..], s[2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::qk_chunks;
+
+    #[test]
+    fn qk_chunks_cover_the_rows_in_fewest_calls_of_near_equal_size() {
+        for rq in [6, 12] {
+            for rows in 0..200 {
+                let chunks: Vec<_> = qk_chunks(rows, rq).collect();
+                assert_eq!(chunks.len(), rows.div_ceil(rq), "{rows} rows by {rq}");
+                let mut next = 0;
+                for &(r0, nr) in &chunks {
+                    assert_eq!(r0, next, "{rows} rows by {rq}: chunks are consecutive");
+                    assert!((1..=rq).contains(&nr), "{rows} rows by {rq}: chunk of {nr}");
+                    next += nr;
+                }
+                assert_eq!(next, rows, "{rows} rows by {rq}: every row once");
+                let sizes = chunks.iter().map(|c| c.1);
+                let (lo, hi) = (sizes.clone().min().unwrap_or(0), sizes.max().unwrap_or(0));
+                assert!(hi - lo <= 1, "{rows} rows by {rq}: sizes {lo}..={hi}");
+            }
+        }
+        assert_eq!(qk_chunks(64, 12).map(|c| c.1).collect::<Vec<_>>(), [11, 11, 11, 11, 10, 10]);
+        assert_eq!(qk_chunks(24, 12).map(|c| c.1).collect::<Vec<_>>(), [12, 12]);
+    }
 }

@@ -134,7 +134,6 @@ pub(crate) fn forward<E: KvElem>(
 ) -> Result<AttnOutput<f32>> {
     assert!(isa.is_available(), "flash kernel entered without {isa:?} support");
     let (run, w) = entry::of::<E>(isa, pb.compute);
-    let cx = Ctx { pb, q: *q, k: *k, v: *v };
     let d = pb.dims;
     let AttnOutput { mut out, mut lse, mut lse_residue, mut weights, .. } =
         AttnOutput::alloc(&d, want_weights, 0.0, f32::NEG_INFINITY)?;
@@ -144,12 +143,19 @@ pub(crate) fn forward<E: KvElem>(
     if out.is_empty() && lse.is_empty() {
         return Ok(AttnOutput { out, lse, lse_residue, weights, path });
     }
+    // Prefill jobs each meet the value rows of their head: with several jobs per head, listing the
+    // non-finite rows once (one pass over the values, under 1% of the work then) spares every
+    // masked tile a scan of its columns' rows. Listed per chunk once its packing is allocated, so
+    // a call too large to pack is refused before any pass over its values.
+    let listed = !plan.decode && plan.jobs.len() >= 4 * d.b * d.hkv;
     let plen = plan.panel_len;
     let mut outs = Rest { o: &mut out, lse: &mut lse, residue: &mut lse_residue, w: weights.as_deref_mut() };
     for chunk in plan.chunks(d.hkv) {
         let first = chunk[0].b * d.hkv + chunk[0].kvh;
         let heads = if plan.decode { 0 } else { plan.heads_per_chunk.min(d.b * d.hkv - first) };
         let mut panels = workspace::take(&[heads, plen])?;
+        let bad_values = listed.then(|| scores::nonfinite_rows(v, first..first + heads));
+        let cx = Ctx { pb, q: *q, k: *k, v: *v, bad_values };
         panels.par_chunks_mut(plen.max(1)).enumerate().for_each(|(x, p)| {
             let hh = first + x;
             pack::pack_head(k, v, hh / d.hkv, hh % d.hkv, w, pb.compute, p);

@@ -11,11 +11,14 @@
 
 use std::ops::Range;
 
-use super::block::{rows_per_call, with_rows, Ctx, Job, Work, LDS};
+use rayon::prelude::*;
+
+use super::block::{qk_chunks, rows_per_call, with_rows, Ctx, Job, Work, LDS};
 use super::micro::{qk_panel, qk_rows, Bf16Pairs, Fma};
 use super::simd::{KvElem, Simd};
 use super::softcap::softcap_row;
 use crate::problem::{Precision, Problem};
+use crate::view::View4;
 
 /// Scaled (and soft-capped, biased) scores of every row of `job` against keys `j0..j0+n`, written
 /// to `w.s` (`[rows, LDS]`), masked (−∞) where not allowed; columns from `n` up to the
@@ -86,9 +89,7 @@ pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
                 let slots = if bf16 { dk.div_ceil(2) } else { dk };
                 for pi in 0..np {
                     let kp = p.as_ptr().add((j0 / pw + pi) * slots * pw);
-                    let mut r0 = 0;
-                    while r0 < rows {
-                        let nr = rq.min(rows - r0);
+                    for (r0, nr) in qk_chunks(rows, rq) {
                         // The destination stays an argument expression: bound to a `let` outside the
                         // `with_rows!` arms, it costs the portable build a third more instructions.
                         if bf16 {
@@ -96,7 +97,6 @@ pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
                         } else {
                             with_rows!(nr, qk_panel::<S, Fma; >(qp.add(r0 * dk), kp, dk, scale, sp.add(r0 * LDS + pi * pw), LDS));
                         }
-                        r0 += nr;
                     }
                 }
             }
@@ -319,25 +319,47 @@ fn apply_keep(row: &mut [f32], kv: &[bool], st: usize, j0: usize) -> bool {
 /// Keys of the tile `j0..j0+n` outside `clean` (the columns no row masks, as [`scores`] returns
 /// them) whose value row holds a non-finite number, with the block rows for which each is masked
 /// (read from the scores in `w.s`): those products must be skipped, not multiplied by zero. `v`
-/// is the value head from its first row on, at row stride `ldv`, rows `dv` long.
+/// is the value head from its first row on, at row stride `ldv`, rows `dv` long; `listed`, when
+/// given, its non-finite rows ([`nonfinite_rows`]), which spares the scan of the tile's.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn bad_columns<E: KvElem>(
     v: &[E],
     ldv: usize,
     dv: usize,
-    j0: usize,
-    n: usize,
+    (j0, n): (usize, usize),
     clean: Range<usize>,
+    listed: Option<&[usize]>,
     w: &Work,
     rows: usize,
 ) -> Vec<(usize, Vec<bool>)> {
-    // A value row of `Dv = 0` is empty (so finite) whatever its stride.
-    let row = |c: usize| if dv == 0 { &[][..] } else { &v[(j0 + c) * ldv..][..dv] };
-    (0..clean.start)
-        .chain(clean.end..n)
-        .filter(|&c| !all_finite(row(c)))
-        .map(|c| (c, (0..rows).map(|r| w.s[r * LDS + c] == f32::NEG_INFINITY).collect()))
+    let columns: Vec<usize> = match listed {
+        Some(keys) => {
+            let from = keys.partition_point(|&j| j < j0);
+            keys[from..].iter().take_while(|&&j| j < j0 + n).map(|&j| j - j0).filter(|c| !clean.contains(c)).collect()
+        }
+        // A value row of `Dv = 0` is empty (so finite) whatever its stride.
+        None => (0..clean.start)
+            .chain(clean.end..n)
+            .filter(|&c| dv > 0 && !all_finite(&v[(j0 + c) * ldv..][..dv]))
+            .collect(),
+    };
+    columns.into_iter().map(|c| (c, (0..rows).map(|r| w.s[r * LDS + c] == f32::NEG_INFINITY).collect())).collect()
+}
+
+/// The keys of each key/value head of `v: [B, Hkv, Lk, Dv]` in `heads` (indices `b·Hkv + kvh`)
+/// whose value row holds a non-finite number, sorted, one list per head at `b·Hkv + kvh` (empty
+/// for the heads outside `heads`).
+pub(super) fn nonfinite_rows<E: KvElem>(v: &View4<E>, heads: Range<usize>) -> Vec<Vec<usize>> {
+    let [b, h, l, _] = v.dims();
+    (0..b * h)
+        .into_par_iter()
+        .map(|bh| {
+            if !heads.contains(&bh) {
+                return Vec::new();
+            }
+            (0..l).filter(|&j| !all_finite(v.row(bh / h, bh % h, j))).collect()
+        })
         .collect()
 }
 

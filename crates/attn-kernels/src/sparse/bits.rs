@@ -46,6 +46,7 @@ impl PartialBits {
     }
 
     /// The word of row `r` of list entry `entry` (a partial one).
+    #[inline]
     pub(super) fn word(&self, entry: usize, r: usize) -> u64 {
         self.words[self.at[entry] as usize + r]
     }
@@ -56,11 +57,14 @@ impl PartialBits {
     }
 }
 
-/// Sets to −∞ the scores `seg` whose bit in `bits` is clear (bit `c` for `seg[c]`); returns whether
-/// any was.
+/// Sets to −∞ the scores `seg` (at most [`SPARSE_BLOCK`] long) whose bit in `bits` is clear (bit
+/// `c` for `seg[c]`); returns whether any was. Branch-free per element, in halves of 32 columns
+/// (one 32-bit word each), so that it compiles to vector selects where it is inlined into the
+/// kernels.
+#[inline(always)]
 pub(super) fn apply(seg: &mut [f32], bits: u64) -> bool {
     let all = if seg.len() >= 64 { u64::MAX } else { (1u64 << seg.len()) - 1 };
-    let (kept, mut cleared) = (bits & all, !bits & all);
+    let (kept, cleared) = (bits & all, !bits & all);
     if cleared == 0 {
         return false;
     }
@@ -68,9 +72,11 @@ pub(super) fn apply(seg: &mut [f32], bits: u64) -> bool {
         seg.fill(f32::NEG_INFINITY);
         return true;
     }
-    while cleared != 0 {
-        seg[cleared.trailing_zeros() as usize] = f32::NEG_INFINITY;
-        cleared &= cleared - 1;
+    for (half, part) in seg.chunks_mut(32).enumerate() {
+        let word = (bits >> (32 * half)) as u32;
+        for (c, s) in part.iter_mut().enumerate() {
+            *s = if (word >> c) & 1 != 0 { *s } else { f32::NEG_INFINITY };
+        }
     }
     true
 }

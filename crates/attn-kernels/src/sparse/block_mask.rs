@@ -72,6 +72,7 @@ impl Lists {
         l
     }
 
+    #[inline]
     fn row(&self, r: usize) -> (&[u32], &[bool]) {
         let span = self.offsets[r]..self.offsets[r + 1];
         (&self.blocks[span.clone()], &self.full[span])
@@ -239,6 +240,7 @@ impl BlockMask {
     }
 
     /// The index of the `(b, h)` group of rows, broadcasting.
+    #[inline]
     fn group(&self, b: usize, h: usize) -> usize {
         let (b, h) = (if self.shape.batch == 1 { 0 } else { b }, if self.shape.heads == 1 { 0 } else { h });
         b * self.shape.heads + h
@@ -272,10 +274,15 @@ impl BlockMask {
     /// Sets to −∞ the scores `row` (keys `j0..j0 + row.len()`) of query `i` of `(b, h)` that this
     /// mask forbids: empty blocks whole, partial blocks where the predicate said so when the mask was
     /// built (one word per row), full blocks untouched. Returns whether any score was masked.
+    ///
+    /// Inlined into the flash kernels' ISA entry points, so the words are applied with their
+    /// vectors; the row's list is searched once, then walked along the segments.
+    #[inline(always)]
     pub fn mask_row(&self, b: usize, h: usize, i: usize, j0: usize, row: &mut [f32]) -> bool {
         let r = self.group(b, h) * self.shape.q_blocks() + i / SPARSE_BLOCK;
         let start = self.kv.offsets[r];
         let (blocks, full) = self.kv.row(r);
+        let mut x = blocks.partition_point(|&kb| (kb as usize) < j0 / SPARSE_BLOCK);
         let mut masked = false;
         let end = j0 + row.len();
         let mut j = j0;
@@ -283,13 +290,14 @@ impl BlockMask {
             let kb = j / SPARSE_BLOCK;
             let seg_end = ((kb + 1) * SPARSE_BLOCK).min(end);
             let seg = &mut row[j - j0..seg_end - j0];
-            match blocks.binary_search(&(kb as u32)) {
-                Ok(x) if full[x] => {}
-                Ok(x) => masked |= bits::apply(seg, self.bits.word(start + x, i % SPARSE_BLOCK) >> (j % SPARSE_BLOCK)),
-                Err(_) => {
-                    seg.fill(f32::NEG_INFINITY);
-                    masked = true;
+            if blocks.get(x).is_some_and(|&listed| listed as usize == kb) {
+                if !full[x] {
+                    masked |= bits::apply(seg, self.bits.word(start + x, i % SPARSE_BLOCK) >> (j % SPARSE_BLOCK));
                 }
+                x += 1;
+            } else {
+                seg.fill(f32::NEG_INFINITY);
+                masked = true;
             }
             j = seg_end;
         }

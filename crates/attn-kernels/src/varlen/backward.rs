@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 
 use super::packed::{scatter_rows, CuSeqlens, KvBuf, Packed, PackedKv};
+use super::pool::{Held, Pool};
 use super::{split_rows, Call, VarlenOutput};
 use crate::alloc;
 use crate::dispatch::{attention_backward, Kernel};
@@ -56,8 +57,8 @@ impl<'a> VarlenSaved<'a> {
     }
 }
 
-/// One worker's buffers for a sequence: its log-sum-exp rows and residues, and its gathered
-/// queries, output gradients, keys and values.
+/// One sequence's buffers: its log-sum-exp rows and residues, and its gathered queries, output
+/// gradients, keys and values.
 #[derive(Default)]
 struct Bufs {
     lse: Vec<f32>,
@@ -67,6 +68,17 @@ struct Bufs {
     k: KvBuf,
     v: KvBuf,
 }
+
+impl Held for Bufs {
+    fn held(&self) -> usize {
+        [&self.lse, &self.residue, &self.q, &self.dout].iter().map(|v| v.held()).sum::<usize>()
+            + self.k.held()
+            + self.v.held()
+    }
+}
+
+/// The backward's buffers, kept for the next sequence and call.
+static BUFS: Pool<Bufs> = Pool::new();
 
 /// Gradients of [`attention_varlen`](super::attention_varlen): `q`, `k`, `v`, `cu` and `params` as
 /// given to the forward, `saved` its results and the output's gradient; returns
@@ -97,38 +109,37 @@ pub fn attention_varlen_backward(
     let gk = split_rows(&mut g.dk, &c.seqs, |(_, kr)| kr.len() * hkv * dk);
     let gv = split_rows(&mut g.dv, &c.seqs, |(_, kr)| kr.len() * hkv * dv);
     let parts: Vec<_> = gq.into_iter().zip(gk).zip(gv).collect();
-    c.seqs.par_iter().zip(parts).enumerate().try_for_each_init(
-        Bufs::default,
-        |b, (s, ((qr, kr), ((gq, gk), gv)))| {
-            if qr.is_empty() || kr.is_empty() {
-                // No query sees a key: every gradient of the sequence is 0, as allocated.
-                return Ok(());
-            }
-            let gather = |from: &[f32], to: &mut Vec<f32>| {
-                to.clear();
-                to.extend((0..hq).flat_map(|h| &from[h * tq + qr.start..h * tq + qr.end]));
-            };
-            gather(saved.lse, &mut b.lse);
-            if let Some(r) = saved.lse_residue {
-                gather(r, &mut b.residue);
-            }
-            let seq_saved = Saved {
-                // Read once per row, for `Δ = dO·O`: no gather.
-                out: saved.out.view("out", qr.clone())?,
-                lse: &b.lse,
-                lse_residue: saved.lse_residue.map(|_| &b.residue[..]),
-                // The path the forward chose for these sizes: it ran untuned.
-                forward_path: None,
-                dout: saved.dout.gather("grad_out", qr.clone(), &mut b.dout)?,
-            };
-            let qv = q.gather("q", qr.clone(), &mut b.q)?;
-            let (kv, vv) = (k.gather("k", kr.clone(), &mut b.k)?, v.gather("v", kr.clone(), &mut b.v)?);
-            let sg = attention_backward(kernel, &qv, &kv, &vv, &seq_saved, &c.params(params, s), false)?;
-            scatter_rows(&sg.dq, gq, hq, dk);
-            scatter_rows(&sg.dk, gk, hkv, dk);
-            scatter_rows(&sg.dv, gv, hkv, dv);
-            Ok::<(), AttnError>(())
-        },
-    )?;
+    c.seqs.par_iter().zip(parts).enumerate().try_for_each(|(s, ((qr, kr), ((gq, gk), gv)))| {
+        if qr.is_empty() || kr.is_empty() {
+            // No query sees a key: every gradient of the sequence is 0, as allocated.
+            return Ok(());
+        }
+        let b = &mut BUFS.take();
+        let gather = |from: &[f32], to: &mut Vec<f32>| {
+            to.clear();
+            to.extend((0..hq).flat_map(|h| &from[h * tq + qr.start..h * tq + qr.end]));
+        };
+        gather(saved.lse, &mut b.lse);
+        if let Some(r) = saved.lse_residue {
+            gather(r, &mut b.residue);
+        }
+        let seq_saved = Saved {
+            // Read once per row, for `Δ = dO·O`: no gather.
+            out: saved.out.view("out", qr.clone())?,
+            lse: &b.lse,
+            lse_residue: saved.lse_residue.map(|_| &b.residue[..]),
+            // The path the forward chose for these sizes: it ran untuned.
+            forward_path: None,
+            dout: saved.dout.gather("grad_out", qr.clone(), &mut b.dout)?,
+        };
+        let qv = q.gather("q", qr.clone(), &mut b.q)?;
+        let (kv, vv) = (k.gather("k", kr.clone(), &mut b.k)?, v.gather("v", kr.clone(), &mut b.v)?);
+        let sg = attention_backward(kernel, &qv, &kv, &vv, &seq_saved, &c.params(params, s), false)?;
+        BUFS.give(std::mem::take(b));
+        scatter_rows(&sg.dq, gq, hq, dk);
+        scatter_rows(&sg.dk, gk, hkv, dk);
+        scatter_rows(&sg.dv, gv, hkv, dv);
+        Ok::<(), AttnError>(())
+    })?;
     Ok(g)
 }

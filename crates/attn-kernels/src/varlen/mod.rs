@@ -33,12 +33,14 @@
 
 mod backward;
 mod packed;
+mod pool;
 
 use std::ops::Range;
 
 pub use backward::{attention_varlen_backward, VarlenSaved};
 use packed::{scatter_rows, KvBuf};
 pub use packed::{CuSeqlens, Packed, PackedKv};
+use pool::Pool;
 use rayon::prelude::*;
 
 use crate::alloc;
@@ -47,6 +49,9 @@ use crate::dropout::Dropout;
 use crate::error::{AttnError, Result};
 use crate::problem::{AttnParams, Problem};
 use crate::rng::splitmix64;
+
+/// The forward's gathered values, kept for the next sequence and call.
+static VALUES: Pool<KvBuf> = Pool::new();
 
 /// A sequence's `(query rows, key rows)`.
 type Rows = (Range<usize>, Range<usize>);
@@ -153,21 +158,22 @@ pub fn attention_varlen(
     let mut lse = alloc::filled("log-sum-exp", &[hq, tq], f32::NEG_INFINITY)?;
     let mut lse_residue = alloc::filled("log-sum-exp residue", &[hq, tq], 0.0f32)?;
     let parts = split_rows(&mut out, &c.seqs, |(qr, _)| qr.len() * hq * dv);
-    let stats = c.seqs.par_iter().zip(parts).enumerate().map_init(
-        || (KvBuf::default(), KvBuf::default()),
-        |(kbuf, vbuf), (s, ((qr, kr), out))| -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+    let stats =
+        c.seqs.par_iter().zip(parts).enumerate().map(|(s, ((qr, kr), out))| -> Result<Option<(Vec<f32>, Vec<f32>)>> {
             if qr.is_empty() || kr.is_empty() {
                 // No rows, or rows with no key: output 0 and log-sum-exp −∞ as allocated.
                 return Ok(None);
             }
-            // Each query row is read once, into the kernel's own scratch: no gather.
+            // Each query row is read once, into the kernel's own scratch, and the keys once, into
+            // its packed panels: no gather.
             let qv = q.view("q", qr.clone())?;
-            let (kv, vv) = (k.gather("k", kr.clone(), kbuf)?, v.gather("v", kr.clone(), vbuf)?);
+            let mut vbuf = VALUES.take();
+            let (kv, vv) = (k.view("k", kr.clone())?, v.gather("v", kr.clone(), &mut vbuf)?);
             let r = attention(kernel, &qv, &kv, &vv, &c.params(params, s), false)?;
+            VALUES.give(vbuf);
             scatter_rows(&r.out, out, hq, dv);
             Ok(Some((r.lse, r.lse_residue)))
-        },
-    );
+        });
     for ((qr, _), st) in c.seqs.iter().zip(stats.collect::<Result<Vec<_>>>()?) {
         let Some((l, res)) = st else { continue };
         for h in 0..hq {

@@ -7,6 +7,7 @@ use std::ops::Range;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use super::pool::Held;
 use crate::dispatch::KvView;
 use crate::error::{AttnError, Result};
 use crate::view::View4;
@@ -71,7 +72,7 @@ impl<T: Copy + Default + Send + Sync> Packed<'_, T> {
     ) -> Result<View4<'b, T>> {
         let [_, h, d] = self.dims;
         let len = rows.len();
-        buf.clear();
+        // Every element is written below: only the growth is initialised first.
         buf.resize(h * len * d, T::default());
         if len * d > 0 {
             buf.par_chunks_mut(len * d).enumerate().for_each(|(hi, head)| {
@@ -119,6 +120,15 @@ impl<'a> PackedKv<'a> {
         }
     }
 
+    /// Rows `rows` as the strided `[1, Hkv, len, D]` key/value view (see [`Packed::view`]).
+    pub(super) fn view(&self, name: &'static str, rows: Range<usize>) -> Result<KvView<'a>> {
+        Ok(match self {
+            PackedKv::F32(p) => KvView::F32(p.view(name, rows)?),
+            PackedKv::F16(p) => KvView::F16(p.view(name, rows)?),
+            PackedKv::Bf16(p) => KvView::Bf16(p.view(name, rows)?),
+        })
+    }
+
     /// Rows `rows` gathered into `buf` as a contiguous `[1, Hkv, len, D]` key/value view (see
     /// [`Packed::gather`]).
     pub(super) fn gather<'b>(&self, name: &'static str, rows: Range<usize>, buf: &'b mut KvBuf) -> Result<KvView<'b>> {
@@ -136,6 +146,12 @@ pub(super) struct KvBuf {
     f32: Vec<f32>,
     f16: Vec<f16>,
     bf16: Vec<bf16>,
+}
+
+impl Held for KvBuf {
+    fn held(&self) -> usize {
+        self.f32.held() + self.f16.held() + self.bf16.held()
+    }
 }
 
 impl<'a> From<Packed<'a, f32>> for PackedKv<'a> {

@@ -15,7 +15,7 @@
 pub(super) mod accumulate;
 pub(super) mod softmax;
 
-use super::block::{head, rows_per_call, tile_keys, Ctx, Job, Outs, Work};
+use super::block::{head, qk_chunks, rows_per_call, tile_keys, Ctx, Job, Outs, Work};
 use super::pack::{pair, values_at};
 use super::scores::{bad_columns, scores};
 use super::simd::{KvElem, Simd};
@@ -41,24 +41,29 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     w.reset(rows, d.dk);
     let (rq, _) = rows_per_call::<S>();
     let bf16 = pb.compute == Precision::Bf16 && panels.is_some();
-    for r in 0..rows {
-        let (h, i) = job.head_query(r);
-        let q = cx.q.row(job.b, h, i);
-        if panels.is_some() {
-            let r0 = r / rq * rq;
-            let nr = rq.min(rows - r0);
-            let at = |k: usize| r0 * d.dk + k * nr + r - r0;
-            if bf16 {
-                for (k, x) in q.chunks(2).enumerate() {
-                    w.q[at(k)] = pair(x[0].bf16_bits(), x.get(1).map_or(0, |x| x.bf16_bits()));
-                }
-            } else {
-                for (k, &x) in q.iter().enumerate() {
-                    w.q[at(k)] = x;
+    if panels.is_some() {
+        // Each chunk of rows that one `qk_panel` call takes, stored transposed.
+        for (r0, nr) in qk_chunks(rows, rq) {
+            for r in r0..r0 + nr {
+                let (h, i) = job.head_query(r);
+                let q = cx.q.row(job.b, h, i);
+                let at = |k: usize| r0 * d.dk + k * nr + r - r0;
+                if bf16 {
+                    for (k, x) in q.chunks(2).enumerate() {
+                        w.q[at(k)] = pair(x[0].bf16_bits(), x.get(1).map_or(0, |x| x.bf16_bits()));
+                    }
+                } else {
+                    for (k, &x) in q.iter().enumerate() {
+                        w.q[at(k)] = x;
+                    }
                 }
             }
-        } else {
-            w.q[r * d.dk..(r + 1) * d.dk].copy_from_slice(q);
+        }
+    }
+    for r in 0..rows {
+        let (h, i) = job.head_query(r);
+        if panels.is_none() {
+            w.q[r * d.dk..(r + 1) * d.dk].copy_from_slice(cx.q.row(job.b, h, i));
         }
         let (lo, hi) = pb.key_range(job.b, i);
         w.range.push((lo.max(job.keys.start), hi.min(job.keys.end)));
@@ -75,7 +80,8 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     for &(j0, n) in &tiles {
         // SAFETY: forwarded from the caller; tiles stay within `0..Lk`.
         let masked = unsafe { scores::<S, E>(cx, panels, job, w, khead, ldk, j0, n) };
-        let bad = masked.map_or_else(Vec::new, |clean| bad_columns(vhead, ldv, d.dv, j0, n, clean, w, rows));
+        let listed = cx.bad_values.as_ref().map(|b| &b[job.b * d.hkv + job.kvh][..]);
+        let bad = masked.map_or_else(Vec::new, |clean| bad_columns(vhead, ldv, d.dv, (j0, n), clean, listed, w, rows));
         // SAFETY: the CPU supports `S` (forwarded from the caller).
         unsafe { softmax_update::<S>(cx, job, w, outs.o, j0, n) };
         match panels.filter(|_| bf16 && bad.is_empty()) {
