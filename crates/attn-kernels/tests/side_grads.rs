@@ -12,6 +12,7 @@ use attn_kernels::{
     Dropout, Kernel, KvView, Real, Saved, SideGrads, Tuning, View4, WeightsGrad, Window,
 };
 use common::{dims, kernel_tests, random_bias, random_keep, Case, Rng};
+use gradients_parts::finite_diff::assert_differences;
 use gradients_parts::harness::{assert_grads, out_dims, random_dout, Terms, FORCED_PLANS};
 
 /// What arrives at the three outputs: `dO`, `dlse` and `dW` (`[B, Hq, Lq, Lk]`).
@@ -112,40 +113,9 @@ fn reference_matches_finite_differences() {
     ];
     for (what, case) in &cases {
         let a = Arriving::random(case, 3);
-        let analytic = reference_grads::<f64>(case, &a);
         let wide = |x: &[f32]| x.iter().map(|&x| x as f64).collect::<Vec<f64>>();
         let arriving = [wide(&a.dout), wide(&a.dlse), wide(&a.dw)];
-        let base = [
-            wide(&case.q),
-            wide(&case.k),
-            wide(&case.v),
-            case.bias.as_ref().map_or(Vec::new(), |b| wide(&b.data)),
-            case.sinks.as_deref().map_or(Vec::new(), wide),
-        ];
-        let none = Vec::new();
-        let grads = [
-            &analytic.dq,
-            &analytic.dk,
-            &analytic.dv,
-            analytic.dbias.as_ref().unwrap_or(&none),
-            analytic.dsinks.as_ref().unwrap_or(&none),
-        ];
-        for (t, name) in ["q", "k", "v", "bias", "sinks"].iter().enumerate() {
-            for e in (0..base[t].len()).filter(|&e| base[t][e].is_finite()) {
-                let eps = 1e-6 * base[t][e].abs().max(1.0);
-                let shifted = |delta: f64| {
-                    let mut x = base.clone();
-                    x[t][e] += delta;
-                    loss(case, &x, &arriving)
-                };
-                let numeric = (shifted(eps) - shifted(-eps)) / (2.0 * eps);
-                let got = grads[t][e];
-                assert!(
-                    (got - numeric).abs() <= 1e-6 * (1.0 + numeric.abs()),
-                    "{what}: d{name}[{e}] analytic {got} vs finite difference {numeric}"
-                );
-            }
-        }
+        assert_differences(case, what, &reference_grads::<f64>(case, &a), |x| loss(case, x, &arriving));
     }
 }
 
