@@ -12,8 +12,9 @@ Sections (all by default; pick with --only):
   overhead  the per-call cost at 1,8,128,64 (no gradient): attn.sdpa on tensors and on NumPy
             arrays, the native call alone, and `attn bench`'s kernel time; overhead = Python
             call − kernel
-  hf        a Hugging Face Llama training step (forward, backward, AdamW) with
-            attn_implementation="attn" against "sdpa", at sequence lengths 512 and 2048,
+  hf        a Hugging Face training step (forward, backward, AdamW) with
+            attn_implementation="attn" against "sdpa" (Llama) or "eager" (gpt-oss, --hf-model
+            gpt_oss: learned sinks, which sdpa cannot run), at sequence lengths 512 and 2048,
             alternating (in turn first) round by round
             (--hf-impl attn, then --hf-impl sdpa, times each in a process of its own)
 
@@ -121,26 +122,41 @@ def overhead(a, torch, attn, bench):
     return med
 
 
+def hf_model(name, transformers):
+    """``(model class, config, the implementation attn is compared with)`` of a timed HF model:
+    hidden 512, 8 heads of 64, 2 layers. gpt-oss has learned sinks, which PyTorch's ``sdpa`` cannot
+    run: its comparison is ``eager``."""
+    if name == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                                       num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=4096,
+                                       attention_dropout=0.0)
+        return transformers.LlamaForCausalLM, cfg, "sdpa"
+    cfg = transformers.GptOssConfig(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                                    num_attention_heads=8, num_key_value_heads=8, head_dim=64, num_local_experts=2,
+                                    num_experts_per_tok=2, sliding_window=128, max_position_embeddings=4096,
+                                    attention_dropout=0.0)
+    return transformers.GptOssForCausalLM, cfg, "eager"
+
+
 def hf_step(a, torch):
-    """A Llama training step (forward, backward, AdamW) with each implementation."""
+    """A training step (forward, backward, AdamW) of a small HF model with each implementation."""
     import transformers
 
     import attn.hf
 
     attn.hf.register()
-    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
-                                   num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=4096,
-                                   attention_dropout=0.0)
-    print("\nHF Llama training step (hidden 512, 8 heads of 64, 2 layers, batch 1), ms")
-    print(f"{'seq':>6} {'sdpa':>10} {'attn':>10} {'sdpa/attn':>10}")
+    cls, cfg, ref = hf_model(a.hf_model, transformers)
+    impls = [i for i in (a.hf_impl or [ref, "attn"]) if i in (ref, "attn")]
+    print(f"\nHF {a.hf_model} training step (hidden 512, 8 heads of 64, 2 layers, batch 1), ms")
+    print(f"{'seq':>6} {ref:>10} {'attn':>10} {ref + '/attn':>12}")
     rows = []
     for seq in (512, 2048):
         torch.manual_seed(0)
-        state = transformers.LlamaForCausalLM._from_config(cfg).state_dict()
+        state = cls._from_config(cfg).state_dict()
         ids = torch.randint(0, cfg.vocab_size, (1, seq))
         steps = {}
-        for impl in a.hf_impl:
-            model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation=impl)
+        for impl in impls:
+            model = cls._from_config(cfg, attn_implementation=impl)
             model.load_state_dict(state)
             model.train()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -155,9 +171,10 @@ def hf_step(a, torch):
         for i in range(a.rounds):
             for impl, step in list(steps.items())[:: 1 if i % 2 == 0 else -1]:
                 times[impl].append(median_seconds(step, a.reps, 1))
-        med = {impl: statistics.median(times[impl]) * 1e3 if impl in times else float("nan") for impl in ("sdpa", "attn")}
-        rows.append({"seq": seq, "sdpa_ms": med["sdpa"], "attn_ms": med["attn"], "ratio": med["sdpa"] / med["attn"]})
-        print(f"{seq:>6} {med['sdpa']:>10.1f} {med['attn']:>10.1f} {med['sdpa'] / med['attn']:>10.2f}", flush=True)
+        med = {impl: statistics.median(times[impl]) * 1e3 if impl in times else float("nan") for impl in (ref, "attn")}
+        rows.append({"seq": seq, "model": a.hf_model, "ref": ref, "ref_ms": med[ref], "attn_ms": med["attn"],
+                     "ratio": med[ref] / med["attn"]})
+        print(f"{seq:>6} {med[ref]:>10.1f} {med['attn']:>10.1f} {med[ref] / med['attn']:>12.2f}", flush=True)
     return rows
 
 
@@ -170,8 +187,11 @@ def main():
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per round")
     p.add_argument("--only", nargs="+", choices=["forward", "backward", "overhead", "hf"],
                    default=["forward", "backward", "overhead", "hf"])
-    p.add_argument("--hf-impl", nargs="+", choices=["sdpa", "attn"], default=["sdpa", "attn"],
-                   help="the HF implementations to time (one per process: no interference between them)")
+    p.add_argument("--hf-model", choices=["llama", "gpt_oss"], default="llama",
+                   help="the HF model: llama (against sdpa) or gpt_oss (learned sinks; against eager)")
+    p.add_argument("--hf-impl", nargs="+", choices=["sdpa", "eager", "attn"],
+                   help="the HF implementations to time (default: the model's comparison and attn; one per "
+                        "process: no interference between them)")
     p.add_argument("--settle", type=float, default=0.05,
                    help="seconds to wait after each PyTorch round before the attn rounds (default 0.05)")
     p.add_argument("--json-out", help="also write the results to this JSON file")
