@@ -94,7 +94,9 @@ pub fn filled<T: Elem>(what: &'static str, shape: &[usize], value: T) -> Result<
 }
 
 /// [`filled`], with the filling spread over rayon's threads: a large fresh buffer's pages are
-/// first touched (faulted in and cleared by the kernel) by every thread at once, not by one.
+/// first touched (faulted in and cleared by the kernel) by every thread at once, not by one; and
+/// on Linux a buffer of [`HUGE_PAGES_FROM`] bytes or more is first offered transparent huge pages
+/// ([`advise_huge_pages`]), one fault per 2 MiB instead of per 4 KiB.
 pub fn filled_par<T: Elem + Copy + Send + Sync>(
     what: &'static str,
     shape: &[usize],
@@ -104,6 +106,7 @@ pub fn filled_par<T: Elem + Copy + Send + Sync>(
     let n = count::<T>(what, shape)?;
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| error::<T>(what, shape, false))?;
+    advise_huge_pages(v.spare_capacity_mut().as_mut_ptr().cast(), n * std::mem::size_of::<T>());
     v.spare_capacity_mut()[..n].par_chunks_mut(1 << 16).for_each(|c| {
         c.iter_mut().for_each(|x| {
             x.write(value);
@@ -112,6 +115,29 @@ pub fn filled_par<T: Elem + Copy + Send + Sync>(
     // SAFETY: the capacity holds `n` elements, and the first `n` were just written.
     unsafe { v.set_len(n) };
     Ok(v)
+}
+
+/// The size from which [`filled_par`] asks for huge pages: large outputs only (glibc maps
+/// buffers this large afresh on rayon's threads, so their pages are new on every call).
+pub const HUGE_PAGES_FROM: usize = 8 << 20;
+
+/// Asks Linux to back the 2 MiB-aligned part of `bytes` bytes from `ptr`, not yet touched, with
+/// transparent huge pages (`madvise(MADV_HUGEPAGE)`; a hint, which a kernel without them or set
+/// to `never` ignores). Does nothing below [`HUGE_PAGES_FROM`] or off Linux.
+fn advise_huge_pages(ptr: *mut u8, bytes: usize) {
+    #[cfg(target_os = "linux")]
+    if bytes >= HUGE_PAGES_FROM {
+        const HUGE: usize = 2 << 20;
+        let start = (ptr as usize).next_multiple_of(HUGE);
+        let end = (ptr as usize + bytes) / HUGE * HUGE;
+        if end > start {
+            // SAFETY: `start .. end` lies within the allocation of `bytes` bytes at `ptr`, which the
+            // caller owns; `MADV_HUGEPAGE` changes no contents, only how untouched pages are backed.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, bytes);
 }
 
 /// The items of `iter` (exactly as many as the elements of `shape`) collected into a vector

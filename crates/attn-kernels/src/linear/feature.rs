@@ -73,6 +73,7 @@ impl FeatureMap {
 
     /// `out[i·F + ·] = φ(x_i)` for the `n` rows `x_i = x[i·ldx ..][..d]`; FAVOR+ stabilises them
     /// as `stab` says.
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply<T: Real>(
         &self,
@@ -132,6 +133,7 @@ impl FeatureMap {
 
     /// `out[i·F + ·] = φ(x_{t0 + i})` for the `n` rows from `t0` of head `(b, h)` of `x` (see
     /// [`apply`](Self::apply)).
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply_rows<T: Real>(
         &self,
@@ -169,6 +171,7 @@ impl FeatureMap {
     /// `dx_i = (∂φ/∂x)(x_i)ᵀ · g_i` for the `n` rows, given `phi_i = φ(x_i)` (as [`apply`](Self::apply)
     /// returned it) and `g_i = ∂L/∂φ_i` (`[n, F]`, overwritten for FAVOR+); `dx: [n, d]` is
     /// overwritten.
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn vjp<T: Real>(
         &self,
