@@ -165,18 +165,12 @@ pub fn linear_attention_backward<T: Real>(
             let (b, hk) = (bh / d.hkv, bh % d.hkv);
             let keys = Keys::new(isa, k, &v, p, &d, (b, hk));
             for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
-                let rows = Rows { q, out, dout, b, h: hk * group + gi };
+                let hd = Head { isa, d: &d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
                 let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo };
                 on_isa(
                     isa,
                     #[inline(always)]
-                    || {
-                        if p.causal {
-                            causal(isa, &d, p, &rows, keys, w, acc)
-                        } else {
-                            global(isa, &d, p, &rows, keys, w, acc)
-                        }
-                    },
+                    || if p.causal { causal(&hd, w, acc) } else { global(&hd, w, acc) },
                 );
             }
         },
@@ -184,31 +178,73 @@ pub fn linear_attention_backward<T: Real>(
     Ok(g)
 }
 
-/// The zeroed `[n, F]` start of a gradient buffer.
-fn cleared<T: Real>(x: &mut [T], len: usize) -> &mut [T] {
-    let x = &mut x[..len];
-    x.iter_mut().for_each(|v| *v = T::zero());
-    x
+/// One query head of a backward call and its key/value head.
+struct Head<'a, T> {
+    isa: Isa,
+    d: &'a LinearDims,
+    p: &'a LinearParams<'a>,
+    rows: Rows<'a, T>,
+    keys: Keys<'a, T>,
+}
+
+impl<T: Real> Work<T> {
+    /// The states `Sᵀ`, `z`, `U`, `w` cleared for a new head.
+    fn clear_states(&mut self) {
+        let states = self.st.iter_mut().chain(self.z.iter_mut()).chain(self.u.iter_mut());
+        states.chain(self.wsum.iter_mut()).for_each(|x| *x = T::zero());
+    }
+
+    /// `Sᵀ += V_cᵀ·φ(K_c)`, `z += Σ φ(K_c)` for the `nk` keys from `t0` (their features in `fk`).
+    #[inline(always)]
+    fn add_keys(&mut self, hd: &Head<T>, t0: usize, nk: usize) {
+        let (f, wd, keys) = (hd.d.f, hd.d.dv, &hd.keys);
+        let fk = &self.fk[..nk * f];
+        gemm(hd.isa, wd, f, nk, Lhs::transposed(keys.values(t0), keys.ldv), fk, f, &mut self.st, f);
+        add_rows(&mut self.z, fk, nk);
+    }
+
+    /// `dφ(Q_c) = dN_c·Sᵀ + r·zᵀ` into `dfq` for the chunk's `n` rows (`dN_c`, `r_c` in `dn`, `r`).
+    #[inline(always)]
+    fn query_grads(&mut self, hd: &Head<T>, n: usize) {
+        let (f, wd) = (hd.d.f, hd.d.dv);
+        let dfq = &mut self.dfq[..n * f];
+        dfq.iter_mut().for_each(|x| *x = T::zero());
+        gemm(hd.isa, n, f, wd, Lhs::rows(&self.dn[..n * wd], wd), &self.st, f, dfq, f);
+        dfq.chunks_exact_mut(f).zip(&self.r[..n]).for_each(|(row, &ri)| axpy(row, ri, &self.z));
+    }
+
+    /// `U += φ(Q_c)ᵀ·dN_c`, `w += Σ_i r_i φ(q_i)` for the chunk's `n` rows.
+    #[inline(always)]
+    fn add_queries(&mut self, hd: &Head<T>, n: usize) {
+        let (f, wd) = (hd.d.f, hd.d.dv);
+        let fq = &self.fq[..n * f];
+        gemm(hd.isa, f, wd, n, Lhs::transposed(fq, f), &self.dn[..n * wd], wd, &mut self.u, wd);
+        fq.chunks_exact(f).zip(&self.r[..n]).for_each(|(x, &ri)| axpy(&mut self.wsum, ri, x));
+    }
+
+    /// `dq` of the chunk's `n` rows from `t0` through `φ`'s Jacobian, from `dφ(Q_c)` in `dfq`.
+    #[inline(always)]
+    fn query_vjp(&mut self, hd: &Head<T>, t0: usize, n: usize, dq: &mut [T]) {
+        let f = hd.d.f;
+        hd.rows.vjp(hd.isa, hd.p.map, t0, n, &self.fq[..n * f], &mut self.dfq[..n * f], dq);
+    }
 }
 
 /// `dφ(K_c) = V_c·Uᵀ + w + Mᵀ·φ(Q_c)` (the last with `M` of the chunk itself, absent
 /// non-causal) and `dV_c += φ(K_c)·U + Pᵀ·dN_c`, for the `nk` keys from `t0`, then `dk` through
 /// `φ`'s Jacobian. `w.fk`, `w.u`, `w.ut`, `w.wsum` are set; with `masked` so are `w.fq`, `w.dn`
 /// (`n` rows) and `w.pm`, `w.mm`.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn key_grads<T: Real>(
-    isa: Isa,
-    d: &LinearDims,
-    map: &FeatureMap,
-    keys: &Keys<T>,
+    hd: &Head<T>,
     (t0, n, nk): (usize, usize, usize),
     masked: bool,
     w: &mut Work<T>,
     acc: &mut Acc<T>,
 ) {
-    let (f, wd, c) = (d.f, d.dv, w.chunk());
-    let (vc, fk, dfk) = (keys.values(t0), &w.fk[..nk * f], cleared(&mut w.dfk, nk * f));
+    let (isa, f, wd, c, keys) = (hd.isa, hd.d.f, hd.d.dv, w.chunk(), &hd.keys);
+    let (vc, fk, dfk) = (keys.values(t0), &w.fk[..nk * f], &mut w.dfk[..nk * f]);
+    dfk.iter_mut().for_each(|x| *x = T::zero());
     let dvc = &mut acc.dv[t0 * wd..][..nk * wd];
     gemm(isa, nk, f, wd, Lhs::rows(vc, keys.ldv), &w.ut, f, dfk, f);
     dfk.chunks_exact_mut(f).for_each(|row| axpy(row, T::one(), &w.wsum));
@@ -217,76 +253,52 @@ fn key_grads<T: Real>(
         gemm(isa, nk, f, n, Lhs::transposed(&w.mm, c).part(Part::UpperA), &w.fq[..n * f], f, dfk, f);
         gemm(isa, nk, wd, n, Lhs::transposed(&w.pm, c).part(Part::UpperA), &w.dn[..n * wd], wd, dvc, wd);
     }
-    keys.vjp_add(isa, map, t0, nk, fk, dfk, &mut w.dx, acc.dk);
+    keys.vjp_add(isa, hd.p.map, t0, nk, fk, dfk, &mut w.dx, acc.dk);
 }
 
 /// One query head, non-causal: writes `acc.dq`, adds to `acc.dk`, `acc.dv`.
 #[inline(always)]
-fn global<T: Real>(
-    isa: Isa,
-    d: &LinearDims,
-    p: &LinearParams,
-    rows: &Rows<T>,
-    keys: Keys<T>,
-    w: &mut Work<T>,
-    mut acc: Acc<T>,
-) {
+fn global<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
+    let (isa, d, p, keys) = (hd.isa, hd.d, hd.p, &hd.keys);
     let (f, wd, c) = (d.f, d.dv, w.chunk());
     let eps = T::from_f64(p.eps).expect("finite");
-    w.st.iter_mut().chain(w.z.iter_mut()).chain(w.u.iter_mut()).chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
+    w.clear_states();
     for t0 in (0..keys.valid).step_by(c) {
         let nk = keys.count(t0, c);
-        let fk = &mut w.fk[..nk * f];
-        keys.features(isa, p.map, t0, nk, fk);
-        gemm(isa, wd, f, nk, Lhs::transposed(keys.values(t0), keys.ldv), fk, f, &mut w.st, f);
-        add_rows(&mut w.z, fk, nk);
+        keys.features(isa, p.map, t0, nk, &mut w.fk[..nk * f]);
+        w.add_keys(hd, t0, nk);
     }
     for t0 in (0..d.lq).step_by(c) {
         let n = c.min(d.lq - t0);
         let (fq, den, dn, r) = (&mut w.fq[..n * f], &mut w.den[..n], &mut w.dn[..n * wd], &mut w.r[..n]);
-        rows.features(isa, p.map, t0, n, fq);
+        hd.rows.features(isa, p.map, t0, n, fq);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, &w.z) + eps);
-        rows.grads(t0, den, dn, r);
-        let dfq = cleared(&mut w.dfq, n * f);
-        gemm(isa, n, f, wd, Lhs::rows(dn, wd), &w.st, f, dfq, f);
-        for ((row, &ri), x) in dfq.chunks_exact_mut(f).zip(r.iter()).zip(fq.chunks_exact(f)) {
-            axpy(row, ri, &w.z);
-            axpy(&mut w.wsum, ri, x);
-        }
-        gemm(isa, f, wd, n, Lhs::transposed(fq, f), dn, wd, &mut w.u, wd);
-        rows.vjp(isa, p.map, t0, n, fq, dfq, acc.dq);
+        hd.rows.grads(t0, den, dn, r);
+        w.query_grads(hd, n);
+        w.add_queries(hd, n);
+        w.query_vjp(hd, t0, n, acc.dq);
     }
     transpose(isa, &w.u, wd, f, wd, &mut w.ut, f);
     for t0 in (0..keys.valid).step_by(c) {
         let nk = keys.count(t0, c);
         keys.features(isa, p.map, t0, nk, &mut w.fk[..nk * f]);
-        key_grads(isa, d, p.map, &keys, (t0, 0, nk), false, w, &mut acc);
+        key_grads(hd, (t0, 0, nk), false, w, &mut acc);
     }
 }
 
 /// The chunk from `t0` (`n` rows, `nk` keys) of a causal head: `φ(Q_c)`, `φ(K_c)`, `P` into
 /// `w`, and the denominators `φ(Q_c)·z + rowsum(P) + ε` into `den` when given.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn chunk_products<T: Real>(
-    isa: Isa,
-    d: &LinearDims,
-    p: &LinearParams,
-    rows: &Rows<T>,
-    keys: &Keys<T>,
-    (t0, n, nk): (usize, usize, usize),
-    w: &mut Work<T>,
-    den: Option<&mut [T]>,
-) {
-    let (f, c) = (d.f, w.chunk());
+fn chunk_products<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), w: &mut Work<T>, den: Option<&mut [T]>) {
+    let (isa, f, c, map) = (hd.isa, hd.d.f, w.chunk(), hd.p.map);
     let (fq, fk) = (&mut w.fq[..n * f], &mut w.fk[..nk * f]);
-    rows.features(isa, p.map, t0, n, fq);
+    hd.rows.features(isa, map, t0, n, fq);
     if nk > 0 {
-        keys.features(isa, p.map, t0, nk, fk);
+        hd.keys.features(isa, map, t0, nk, fk);
         tril_products(isa, n, nk, f, fq, f, fk, f, &mut w.bt, &mut w.pm, c);
     }
     if let Some(den) = den {
-        let eps = T::from_f64(p.eps).expect("finite");
+        let eps = T::from_f64(hd.p.eps).expect("finite");
         for (i, (di, x)) in den.iter_mut().zip(fq.chunks_exact(f)).enumerate() {
             let masked = if nk > 0 { sum(&w.pm[i * c..][..nk]) } else { T::zero() };
             *di = dot(x, &w.z) + masked + eps;
@@ -297,19 +309,12 @@ fn chunk_products<T: Real>(
 /// `dN_c`, `r_c` of the chunk from `t0` from its saved denominators, and (with keys) the masked
 /// `M = tril(dN_c V_cᵀ + r)` into `w.mm`.
 #[inline(always)]
-fn chunk_grads<T: Real>(
-    d: &LinearDims,
-    isa: Isa,
-    rows: &Rows<T>,
-    keys: &Keys<T>,
-    (t0, n, nk): (usize, usize, usize),
-    w: &mut Work<T>,
-) {
-    let (wd, c) = (d.dv, w.chunk());
+fn chunk_grads<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), w: &mut Work<T>) {
+    let (wd, c, keys) = (hd.d.dv, w.chunk(), &hd.keys);
     let (dn, r) = (&mut w.dn[..n * wd], &mut w.r[..n]);
-    rows.grads(t0, &w.den[t0..t0 + n], dn, r);
+    hd.rows.grads(t0, &w.den[t0..t0 + n], dn, r);
     if nk > 0 {
-        tril_products(isa, n, nk, wd, dn, wd, keys.values(t0), keys.ldv, &mut w.bt, &mut w.mm, c);
+        tril_products(hd.isa, n, nk, wd, dn, wd, keys.values(t0), keys.ldv, &mut w.bt, &mut w.mm, c);
         for (i, (row, &ri)) in w.mm.chunks_mut(c).zip(r.iter()).enumerate() {
             row[..nk.min(i + 1)].iter_mut().for_each(|x| *x = *x + ri);
         }
@@ -319,46 +324,31 @@ fn chunk_grads<T: Real>(
 /// One query head, causal, in two passes over the chunks: writes `acc.dq`, adds to `acc.dk`,
 /// `acc.dv`.
 #[inline(always)]
-fn causal<T: Real>(
-    isa: Isa,
-    d: &LinearDims,
-    p: &LinearParams,
-    rows: &Rows<T>,
-    keys: Keys<T>,
-    w: &mut Work<T>,
-    mut acc: Acc<T>,
-) {
-    let (f, wd, c, l) = (d.f, d.dv, w.chunk(), d.lq);
-    let sizes = |t0: usize| (t0, c.min(l - t0), keys.count(t0, c.min(l - t0)));
-    w.st.iter_mut().chain(w.z.iter_mut()).for_each(|x| *x = T::zero());
+fn causal<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
+    let (f, c, l) = (hd.d.f, w.chunk(), hd.d.lq);
+    let sizes = |t0: usize| (t0, c.min(l - t0), hd.keys.count(t0, c.min(l - t0)));
+    w.clear_states();
     for t0 in (0..l).step_by(c) {
         let (_, n, nk) = sizes(t0);
         let mut den = std::mem::take(&mut w.den);
-        chunk_products(isa, d, p, rows, &keys, sizes(t0), w, Some(&mut den[t0..t0 + n]));
+        chunk_products(hd, sizes(t0), w, Some(&mut den[t0..t0 + n]));
         w.den = den;
-        chunk_grads(d, isa, rows, &keys, sizes(t0), w);
-        let (fq, fk, dn) = (&w.fq[..n * f], &w.fk[..nk * f], &w.dn[..n * wd]);
-        let dfq = cleared(&mut w.dfq, n * f);
-        gemm(isa, n, f, wd, Lhs::rows(dn, wd), &w.st, f, dfq, f);
-        dfq.chunks_exact_mut(f).zip(&w.r[..n]).for_each(|(row, &ri)| axpy(row, ri, &w.z));
+        chunk_grads(hd, sizes(t0), w);
+        w.query_grads(hd, n);
         if nk > 0 {
-            gemm(isa, n, f, nk, Lhs::rows(&w.mm, c).part(Part::LowerA), fk, f, dfq, f);
-            gemm(isa, wd, f, nk, Lhs::transposed(keys.values(t0), keys.ldv), fk, f, &mut w.st, f);
-            add_rows(&mut w.z, fk, nk);
+            gemm(hd.isa, n, f, nk, Lhs::rows(&w.mm, c).part(Part::LowerA), &w.fk[..nk * f], f, &mut w.dfq, f);
+            w.add_keys(hd, t0, nk);
         }
-        rows.vjp(isa, p.map, t0, n, fq, dfq, acc.dq);
+        w.query_vjp(hd, t0, n, acc.dq);
     }
-    w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
     for t0 in (0..l).step_by(c).rev() {
         let (_, n, nk) = sizes(t0);
-        chunk_products(isa, d, p, rows, &keys, sizes(t0), w, None);
-        chunk_grads(d, isa, rows, &keys, sizes(t0), w);
+        chunk_products(hd, sizes(t0), w, None);
+        chunk_grads(hd, sizes(t0), w);
         if nk > 0 {
-            transpose(isa, &w.u, wd, f, wd, &mut w.ut, f);
-            key_grads(isa, d, p.map, &keys, sizes(t0), true, w, &mut acc);
+            transpose(hd.isa, &w.u, hd.d.dv, f, hd.d.dv, &mut w.ut, f);
+            key_grads(hd, sizes(t0), true, w, &mut acc);
         }
-        let (fq, dn) = (&w.fq[..n * f], &w.dn[..n * wd]);
-        gemm(isa, f, wd, n, Lhs::transposed(fq, f), dn, wd, &mut w.u, wd);
-        fq.chunks_exact(f).zip(&w.r[..n]).for_each(|(x, &ri)| axpy(&mut w.wsum, ri, x));
+        w.add_queries(hd, n);
     }
 }
