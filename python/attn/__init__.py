@@ -19,7 +19,9 @@ return_lse=False, return_weights=False, seed=None, compute="f32")`` follows
   ``key_lengths``: valid keys per batch ``[B]``.
 - Returns ``out``, or ``(out, lse)``, ``(out, weights)``, ``(out, lse, weights)`` with
   ``return_lse``/``return_weights``: ``lse [B, Hq, Lq]`` in the compute type (float32, float64 for
-  float64 inputs), ``weights [B, Hq, Lq, Lk]`` before dropout. Only ``out`` carries gradients.
+  float64 inputs), ``weights [B, Hq, Lq, Lk]`` before dropout. With PyTorch tensors all three
+  carry gradients: a loss that reads ``lse`` or ``weights`` reaches ``q``, ``k``, ``v`` and a float
+  mask through them.
 - ``compute``: ``"f32"`` (default) or ``"bf16"``: bfloat16 products with float32 accumulation in
   the forward and the backward (q, k, v, the output gradient, the probabilities and their
   gradients rounded to bfloat16 where they enter a product, as FlashAttention computes on bfloat16

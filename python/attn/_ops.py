@@ -10,7 +10,9 @@ float64), ``k: [B, Hkv, Lk, Dk]`` and ``v: [B, Hkv, Lk, Dv]`` in float32, float1
 ``[B, Hq, Lq, Lk]``. ``window`` is ``[left, right]`` with -1 for an unbounded side. ``compute``
 is ``"f32"`` or ``"bf16"`` (bfloat16 products, forward and backward).
 The forward returns ``out: [B, Hq, Lq, Dv]`` (compute type), ``lse`` and ``lse_residue``
-``[B, Hq, Lq]``; only ``out`` is differentiable.
+``[B, Hq, Lq]`` and, with ``want_weights``, the weights before dropout ``[B, Hq, Lq, Lk]`` (else an
+empty tensor). ``out``, ``lse`` and the weights are differentiable: the backward runs once with every
+gradient that arrived (``dS = A∘(dA + dW − Δ − ω + dlse)``, see the Rust ``SideGrads``).
 """
 
 from typing import List, Optional, Tuple
@@ -68,18 +70,22 @@ def sdpa_forward(
     key_lengths: Optional[List[int]],
     seed: int,
     compute: str,
-) -> Tuple[Tensor, Tensor, Tensor]:
+    want_weights: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     opts = native_options(
         attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute
     )
-    out, lse, res, _ = run_forward(q, k, v, opts, False)
-    return torch.from_numpy(out), torch.from_numpy(lse), torch.from_numpy(res)
+    out, lse, res, weights = run_forward(q, k, v, opts, want_weights)
+    weights = q.new_empty(0) if weights is None else torch.from_numpy(weights)
+    return torch.from_numpy(out), torch.from_numpy(lse), torch.from_numpy(res), weights
 
 
 @sdpa_forward.register_fake
-def _(q, k, v, attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute):
+def _(q, k, v, attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute,
+      want_weights=False):
     lse = q.new_empty(q.shape[:-1])
-    return q.new_empty((*q.shape[:-1], v.shape[-1])), lse, torch.empty_like(lse)
+    weights = q.new_empty((*q.shape[:-1], k.shape[-2])) if want_weights else q.new_empty(0)
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), lse, torch.empty_like(lse), weights
 
 
 @torch.library.custom_op("attn::sdpa_backward", mutates_args=(), device_types="cpu")
@@ -102,6 +108,9 @@ def sdpa_backward(
     key_lengths: Optional[List[int]],
     seed: int,
     compute: str,
+    grad_lse: Optional[Tensor] = None,
+    weights: Optional[Tensor] = None,
+    grad_weights: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     opts = native_options(
         attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute
@@ -110,7 +119,8 @@ def sdpa_backward(
     if grad.dim() == 4 and grad.shape[-1] > 1 and grad.stride(-1) != 1:
         grad = grad.contiguous()
     saved = (to_dlpack(out), to_dlpack(grad), to_dlpack(lse.contiguous()), to_dlpack(lse_residue.contiguous()))
-    dq, dk, dv, dbias = _attn.backward(to_dlpack(q), to_dlpack(k), to_dlpack(v), *saved, opts, want_dbias)
+    side = [None if x is None else to_dlpack(x.to(q.dtype).contiguous()) for x in (grad_lse, weights, grad_weights)]
+    dq, dk, dv, dbias = _attn.backward(to_dlpack(q), to_dlpack(k), to_dlpack(v), *saved, opts, want_dbias, *side)
     dbias = q.new_empty(0) if dbias is None else torch.from_numpy(dbias).reshape(attn_mask.shape)
     return torch.from_numpy(dq), torch.from_numpy(dk).to(k.dtype), torch.from_numpy(dv).to(v.dtype), dbias
 
@@ -123,18 +133,25 @@ def _(grad, q, k, v, out, lse, lse_residue, attn_mask, want_dbias, *options):
 
 def _setup_context(ctx, inputs, output):
     q, k, v, attn_mask, *options = inputs
-    out, lse, res = output
-    ctx.save_for_backward(q, k, v, out, lse, res, attn_mask)
-    ctx.options = options
+    out, lse, res, weights = output
+    ctx.save_for_backward(q, k, v, out, lse, res, attn_mask, weights)
+    # Outputs no loss read get ``None``, not zeros: the backward then takes no side gradient.
+    ctx.set_materialize_grads(False)
+    # The nine options both operators take (dropout_p … compute); ``want_weights`` stays behind.
+    ctx.options = options[:9]
+    ctx.inputs = len(inputs)
     ctx.want_dbias = attn_mask is not None and attn_mask.dtype != torch.bool and ctx.needs_input_grad[3]
 
 
-def _backward(ctx, grad_out, _grad_lse, _grad_res):
-    q, k, v, out, lse, res, attn_mask = ctx.saved_tensors
+def _backward(ctx, grad_out, grad_lse, _grad_res, grad_weights):
+    q, k, v, out, lse, res, attn_mask, weights = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv, dbias = sdpa_backward(grad_out, q, k, v, out, lse, res, attn_mask, ctx.want_dbias, *ctx.options)
-    return (dq, dk, dv, dbias if ctx.want_dbias else None) + (None,) * len(ctx.options)
+    side = (grad_lse, None, None) if grad_weights is None or weights.numel() == 0 else (grad_lse, weights, grad_weights)
+    dq, dk, dv, dbias = sdpa_backward(
+        grad_out, q, k, v, out, lse, res, attn_mask, ctx.want_dbias, *ctx.options, *side
+    )
+    return (dq, dk, dv, dbias if ctx.want_dbias else None) + (None,) * (ctx.inputs - 4)
 
 
 sdpa_forward.register_autograd(_backward, setup_context=_setup_context)

@@ -81,16 +81,12 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
     )
     tracked = q.requires_grad or k.requires_grad or v.requires_grad or (mask is not None and mask.requires_grad)
     needs_op = torch.compiler.is_compiling() or (tracked and torch.is_grad_enabled())
-    weights = None
     if needs_op:
-        out, lse, _ = sdpa_forward(q, k, v, mask, *args)
-    if return_weights or not needs_op:
-        direct = run_forward(q, k, v, native_options(mask, *args), bool(return_weights))
-        if not needs_op:
-            out, lse = torch.from_numpy(direct[0]), direct[1]
-        weights = None if direct[3] is None else torch.from_numpy(direct[3])
-    if return_lse and not needs_op:
-        lse = torch.from_numpy(lse)
+        out, lse, _, weights = sdpa_forward(q, k, v, mask, *args, bool(return_weights))
+    else:
+        out, lse, _, weights = (None if x is None else torch.from_numpy(x) for x in run_forward(
+            q, k, v, native_options(mask, *args), bool(return_weights)))
+    weights = weights if return_weights else None
     if single:
         out = out.squeeze(1)
         lse = lse.squeeze(1) if return_lse else None

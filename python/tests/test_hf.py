@@ -116,3 +116,15 @@ def test_attn_implementation_runs_attn():
     finally:
         attn.hf.sdpa = original
     assert len(calls) == cfg.num_hidden_layers
+
+
+def test_a_model_with_attention_sinks_is_refused_not_run_without_them():
+    cfg = transformers.GptOssConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=64,
+        sliding_window=8,
+    )
+    model = transformers.GptOssForCausalLM._from_config(cfg, attn_implementation="attn")
+    ids, mask, _ = batch("left")
+    with pytest.raises(ValueError, match="s_aux"):
+        model(input_ids=ids, attention_mask=mask)
