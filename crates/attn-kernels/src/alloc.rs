@@ -96,7 +96,7 @@ pub fn filled<T: Elem>(what: &'static str, shape: &[usize], value: T) -> Result<
 /// [`filled`], with the filling spread over rayon's threads: a large fresh buffer's pages are
 /// first touched (faulted in and cleared by the kernel) by every thread at once, not by one; and
 /// on Linux a buffer of [`HUGE_PAGES_FROM`] bytes or more is first offered transparent huge pages
-/// ([`advise_huge_pages`]), one fault per 2 MiB instead of per 4 KiB.
+/// (`madvise(MADV_HUGEPAGE)`), one fault per 2 MiB instead of per 4 KiB.
 pub fn filled_par<T: Elem + Copy + Send + Sync>(
     what: &'static str,
     shape: &[usize],
