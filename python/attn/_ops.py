@@ -26,7 +26,9 @@ from . import _attn
 STORAGE = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute):
+def native_options(
+    attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute, sinks=None
+):
     """The native module's options dictionary from the operators' arguments."""
     keep = bias = None
     if attn_mask is not None:
@@ -46,6 +48,7 @@ def native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bott
         "dropout_p": dropout_p,
         "seed": seed,
         "bf16_products": compute == "bf16",
+        "sinks": None if sinks is None else to_dlpack(sinks),
     }
 
 
@@ -71,9 +74,10 @@ def sdpa_forward(
     seed: int,
     compute: str,
     want_weights: bool = False,
+    sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     opts = native_options(
-        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute
+        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute, sinks
     )
     out, lse, res, weights = run_forward(q, k, v, opts, want_weights)
     weights = q.new_empty(0) if weights is None else torch.from_numpy(weights)
@@ -82,7 +86,7 @@ def sdpa_forward(
 
 @sdpa_forward.register_fake
 def _(q, k, v, attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute,
-      want_weights=False):
+      want_weights=False, sinks=None):
     lse = q.new_empty(q.shape[:-1])
     weights = q.new_empty((*q.shape[:-1], k.shape[-2])) if want_weights else q.new_empty(0)
     return q.new_empty((*q.shape[:-1], v.shape[-1])), lse, torch.empty_like(lse), weights
@@ -111,24 +115,28 @@ def sdpa_backward(
     grad_lse: Optional[Tensor] = None,
     weights: Optional[Tensor] = None,
     grad_weights: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     opts = native_options(
-        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute
+        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute, sinks
     )
     grad = grad.to(q.dtype)
     if grad.dim() == 4 and grad.shape[-1] > 1 and grad.stride(-1) != 1:
         grad = grad.contiguous()
     saved = (to_dlpack(out), to_dlpack(grad), to_dlpack(lse.contiguous()), to_dlpack(lse_residue.contiguous()))
     side = [None if x is None else to_dlpack(x.to(q.dtype).contiguous()) for x in (grad_lse, weights, grad_weights)]
-    dq, dk, dv, dbias = _attn.backward(to_dlpack(q), to_dlpack(k), to_dlpack(v), *saved, opts, want_dbias, *side)
+    dq, dk, dv, dbias, dsinks = _attn.backward(to_dlpack(q), to_dlpack(k), to_dlpack(v), *saved, opts, want_dbias, *side)
     dbias = q.new_empty(0) if dbias is None else torch.from_numpy(dbias).reshape(attn_mask.shape)
-    return torch.from_numpy(dq), torch.from_numpy(dk).to(k.dtype), torch.from_numpy(dv).to(v.dtype), dbias
+    dsinks = q.new_empty(0) if dsinks is None else torch.from_numpy(dsinks)
+    return torch.from_numpy(dq), torch.from_numpy(dk).to(k.dtype), torch.from_numpy(dv).to(v.dtype), dbias, dsinks
 
 
 @sdpa_backward.register_fake
-def _(grad, q, k, v, out, lse, lse_residue, attn_mask, want_dbias, *options):
+def _(grad, q, k, v, out, lse, lse_residue, attn_mask, want_dbias, dropout_p, is_causal, scale, window, softcap,
+      bottom_right, key_lengths, seed, compute, grad_lse=None, weights=None, grad_weights=None, sinks=None):
     dbias = attn_mask.new_empty(attn_mask.shape) if want_dbias else q.new_empty(0)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
+    dsinks = q.new_empty(0) if sinks is None else torch.empty_like(sinks)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias, dsinks
 
 
 def _setup_context(ctx, inputs, output):
@@ -137,8 +145,10 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, res, attn_mask, weights)
     # Outputs no loss read get ``None``, not zeros: the backward then takes no side gradient.
     ctx.set_materialize_grads(False)
-    # The nine options both operators take (dropout_p … compute); ``want_weights`` stays behind.
+    # The nine options both operators take (dropout_p … compute); ``want_weights`` stays behind,
+    # the sinks (the forward's last input, when given) are saved apart.
     ctx.options = options[:9]
+    ctx.sinks = options[10] if len(options) > 10 else None
     ctx.inputs = len(inputs)
     ctx.want_dbias = attn_mask is not None and attn_mask.dtype != torch.bool and ctx.needs_input_grad[3]
 
@@ -148,10 +158,13 @@ def _backward(ctx, grad_out, grad_lse, _grad_res, grad_weights):
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     side = (grad_lse, None, None) if grad_weights is None or weights.numel() == 0 else (grad_lse, weights, grad_weights)
-    dq, dk, dv, dbias = sdpa_backward(
-        grad_out, q, k, v, out, lse, res, attn_mask, ctx.want_dbias, *ctx.options, *side
+    dq, dk, dv, dbias, dsinks = sdpa_backward(
+        grad_out, q, k, v, out, lse, res, attn_mask, ctx.want_dbias, *ctx.options, *side, ctx.sinks
     )
-    return (dq, dk, dv, dbias if ctx.want_dbias else None) + (None,) * (ctx.inputs - 4)
+    rest = [None] * (ctx.inputs - 4)
+    if ctx.sinks is not None:
+        rest[-1] = dsinks
+    return (dq, dk, dv, dbias if ctx.want_dbias else None, *rest)
 
 
 sdpa_forward.register_autograd(_backward, setup_context=_setup_context)

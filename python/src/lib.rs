@@ -16,8 +16,8 @@ mod pool;
 mod views;
 
 use attn_kernels::{
-    attention, attention_backward, reference, reference_backward, AttnGrads, AttnOutput, Kernel, Saved,
-    SideGrads, WeightsGrad,
+    attention, attention_backward, reference, reference_backward, AttnGrads, AttnOutput, Kernel, Saved, SideGrads,
+    WeightsGrad,
 };
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{Element, IntoPyArray};
@@ -98,7 +98,8 @@ fn forward<'py>(
     forward_result(py, r, q.dims(), v.dims()[3])
 }
 
-type Backward<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>);
+type Backward<'py> =
+    (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>);
 
 fn backward_result<'py, T: Element>(
     py: Python<'py>,
@@ -117,6 +118,7 @@ fn backward_result<'py, T: Element>(
                 array(py, d, &[n])
             })
             .transpose()?,
+        g.dsinks.map(|d| array(py, d, &[q[1]])).transpose()?,
     ))
 }
 
@@ -154,7 +156,8 @@ impl<'a> SavedCapsules<'a> {
 
 /// Attention backward from the forward's saved `out`, `lse` and `lse_residue` and the output's
 /// gradient `dout` (DLPack capsules), with the gradients `grad_lse` of the log-sum-exp and
-/// `grad_weights` of the forward's `weights` when they arrived: `(dq, dk, dv, dbias or None)` with
+/// `grad_weights` of the forward's `weights` when they arrived: `(dq, dk, dv, dbias or None,
+/// dsinks or None)` with
 /// `dq`, `dk`, `dv` in the compute type (`f32`, or `f64` for `float64` inputs) and `dbias` flat, in
 /// the bias's own shape's order.
 #[pyfunction]
