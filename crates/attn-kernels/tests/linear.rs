@@ -1,6 +1,7 @@
 //! Linear attention against its naive `f64` oracle under the oracle rule (forward and gradients),
 //! for every feature map, causal and not, chunk sizes at and around the edges, key padding and
-//! grouped-query heads; the oracle's own gradients against finite differences.
+//! grouped-query heads, the vector micro-kernel's edge sizes; the oracle's own gradients against
+//! finite differences.
 
 mod linear_common;
 
@@ -32,6 +33,24 @@ fn wide_heads_use_every_register_block() {
     // D = Dv = 64 and 3 chunks: the products' full 32-column blocks and row blocks of 4.
     Case::new([1, 2, 1, 150, 150, 64, 64], FeatureMap::Elu, true, 64, 3).assert_oracle(true);
     Case::new([1, 1, 1, 70, 90, 64, 40], FeatureMap::Relu, false, 64, 3).assert_oracle(true);
+}
+
+#[test]
+fn the_vector_micro_kernel_at_edge_sizes() {
+    // f32 runs the SIMD micro-kernel: D and Dv not multiples of the vector width (16 or 8),
+    // L not a multiple of the chunk, L below the chunk, grouped-query heads with key padding,
+    // FAVOR+ with a feature count that is not either, and chunks of 128.
+    Case::new([1, 2, 1, 150, 150, 33, 65], FeatureMap::Elu, true, 64, 11).assert_oracle(true);
+    Case::new([1, 1, 1, 40, 40, 17, 16], FeatureMap::Elu, true, 64, 12).assert_oracle(true);
+    Case::new([1, 1, 1, 200, 200, 64, 64], FeatureMap::Relu, true, 128, 13).assert_oracle(true);
+    for causal in [false, true] {
+        let mut c = Case::new([2, 4, 2, 100, 100, 48, 20], FeatureMap::Elu, causal, 64, 14);
+        c.key_lens = Some(vec![100, 37]);
+        c.assert_oracle(true);
+        let mut c = Case::new([2, 2, 1, 70, 70, 20, 24], maps(20, 40).pop().unwrap(), causal, 32, 15);
+        c.key_lens = Some(vec![70, 3]);
+        c.assert_oracle(true);
+    }
 }
 
 #[test]

@@ -111,6 +111,10 @@ pub struct Args {
     /// Random features of `--linear favor`.
     #[arg(long, value_name = "M", default_value_t = 256, requires = "linear")]
     pub features: usize,
+    /// Rows per chunk of `--linear` (the causal chunked form; also the blocks of the non-causal
+    /// one).
+    #[arg(long, value_name = "C", default_value_t = attn::linear::CHUNK, requires = "linear")]
+    pub chunk: usize,
     /// With --seq-lens, time the padded batch [B, H, Lq, D] with the lengths as key lengths
     /// instead of the packed sequences.
     #[arg(long, requires = "seq_lens")]

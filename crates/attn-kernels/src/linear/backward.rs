@@ -6,15 +6,20 @@
 //! `dφ(q_i) = Σ_j ds_ij φ(k_j)`, `dφ(k_j) = Σ_i ds_ij φ(q_i)`, `dv_j = Σ_i (φ(q_i)·φ(k_j)) dn_i`.
 //! Non-causal, through the states `Sᵀ = Vᵀφ(K)`, `z` and `U = φ(Q)ᵀ·dN`, `w = Σ_i r_i φ(q_i)`.
 //! Causal, in two passes over the chunks: ascending (state `Sᵀ`, `z`) for the denominators, `dN`,
-//! `r` and `dφ(Q)`, keeping each chunk's masked products `P = tril(φ(Q_c)φ(K_c)ᵀ)` and
-//! `M = tril(dN_c V_cᵀ + r)`; descending (state `U`, `w` of the later chunks) for `dφ(K)` and `dV`.
-//! Memory: `O(L·(Dv + C))` per task besides the gradients.
+//! `r` and `dφ(Q)`, with the chunk's masked products `P = tril(φ(Q_c)φ(K_c)ᵀ)` and
+//! `M = tril(dN_c V_cᵀ + r)`; descending (state `U`, `w` of the later chunks) for `dφ(K)` and `dV`,
+//! the features, `dN`, `r`, `P` and `M` of each chunk made again from the saved denominators
+//! (cheaper than keeping `O(L·C)` of them). Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through `φ`'s
+//! Jacobian at once. Memory: `O(L + C·(F + C + D) + F·Dv)` per rayon job besides the gradients.
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, axpy, dot, tril_products, Keys};
-use super::gemm::{gemm, Lhs};
-use super::{check_out, head, key_features, validate, LinearDims, LinearParams};
+use super::chunk::{add_rows, axpy, dot, on_isa, sum, tril_products, Keys};
+use super::feature::Stab;
+use super::gemm::{gemm, Lhs, Part};
+use super::transpose::transpose;
+use super::{check_out, head, validate, FeatureMap, LinearDims, LinearParams};
+use crate::alloc;
 use crate::error::Result;
 use crate::grad::AttnGrads;
 use crate::isa::Isa;
@@ -23,8 +28,7 @@ use crate::view::View4;
 
 /// One query head's rows as the backward reads them.
 struct Rows<'a, T> {
-    /// `φ(Q): [Lq, F]`.
-    fq: &'a [T],
+    q: View4<'a, T>,
     out: View4<'a, T>,
     dout: View4<'a, T>,
     b: usize,
@@ -32,24 +36,95 @@ struct Rows<'a, T> {
 }
 
 impl<T: Real> Rows<'_, T> {
+    /// `φ(Q)` of the `n` rows from `t0` into `out: [n, F]`.
+    fn features(&self, isa: Isa, map: &FeatureMap, t0: usize, n: usize, out: &mut [T]) {
+        map.apply_rows(isa, &self.q, (self.b, self.h), t0, n, out, Stab::Row);
+    }
+
     /// `dn_i = dO_i / den_i` into `dn` and `r_i = −dO_i·out_i / den_i` into `r`, for the rows
     /// `t0 .. t0 + den.len()`.
+    #[inline(always)]
     fn grads(&self, t0: usize, den: &[T], dn: &mut [T], r: &mut [T]) {
         let dv = self.out.dims()[3];
         for (i, ((&di, dni), ri)) in den.iter().zip(dn.chunks_exact_mut(dv)).zip(r.iter_mut()).enumerate() {
-            let g = self.dout.row(self.b, self.h, t0 + i);
-            dni.iter_mut().zip(g).for_each(|(a, &x)| *a = x / di);
-            *ri = -dot(g, self.out.row(self.b, self.h, t0 + i)) / di;
+            let (g, inv) = (self.dout.row(self.b, self.h, t0 + i), T::one() / di);
+            dni.iter_mut().zip(g).for_each(|(a, &x)| *a = x * inv);
+            *ri = -dot(g, self.out.row(self.b, self.h, t0 + i)) * inv;
         }
+    }
+
+    /// `dq` of the `n` rows from `t0` (of the head's `dq: [Lq, D]`) from `g = ∂L/∂φ(Q_c)`.
+    #[allow(clippy::too_many_arguments)]
+    fn vjp(&self, isa: Isa, map: &FeatureMap, t0: usize, n: usize, fq: &[T], g: &mut [T], dq: &mut [T]) {
+        let ((qs, ld), dd) = (head(&self.q, self.b, self.h), self.q.dims()[3]);
+        map.vjp(isa, n, dd, &qs[t0 * ld..], ld, fq, g, &mut dq[t0 * dd..][..n * dd]);
     }
 }
 
-/// The gradients one query head adds to: `dφ(Q)` (its own), `dφ(K)` and `dV` (its key/value
-/// head's).
+/// The gradients one query head writes (`dq: [Lq, D]`, its own) and adds to (`dk: [Lk, D]`,
+/// `dv: [Lk, Dv]`, its key/value head's).
 struct Acc<'a, T> {
-    dfq: &'a mut [T],
-    dfk: &'a mut [T],
+    dq: &'a mut [T],
+    dk: &'a mut [T],
     dv: &'a mut [T],
+}
+
+/// One job's scratch: a chunk's features, gradients and masked products, the states, and the
+/// denominators of a head.
+struct Work<T> {
+    /// `[C, F]` each.
+    fq: Vec<T>,
+    fk: Vec<T>,
+    dfq: Vec<T>,
+    dfk: Vec<T>,
+    /// `dN_c: [C, Dv]`, `r_c: [C]`.
+    dn: Vec<T>,
+    r: Vec<T>,
+    /// `P`, `M`: `[C, C]`, and the transposed operand `tril_products` makes.
+    pm: Vec<T>,
+    mm: Vec<T>,
+    bt: Vec<T>,
+    /// The states `Sᵀ: [Dv, F]`, `z: [F]`, `U: [F, Dv]` (and `Uᵀ`), `w: [F]`.
+    st: Vec<T>,
+    z: Vec<T>,
+    u: Vec<T>,
+    ut: Vec<T>,
+    wsum: Vec<T>,
+    /// The head's denominators, `[Lq]`.
+    den: Vec<T>,
+    /// A chunk's key gradient before it is added, `[C, D]`.
+    dx: Vec<T>,
+}
+
+impl<T: Real> Work<T> {
+    fn new(d: &LinearDims, c: usize) -> Self {
+        let c = c.min(d.lq.max(d.lk));
+        let zeros = |n| vec![T::zero(); n];
+        let (f, w) = (d.f, d.dv);
+        Work {
+            fq: zeros(c * f),
+            fk: zeros(c * f),
+            dfq: zeros(c * f),
+            dfk: zeros(c * f),
+            dn: zeros(c * w),
+            r: zeros(c),
+            pm: zeros(c * c),
+            mm: zeros(c * c),
+            bt: Vec::new(),
+            st: zeros(w * f),
+            z: zeros(f),
+            u: zeros(f * w),
+            ut: zeros(w * f),
+            wsum: zeros(f),
+            den: zeros(d.lq),
+            dx: zeros(c * d.d),
+        }
+    }
+
+    /// The chunk length.
+    fn chunk(&self) -> usize {
+        self.r.len()
+    }
 }
 
 /// Gradients of [`linear_attention`](super::linear_attention) for the output gradient
@@ -67,130 +142,213 @@ pub fn linear_attention_backward<T: Real>(
     let d = validate(&q, &k, &v, p)?;
     check_out("out", &out, &d)?;
     check_out("grad_out", &dout, &d)?;
-    let mut g = AttnGrads::zeros(&d.attn(), None, false, None)?;
+    let zeros = |what, shape: &[usize]| alloc::filled_par(what, shape, T::zero());
+    let mut g = AttnGrads {
+        dq: zeros("gradient dq", &[d.b, d.hq, d.lq, d.d])?,
+        dk: zeros("gradient dk", &[d.b, d.hkv, d.lk, d.d])?,
+        dv: zeros("gradient dv", &[d.b, d.hkv, d.lk, d.dv])?,
+        dbias: None,
+        dtable: None,
+        dsinks: None,
+    };
     if d.is_empty() {
         return Ok(g);
     }
     let isa = Isa::best();
-    let fk = key_features(isa, &k, p, &d)?;
     let group = d.group();
     let (dq, dk, dv) = (&mut g.dq, &mut g.dk, &mut g.dv);
     let tasks =
         dq.par_chunks_mut(group * d.lq * d.d).zip(dk.par_chunks_mut(d.lk * d.d)).zip(dv.par_chunks_mut(d.lk * d.dv));
-    tasks.enumerate().for_each(|(bh, ((dq, dk), dvo))| {
-        let (b, hk) = (bh / d.hkv, bh % d.hkv);
-        let (vs, ldv) = head(&v, b, hk);
-        let keys = Keys { fk: &fk[bh * d.lk * d.f..][..d.lk * d.f], v: vs, ldv, valid: d.valid(p, b) };
-        let mut dfk = vec![T::zero(); d.lk * d.f];
-        let (mut fq, mut dfq) = (vec![T::zero(); d.lq * d.f], vec![T::zero(); d.lq * d.f]);
-        for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
-            let h = hk * group + gi;
-            p.map.apply_head(isa, &q, b, h, d.lq, &mut fq, false);
-            dfq.iter_mut().for_each(|x| *x = T::zero());
-            let rows = Rows { fq: &fq, out, dout, b, h };
-            let acc = Acc { dfq: &mut dfq, dfk: &mut dfk, dv: &mut *dvo };
-            if p.causal {
-                causal(isa, &d, p, &rows, keys, acc);
-            } else {
-                global(isa, &d, p, &rows, keys, acc);
+    tasks.enumerate().for_each_init(
+        || Work::new(&d, p.chunk),
+        |w, (bh, ((dq, dk), dvo))| {
+            let (b, hk) = (bh / d.hkv, bh % d.hkv);
+            let keys = Keys::new(isa, k, &v, p, &d, (b, hk));
+            for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
+                let hd = Head { isa, d: &d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
+                let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo };
+                on_isa(
+                    isa,
+                    #[inline(always)]
+                    || if p.causal { causal(&hd, w, acc) } else { global(&hd, w, acc) },
+                );
             }
-            let (qs, ldq) = head(&q, b, h);
-            p.map.vjp(isa, d.lq, d.d, qs, ldq, &fq, &mut dfq, dq);
-        }
-        if keys.valid > 0 {
-            let (ks, ldk) = head(&k, b, hk);
-            p.map.vjp(isa, keys.valid, d.d, ks, ldk, keys.fk, &mut dfk, &mut dk[..keys.valid * d.d]);
-        }
-    });
+        },
+    );
     Ok(g)
 }
 
-/// `dst[j·m + i] = src[i·ld + j]` for `i < m`, `j < n`: `[m, n]` to `[n, m]`.
-fn transpose<T: Real>(src: &[T], ld: usize, m: usize, n: usize, dst: &mut [T]) {
-    for i in 0..m {
-        for j in 0..n {
-            dst[j * m + i] = src[i * ld + j];
+/// One query head of a backward call and its key/value head.
+struct Head<'a, T> {
+    isa: Isa,
+    d: &'a LinearDims,
+    p: &'a LinearParams<'a>,
+    rows: Rows<'a, T>,
+    keys: Keys<'a, T>,
+}
+
+impl<T: Real> Work<T> {
+    /// The states `Sᵀ`, `z`, `U`, `w` cleared for a new head.
+    fn clear_states(&mut self) {
+        let states = self.st.iter_mut().chain(self.z.iter_mut()).chain(self.u.iter_mut());
+        states.chain(self.wsum.iter_mut()).for_each(|x| *x = T::zero());
+    }
+
+    /// `Sᵀ += V_cᵀ·φ(K_c)`, `z += Σ φ(K_c)` for the `nk` keys from `t0` (their features in `fk`).
+    #[inline(always)]
+    fn add_keys(&mut self, hd: &Head<T>, t0: usize, nk: usize) {
+        let (f, wd, keys) = (hd.d.f, hd.d.dv, &hd.keys);
+        let fk = &self.fk[..nk * f];
+        gemm(hd.isa, wd, f, nk, Lhs::transposed(keys.values(t0), keys.ldv), fk, f, &mut self.st, f);
+        add_rows(&mut self.z, fk, nk);
+    }
+
+    /// `dφ(Q_c) = dN_c·Sᵀ + r·zᵀ` into `dfq` for the chunk's `n` rows (`dN_c`, `r_c` in `dn`, `r`).
+    #[inline(always)]
+    fn query_grads(&mut self, hd: &Head<T>, n: usize) {
+        let (f, wd) = (hd.d.f, hd.d.dv);
+        let dfq = &mut self.dfq[..n * f];
+        dfq.iter_mut().for_each(|x| *x = T::zero());
+        gemm(hd.isa, n, f, wd, Lhs::rows(&self.dn[..n * wd], wd), &self.st, f, dfq, f);
+        dfq.chunks_exact_mut(f).zip(&self.r[..n]).for_each(|(row, &ri)| axpy(row, ri, &self.z));
+    }
+
+    /// `U += φ(Q_c)ᵀ·dN_c`, `w += Σ_i r_i φ(q_i)` for the chunk's `n` rows.
+    #[inline(always)]
+    fn add_queries(&mut self, hd: &Head<T>, n: usize) {
+        let (f, wd) = (hd.d.f, hd.d.dv);
+        let fq = &self.fq[..n * f];
+        gemm(hd.isa, f, wd, n, Lhs::transposed(fq, f), &self.dn[..n * wd], wd, &mut self.u, wd);
+        fq.chunks_exact(f).zip(&self.r[..n]).for_each(|(x, &ri)| axpy(&mut self.wsum, ri, x));
+    }
+
+    /// `dq` of the chunk's `n` rows from `t0` through `φ`'s Jacobian, from `dφ(Q_c)` in `dfq`.
+    #[inline(always)]
+    fn query_vjp(&mut self, hd: &Head<T>, t0: usize, n: usize, dq: &mut [T]) {
+        let f = hd.d.f;
+        hd.rows.vjp(hd.isa, hd.p.map, t0, n, &self.fq[..n * f], &mut self.dfq[..n * f], dq);
+    }
+}
+
+/// `dφ(K_c) = V_c·Uᵀ + w + Mᵀ·φ(Q_c)` (the last with `M` of the chunk itself, absent
+/// non-causal) and `dV_c += φ(K_c)·U + Pᵀ·dN_c`, for the `nk` keys from `t0`, then `dk` through
+/// `φ`'s Jacobian. `w.fk`, `w.u`, `w.ut`, `w.wsum` are set; with `masked` so are `w.fq`, `w.dn`
+/// (`n` rows) and `w.pm`, `w.mm`.
+#[inline(always)]
+fn key_grads<T: Real>(
+    hd: &Head<T>,
+    (t0, n, nk): (usize, usize, usize),
+    masked: bool,
+    w: &mut Work<T>,
+    acc: &mut Acc<T>,
+) {
+    let (isa, f, wd, c, keys) = (hd.isa, hd.d.f, hd.d.dv, w.chunk(), &hd.keys);
+    let (vc, fk, dfk) = (keys.values(t0), &w.fk[..nk * f], &mut w.dfk[..nk * f]);
+    dfk.iter_mut().for_each(|x| *x = T::zero());
+    let dvc = &mut acc.dv[t0 * wd..][..nk * wd];
+    gemm(isa, nk, f, wd, Lhs::rows(vc, keys.ldv), &w.ut, f, dfk, f);
+    dfk.chunks_exact_mut(f).for_each(|row| axpy(row, T::one(), &w.wsum));
+    gemm(isa, nk, wd, f, Lhs::rows(fk, f), &w.u, wd, dvc, wd);
+    if masked {
+        gemm(isa, nk, f, n, Lhs::transposed(&w.mm, c).part(Part::UpperA), &w.fq[..n * f], f, dfk, f);
+        gemm(isa, nk, wd, n, Lhs::transposed(&w.pm, c).part(Part::UpperA), &w.dn[..n * wd], wd, dvc, wd);
+    }
+    keys.vjp_add(isa, hd.p.map, t0, nk, fk, dfk, &mut w.dx, acc.dk);
+}
+
+/// One query head, non-causal: writes `acc.dq`, adds to `acc.dk`, `acc.dv`.
+#[inline(always)]
+fn global<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
+    let (isa, d, p, keys) = (hd.isa, hd.d, hd.p, &hd.keys);
+    let (f, wd, c) = (d.f, d.dv, w.chunk());
+    let eps = T::from_f64(p.eps).expect("finite");
+    w.clear_states();
+    for t0 in (0..keys.valid).step_by(c) {
+        let nk = keys.count(t0, c);
+        keys.features(isa, p.map, t0, nk, &mut w.fk[..nk * f]);
+        w.add_keys(hd, t0, nk);
+    }
+    for t0 in (0..d.lq).step_by(c) {
+        let n = c.min(d.lq - t0);
+        let (fq, den, dn, r) = (&mut w.fq[..n * f], &mut w.den[..n], &mut w.dn[..n * wd], &mut w.r[..n]);
+        hd.rows.features(isa, p.map, t0, n, fq);
+        den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, &w.z) + eps);
+        hd.rows.grads(t0, den, dn, r);
+        w.query_grads(hd, n);
+        w.add_queries(hd, n);
+        w.query_vjp(hd, t0, n, acc.dq);
+    }
+    transpose(isa, &w.u, wd, f, wd, &mut w.ut, f);
+    for t0 in (0..keys.valid).step_by(c) {
+        let nk = keys.count(t0, c);
+        keys.features(isa, p.map, t0, nk, &mut w.fk[..nk * f]);
+        key_grads(hd, (t0, 0, nk), false, w, &mut acc);
+    }
+}
+
+/// The chunk from `t0` (`n` rows, `nk` keys) of a causal head: `φ(Q_c)`, `φ(K_c)`, `P` into
+/// `w`, and the denominators `φ(Q_c)·z + rowsum(P) + ε` into `den` when given.
+#[inline(always)]
+fn chunk_products<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), w: &mut Work<T>, den: Option<&mut [T]>) {
+    let (isa, f, c, map) = (hd.isa, hd.d.f, w.chunk(), hd.p.map);
+    let (fq, fk) = (&mut w.fq[..n * f], &mut w.fk[..nk * f]);
+    hd.rows.features(isa, map, t0, n, fq);
+    if nk > 0 {
+        hd.keys.features(isa, map, t0, nk, fk);
+        tril_products(isa, n, nk, f, fq, f, fk, f, &mut w.bt, &mut w.pm, c);
+    }
+    if let Some(den) = den {
+        let eps = T::from_f64(hd.p.eps).expect("finite");
+        for (i, (di, x)) in den.iter_mut().zip(fq.chunks_exact(f)).enumerate() {
+            let masked = if nk > 0 { sum(&w.pm[i * c..][..nk]) } else { T::zero() };
+            *di = dot(x, &w.z) + masked + eps;
         }
     }
 }
 
-/// One query head, non-causal: adds to `acc`'s `dfq: [Lq, F]`, `dfk: [Lk, F]`, `dv: [Lk, Dv]`.
-fn global<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, rows: &Rows<T>, keys: Keys<T>, acc: Acc<T>) {
-    let Acc { dfq, dfk, dv } = acc;
-    let (f, w, n) = (d.f, d.dv, keys.valid);
-    let (mut st, mut z) = (vec![T::zero(); w * f], vec![T::zero(); f]);
-    gemm(isa, w, f, n, Lhs::transposed(keys.v, keys.ldv), keys.fk, f, &mut st, f);
-    add_rows(&mut z, keys.fk, n);
-    let eps = T::from_f64(p.eps).expect("finite");
-    let den: Vec<T> = rows.fq.chunks_exact(f).map(|x| dot(x, &z) + eps).collect();
-    let (mut dn, mut r) = (vec![T::zero(); d.lq * w], vec![T::zero(); d.lq]);
-    rows.grads(0, &den, &mut dn, &mut r);
-    gemm(isa, d.lq, f, w, Lhs::rows(&dn, w), &st, f, dfq, f);
-    let (mut u, mut ut, mut wsum) = (vec![T::zero(); f * w], vec![T::zero(); w * f], vec![T::zero(); f]);
-    for ((row, &ri), fqi) in dfq.chunks_exact_mut(f).zip(&r).zip(rows.fq.chunks_exact(f)) {
-        axpy(row, ri, &z);
-        axpy(&mut wsum, ri, fqi);
+/// `dN_c`, `r_c` of the chunk from `t0` from its saved denominators, and (with keys) the masked
+/// `M = tril(dN_c V_cᵀ + r)` into `w.mm`.
+#[inline(always)]
+fn chunk_grads<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), w: &mut Work<T>) {
+    let (wd, c, keys) = (hd.d.dv, w.chunk(), &hd.keys);
+    let (dn, r) = (&mut w.dn[..n * wd], &mut w.r[..n]);
+    hd.rows.grads(t0, &w.den[t0..t0 + n], dn, r);
+    if nk > 0 {
+        tril_products(hd.isa, n, nk, wd, dn, wd, keys.values(t0), keys.ldv, &mut w.bt, &mut w.mm, c);
+        for (i, (row, &ri)) in w.mm.chunks_mut(c).zip(r.iter()).enumerate() {
+            row[..nk.min(i + 1)].iter_mut().for_each(|x| *x = *x + ri);
+        }
     }
-    gemm(isa, f, w, d.lq, Lhs::transposed(rows.fq, f), &dn, w, &mut u, w);
-    transpose(&u, w, f, w, &mut ut);
-    gemm(isa, n, f, w, Lhs::rows(keys.v, keys.ldv), &ut, f, dfk, f);
-    dfk.chunks_exact_mut(f).take(n).for_each(|row| axpy(row, T::one(), &wsum));
-    gemm(isa, n, w, f, Lhs::rows(keys.fk, f), &u, w, dv, w);
 }
 
-/// One query head, causal, in two passes over the chunks: adds to `acc`'s `dfq: [L, F]`, `dfk: [L, F]`,
-/// `dv: [L, Dv]`.
-fn causal<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, rows: &Rows<T>, keys: Keys<T>, acc: Acc<T>) {
-    let Acc { dfq, dfk, dv } = acc;
-    let (f, w, c, l) = (d.f, d.dv, p.chunk, d.lq);
-    let eps = T::from_f64(p.eps).expect("finite");
-    let (mut pm, mut mm) = (vec![T::zero(); l * c], vec![T::zero(); l * c]);
-    let (mut dn, mut r) = (vec![T::zero(); l * w], vec![T::zero(); l]);
-    let (mut st, mut z, mut den, mut scratch) =
-        (vec![T::zero(); w * f], vec![T::zero(); f], vec![T::zero(); c], Vec::new());
-    let chunks = |t0: usize| (c.min(l - t0), c.min(l - t0).min(keys.valid.saturating_sub(t0)));
+/// One query head, causal, in two passes over the chunks: writes `acc.dq`, adds to `acc.dk`,
+/// `acc.dv`.
+#[inline(always)]
+fn causal<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
+    let (f, c, l) = (hd.d.f, w.chunk(), hd.d.lq);
+    let sizes = |t0: usize| (t0, c.min(l - t0), hd.keys.count(t0, c.min(l - t0)));
+    w.clear_states();
     for t0 in (0..l).step_by(c) {
-        let (n, nk) = chunks(t0);
-        let (fqc, fkc, vc) =
-            (&rows.fq[t0 * f..][..n * f], &keys.fk[t0 * f..], &keys.v[(t0 * keys.ldv).min(keys.v.len())..]);
-        let (pc, mc) = (&mut pm[t0 * c..][..n * c], &mut mm[t0 * c..][..n * c]);
-        let den = &mut den[..n];
-        den.iter_mut().zip(fqc.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, &z) + eps);
+        let (_, n, nk) = sizes(t0);
+        let mut den = std::mem::take(&mut w.den);
+        chunk_products(hd, sizes(t0), w, Some(&mut den[t0..t0 + n]));
+        w.den = den;
+        chunk_grads(hd, sizes(t0), w);
+        w.query_grads(hd, n);
         if nk > 0 {
-            tril_products(isa, n, nk, f, fqc, f, fkc, f, &mut scratch, pc, c);
-            den.iter_mut().zip(pc.chunks(c)).for_each(|(di, row)| *di = row[..nk].iter().fold(*di, |a, &b| a + b));
+            gemm(hd.isa, n, f, nk, Lhs::rows(&w.mm, c).part(Part::LowerA), &w.fk[..nk * f], f, &mut w.dfq, f);
+            w.add_keys(hd, t0, nk);
         }
-        let (dnc, rc) = (&mut dn[t0 * w..][..n * w], &mut r[t0..t0 + n]);
-        rows.grads(t0, den, dnc, rc);
-        let dfqc = &mut dfq[t0 * f..][..n * f];
-        gemm(isa, n, f, w, Lhs::rows(dnc, w), &st, f, dfqc, f);
-        dfqc.chunks_exact_mut(f).zip(rc.iter()).for_each(|(row, &ri)| axpy(row, ri, &z));
-        if nk > 0 {
-            tril_products(isa, n, nk, w, dnc, w, vc, keys.ldv, &mut scratch, mc, c);
-            for (i, (row, &ri)) in mc.chunks_mut(c).zip(rc.iter()).enumerate() {
-                row[..nk.min(i + 1)].iter_mut().for_each(|x| *x = *x + ri);
-            }
-            gemm(isa, n, f, nk, Lhs::rows(mc, c), fkc, f, dfqc, f);
-            gemm(isa, w, f, nk, Lhs::transposed(vc, keys.ldv), fkc, f, &mut st, f);
-            add_rows(&mut z, fkc, nk);
-        }
+        w.query_vjp(hd, t0, n, acc.dq);
     }
-    let (mut u, mut ut, mut wsum) = (st, vec![T::zero(); w * f], z);
-    u.iter_mut().chain(wsum.iter_mut()).for_each(|x| *x = T::zero());
     for t0 in (0..l).step_by(c).rev() {
-        let (n, nk) = chunks(t0);
-        let (fqc, dnc, rc) = (&rows.fq[t0 * f..][..n * f], &dn[t0 * w..][..n * w], &r[t0..t0 + n]);
+        let (_, n, nk) = sizes(t0);
+        chunk_products(hd, sizes(t0), w, None);
+        chunk_grads(hd, sizes(t0), w);
         if nk > 0 {
-            let (fkc, vc) = (&keys.fk[t0 * f..][..nk * f], &keys.v[t0 * keys.ldv..]);
-            let (dfkc, dvc) = (&mut dfk[t0 * f..][..nk * f], &mut dv[t0 * w..][..nk * w]);
-            transpose(&u, w, f, w, &mut ut);
-            gemm(isa, nk, f, w, Lhs::rows(vc, keys.ldv), &ut, f, dfkc, f);
-            dfkc.chunks_exact_mut(f).for_each(|row| axpy(row, T::one(), &wsum));
-            gemm(isa, nk, f, n, Lhs::transposed(&mm[t0 * c..], c), fqc, f, dfkc, f);
-            gemm(isa, nk, w, f, Lhs::rows(fkc, f), &u, w, dvc, w);
-            gemm(isa, nk, w, n, Lhs::transposed(&pm[t0 * c..], c), dnc, w, dvc, w);
+            transpose(hd.isa, &w.u, hd.d.dv, f, hd.d.dv, &mut w.ut, f);
+            key_grads(hd, sizes(t0), true, w, &mut acc);
         }
-        gemm(isa, f, w, n, Lhs::transposed(fqc, f), dnc, w, &mut u, w);
-        fqc.chunks_exact(f).zip(rc).for_each(|(x, &ri)| axpy(&mut wsum, ri, x));
+        w.add_queries(hd, n);
     }
 }

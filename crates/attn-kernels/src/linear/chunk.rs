@@ -1,20 +1,80 @@
-//! What the chunked forward and backward share: one head's inputs ([`Keys`]), the masked product
+//! What the chunked forward and backward share: one key/value head ([`Keys`]), the masked product
 //! of a chunk with itself ([`tril_products`]), and the small vector helpers around the states.
 
-use super::gemm::{gemm, Lhs};
+use super::feature::Stab;
+use super::gemm::{gemm, Lhs, Part};
+use super::transpose::transpose;
+use super::{head, FeatureMap, LinearDims, LinearParams};
 use crate::isa::Isa;
 use crate::reference::Real;
+use crate::view::View4;
 
-/// One key/value head as a query head reads it.
+/// One key/value head as a query head reads it: its keys mapped chunk by chunk
+/// ([`Keys::features`]), its values.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Keys<'a, T> {
-    /// `φ(K): [Lk, F]`, zero on rows at or beyond `valid`.
-    pub fk: &'a [T],
+    k: View4<'a, T>,
+    /// `(batch, key/value head)`.
+    bh: (usize, usize),
+    /// FAVOR+'s stabiliser over the head's valid keys.
+    stab: Stab<T>,
     /// `V` from its first row, row stride `ldv`.
     pub v: &'a [T],
     pub ldv: usize,
     /// Keys of this batch entry that count.
     pub valid: usize,
+}
+
+impl<'a, T: Real> Keys<'a, T> {
+    /// Key/value head `hk` of batch entry `b`.
+    pub fn new(
+        isa: Isa,
+        k: View4<'a, T>,
+        v: &View4<'a, T>,
+        p: &LinearParams,
+        d: &LinearDims,
+        (b, hk): (usize, usize),
+    ) -> Self {
+        let valid = d.valid(p, b);
+        let (v, ldv) = head(v, b, hk);
+        Keys { k, bh: (b, hk), stab: p.map.key_stab(isa, &k, (b, hk), valid), v, ldv, valid }
+    }
+
+    /// The keys of the chunk from `t0` that count (at most `n`).
+    pub fn count(&self, t0: usize, n: usize) -> usize {
+        n.min(self.valid.saturating_sub(t0))
+    }
+
+    /// `φ(K)` of the `nk` keys from `t0` (all valid) into `out: [nk, F]`.
+    pub fn features(&self, isa: Isa, map: &FeatureMap, t0: usize, nk: usize, out: &mut [T]) {
+        map.apply_rows(isa, &self.k, self.bh, t0, nk, out, self.stab);
+    }
+
+    /// `dk[t0 + i] += (∂φ/∂k)(k_{t0 + i})ᵀ·g_i` for the `nk` keys from `t0`, given their features
+    /// `fk` and `g = ∂L/∂φ(K_c)` (`[nk, F]`, overwritten for FAVOR+); `dx: [nk, D]` is scratch and
+    /// `dk: [Lk, D]` the head's gradient.
+    #[allow(clippy::too_many_arguments)]
+    pub fn vjp_add(
+        &self,
+        isa: Isa,
+        map: &FeatureMap,
+        t0: usize,
+        nk: usize,
+        fk: &[T],
+        g: &mut [T],
+        dx: &mut [T],
+        dk: &mut [T],
+    ) {
+        let ((ks, ld), dd) = (head(&self.k, self.bh.0, self.bh.1), self.k.dims()[3]);
+        let dx = &mut dx[..nk * dd];
+        map.vjp(isa, nk, dd, &ks[t0 * ld..], ld, fk, g, dx);
+        dk[t0 * dd..][..nk * dd].iter_mut().zip(dx.iter()).for_each(|(a, &x)| *a = *a + x);
+    }
+
+    /// The values from row `t0`.
+    pub fn values(&self, t0: usize) -> &'a [T] {
+        &self.v[(t0 * self.ldv).min(self.v.len())..]
+    }
 }
 
 /// `out[i·ldo + j] = a_i·b_j` for `j ≤ i` and `j < nk`, 0 for the other `j < n`: the causal product
@@ -34,29 +94,87 @@ pub(crate) fn tril_products<T: Real>(
     out: &mut [T],
     ldo: usize,
 ) {
-    bt.clear();
     bt.resize(w * nk, T::zero());
-    for j in 0..nk {
-        for (c, &x) in b[j * ldb..j * ldb + w].iter().enumerate() {
-            bt[c * nk + j] = x;
-        }
-    }
+    transpose(isa, b, ldb, nk, w, bt, nk);
     for row in out.chunks_mut(ldo).take(n) {
         row[..n].iter_mut().for_each(|x| *x = T::zero());
     }
-    gemm(isa, n, nk, w, Lhs::rows(a, lda), bt, nk, out, ldo);
+    gemm(isa, n, nk, w, Lhs::rows(a, lda).part(Part::LowerOut), bt, nk, out, ldo);
     for (i, row) in out.chunks_mut(ldo).take(n).enumerate() {
         row[i + 1..n].iter_mut().for_each(|x| *x = T::zero());
     }
 }
 
-/// `a·b`.
-#[inline]
+/// Runs `f` inside a function compiled for `isa` (which must be available), so that the
+/// element-wise work `f` inlines around the products (features, denominators, states, gradient
+/// rows) is vectorised as widely as they are.
+#[inline(always)]
+pub(crate) fn on_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller chose `isa` among the available ones (`Isa::best`).
+        Isa::Avx512 => unsafe { on_avx512(f) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { on_avx2(f) },
+        _ => f(),
+    }
+}
+
+/// `f()` compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU has AVX-512F and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn on_avx512<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// `f()` compiled for AVX2 with FMA.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn on_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// Independent partial sums of [`dot`] and [`sum`]: a vector's worth, so that the compiler can
+/// keep them in one register and the additions do not wait on each other.
+const LANES: usize = 8;
+
+/// `a·b`, in [`LANES`] partial sums.
+#[inline(always)]
 pub(crate) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
-    a.iter().zip(b).fold(T::zero(), |s, (&x, &y)| s + x * y)
+    let n = a.len().min(b.len());
+    let mut acc = [T::zero(); LANES];
+    for (x, y) in a[..n].chunks_exact(LANES).zip(b[..n].chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] = acc[l] + x[l] * y[l];
+        }
+    }
+    let whole = n / LANES * LANES;
+    let tail = a[whole..n].iter().zip(&b[whole..n]).fold(T::zero(), |s, (&x, &y)| s + x * y);
+    acc.iter().fold(tail, |s, &x| s + x)
+}
+
+/// `Σ x`, in [`LANES`] partial sums.
+#[inline(always)]
+pub(crate) fn sum<T: Real>(x: &[T]) -> T {
+    let mut acc = [T::zero(); LANES];
+    for c in x.chunks_exact(LANES) {
+        for l in 0..LANES {
+            acc[l] = acc[l] + c[l];
+        }
+    }
+    let tail = x.chunks_exact(LANES).remainder().iter().fold(T::zero(), |s, &v| s + v);
+    acc.iter().fold(tail, |s, &v| s + v)
 }
 
 /// `acc += Σ_i x_i` over the `n` rows of `x` (`[n, w]`, `w = acc.len()`).
+#[inline(always)]
 pub(crate) fn add_rows<T: Real>(acc: &mut [T], x: &[T], n: usize) {
     for row in x.chunks_exact(acc.len()).take(n) {
         acc.iter_mut().zip(row).for_each(|(a, &b)| *a = *a + b);
@@ -64,6 +182,7 @@ pub(crate) fn add_rows<T: Real>(acc: &mut [T], x: &[T], n: usize) {
 }
 
 /// `acc += s·x`.
+#[inline(always)]
 pub(crate) fn axpy<T: Real>(acc: &mut [T], s: T, x: &[T]) {
     acc.iter_mut().zip(x).for_each(|(a, &b)| *a = *a + s * b);
 }

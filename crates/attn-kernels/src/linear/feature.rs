@@ -5,14 +5,12 @@
 //! - [`FeatureMap::Identity`]: `x` (denominators may be 0 or negative: the caller's choice);
 //! - [`FeatureMap::Favor`]: FAVOR+ positive random features, `φ(x)_r = exp(w_r·x − |x|²/2 − c)/√m`
 //!   ([`FavorFeatures`]). The stabiliser `c` is the maximum of `w_r·x − |x|²/2` over the row's `r`
-//!   for a query and over every `(key, r)` of the head for keys (Performer's choice); a query's `c`
+//!   for a query and over every `(key, r)` of the head for keys (Performer's choice; [`Stab`]); a query's `c`
 //!   cancels between numerator and denominator, the keys' is common to all of them, so both only
 //!   move the result through `ε`. Like Performer's code, the backward treats `c` as a constant.
 
-use std::any::TypeId;
-
 use super::favor::FavorFeatures;
-use super::gemm::{gemm, Lhs};
+use super::gemm::{as_f32, as_f32_mut, gemm, Lhs};
 use crate::error::{AttnError, Result};
 use crate::isa::Isa;
 use crate::reference::Real;
@@ -31,6 +29,17 @@ pub enum FeatureMap {
     Identity,
     /// FAVOR+ with the given projection (`m` features).
     Favor(FavorFeatures),
+}
+
+/// How FAVOR+ stabilises the rows it maps (the other maps ignore it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Stab<T> {
+    /// Each row by its own maximum (queries).
+    Row,
+    /// Every row by the maximum over all the rows mapped at once (a head's keys).
+    Shared,
+    /// Every row by this value (a chunk of keys, by [`FeatureMap::key_stab`] of the head's keys).
+    Given(T),
 }
 
 impl FeatureMap {
@@ -62,8 +71,9 @@ impl FeatureMap {
         }
     }
 
-    /// `out[i·F + ·] = φ(x_i)` for the `n` rows `x_i = x[i·ldx ..][..d]`; FAVOR+ stabilises each
-    /// row by its own maximum, or with `shared` by the maximum over all `n` rows (keys).
+    /// `out[i·F + ·] = φ(x_i)` for the `n` rows `x_i = x[i·ldx ..][..d]`; FAVOR+ stabilises them
+    /// as `stab` says.
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply<T: Real>(
         &self,
@@ -73,10 +83,15 @@ impl FeatureMap {
         x: &[T],
         ldx: usize,
         out: &mut [T],
-        shared: bool,
+        stab: Stab<T>,
     ) {
         let rows = || (0..n).map(|i| &x[i * ldx..i * ldx + d]);
         match self {
+            FeatureMap::Elu if ldx == d && as_f32(x).is_some() => {
+                // Contiguous rows: one vector pass over all of them.
+                let (x, o) = (as_f32(&x[..n * d]), as_f32_mut(&mut out[..n * d]));
+                super::elu::elu1_f32(x.expect("f32"), o.expect("f32"));
+            }
             FeatureMap::Elu => {
                 for (xi, o) in rows().zip(out.chunks_exact_mut(d)) {
                     match (as_f32(xi), as_f32_mut(o)) {
@@ -103,36 +118,60 @@ impl FeatureMap {
                 let out = &mut out[..n * m];
                 favor_logits(isa, f, n, x, ldx, out);
                 let scale = T::from_f64(1.0 / (m as f64).sqrt()).expect("finite");
-                let all = out.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
+                let all = match stab {
+                    Stab::Row => None,
+                    Stab::Shared => Some(out.iter().fold(T::neg_infinity(), |a, &b| a.max(b))),
+                    Stab::Given(c) => Some(c),
+                };
                 for o in out.chunks_exact_mut(m) {
-                    let c = if shared { all } else { o.iter().fold(T::neg_infinity(), |a, &b| a.max(b)) };
+                    let c = all.unwrap_or_else(|| o.iter().fold(T::neg_infinity(), |a, &b| a.max(b)));
                     o.iter_mut().for_each(|u| *u = (*u - c).exp() * scale);
                 }
             }
         }
     }
 
-    /// `out[i·F + ·] = φ(x_i)` for the first `n` rows of head `(b, h)` of `x` (see [`apply`](Self::apply)).
+    /// `out[i·F + ·] = φ(x_{t0 + i})` for the `n` rows from `t0` of head `(b, h)` of `x` (see
+    /// [`apply`](Self::apply)).
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn apply_head<T: Real>(
+    pub(crate) fn apply_rows<T: Real>(
         &self,
         isa: Isa,
         x: &View4<T>,
-        b: usize,
-        h: usize,
+        (b, h): (usize, usize),
+        t0: usize,
         n: usize,
         out: &mut [T],
-        shared: bool,
+        stab: Stab<T>,
     ) {
         if n > 0 {
             let (rows, ld) = head(x, b, h);
-            self.apply(isa, n, x.dims()[3], rows, ld, out, shared);
+            self.apply(isa, n, x.dims()[3], &rows[t0 * ld..], ld, out, stab);
         }
+    }
+
+    /// How to stabilise the first `n` rows of head `(b, h)` of `x` (keys) chunk by chunk as
+    /// [`Stab::Shared`] does all at once: FAVOR+'s maximum of `w_r·x − |x|²/2` over every row and
+    /// feature, computed in blocks of rows; [`Stab::Row`] for the other maps (which ignore it).
+    pub(crate) fn key_stab<T: Real>(&self, isa: Isa, x: &View4<T>, (b, h): (usize, usize), n: usize) -> Stab<T> {
+        let FeatureMap::Favor(f) = self else { return Stab::Row };
+        const ROWS: usize = 64;
+        let (rows, ld) = head(x, b, h);
+        let mut logits = vec![T::zero(); ROWS * f.features()];
+        let mut c = T::neg_infinity();
+        for t0 in (0..n).step_by(ROWS) {
+            let r = ROWS.min(n - t0);
+            favor_logits(isa, f, r, &rows[t0 * ld..], ld, &mut logits);
+            c = logits[..r * f.features()].iter().fold(c, |a, &x| a.max(x));
+        }
+        Stab::Given(c)
     }
 
     /// `dx_i = (∂φ/∂x)(x_i)ᵀ · g_i` for the `n` rows, given `phi_i = φ(x_i)` (as [`apply`](Self::apply)
     /// returned it) and `g_i = ∂L/∂φ_i` (`[n, F]`, overwritten for FAVOR+); `dx: [n, d]` is
     /// overwritten.
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn vjp<T: Real>(
         &self,
@@ -199,18 +238,4 @@ pub(crate) fn favor_logits<T: Real>(isa: Isa, f: &FavorFeatures, n: usize, x: &[
         let sq = x[i * ldx..i * ldx + d].iter().fold(T::zero(), |a, &b| a + b * b) * half;
         o.iter_mut().for_each(|u| *u = *u - sq);
     }
-}
-
-/// `x` as `f32` when `T` is `f32`.
-fn as_f32<T: Real>(x: &[T]) -> Option<&[f32]> {
-    // SAFETY: `T` is `f32` (same type id), so the slice's memory holds `f32` values.
-    (TypeId::of::<T>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) })
-}
-
-/// `x` as `f32` when `T` is `f32`.
-fn as_f32_mut<T: Real>(x: &mut [T]) -> Option<&mut [f32]> {
-    // SAFETY: as in `as_f32`.
-    (TypeId::of::<T>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) })
 }

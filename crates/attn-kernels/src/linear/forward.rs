@@ -1,17 +1,21 @@
-//! The fast forward of linear attention, parallel over (batch, query head):
-//! - non-causal: the state `S = φ(K)ᵀV: [F, Dv]`, `z = Σ_j φ(k_j)`, then `out = φ(Q)·S / (φ(Q)·z + ε)`;
-//! - causal, chunk by chunk of `C` rows: `out_c = φ(Q_c)·S + tril(φ(Q_c)φ(K_c)ᵀ)·V_c` (the state
-//!   holds the earlier chunks), the denominators likewise with `z`, then `S += φ(K_c)ᵀV_c`,
-//!   `z += Σ φ(K_c)`.
+//! The fast forward of linear attention, parallel over (batch, query head), chunk by chunk of `C`
+//! rows, the features `φ(Q_c)`, `φ(K_c)` made for each chunk as it is reached:
+//! - non-causal: the state `S = φ(K)ᵀV: [F, Dv]`, `z = Σ_j φ(k_j)` over the key chunks, then
+//!   `out_c = φ(Q_c)·S / (φ(Q_c)·z + ε)`;
+//! - causal: `out_c = φ(Q_c)·S + tril(φ(Q_c)φ(K_c)ᵀ)·V_c` (the state holds the earlier chunks),
+//!   the denominators likewise with `z`, then `S += φ(K_c)ᵀV_c`, `z += Σ φ(K_c)`.
 //!
-//! The products run through `gemm`'s register-blocked loops; the keys' features are computed once
-//! per key/value head and shared by its query heads.
+//! The products run through `gemm`'s register-blocked micro-kernel, the masked ones over their
+//! lower triangle only. Each rayon job keeps one [`Work`] (a chunk's features and products, the
+//! state) for all the heads it runs, so a call allocates `O(C·(F + C) + F·Dv)` per job besides the
+//! output.
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, dot, tril_products, Keys};
-use super::gemm::{gemm, Lhs};
-use super::{head, key_features, validate, LinearDims, LinearParams};
+use super::chunk::{add_rows, dot, on_isa, sum, tril_products, Keys};
+use super::feature::Stab;
+use super::gemm::{gemm, Lhs, Part};
+use super::{validate, LinearDims, LinearParams};
 use crate::alloc;
 use crate::error::Result;
 use crate::isa::Isa;
@@ -22,70 +26,125 @@ use crate::view::View4;
 /// `out: [B, Hq, Lq, Dv]` (see [the module](super) for the formula).
 pub fn linear_attention<T: Real>(q: View4<T>, k: View4<T>, v: View4<T>, p: &LinearParams) -> Result<Vec<T>> {
     let d = validate(&q, &k, &v, p)?;
-    let mut out = alloc::filled("linear attention output", &d.out_shape(), T::zero())?;
+    let mut out = alloc::filled_par("linear attention output", &d.out_shape(), T::zero())?;
     if d.is_empty() {
         return Ok(out);
     }
     let isa = Isa::best();
-    let fk = key_features(isa, &k, p, &d)?;
-    out.par_chunks_mut(d.lq * d.dv).enumerate().for_each(|(bh, o)| {
-        let (b, h) = (bh / d.hq, bh % d.hq);
-        let hk = h / d.group();
-        let mut fq = vec![T::zero(); d.lq * d.f];
-        p.map.apply_head(isa, &q, b, h, d.lq, &mut fq, false);
-        let (vs, ldv) = head(&v, b, hk);
-        let keys = Keys { fk: &fk[(b * d.hkv + hk) * d.lk * d.f..][..d.lk * d.f], v: vs, ldv, valid: d.valid(p, b) };
-        if p.causal {
-            causal(isa, &d, p, &fq, keys, o);
-        } else {
-            global(isa, &d, p, &fq, keys, o);
-        }
-    });
+    let heads = out.par_chunks_mut(d.lq * d.dv).enumerate();
+    heads.for_each_init(
+        || Work::new(&d, p.chunk),
+        |w, (bh, o)| {
+            let (b, h) = (bh / d.hq, bh % d.hq);
+            let keys = Keys::new(isa, k, &v, p, &d, (b, h / d.group()));
+            let head = Head { q: &q, b, h, keys };
+            on_isa(
+                isa,
+                #[inline(always)]
+                || if p.causal { causal(isa, &d, p, head, w, o) } else { global(isa, &d, p, head, w, o) },
+            );
+        },
+    );
     Ok(out)
 }
 
+/// One query head and its key/value head.
+struct Head<'a, T> {
+    q: &'a View4<'a, T>,
+    b: usize,
+    h: usize,
+    keys: Keys<'a, T>,
+}
+
+/// One job's scratch.
+struct Work<T> {
+    /// `φ(Q_c)`, `φ(K_c)`: `[C, F]`.
+    fq: Vec<T>,
+    fk: Vec<T>,
+    /// `tril(φ(Q_c)φ(K_c)ᵀ)`: `[C, C]`, and the transposed keys `tril_products` makes.
+    pm: Vec<T>,
+    kt: Vec<T>,
+    /// The chunk's denominators.
+    den: Vec<T>,
+    /// The state `S: [F, Dv]`, `z: [F]`.
+    s: Vec<T>,
+    z: Vec<T>,
+}
+
+impl<T: Real> Work<T> {
+    fn new(d: &LinearDims, c: usize) -> Self {
+        let c = c.min(d.lq.max(d.lk));
+        let zeros = |n| vec![T::zero(); n];
+        Work {
+            fq: zeros(c * d.f),
+            fk: zeros(c * d.f),
+            pm: zeros(c * c),
+            kt: Vec::new(),
+            den: zeros(c),
+            s: zeros(d.f * d.dv),
+            z: zeros(d.f),
+        }
+    }
+
+    /// The state cleared for a new head.
+    fn clear_state(&mut self) {
+        self.s.iter_mut().chain(self.z.iter_mut()).for_each(|x| *x = T::zero());
+    }
+}
+
+/// `o[i] /= den[i]` for the rows of `o: [n, Dv]` (as a product with `1 / den[i]`).
+#[inline(always)]
+fn divide<T: Real>(o: &mut [T], dv: usize, den: &[T]) {
+    o.chunks_exact_mut(dv).zip(den).for_each(|(oi, &di)| {
+        let inv = T::one() / di;
+        oi.iter_mut().for_each(|x| *x = *x * inv)
+    });
+}
+
 /// One head, non-causal: `o: [Lq, Dv]`.
-fn global<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, fq: &[T], keys: Keys<T>, o: &mut [T]) {
-    let (f, dv) = (d.f, d.dv);
-    let mut s = vec![T::zero(); f * dv];
-    let mut z = vec![T::zero(); f];
-    gemm(isa, f, dv, keys.valid, Lhs::transposed(keys.fk, f), keys.v, keys.ldv, &mut s, dv);
-    add_rows(&mut z, keys.fk, keys.valid);
-    gemm(isa, d.lq, dv, f, Lhs::rows(fq, f), &s, dv, o, dv);
+#[inline(always)]
+fn global<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, hd: Head<T>, w: &mut Work<T>, o: &mut [T]) {
+    let (f, dv, c, keys) = (d.f, d.dv, w.den.len(), hd.keys);
     let eps = T::from_f64(p.eps).expect("finite");
-    for (oi, fqi) in o.chunks_exact_mut(dv).zip(fq.chunks_exact(f)) {
-        let den = dot(fqi, &z) + eps;
-        oi.iter_mut().for_each(|x| *x = *x / den);
+    w.clear_state();
+    for t0 in (0..keys.valid).step_by(c) {
+        let nk = keys.count(t0, c);
+        let fk = &mut w.fk[..nk * f];
+        keys.features(isa, p.map, t0, nk, fk);
+        gemm(isa, f, dv, nk, Lhs::transposed(fk, f), keys.values(t0), keys.ldv, &mut w.s, dv);
+        add_rows(&mut w.z, fk, nk);
+    }
+    for t0 in (0..d.lq).step_by(c) {
+        let n = c.min(d.lq - t0);
+        let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[t0 * dv..][..n * dv], &mut w.den[..n]);
+        p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
+        gemm(isa, n, dv, f, Lhs::rows(fq, f), &w.s, dv, oc, dv);
+        den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, &w.z) + eps);
+        divide(oc, dv, den);
     }
 }
 
 /// One head, causal, chunk by chunk: `o: [L, Dv]`.
-fn causal<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, fq: &[T], keys: Keys<T>, o: &mut [T]) {
-    let (f, dv, c) = (d.f, d.dv, p.chunk);
+#[inline(always)]
+fn causal<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, hd: Head<T>, w: &mut Work<T>, o: &mut [T]) {
+    let (f, dv, c, keys) = (d.f, d.dv, w.den.len(), hd.keys);
     let eps = T::from_f64(p.eps).expect("finite");
-    let mut s = vec![T::zero(); f * dv];
-    let mut z = vec![T::zero(); f];
-    let (mut pm, mut kt, mut den) = (vec![T::zero(); c * c], Vec::new(), vec![T::zero(); c]);
+    w.clear_state();
     for t0 in (0..d.lq).step_by(c) {
-        let n = c.min(d.lq - t0);
-        let nk = n.min(keys.valid.saturating_sub(t0));
-        let (fqc, oc) = (&fq[t0 * f..][..n * f], &mut o[t0 * dv..][..n * dv]);
-        gemm(isa, n, dv, f, Lhs::rows(fqc, f), &s, dv, oc, dv);
-        for (di, fqi) in den.iter_mut().zip(fqc.chunks_exact(f)) {
-            *di = dot(fqi, &z) + eps;
-        }
+        let (n, nk) = (c.min(d.lq - t0), keys.count(t0, c.min(d.lq - t0)));
+        let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[t0 * dv..][..n * dv], &mut w.den[..n]);
+        p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
+        gemm(isa, n, dv, f, Lhs::rows(fq, f), &w.s, dv, oc, dv);
+        den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, &w.z) + eps);
         if nk > 0 {
-            let (fkc, vc) = (&keys.fk[t0 * f..], &keys.v[t0 * keys.ldv..]);
-            tril_products(isa, n, nk, f, fqc, f, fkc, f, &mut kt, &mut pm, c);
-            for (di, row) in den.iter_mut().zip(pm.chunks(c)) {
-                *di = row[..nk].iter().fold(*di, |a, &b| a + b);
-            }
-            gemm(isa, n, dv, nk, Lhs::rows(&pm, c), vc, keys.ldv, oc, dv);
-            gemm(isa, f, dv, nk, Lhs::transposed(fkc, f), vc, keys.ldv, &mut s, dv);
-            add_rows(&mut z, fkc, nk);
+            let (fk, vc) = (&mut w.fk[..nk * f], keys.values(t0));
+            keys.features(isa, p.map, t0, nk, fk);
+            tril_products(isa, n, nk, f, fq, f, fk, f, &mut w.kt, &mut w.pm, c);
+            den.iter_mut().zip(w.pm.chunks(c)).for_each(|(di, row)| *di = *di + sum(&row[..nk]));
+            gemm(isa, n, dv, nk, Lhs::rows(&w.pm, c).part(Part::LowerA), vc, keys.ldv, oc, dv);
+            gemm(isa, f, dv, nk, Lhs::transposed(fk, f), vc, keys.ldv, &mut w.s, dv);
+            add_rows(&mut w.z, fk, nk);
         }
-        for (oi, &di) in oc.chunks_exact_mut(dv).zip(&den) {
-            oi.iter_mut().for_each(|x| *x = *x / di);
-        }
+        divide(oc, dv, den);
     }
 }

@@ -1,9 +1,12 @@
 //! The small dense products the chunked linear-attention kernels are made of, `O += A·B` with `A`
-//! read either row-major (`[m, k]`) or transposed (`[k, m]`), in plain loops over fixed-size
-//! register blocks (4 rows × 32 columns) that the compiler vectorises. The same body is compiled
-//! three times: for AVX-512F and for AVX2+FMA (entered through `#[target_feature]` functions after
-//! [`Isa::is_available`]), with fused multiply-adds, and portably, without them.
+//! read either row-major (`[m, k]`) or transposed (`[k, m]`), where `A` may be triangular (its
+//! zeros skipped) or only the lower triangle of `O` wanted ([`Part`]). `f32` on AVX-512F or AVX2
+//! runs the vector micro-kernel (`micro`: 4 rows × up to 64 columns in registers); `f64` and the
+//! portable path run plain loops over 4 × 32 register blocks that the compiler vectorises.
 
+use std::any::TypeId;
+
+use super::micro::gemm_f32;
 use crate::isa::Isa;
 use crate::reference::Real;
 
@@ -14,27 +17,72 @@ const W: usize = 32;
 /// Products per pass over `B` (its rows kept in cache across the row blocks of `O`).
 const KB: usize = 256;
 
-/// How `A` is laid out: element `(i, p)` of the `m × k` operand is at `a[i·row + p·col]`.
+/// Which part of `O += A·B` a call needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// All of it.
+    Full,
+    /// `A` is lower triangular (`A(i, p) = 0` for `p > i`): row `i` sums over `p ≤ i` only.
+    LowerA,
+    /// `A` is upper triangular (`A(i, p) = 0` for `p < i`): row `i` sums over `p ≥ i` only.
+    UpperA,
+    /// Only the columns `c ≤ i` of row `i` are wanted: others up to the block's last row (rounded
+    /// up to a vector) may be computed too, and the caller clears them.
+    LowerOut,
+}
+
+/// The products `lo .. hi` and the columns `0 .. n` one block of rows computes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    pub lo: usize,
+    pub hi: usize,
+    pub n: usize,
+}
+
+impl Part {
+    /// The span of the `rows` rows from `i`, of an `m × n` product over `k`, columns rounded up to
+    /// multiples of `lanes` where [`Part::LowerOut`] cuts them.
+    fn span(self, i: usize, rows: usize, k: usize, n: usize, lanes: usize) -> Span {
+        match self {
+            Part::Full => Span { lo: 0, hi: k, n },
+            Part::LowerA => Span { lo: 0, hi: k.min(i + rows), n },
+            Part::UpperA => Span { lo: i.min(k), hi: k, n },
+            Part::LowerOut => Span { lo: 0, hi: k, n: n.min((i + rows).div_ceil(lanes) * lanes) },
+        }
+    }
+}
+
+/// How `A` is laid out: element `(i, p)` of the `m × k` operand is at `a[i·row + p·col]`; and
+/// which [`Part`] of the product is needed.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Lhs<'a, T> {
     pub a: &'a [T],
     pub row: usize,
     pub col: usize,
+    pub part: Part,
 }
 
 impl<'a, T> Lhs<'a, T> {
     /// `A` row-major with leading dimension `ld`.
     pub fn rows(a: &'a [T], ld: usize) -> Self {
-        Self { a, row: ld, col: 1 }
+        Self { a, row: ld, col: 1, part: Part::Full }
     }
 
     /// `Aᵀ` stored row-major with leading dimension `ld` (so `A` is read column by column).
     pub fn transposed(a: &'a [T], ld: usize) -> Self {
-        Self { a, row: 1, col: ld }
+        Self { a, row: 1, col: ld, part: Part::Full }
+    }
+
+    /// The same operand, with only `part` of the product needed.
+    pub fn part(self, part: Part) -> Self {
+        Self { part, ..self }
     }
 }
 
-/// `o[i·ldo + c] += Σ_{p<k} A(i, p) · b[p·ldb + c]` for `i < m`, `c < n`.
+/// `o[i·ldo + c] += Σ_{p<k} A(i, p) · b[p·ldb + c]` for `i < m`, `c < n` (within `a.part`).
+///
+/// # Panics
+/// When an operand is shorter than the sizes and strides say.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm<T: Real>(
     isa: Isa,
@@ -50,6 +98,20 @@ pub(crate) fn gemm<T: Real>(
     if m == 0 || n == 0 || k == 0 {
         return;
     }
+    // Every index the kernels read or write, checked once here.
+    assert!(a.a.len() > (m - 1) * a.row + (k - 1) * a.col, "A too short");
+    assert!(b.len() >= (k - 1) * ldb + n && o.len() >= (m - 1) * ldo + n, "B or O too short");
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(a32), Some(b32), Some(o32)) = (as_f32(a.a), as_f32(b), as_f32_mut(o)) {
+        let a32 = Lhs { a: a32, row: a.row, col: a.col, part: a.part };
+        match isa {
+            // SAFETY: the caller chose `isa` among the available ones; the bounds are checked above.
+            Isa::Avx512 => return unsafe { f32_avx512(m, n, k, a32, b32, ldb, o32, ldo) },
+            // SAFETY: as above.
+            Isa::Avx2 => return unsafe { f32_avx2(m, n, k, a32, b32, ldb, o32, ldo) },
+            Isa::Portable => {}
+        }
+    }
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller chose `isa` among the available ones (`Isa::is_available`).
@@ -59,6 +121,55 @@ pub(crate) fn gemm<T: Real>(
         Isa::Avx2 => unsafe { gemm_avx2(m, n, k, a, b, ldb, o, ldo) },
         _ => body::<T, false>(m, n, k, a, b, ldb, o, ldo),
     }
+}
+
+/// The `f32` micro-kernel on `S`, `NV` vectors per tile, in passes of [`KB`] products.
+///
+/// # Safety
+/// The CPU has `S`'s instruction set; the operands hold the sizes (as [`gemm`] checks).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn f32_body<S: crate::flash::simd::Simd, const NV: usize>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Lhs<f32>,
+    b: &[f32],
+    ldb: usize,
+    o: &mut [f32],
+    ldo: usize,
+) {
+    let span = |i, rows| a.part.span(i, rows, k, n, S::W);
+    for p0 in (0..k).step_by(KB) {
+        let (ap, bp, op) = ((a.a.as_ptr(), a.row, a.col), (b.as_ptr(), ldb), (o.as_mut_ptr(), ldo));
+        // SAFETY: forwarded from the caller; the spans stay within `m × n × k`.
+        unsafe { gemm_f32::<S, NV>(m, p0, KB.min(k - p0), span, ap, bp, op) };
+    }
+}
+
+/// [`f32_body`] on AVX-512F, tiles of up to 64 columns.
+///
+/// # Safety
+/// The CPU has AVX-512F; the operands hold the sizes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn f32_avx512(m: usize, n: usize, k: usize, a: Lhs<f32>, b: &[f32], ldb: usize, o: &mut [f32], ldo: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe { f32_body::<crate::flash::simd::Avx512, 4>(m, n, k, a, b, ldb, o, ldo) }
+}
+
+/// [`f32_body`] on AVX2 with FMA, tiles of up to 16 columns (8 accumulators of the 16 registers).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; the operands hold the sizes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn f32_avx2(m: usize, n: usize, k: usize, a: Lhs<f32>, b: &[f32], ldb: usize, o: &mut [f32], ldo: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe { f32_body::<crate::flash::simd::Avx2, 2>(m, n, k, a, b, ldb, o, ldo) }
 }
 
 /// [`body`] compiled for AVX-512F.
@@ -109,17 +220,20 @@ fn body<T: Real, const FMA: bool>(
     // Slices of `KB` products: a slice of `B` (`KB` rows) stays in cache while every row block of
     // `O` passes over it.
     for p0 in (0..k).step_by(KB) {
-        let kk = KB.min(k - p0);
-        let a = Lhs { a: &a.a[p0 * a.col..], ..a };
-        let b = &b[p0 * ldb..];
         let mut i = 0;
-        while i + R <= m {
-            block::<T, FMA, R>(i, n, kk, a, b, ldb, o, ldo);
-            i += R;
-        }
         while i < m {
-            block::<T, FMA, 1>(i, n, kk, a, b, ldb, o, ldo);
-            i += 1;
+            let rows = R.min(m - i);
+            let s = a.part.span(i, rows, k, n, 1);
+            let (lo, hi) = (s.lo.max(p0), s.hi.min(p0 + KB));
+            if lo < hi {
+                let (a, b) = (Lhs { a: &a.a[lo * a.col..], ..a }, &b[lo * ldb..]);
+                if rows == R {
+                    block::<T, FMA, R>(i, s.n, hi - lo, a, b, ldb, o, ldo);
+                } else {
+                    (i..m).for_each(|r| block::<T, FMA, 1>(r, s.n, hi - lo, a, b, ldb, o, ldo));
+                }
+            }
+            i += rows;
         }
     }
 }
@@ -175,10 +289,25 @@ fn block<T: Real, const FMA: bool, const RB: usize>(
     }
 }
 
+/// `x` as `f32` when `T` is `f32`.
+pub(crate) fn as_f32<T: Real>(x: &[T]) -> Option<&[f32]> {
+    // SAFETY: `T` is `f32` (same type id), so the slice's memory holds `f32` values.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) })
+}
+
+/// `x` as `f32` when `T` is `f32`.
+pub(crate) fn as_f32_mut<T: Real>(x: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: as in `as_f32`.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// `0.5 + A·B` in f64, `A(i, p) = a[i·row + p·col]`.
     fn naive(m: usize, n: usize, k: usize, a: &[f64], row: usize, col: usize, b: &[f64]) -> Vec<f64> {
         let mut o = vec![0.5; m * n];
         for i in 0..m {
@@ -189,19 +318,68 @@ mod tests {
         o
     }
 
+    /// `A` (`m × k`) with the zeros `part` promises.
+    fn operand(m: usize, k: usize, part: Part) -> Vec<f64> {
+        let v = |i: usize, p: usize| ((i * k + p) as f64 * 0.37).sin();
+        let keep = |i: usize, p: usize| match part {
+            Part::LowerA => p <= i,
+            Part::UpperA => p >= i,
+            Part::Full | Part::LowerOut => true,
+        };
+        (0..m * k).map(|x| if keep(x / k, x % k) { v(x / k, x % k) } else { 0.0 }).collect()
+    }
+
+    /// The largest error of `gemm` in `T` over the entries `part` asks for, against [`naive`].
+    fn error<T: Real>(isa: Isa, (m, n, k): (usize, usize, usize), part: Part, transposed: bool) -> f64 {
+        let a = operand(m, k, part);
+        let b: Vec<f64> = (0..k * n).map(|x| (x as f64 * 0.11).cos()).collect();
+        // The operand as stored: row-major `[m, k]`, or its transpose `[k, m]`.
+        let stored: Vec<f64> =
+            if transposed { (0..k * m).map(|x| a[(x % m) * k + x / m]).collect() } else { a.clone() };
+        let cast = |x: &[f64]| x.iter().map(|&v| T::from_f64(v).unwrap()).collect::<Vec<T>>();
+        let (st, bt) = (cast(&stored), cast(&b));
+        let lhs = if transposed { Lhs::transposed(&st, m) } else { Lhs::rows(&st, k) };
+        let mut o = vec![T::from_f64(0.5).unwrap(); m * n];
+        gemm(isa, m, n, k, lhs.part(part), &bt, n, &mut o, n);
+        let want = naive(m, n, k, &a, k, 1, &b);
+        let wanted = |x: usize| part != Part::LowerOut || x % n <= x / n;
+        (0..m * n).filter(|&x| wanted(x)).map(|x| (o[x].to_f64().unwrap() - want[x]).abs()).fold(0.0, f64::max)
+    }
+
+    const SIZES: [(usize, usize, usize); 9] = [
+        (1, 1, 1),
+        (5, 33, 7),
+        (8, 64, 64),
+        (9, 65, 3),
+        (4, 31, 2),
+        (6, 40, 600),
+        (64, 64, 64),
+        (13, 17, 13),
+        (3, 80, 5),
+    ];
+    const PARTS: [Part; 4] = [Part::Full, Part::LowerA, Part::UpperA, Part::LowerOut];
+
     #[test]
-    fn every_isa_and_layout_matches_the_naive_product() {
+    fn every_isa_layout_and_part_matches_the_naive_product_in_f64() {
         for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|i| i.is_available()) {
-            for (m, n, k) in [(1, 1, 1), (5, 33, 7), (8, 64, 64), (9, 65, 3), (4, 31, 2), (6, 40, 600)] {
-                let a: Vec<f64> = (0..m * k).map(|x| (x as f64 * 0.37).sin()).collect();
-                let b: Vec<f64> = (0..k * n).map(|x| (x as f64 * 0.11).cos()).collect();
-                for (row, col, lhs) in [(k, 1, Lhs::rows(&a, k)), (1, m, Lhs::transposed(&a, m))] {
-                    let mut o = vec![0.5; m * n];
-                    gemm(isa, m, n, k, lhs, &b, n, &mut o, n);
-                    let want = naive(m, n, k, &a, row, col, &b);
-                    let err = o.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-                    assert!(err < 1e-12, "{isa:?} {m}x{n}x{k} row {row}: {err}");
-                }
+            for (size, part, t) in
+                SIZES.iter().flat_map(|&s| PARTS.map(|p| (s, p, false)).into_iter().chain(PARTS.map(|p| (s, p, true))))
+            {
+                let err = error::<f64>(isa, size, part, t);
+                assert!(err < 1e-12, "{isa:?} {size:?} {part:?} transposed {t}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_f32_micro_kernel_matches_the_naive_product() {
+        for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|i| i.is_available()) {
+            for (size, part, t) in
+                SIZES.iter().flat_map(|&s| PARTS.map(|p| (s, p, false)).into_iter().chain(PARTS.map(|p| (s, p, true))))
+            {
+                // f32 sums of `k` terms of magnitude ≤ 1.
+                let err = error::<f32>(isa, size, part, t);
+                assert!(err < 4e-7 * (size.2 as f64 + 1.0), "{isa:?} {size:?} {part:?} transposed {t}: {err}");
             }
         }
     }

@@ -11,7 +11,9 @@
 //! - [`linear_attention`] / [`linear_attention_backward`]: the fast kernels (`forward`,
 //!   `backward`): non-causal through the state, causal in the chunked form (within a chunk of
 //!   [`CHUNK`] rows the masked quadratic product, across chunks the running state), parallel over
-//!   (batch, head); memory `O(L·D)` plus the state and one chunk's products.
+//!   (batch, head), the features made chunk by chunk; memory beyond the inputs and outputs
+//!   `O(L)` plus the state and one chunk's features and products per thread. The products run
+//!   through a register-blocked micro-kernel (`gemm`, `micro`) on the flash kernels' vector layer.
 //! - [`linear_reference`] / [`linear_reference_backward`]: the naive `O(L²)` oracle
 //!   `(φ(Q)φ(K)ᵀ ∘ mask)·V / rowsum` (`naive`), generic over `f32`/`f64`.
 //! - [`LinearState`]: recurrent decoding, one token at a time in `O(F·Dv)` (`recurrent`).
@@ -26,8 +28,10 @@ mod favor;
 mod feature;
 mod forward;
 mod gemm;
+mod micro;
 mod naive;
 mod recurrent;
+mod transpose;
 
 pub use backward::linear_attention_backward;
 pub use favor::FavorFeatures;
@@ -36,13 +40,8 @@ pub use forward::linear_attention;
 pub use naive::{linear_reference, linear_reference_backward};
 pub use recurrent::LinearState;
 
-use rayon::prelude::*;
-
-use crate::alloc;
 use crate::error::{AttnError, Result};
-use crate::isa::Isa;
 use crate::problem::Dims;
-use crate::reference::Real;
 use crate::view::View4;
 
 /// The default `ε` added to every denominator.
@@ -64,7 +63,8 @@ pub struct LinearParams<'a> {
     pub eps: f64,
     /// Valid keys per batch entry, `[B]`: keys at or beyond `key_lens[b]` are left out.
     pub key_lens: Option<&'a [usize]>,
-    /// Rows per chunk of the causal chunked form (at least 1).
+    /// Rows per chunk of the causal chunked form, and of the blocks the non-causal form maps and
+    /// sums in (at least 1).
     pub chunk: usize,
 }
 
@@ -170,14 +170,4 @@ pub(crate) fn check_out<T>(name: &'static str, x: &View4<T>, d: &LinearDims) -> 
 pub(crate) fn head<'a, T>(x: &View4<'a, T>, b: usize, h: usize) -> (&'a [T], usize) {
     let s = x.strides();
     (&x.data()[b * s[0] + h * s[1]..], s[2])
-}
-
-/// `φ(K): [B, Hkv, Lk, F]` for every key/value head, zero on the rows at or beyond the key length.
-pub(crate) fn key_features<T: Real>(isa: Isa, k: &View4<T>, p: &LinearParams, d: &LinearDims) -> Result<Vec<T>> {
-    let mut fk = alloc::filled("key features", &[d.b, d.hkv, d.lk, d.f], T::zero())?;
-    fk.par_chunks_mut(d.lk * d.f).enumerate().for_each(|(bh, out)| {
-        let b = bh / d.hkv;
-        p.map.apply_head(isa, k, b, bh % d.hkv, d.valid(p, b), out, true);
-    });
-    Ok(fk)
 }

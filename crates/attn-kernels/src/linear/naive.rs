@@ -5,6 +5,7 @@
 //! `dφ(q_i) = Σ_j ds_ij φ(k_j)`, `dφ(k_j) = Σ_i ds_ij φ(q_i)`, `dv_j = Σ_i s_ij dn_i`, then through
 //! `φ`'s Jacobian. Generic over `f32`/`f64` (`f64` is the oracle, `f32` the "naive32" baseline).
 
+use super::feature::Stab;
 use super::{check_out, validate, LinearDims, LinearParams};
 use crate::alloc;
 use crate::error::Result;
@@ -24,8 +25,8 @@ fn head_features<T: Real>(q: &View4<T>, k: &View4<T>, p: &LinearParams, d: &Line
     let valid = d.valid(p, b);
     let mut fq = vec![T::zero(); d.lq * d.f];
     let mut fk = vec![T::zero(); valid * d.f];
-    p.map.apply_head(Isa::Portable, q, b, h, d.lq, &mut fq, false);
-    p.map.apply_head(Isa::Portable, k, b, h / d.group(), valid, &mut fk, true);
+    p.map.apply_rows(Isa::Portable, q, (b, h), 0, d.lq, &mut fq, Stab::Row);
+    p.map.apply_rows(Isa::Portable, k, (b, h / d.group()), 0, valid, &mut fk, Stab::Shared);
     Head { fq, fk, valid }
 }
 

@@ -5,7 +5,7 @@
 //! rescaled by `exp(c_old − c_new)` (as the online softmax does), so the state equals the causal
 //! forward's up to the common factor that only `ε` sees.
 
-use super::feature::favor_logits;
+use super::feature::{favor_logits, Stab};
 use super::{validate, FeatureMap, LinearParams};
 use crate::error::{AttnError, Result};
 use crate::isa::Isa;
@@ -89,14 +89,14 @@ impl<T: Real> LinearState<T> {
                     fk.iter_mut().for_each(|u| *u = (*u - c).exp() * scale);
                     self.c[bh] = c;
                 }
-                map => map.apply(isa, 1, dk, k.row(bi, h, 0), dk, &mut fk, true),
+                map => map.apply(isa, 1, dk, k.row(bi, h, 0), dk, &mut fk, Stab::Row),
             }
             for (r, &x) in fk.iter().enumerate() {
                 s[r * dv..][..dv].iter_mut().zip(v.row(bi, h, 0)).for_each(|(a, &y)| *a = *a + x * y);
                 z[r] = z[r] + x;
             }
             for hq in h * d.group()..(h + 1) * d.group() {
-                self.map.apply(isa, 1, dk, q.row(bi, hq, 0), dk, &mut fq, false);
+                self.map.apply(isa, 1, dk, q.row(bi, hq, 0), dk, &mut fq, Stab::Row);
                 let o = &mut out[(bi * d.hq + hq) * dv..][..dv];
                 for (r, &x) in fq.iter().enumerate() {
                     o.iter_mut().zip(&s[r * dv..][..dv]).for_each(|(a, &y)| *a = *a + x * y);

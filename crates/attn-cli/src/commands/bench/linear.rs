@@ -3,7 +3,7 @@
 //! non-causal or causal (chunked form), and reports GFLOP/s by [`LINEAR_FLOP_RULE`] and, with
 //! `--peak`, the share of the FMA peak.
 
-use attn::linear::{FavorFeatures, FeatureMap, LinearOptions, CHUNK};
+use attn::linear::{FavorFeatures, FeatureMap, LinearOptions};
 use attn::random::SplitMix64;
 use attn_kernels::linear::{linear_attention, linear_attention_backward};
 use attn_kernels::{AttnGrads, Dims, View4};
@@ -15,11 +15,14 @@ use super::spec::shape_text;
 use super::Args;
 use crate::measure::{self, Budget, Held, Measurement};
 
-/// How linear attention's FLOPs are counted.
-pub const LINEAR_FLOP_RULE: &str = "linear FLOPs: the matrix products the algorithm runs, 2 per multiply-add, \
-per (batch, query head) with F features (D, or --features for favor): non-causal forward 2·Lk·F·Dv + 2·Lq·F·Dv; \
-causal forward per chunk of c rows 2·c²·(F + Dv) + 4·c·F·Dv (the chunk's full c×c products, masked half \
-included); backward non-causal 2·(Lk + 3·Lq)·F·Dv + 2·Lk·F·Dv, causal per chunk 2·c²·(3F + 2Dv) + 10·c·F·Dv; \
+/// How linear attention's FLOPs are counted: the useful work of the chunked algorithm, so the
+/// masked upper half of each chunk's products and the backward's second pass (which makes a chunk's
+/// masked products again rather than keep them) are not counted.
+pub const LINEAR_FLOP_RULE: &str = "linear FLOPs: the useful matrix products of the chunked algorithm, 2 per \
+multiply-add, per (batch, query head) with F features (D, or --features for favor): non-causal forward \
+2·Lk·F·Dv + 2·Lq·F·Dv; causal forward per chunk of n rows n·(n+1)·(F + Dv) + 4·n·F·Dv (each chunk's products \
+over its lower triangle and diagonal only); backward non-causal 2·(Lk + 3·Lq)·F·Dv + 2·Lk·F·Dv, causal per \
+chunk n·(n+1)·(3F + 2Dv) + 10·n·F·Dv (the masked products once, not their remaking in the second pass); \
 favor adds 2·(Lq + Lk)·D·F for the features (twice that with the backward)";
 
 /// The feature maps `attn bench --linear` times.
@@ -43,7 +46,7 @@ fn options(args: &Args, map: BenchMap, d: usize) -> anyhow::Result<LinearOptions
         BenchMap::Identity => FeatureMap::Identity,
         BenchMap::Favor => FeatureMap::Favor(FavorFeatures::new(d, args.features, args.data_seed)?),
     };
-    Ok(LinearOptions::new(map).causal(args.sdpa.causal))
+    Ok(LinearOptions::new(map).causal(args.sdpa.causal).chunk(args.chunk))
 }
 
 /// FLOPs of one call by [`LINEAR_FLOP_RULE`].
@@ -51,10 +54,10 @@ pub fn flops(d: &Dims, opts: &LinearOptions, backward: bool) -> u64 {
     let f = opts.map.features(d.dk) as u64;
     let (lq, lk, dv, dk) = (d.lq as u64, d.lk as u64, d.dv as u64, d.dk as u64);
     let per_head = if opts.causal {
-        let c = CHUNK as u64;
-        let chunks = (0..lq).step_by(CHUNK).map(|t| c.min(lq - t));
-        let fwd: u64 = chunks.clone().map(|n| 2 * n * n * (f + dv) + 4 * n * f * dv).sum();
-        let bwd: u64 = chunks.map(|n| 2 * n * n * (3 * f + 2 * dv) + 10 * n * f * dv).sum();
+        let c = opts.chunk.max(1);
+        let chunks = (0..lq).step_by(c).map(|t| (c as u64).min(lq - t));
+        let fwd: u64 = chunks.clone().map(|n| n * (n + 1) * (f + dv) + 4 * n * f * dv).sum();
+        let bwd: u64 = chunks.map(|n| n * (n + 1) * (3 * f + 2 * dv) + 10 * n * f * dv).sum();
         fwd + if backward { bwd } else { 0 }
     } else {
         let fwd = 2 * lk * f * dv + 2 * lq * f * dv;

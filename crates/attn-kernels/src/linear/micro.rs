@@ -1,0 +1,135 @@
+//! The `f32` register-blocked micro-kernel of [`gemm`](super::gemm::gemm), written over the flash
+//! kernels' vector layer ([`Simd`]): a tile of `O` of 4 rows × up to 4 vectors stays in registers
+//! while the products run over `k` (each step one load per vector of `B`, one broadcast of `A` per
+//! row, 16 fused multiply-adds on AVX-512F), then the next tile; the columns left over after whole
+//! vectors go through scalar fused multiply-adds.
+
+use super::gemm::Span;
+use crate::flash::simd::Simd;
+
+/// Rows per tile.
+const R: usize = 4;
+
+/// `O[i, c] += Σ_p A(i, p)·B[p, c]` over the rows of `spans` (`span(i0, rows)` gives, for a block of
+/// rows, the range of `p` and the number of columns it needs), for `p` in `p0 .. p0 + kb`.
+/// `A(i, p) = a[i·ar + p·ac]`, `B[p, c] = b[p·ldb + c]`, `O[i, c] = o[i·ldo + c]`. At most `NV`
+/// vectors per tile (so that `R·NV` accumulators and `NV` operands fit in the registers).
+///
+/// # Safety
+/// The CPU has `S`'s instruction set; every index reached (`i < m`, `p < p0 + kb` within the
+/// spans, `c <` the span's columns) is within `a`, `b` and `o`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_f32<S: Simd, const NV: usize>(
+    m: usize,
+    p0: usize,
+    kb: usize,
+    span: impl Fn(usize, usize) -> Span,
+    (a, ar, ac): (*const f32, usize, usize),
+    (b, ldb): (*const f32, usize),
+    (o, ldo): (*mut f32, usize),
+) {
+    let mut i = 0;
+    while i < m {
+        let rows = R.min(m - i);
+        let s = span(i, rows);
+        let (lo, hi) = (s.lo.max(p0), s.hi.min(p0 + kb));
+        if lo < hi {
+            // SAFETY: the rows `i .. i + rows`, products `lo .. hi` and columns `< s.n` are within
+            // the operands (the caller's contract).
+            unsafe {
+                let (a, b, o) = (a.add(i * ar + lo * ac), b.add(lo * ldb), o.add(i * ldo));
+                let op = Op { a, ar, ac, b, ldb, o, ldo, k: hi - lo };
+                if rows == R {
+                    row_block::<S, R, NV>(op, s.n);
+                } else {
+                    for r in 0..rows {
+                        row_block::<S, 1, NV>(Op { a: a.add(r * ar), o: o.add(r * ldo), ..op }, s.n);
+                    }
+                }
+            }
+        }
+        i += rows;
+    }
+}
+
+/// One block of `RB` rows and `k` products, pointers at its first row and product.
+#[derive(Clone, Copy)]
+struct Op {
+    a: *const f32,
+    ar: usize,
+    ac: usize,
+    b: *const f32,
+    ldb: usize,
+    o: *mut f32,
+    ldo: usize,
+    k: usize,
+}
+
+/// The `n` columns of one block of `RB` rows: tiles of up to `NV` vectors, then scalars.
+///
+/// # Safety
+/// As for [`gemm_f32`], for this block.
+#[inline(always)]
+unsafe fn row_block<S: Simd, const RB: usize, const NV: usize>(op: Op, n: usize) {
+    let mut c = 0;
+    // SAFETY: every tile covers columns `c .. c + v·W <= n` (the caller's contract).
+    unsafe {
+        while c + S::W <= n {
+            let v = ((n - c) / S::W).min(NV);
+            let op = Op { b: op.b.add(c), o: op.o.add(c), ..op };
+            match v {
+                4 => tile::<S, RB, 4>(op),
+                3 => tile::<S, RB, 3>(op),
+                2 => tile::<S, RB, 2>(op),
+                _ => tile::<S, RB, 1>(op),
+            }
+            c += v * S::W;
+        }
+        for r in 0..RB {
+            for p in 0..op.k {
+                let s = *op.a.add(r * op.ar + p * op.ac);
+                for j in c..n {
+                    let x = op.o.add(r * op.ldo + j);
+                    *x = s.mul_add(*op.b.add(p * op.ldb + j), *x);
+                }
+            }
+        }
+    }
+}
+
+/// `RB` rows × `V` vectors of `O`, accumulated in registers over the `k` products.
+///
+/// # Safety
+/// As for [`gemm_f32`], for this tile.
+#[inline(always)]
+unsafe fn tile<S: Simd, const RB: usize, const V: usize>(op: Op) {
+    // SAFETY: the tile's rows, products and `V·W` columns are within the operands (the caller's
+    // contract); the CPU has `S`'s instruction set.
+    unsafe {
+        let mut acc = [[S::splat(0.0); V]; RB];
+        for (r, row) in acc.iter_mut().enumerate() {
+            for (v, x) in row.iter_mut().enumerate() {
+                *x = S::load(op.o.add(r * op.ldo + v * S::W));
+            }
+        }
+        for p in 0..op.k {
+            let bp = op.b.add(p * op.ldb);
+            let mut bv = [S::splat(0.0); V];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = S::load(bp.add(v * S::W));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let s = S::splat(*op.a.add(r * op.ar + p * op.ac));
+                for (x, &y) in row.iter_mut().zip(&bv) {
+                    *x = S::fma(s, y, *x);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                S::store(op.o.add(r * op.ldo + v * S::W), x);
+            }
+        }
+    }
+}
