@@ -150,7 +150,7 @@ fn refusals_name_the_flag_and_the_shape() {
 
 #[test]
 fn vs_full_reports_f_its_rounds_and_their_ratio() {
-    let (shape, pattern) = ("1,2,256,8", ["--pattern", "strided", "--stride", "16", "--causal"]);
+    let (shape, pattern) = ("1,2,512,8", ["--pattern", "longformer", "--window", "16,16", "--global", "4", "--causal"]);
     // f is the pattern's computed blocks over the full (causal) call's, as the plain rows give them.
     let f = row(shape, &pattern)["blocks"].as_f64().unwrap() / row(shape, &["--causal"])["blocks"].as_f64().unwrap();
     for backward in [&[][..], &["--backward"]] {
