@@ -28,7 +28,7 @@ enum Command {
     /// Draw attention weights as a heatmap (PNG, SVG or JPEG by extension).
     Heatmap(commands::heatmap::Args),
     /// Benchmark a kernel on a shape and report time, GFLOP/s and memory.
-    Bench(commands::bench::Args),
+    Bench(Box<commands::bench::Args>),
     /// Run the textbook experiments: tables and plots.
     Explain(commands::explain::Args),
     /// Train a Transformer translator (built-in dates task or your own pairs).
@@ -56,7 +56,7 @@ fn main() {
         Command::Run(a) => commands::run::main(*a),
         Command::Demo(a) => commands::demo::main(a),
         Command::Heatmap(a) => commands::heatmap::main(a),
-        Command::Bench(a) => commands::bench::main(a),
+        Command::Bench(a) => commands::bench::main(*a),
         Command::Explain(a) => commands::explain::main(a),
         Command::Train(a) => commands::train::main(*a),
         Command::Translate(a) => commands::translate::main(a),
