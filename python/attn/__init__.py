@@ -3,7 +3,7 @@ and fused backward) for NumPy arrays and PyTorch tensors.
 
 ``attn.sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
 enable_gqa=False, *, window=None, softcap=None, align="top-left", key_lengths=None,
-return_lse=False, return_weights=False, seed=None, compute="f32")`` follows
+return_lse=False, return_weights=False, seed=None, compute="f32", sinks=None)`` follows
 ``torch.nn.functional.scaled_dot_product_attention``:
 
 - ``q: [B, Hq, Lq, Dk]``, ``k: [B, Hkv, Lk, Dk]``, ``v: [B, Hkv, Lk, Dv]`` → ``[B, Hq, Lq, Dv]``;
@@ -16,10 +16,14 @@ return_lse=False, return_weights=False, seed=None, compute="f32")`` follows
 - Extras: ``window=(left, right)`` sliding window around the diagonal (``None`` = unbounded side);
   ``softcap``: ``cap·tanh(s/cap)`` on the scaled scores; ``align``: where the causal diagonal sits
   when ``Lq != Lk`` (``"top-left"`` as PyTorch, ``"bottom-right"`` as FlashAttention);
-  ``key_lengths``: valid keys per batch ``[B]``.
+  ``key_lengths``: valid keys per batch ``[B]``; ``sinks``: a learned sink logit per query head
+  ``[Hq]`` (gpt-oss) that joins each row's softmax denominator (rows then sum to less than 1),
+  differentiable.
 - Returns ``out``, or ``(out, lse)``, ``(out, weights)``, ``(out, lse, weights)`` with
   ``return_lse``/``return_weights``: ``lse [B, Hq, Lq]`` in the compute type (float32, float64 for
-  float64 inputs), ``weights [B, Hq, Lq, Lk]`` before dropout. Only ``out`` carries gradients.
+  float64 inputs), ``weights [B, Hq, Lq, Lk]`` before dropout. With PyTorch tensors all three
+  carry gradients: a loss that reads ``lse`` or ``weights`` reaches ``q``, ``k``, ``v`` and a float
+  mask through them.
 - ``compute``: ``"f32"`` (default) or ``"bf16"``: bfloat16 products with float32 accumulation in
   the forward and the backward (q, k, v, the output gradient, the probabilities and their
   gradients rounded to bfloat16 where they enter a product, as FlashAttention computes on bfloat16
@@ -69,11 +73,12 @@ def sdpa(
     return_weights=False,
     seed=None,
     compute="f32",
+    sinks=None,
 ):
     """Scaled dot-product attention (see the module's docstring)."""
     extras = dict(
         window=window, softcap=softcap, align=align, key_lengths=key_lengths, return_lse=return_lse,
-        return_weights=return_weights, seed=seed, compute=compute,
+        return_weights=return_weights, seed=seed, compute=compute, sinks=sinks,
     )
     return _path(query)(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras)
 

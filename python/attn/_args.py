@@ -10,8 +10,8 @@ import random
 ALIGNS = ("top-left", "bottom-right")
 COMPUTES = ("f32", "bf16")
 # attn's keyword-only extras, in the order the paths read them, and their defaults.
-EXTRAS = ("window", "softcap", "align", "key_lengths", "return_lse", "return_weights", "seed", "compute")
-NO_EXTRAS = dict(zip(EXTRAS, (None, None, "top-left", None, False, False, None, "f32")))
+EXTRAS = ("window", "softcap", "align", "key_lengths", "return_lse", "return_weights", "seed", "compute", "sinks")
+NO_EXTRAS = dict(zip(EXTRAS, (None, None, "top-left", None, False, False, None, "f32", None)))
 
 
 def check_ranks(q_shape, k_shape, v_shape, enable_gqa):
@@ -61,7 +61,9 @@ def new_seed():
     return random.getrandbits(63)
 
 
-def options(*, is_causal, scale, window, softcap, align, key_lengths, dropout_p, seed, compute, keep=None, bias=None):
+def options(
+    *, is_causal, scale, window, softcap, align, key_lengths, dropout_p, seed, compute, keep=None, bias=None, sinks=None
+):
     """The options dictionary of one call, checked where the kernels do not check."""
     if align not in ALIGNS:
         raise ValueError(f"align: {align!r}, expected one of {ALIGNS}")
@@ -84,6 +86,7 @@ def options(*, is_causal, scale, window, softcap, align, key_lengths, dropout_p,
         "dropout_p": float(dropout_p),
         "seed": 0 if seed is None else int(seed),
         "bf16_products": compute == "bf16",
+        "sinks": sinks,
     }
 
 

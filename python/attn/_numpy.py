@@ -72,13 +72,14 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
     lift = (lambda x: x[:, None]) if single else (lambda x: x)
     cdt = compute_dtype(name)
     keep, bias = mask_parts(attn_mask, cdt, single)
+    sinks = None if extras["sinks"] is None else np.ascontiguousarray(extras["sinks"], dtype=cdt)
     seed = extras["seed"]
     if seed is None and dropout_p:
         seed = _args.new_seed()
     opts = _args.options(
         is_causal=is_causal, scale=scale, window=extras["window"], softcap=extras["softcap"], align=extras["align"],
         key_lengths=extras["key_lengths"], dropout_p=dropout_p, seed=seed, compute=extras["compute"],
-        keep=capsule(keep), bias=capsule(bias),
+        keep=capsule(keep), bias=capsule(bias), sinks=capsule(sinks),
     )
     q = lift(query).astype(cdt, copy=False)
     out, lse, _, weights = _attn.forward(

@@ -10,7 +10,9 @@ float64), ``k: [B, Hkv, Lk, Dk]`` and ``v: [B, Hkv, Lk, Dv]`` in float32, float1
 ``[B, Hq, Lq, Lk]``. ``window`` is ``[left, right]`` with -1 for an unbounded side. ``compute``
 is ``"f32"`` or ``"bf16"`` (bfloat16 products, forward and backward).
 The forward returns ``out: [B, Hq, Lq, Dv]`` (compute type), ``lse`` and ``lse_residue``
-``[B, Hq, Lq]``; only ``out`` is differentiable.
+``[B, Hq, Lq]`` and, with ``want_weights``, the weights before dropout ``[B, Hq, Lq, Lk]`` (else an
+empty tensor). ``out``, ``lse`` and the weights are differentiable: the backward runs once with every
+gradient that arrived (``dS = A∘(dA + dW − Δ − ω + dlse)``, see the Rust ``SideGrads``).
 """
 
 from typing import List, Optional, Tuple
@@ -24,7 +26,9 @@ from . import _attn
 STORAGE = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute):
+def native_options(
+    attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute, sinks=None
+):
     """The native module's options dictionary from the operators' arguments."""
     keep = bias = None
     if attn_mask is not None:
@@ -44,6 +48,7 @@ def native_options(attn_mask, dropout_p, is_causal, scale, window, softcap, bott
         "dropout_p": dropout_p,
         "seed": seed,
         "bf16_products": compute == "bf16",
+        "sinks": None if sinks is None else to_dlpack(sinks),
     }
 
 
@@ -68,18 +73,23 @@ def sdpa_forward(
     key_lengths: Optional[List[int]],
     seed: int,
     compute: str,
-) -> Tuple[Tensor, Tensor, Tensor]:
+    want_weights: bool = False,
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     opts = native_options(
-        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute
+        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute, sinks
     )
-    out, lse, res, _ = run_forward(q, k, v, opts, False)
-    return torch.from_numpy(out), torch.from_numpy(lse), torch.from_numpy(res)
+    out, lse, res, weights = run_forward(q, k, v, opts, want_weights)
+    weights = q.new_empty(0) if weights is None else torch.from_numpy(weights)
+    return torch.from_numpy(out), torch.from_numpy(lse), torch.from_numpy(res), weights
 
 
 @sdpa_forward.register_fake
-def _(q, k, v, attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute):
+def _(q, k, v, attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute,
+      want_weights=False, sinks=None):
     lse = q.new_empty(q.shape[:-1])
-    return q.new_empty((*q.shape[:-1], v.shape[-1])), lse, torch.empty_like(lse)
+    weights = q.new_empty((*q.shape[:-1], k.shape[-2])) if want_weights else q.new_empty(0)
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), lse, torch.empty_like(lse), weights
 
 
 @torch.library.custom_op("attn::sdpa_backward", mutates_args=(), device_types="cpu")
@@ -102,39 +112,59 @@ def sdpa_backward(
     key_lengths: Optional[List[int]],
     seed: int,
     compute: str,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    grad_lse: Optional[Tensor] = None,
+    weights: Optional[Tensor] = None,
+    grad_weights: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     opts = native_options(
-        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute
+        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute, sinks
     )
     grad = grad.to(q.dtype)
     if grad.dim() == 4 and grad.shape[-1] > 1 and grad.stride(-1) != 1:
         grad = grad.contiguous()
     saved = (to_dlpack(out), to_dlpack(grad), to_dlpack(lse.contiguous()), to_dlpack(lse_residue.contiguous()))
-    dq, dk, dv, dbias = _attn.backward(to_dlpack(q), to_dlpack(k), to_dlpack(v), *saved, opts, want_dbias)
+    side = [None if x is None else to_dlpack(x.to(q.dtype).contiguous()) for x in (grad_lse, weights, grad_weights)]
+    dq, dk, dv, dbias, dsinks = _attn.backward(to_dlpack(q), to_dlpack(k), to_dlpack(v), *saved, opts, want_dbias, *side)
     dbias = q.new_empty(0) if dbias is None else torch.from_numpy(dbias).reshape(attn_mask.shape)
-    return torch.from_numpy(dq), torch.from_numpy(dk).to(k.dtype), torch.from_numpy(dv).to(v.dtype), dbias
+    dsinks = q.new_empty(0) if dsinks is None else torch.from_numpy(dsinks)
+    return torch.from_numpy(dq), torch.from_numpy(dk).to(k.dtype), torch.from_numpy(dv).to(v.dtype), dbias, dsinks
 
 
 @sdpa_backward.register_fake
-def _(grad, q, k, v, out, lse, lse_residue, attn_mask, want_dbias, *options):
+def _(grad, q, k, v, out, lse, lse_residue, attn_mask, want_dbias, dropout_p, is_causal, scale, window, softcap,
+      bottom_right, key_lengths, seed, compute, grad_lse=None, weights=None, grad_weights=None, sinks=None):
     dbias = attn_mask.new_empty(attn_mask.shape) if want_dbias else q.new_empty(0)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias
+    dsinks = q.new_empty(0) if sinks is None else torch.empty_like(sinks)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias, dsinks
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, attn_mask, *options = inputs
-    out, lse, res = output
-    ctx.save_for_backward(q, k, v, out, lse, res, attn_mask)
-    ctx.options = options
+    out, lse, res, weights = output
+    ctx.save_for_backward(q, k, v, out, lse, res, attn_mask, weights)
+    # Outputs no loss read get ``None``, not zeros: the backward then takes no side gradient.
+    ctx.set_materialize_grads(False)
+    # The nine options both operators take (dropout_p … compute); ``want_weights`` stays behind,
+    # the sinks (the forward's last input, when given) are saved apart.
+    ctx.options = options[:9]
+    ctx.sinks = options[10] if len(options) > 10 else None
+    ctx.inputs = len(inputs)
     ctx.want_dbias = attn_mask is not None and attn_mask.dtype != torch.bool and ctx.needs_input_grad[3]
 
 
-def _backward(ctx, grad_out, _grad_lse, _grad_res):
-    q, k, v, out, lse, res, attn_mask = ctx.saved_tensors
+def _backward(ctx, grad_out, grad_lse, _grad_res, grad_weights):
+    q, k, v, out, lse, res, attn_mask, weights = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv, dbias = sdpa_backward(grad_out, q, k, v, out, lse, res, attn_mask, ctx.want_dbias, *ctx.options)
-    return (dq, dk, dv, dbias if ctx.want_dbias else None) + (None,) * len(ctx.options)
+    side = (grad_lse, None, None) if grad_weights is None or weights.numel() == 0 else (grad_lse, weights, grad_weights)
+    dq, dk, dv, dbias, dsinks = sdpa_backward(
+        grad_out, q, k, v, out, lse, res, attn_mask, ctx.want_dbias, *ctx.options, *side, ctx.sinks
+    )
+    rest = [None] * (ctx.inputs - 4)
+    if ctx.sinks is not None:
+        rest[-1] = dsinks
+    return (dq, dk, dv, dbias if ctx.want_dbias else None, *rest)
 
 
 sdpa_forward.register_autograd(_backward, setup_context=_setup_context)

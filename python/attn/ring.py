@@ -8,9 +8,10 @@ and the rank's own shard is causal. The backward runs the ring again: the fused 
 the merged output and log-sum-exp gives each passing shard its share of ``dk, dv``, which travels
 with the shard and arrives home after the last step.
 
-``attn_mask`` (bool, True = may attend) holds this rank's query rows against all ``L`` keys,
-broadcast to ``[B, H, L/W, L]``; each passing shard reads its own columns (the mask never
-travels), and it combines with ``is_causal`` (attn's rule). A row that sees no key gives 0.
+``attn_mask`` holds this rank's query rows against all ``L`` keys, broadcast to ``[B, H, L/W, L]``:
+bool (True = may attend) or float (added to the scores, differentiable: its gradient comes back in
+its own shape and dtype); each passing shard reads its own columns (the mask never travels), and it
+combines with ``is_causal`` (attn's rule). A row that sees no key gives 0.
 
 ``ring_sdpa(q, k, v, is_causal=False, scale=None, group=None, attn_mask=None)`` returns this rank's
 output shard ``[B, H, L/W, Dv]``, differentiable; ``stats()`` the bytes this process has sent.
@@ -97,6 +98,9 @@ class _Ring(torch.autograd.Function):
         is_causal, scale, group = ctx.options
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         dk, n = k.shape[-1], k.shape[2]
+        bias = mask is not None and mask.is_floating_point()
+        want_dmask = bias and ctx.needs_input_grad[6]
+        dmask = torch.zeros(mask.shape, dtype=torch.float32) if want_dmask else None
         qf, of, gf = q.float(), out.float(), grad.float()
         residue = torch.zeros_like(lse)
         dq = torch.zeros_like(qf)
@@ -106,18 +110,23 @@ class _Ring(torch.autograd.Function):
         travel = torch.cat([k, v, torch.zeros_like(k), torch.zeros_like(v)], -1).float().contiguous()
         for step, how in _visits(is_causal, rank, world):
             if how is not None:
-                keep = _keys(mask, (rank - step) % world, n)
+                src = (rank - step) % world
+                keep = _keys(mask, src, n)
+                keep = keep.float() if bias else keep
                 g = _ops.sdpa_backward(
-                    gf, qf, travel[..., cols[0]], travel[..., cols[1]], of, lse, residue, keep, False, 0.0,
+                    gf, qf, travel[..., cols[0]], travel[..., cols[1]], of, lse, residue, keep, want_dmask, 0.0,
                     how == "causal", scale, None, None, False, None, 0, "f32",
                 )
                 dq += g[0]
+                if want_dmask:
+                    dmask[..., src * n:(src + 1) * n] += g[3]
                 travel[..., cols[2]] += g[1]
                 travel[..., cols[3]] += g[2]
             travel = _rotate(travel, group)
         # After `world` rotations each shard's gradient is back with its owner.
         dk_home, dv_home = travel[..., cols[2]], travel[..., cols[3]]
-        return dq.to(q.dtype), dk_home.to(k.dtype), dv_home.to(v.dtype), None, None, None, None
+        dmask = None if dmask is None else dmask.to(mask.dtype)
+        return dq.to(q.dtype), dk_home.to(k.dtype), dv_home.to(v.dtype), None, None, None, dmask
 
 
 def ring_sdpa(q, k, v, is_causal=False, scale=None, group=None, attn_mask=None):
@@ -131,9 +140,10 @@ def ring_sdpa(q, k, v, is_causal=False, scale=None, group=None, attn_mask=None):
         )
     if attn_mask is not None:
         total = k.shape[2] * dist.get_world_size(group)
-        if attn_mask.dtype != torch.bool or attn_mask.dim() > 4 or attn_mask.shape[-1] != total:
+        kind = attn_mask.dtype == torch.bool or attn_mask.is_floating_point()
+        if not kind or attn_mask.dim() > 4 or attn_mask.shape[-1] != total:
             raise ValueError(
-                f"ring_sdpa: attn_mask {attn_mask.dtype} {tuple(attn_mask.shape)}: expected a bool mask of this "
-                f"rank's queries against all {total} keys, broadcast to [B, H, L/W, {total}]"
+                f"ring_sdpa: attn_mask {attn_mask.dtype} {tuple(attn_mask.shape)}: expected a bool or float mask of "
+                f"this rank's queries against all {total} keys, broadcast to [B, H, L/W, {total}]"
             )
     return _Ring.apply(q, k, v, is_causal, scale, group, attn_mask)

@@ -57,6 +57,17 @@ def _mask(attn_mask, dtype, single_head):
     return m.contiguous() if m.requires_grad else _compact(m)
 
 
+def _sinks(sinks, dtype, heads):
+    """``sinks`` as the operator takes them: a contiguous ``[Hq]`` tensor in ``dtype``."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor) or not sinks.dtype.is_floating_point:
+        raise TypeError(f"sinks: expected a float torch.Tensor [Hq], found {getattr(sinks, 'dtype', type(sinks))}")
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks: shape {tuple(sinks.shape)}, expected [Hq] = ({heads},)")
+    return sinks.to(dtype).contiguous()
+
+
 def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras):
     """The PyTorch path of ``attn.sdpa`` (``extras``: window, softcap, align, key_lengths,
     return_lse, return_weights, seed, compute)."""
@@ -74,23 +85,20 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
     if q.dtype != compute:
         q = q.to(compute)
     mask = _mask(attn_mask, compute, single)
+    sinks = _sinks(extras["sinks"], compute, q.shape[1])
     win = None if o["window"] is None else [-1 if x is None else x for x in o["window"]]
     args = (
         o["dropout_p"], o["causal"], o["scale"], win, o["softcap"], o["bottom_right"], o["key_lengths"], o["seed"],
         extras["compute"],
     )
-    tracked = q.requires_grad or k.requires_grad or v.requires_grad or (mask is not None and mask.requires_grad)
+    tracked = any(t is not None and t.requires_grad for t in (q, k, v, mask, sinks))
     needs_op = torch.compiler.is_compiling() or (tracked and torch.is_grad_enabled())
-    weights = None
     if needs_op:
-        out, lse, _ = sdpa_forward(q, k, v, mask, *args)
-    if return_weights or not needs_op:
-        direct = run_forward(q, k, v, native_options(mask, *args), bool(return_weights))
-        if not needs_op:
-            out, lse = torch.from_numpy(direct[0]), direct[1]
-        weights = None if direct[3] is None else torch.from_numpy(direct[3])
-    if return_lse and not needs_op:
-        lse = torch.from_numpy(lse)
+        out, lse, _, weights = sdpa_forward(q, k, v, mask, *args, bool(return_weights), sinks)
+    else:
+        out, lse, _, weights = (None if x is None else torch.from_numpy(x) for x in run_forward(
+            q, k, v, native_options(mask, *args, sinks), bool(return_weights)))
+    weights = weights if return_weights else None
     if single:
         out = out.squeeze(1)
         lse = lse.squeeze(1) if return_lse else None

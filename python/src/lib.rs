@@ -16,7 +16,8 @@ mod pool;
 mod views;
 
 use attn_kernels::{
-    attention, attention_backward, reference, reference_backward, AttnGrads, AttnOutput, Kernel, Saved,
+    attention, attention_backward, reference, reference_backward, AttnGrads, AttnOutput, Kernel, Saved, SideGrads,
+    WeightsGrad,
 };
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{Element, IntoPyArray};
@@ -97,7 +98,8 @@ fn forward<'py>(
     forward_result(py, r, q.dims(), v.dims()[3])
 }
 
-type Backward<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>);
+type Backward<'py> =
+    (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>);
 
 fn backward_result<'py, T: Element>(
     py: Python<'py>,
@@ -116,16 +118,21 @@ fn backward_result<'py, T: Element>(
                 array(py, d, &[n])
             })
             .transpose()?,
+        g.dsinks.map(|d| array(py, d, &[q[1]])).transpose()?,
     ))
 }
 
 /// What a backward reads from its forward, as capsules: `out`, `dout` (`[B, Hq, Lq, Dv]`, the
-/// compute type) and the C-contiguous `lse`, `lse_residue` (`[B, Hq, Lq]` or flat).
+/// compute type) and the C-contiguous `lse`, `lse_residue` (`[B, Hq, Lq]` or flat); and the
+/// gradients that arrived at the log-sum-exp (C-contiguous) and at the weights (with the weights,
+/// `[B, Hq, Lq, Lk]`), when any did.
 struct SavedCapsules<'a> {
     out: Borrowed<'a>,
     dout: Borrowed<'a>,
     lse: Borrowed<'a>,
     lse_residue: Borrowed<'a>,
+    dlse: Option<Borrowed<'a>>,
+    dweights: Option<[Borrowed<'a>; 2]>,
 }
 
 impl<'a> SavedCapsules<'a> {
@@ -136,16 +143,25 @@ impl<'a> SavedCapsules<'a> {
             lse_residue: Some(self.lse_residue.contiguous()?),
             forward_path: None,
             dout: view4(&self.dout)?,
+            side: SideGrads {
+                dlse: self.dlse.as_ref().map(|d| d.contiguous()).transpose()?,
+                dweights: match &self.dweights {
+                    Some([w, g]) => Some(WeightsGrad { weights: view4(w)?, grad: view4(g)? }),
+                    None => None,
+                },
+            },
         })
     }
 }
 
 /// Attention backward from the forward's saved `out`, `lse` and `lse_residue` and the output's
-/// gradient `dout` (DLPack capsules): `(dq, dk, dv, dbias or None)` with `dq`, `dk`, `dv` in the
-/// compute type (`f32`, or `f64` for `float64` inputs) and `dbias` flat, in the bias's own
-/// shape's order.
+/// gradient `dout` (DLPack capsules), with the gradients `grad_lse` of the log-sum-exp and
+/// `grad_weights` of the forward's `weights` when they arrived: `(dq, dk, dv, dbias or None,
+/// dsinks or None)` with
+/// `dq`, `dk`, `dv` in the compute type (`f32`, or `f64` for `float64` inputs) and `dbias` flat, in
+/// the bias's own shape's order.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, dout, lse, lse_residue, opts, want_dbias))]
+#[pyo3(signature = (q, k, v, out, dout, lse, lse_residue, opts, want_dbias, grad_lse=None, weights=None, grad_weights=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward<'py>(
     py: Python<'py>,
@@ -158,13 +174,23 @@ fn backward<'py>(
     lse_residue: &Bound<'py, PyAny>,
     opts: Options<'py>,
     want_dbias: bool,
+    grad_lse: Option<&Bound<'py, PyAny>>,
+    weights: Option<&Bound<'py, PyAny>>,
+    grad_weights: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Backward<'py>> {
     let (q, k, v) = (Borrowed::new("q", q)?, Borrowed::new("k", k)?, Borrowed::new("v", v)?);
+    let dweights = match (weights, grad_weights) {
+        (Some(w), Some(g)) => Some([Borrowed::new("weights", w)?, Borrowed::new("grad_weights", g)?]),
+        (None, None) => None,
+        _ => return Err(PyValueError::new_err("grad_weights: given without weights, or weights without it")),
+    };
     let saved = SavedCapsules {
         out: Borrowed::new("out", out)?,
         dout: Borrowed::new("grad_out", dout)?,
         lse: Borrowed::new("lse", lse)?,
         lse_residue: Borrowed::new("lse_residue", lse_residue)?,
+        dlse: grad_lse.map(|g| Borrowed::new("grad_lse", g)).transpose()?,
+        dweights,
     };
     let masks = opts.masks()?;
     if q.dtype == Dtype::F64 {

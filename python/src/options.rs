@@ -1,6 +1,6 @@
 //! The options of one call as the Python side hands them over (a `bool` keep-mask and a float
-//! bias as C-contiguous DLPack capsules of rank 1 to 4, key lengths, window, alignment, scalars,
-//! the products' precision), borrowed into the kernels' [`AttnParams`].
+//! bias as C-contiguous DLPack capsules of rank 1 to 4, sink logits `[Hq]`, key lengths, window,
+//! alignment, scalars, the products' precision), borrowed into the kernels' [`AttnParams`].
 
 use attn_kernels::{Align, AttnParams, Dropout, MaskSpec, Precision, Window};
 use pyo3::prelude::*;
@@ -29,22 +29,29 @@ pub(crate) struct Options<'py> {
     pub seed: u64,
     /// bfloat16 products with f32 accumulation ([`Precision::Bf16`]) in the fast kernel.
     pub bf16_products: bool,
+    /// Sink logits `[Hq]` in the compute type (gpt-oss's learned sinks), C-contiguous.
+    pub sinks: Option<Bound<'py, PyAny>>,
 }
 
 /// The masks of one call, borrowed from their capsules.
 pub(crate) struct Masks<'a> {
     keep: Option<Borrowed<'a>>,
     bias: Option<Borrowed<'a>>,
+    sinks: Option<Borrowed<'a>>,
 }
 
-fn read_mask<'a>(m: &'a Option<Bound<'_, PyAny>>) -> PyResult<Option<Borrowed<'a>>> {
-    m.as_ref().map(|m| Borrowed::new("attn_mask", m)).transpose()
+fn read<'a>(name: &'static str, m: &'a Option<Bound<'_, PyAny>>) -> PyResult<Option<Borrowed<'a>>> {
+    m.as_ref().map(|m| Borrowed::new(name, m)).transpose()
 }
 
 impl<'py> Options<'py> {
     /// The masks' capsules, read.
     pub(crate) fn masks(&self) -> PyResult<Masks<'_>> {
-        Ok(Masks { keep: read_mask(&self.keep)?, bias: read_mask(&self.bias)? })
+        Ok(Masks {
+            keep: read("attn_mask", &self.keep)?,
+            bias: read("attn_mask", &self.bias)?,
+            sinks: read("sinks", &self.sinks)?,
+        })
     }
 
     /// The kernels' parameters in compute type `T`, borrowing the masks and the key lengths.
@@ -66,6 +73,7 @@ impl<'py> Options<'py> {
             softcap: self.softcap,
             dropout,
             compute: if self.bf16_products { Precision::Bf16 } else { Precision::F32 },
+            sinks: masks.sinks.as_ref().map(|s| s.contiguous::<T>()).transpose()?,
             ..AttnParams::default()
         })
     }

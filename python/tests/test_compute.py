@@ -114,7 +114,7 @@ def test_bf16_products_gradients_meet_the_oracle_rule(rng, causal):
     # gradients differ from its f32 products' ones.
     qq, kk, vv = (x.detach() for x in t)
     options = (0.0, causal, None, None, None, False, None, 0)
-    out, lse, res = torch.ops.attn.sdpa_forward(qq, kk, vv, None, *options, "bf16")
+    out, lse, res, _ = torch.ops.attn.sdpa_forward(qq, kk, vv, None, *options, "bf16")
     grads = {
         c: torch.ops.attn.sdpa_backward(grad, qq, kk, vv, out, lse, res, None, False, *options, c)
         for c in ("bf16", "f32")

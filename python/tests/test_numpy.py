@@ -110,7 +110,7 @@ def test_native_module_takes_only_live_cpu_capsules(rng):
     torch = pytest.importorskip("torch")
     q, k, v = inputs(rng, hq=2)
     opts = dict(keep=None, bias=None, causal=False, window=None, bottom_right=False, key_lengths=None, scale=None,
-                softcap=None, dropout_p=0.0, seed=0, bf16_products=False)
+                softcap=None, dropout_p=0.0, seed=0, bf16_products=False, sinks=None)
     with pytest.raises(TypeError, match="q: expected a DLPack capsule, found ndarray"):
         attn._attn.forward(q, k.__dlpack__(), v.__dlpack__(), opts, False)
     used = q.__dlpack__()

@@ -73,6 +73,91 @@ def test_float64_gradients_pass_gradcheck_with_dropout_replayed():
     assert torch.autograd.gradcheck(f, (q, k, v, bias))
 
 
+def test_float64_lse_and_weights_pass_gradcheck():
+    q, k, v = (t.requires_grad_() for t in tensors(b=1, hq=2, hkv=1, lq=5, lk=6, d=4, dtype=torch.float64))
+    bias = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+
+    def f(q, k, v, bias):
+        return attn.sdpa(q, k, v, attn_mask=bias, enable_gqa=True, dropout_p=0.3, seed=11, softcap=3.0,
+                         return_lse=True, return_weights=True)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, bias))
+
+
+def _formula(q, k, v, bias):
+    """``(out, lse, weights)`` of attention written in PyTorch ops, grouped heads repeated."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + bias
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1), torch.softmax(s, -1)
+
+
+def _side_grads(fn, q, k, v, bias):
+    """Gradients of q, k, v, bias of a loss on all three of ``fn``'s outputs."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
+    g = torch.Generator().manual_seed(5)
+    loss = sum((x * torch.randn(x.shape, generator=g, dtype=torch.float64).to(x.dtype)).sum() for x in fn(*leaves))
+    loss.backward()
+    return [t.grad for t in leaves]
+
+
+def test_lse_and_weights_gradients_match_float64():
+    q, k, v = tensors()
+    bias = torch.randn(9, 12, generator=torch.Generator().manual_seed(4))
+
+    def ours(q, k, v, bias):
+        return attn.sdpa(q, k, v, attn_mask=bias, enable_gqa=True, return_lse=True, return_weights=True)
+
+    fast = _side_grads(ours, q, k, v, bias)
+    ref64 = _side_grads(_formula, *(t.double() for t in (q, k, v, bias)))
+    naive32 = _side_grads(_formula, q, k, v, bias)
+    for name, f, n, r in zip(["dq", "dk", "dv", "dbias"], fast, naive32, ref64):
+        assert_oracle(f, n, r, k=3, floor=1e-6, what=name)
+
+
+def _with_sinks(q, k, v, sinks, causal):
+    """gpt-oss's formula: each head's sink logit joins the softmax as an extra column, dropped after."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    column = sinks.reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+    p = torch.softmax(torch.cat([s, column], -1), -1)[..., :-1]
+    return p @ v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sinks_and_their_gradient_match_float64(causal):
+    q, k, v = tensors()
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(6))
+
+    def run(fn, *xs):
+        leaves = [t.detach().clone().requires_grad_() for t in xs]
+        out = fn(*leaves)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
+        return [out.detach()] + [t.grad for t in leaves]
+
+    fast = run(lambda q, k, v, s: attn.sdpa(q, k, v, is_causal=causal, enable_gqa=True, sinks=s), q, k, v, sinks)
+    ref64 = run(lambda *xs: _with_sinks(*xs, causal), q.double(), k.double(), v.double(), sinks.double())
+    naive32 = run(lambda *xs: _with_sinks(*xs, causal), q, k, v, sinks)
+    for i, name in enumerate(["out", "dq", "dk", "dv", "dsinks"]):
+        assert_oracle(fast[i], naive32[i], ref64[i], k=2 if i == 0 else 3, floor=1e-6, what=name)
+    with torch.no_grad():
+        untracked = attn.sdpa(q, k, v, is_causal=causal, enable_gqa=True, sinks=sinks)
+    numpy = attn.sdpa(q.numpy(), k.numpy(), v.numpy(), is_causal=causal, enable_gqa=True, sinks=sinks.numpy())
+    torch.testing.assert_close(untracked, fast[0], rtol=0, atol=0)
+    np.testing.assert_array_equal(numpy, fast[0].numpy())
+
+
+def test_sinks_of_the_wrong_shape_are_refused():
+    q, k, v = tensors()
+    with pytest.raises(ValueError, match="sinks"):
+        attn.sdpa(q, k, v, enable_gqa=True, sinks=torch.zeros(3))
+    with pytest.raises(ValueError, match="sinks"):
+        attn.sdpa(q.numpy(), k.numpy(), v.numpy(), enable_gqa=True, sinks=np.zeros(3, dtype=np.float32))
+
+
 def test_float_mask_gradient_matches_pytorch():
     q, k, v = tensors()
     out = {}
@@ -102,10 +187,13 @@ def test_opcheck_passes():
     q, k, v = tensors()
     bias = torch.randn(9, 12)
     keep = torch.rand(2, 1, 9, 12) > 0.2
-    cases = ((None, True, "f32"), (keep, False, "f32"), (bias, False, "f32"), (None, True, "bf16"))
-    for mask, causal, compute in cases:
+    sinks = torch.randn(4)
+    cases = ((None, True, "f32", False, None), (keep, False, "f32", True, None), (bias, False, "f32", True, sinks),
+             (None, True, "bf16", False, sinks))
+    for mask, causal, compute, weights, s in cases:
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-        args = (qq, kk, vv, mask, 0.0, causal, None, [4, -1], None, False, None, 0, compute)
+        s = None if s is None else s.clone().requires_grad_()
+        args = (qq, kk, vv, mask, 0.0, causal, None, [4, -1], None, False, None, 0, compute, weights, s)
         torch.library.opcheck(torch.ops.attn.sdpa_forward.default, args)
 
 

@@ -68,6 +68,57 @@ pub struct Saved<'a, T> {
     pub forward_path: Option<Path>,
     /// The gradient of the output, `dO: [B, Hq, Lq, Dv]`.
     pub dout: View4<'a, T>,
+    /// The gradients arriving at the forward's other outputs (none by default).
+    pub side: SideGrads<'a, T>,
+}
+
+/// Gradients arriving at the forward's outputs other than `out`: the log-sum-exp and the weights.
+///
+/// Row `i`'s softmax gradient with them is
+/// `dS_ij = A_ij·(dA_ij + dW_ij − Δ_i − ω_i + dlse_i)`, with `A` the weights before dropout,
+/// `dA` the gradient reaching them through the output (dropout replayed), `Δ_i = Σ_j A_ij·dA_ij`,
+/// `ω_i = Σ_j A_ij·dW_ij` (since `∂lse_i/∂s_ij = A_ij`, the log-sum-exp's gradient adds
+/// `A_ij·dlse_i`). With sinks the sink-inclusive `lse` and weights are the ones meant, and the
+/// sink's gradient becomes `−Σ_i p_sink,i·(Δ_i + ω_i − dlse_i)`. A fully masked row still gets 0.
+#[derive(Debug, Clone, Copy)]
+pub struct SideGrads<'a, T> {
+    /// `dlse: [B, Hq, Lq]`.
+    pub dlse: Option<&'a [T]>,
+    /// The weights' gradient, with the weights the forward returned.
+    pub dweights: Option<WeightsGrad<'a, T>>,
+}
+
+impl<T> Default for SideGrads<'_, T> {
+    fn default() -> Self {
+        Self { dlse: None, dweights: None }
+    }
+}
+
+/// The softmax weights a forward returned (before dropout) and their gradient, both
+/// `[B, Hq, Lq, Lk]`. Weights of masked keys are 0 and their gradients are never read.
+#[derive(Debug, Clone, Copy)]
+pub struct WeightsGrad<'a, T> {
+    /// The weights `A`.
+    pub weights: View4<'a, T>,
+    /// Their gradient `dW`.
+    pub grad: View4<'a, T>,
+}
+
+impl<T: Copy + Into<f64>> SideGrads<'_, T> {
+    /// `ω_i − dlse_i` of row `(b, h, i)` of a call with `hq` heads of `lq` queries (see the type's
+    /// header), summed in `f64`; terms whose weight is 0 (masked keys) are skipped.
+    pub(crate) fn row_term(&self, [b, h, i]: [usize; 3], hq: usize, lq: usize) -> f64 {
+        let omega = self.dweights.map_or(0.0, |wg| {
+            let (w, g) = (wg.weights.row(b, h, i), wg.grad.row(b, h, i));
+            w.iter().zip(g).filter(|(&w, _)| w.into() != 0.0).map(|(&w, &g)| w.into() * g.into()).sum()
+        });
+        omega - self.dlse.map_or(0.0, |x| x[(b * hq + h) * lq + i].into())
+    }
+
+    /// Whether any gradient arrives.
+    pub fn any(&self) -> bool {
+        self.dlse.is_some() || self.dweights.is_some()
+    }
 }
 
 impl<'a, T: Copy> Saved<'a, T> {
@@ -80,12 +131,19 @@ impl<'a, T: Copy> Saved<'a, T> {
             lse_residue: Some(&fwd.lse_residue),
             forward_path: fwd.path,
             dout,
+            side: SideGrads::default(),
         })
     }
 
     /// Checks every part against the call's sizes `d`.
     pub fn check(&self, d: &Dims) -> Result<()> {
-        for (name, len) in [("lse", Some(self.lse.len())), ("lse_residue", self.lse_residue.map(<[T]>::len))] {
+        let lse = Some(self.lse.len());
+        let lens = [
+            ("lse", lse),
+            ("lse_residue", self.lse_residue.map(<[T]>::len)),
+            ("grad_lse", self.side.dlse.map(<[T]>::len)),
+        ];
+        for (name, len) in lens {
             if let Some(len) = len.filter(|&n| n != d.lse_len()) {
                 return Err(AttnError::Layout {
                     tensor: name,
@@ -93,12 +151,15 @@ impl<'a, T: Copy> Saved<'a, T> {
                 });
             }
         }
-        let want = [d.b, d.hq, d.lq, d.dv];
-        for (name, v) in [("grad_out", &self.dout), ("out", &self.out)] {
+        let rows = [("grad_out", self.dout), ("out", self.out)].map(|(n, v)| (n, v, "[B, Hq, Lq, Dv]", d.dv));
+        let weights = self.side.dweights.map(|w| [("weights", w.weights), ("grad_weights", w.grad)]);
+        let weights = weights.into_iter().flatten().map(|(n, v)| (n, v, "[B, Hq, Lq, Lk]", d.lk));
+        for (name, v, what, last) in rows.into_iter().chain(weights) {
+            let want = [d.b, d.hq, d.lq, last];
             if v.dims() != want {
                 return Err(AttnError::Layout {
                     tensor: name,
-                    reason: format!("shape {:?}, expected [B, Hq, Lq, Dv] = {:?}", v.dims(), want),
+                    reason: format!("shape {:?}, expected {what} = {:?}", v.dims(), want),
                 });
             }
         }

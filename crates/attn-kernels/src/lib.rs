@@ -41,7 +41,7 @@ pub use dispatch::{attention, attention_backward, attention_backward_tuned, atte
 pub use dropout::Dropout;
 pub use error::{AttnError, Result};
 pub use flash::{BackwardTuning, Path, Tuning};
-pub use grad::{AttnGrads, Saved};
+pub use grad::{AttnGrads, Saved, SideGrads, WeightsGrad};
 pub use isa::Isa;
 pub use mask::{Align, MaskSpec, Window};
 pub use merge::{fold_sinks, merge_partials, Partial};

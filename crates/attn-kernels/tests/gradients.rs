@@ -282,7 +282,7 @@ fn check_empty_and_errors(kernel: Kernel) {
         &q,
         &k,
         &v,
-        &Saved { out, lse: &fwd.lse, lse_residue: None, forward_path: None, dout: bad_dout },
+        &Saved { out, lse: &fwd.lse, lse_residue: None, forward_path: None, dout: bad_dout, side: Default::default() },
         &params,
         false,
     )
@@ -294,7 +294,7 @@ fn check_empty_and_errors(kernel: Kernel) {
         &q,
         &k,
         &v,
-        &Saved { out, lse: &fwd.lse[1..], lse_residue: None, forward_path: None, dout },
+        &Saved { out, lse: &fwd.lse[1..], lse_residue: None, forward_path: None, dout, side: Default::default() },
         &params,
         false,
     )

@@ -3,7 +3,7 @@
 //! gradients — causal in both alignments with `Lq ≠ Lk` per sequence, windows, grouped-query
 //! heads, half-precision K/V, soft-cap and scale, empty sequences, dropout — and a property test
 //! over random lengths and options; the packed result equals the dense kernel on each sequence
-//! alone bit for bit; dropout is keyed per sequence; bad offsets, masks with no packed form, sinks
+//! alone bit for bit, forward and gradients, with f32 and bfloat16 products; dropout is keyed per sequence; bad offsets, masks with no packed form, sinks
 //! and score modifications are typed errors naming the field.
 
 mod common;
@@ -12,8 +12,8 @@ mod varlen_parts;
 use attn_kernels::score_mod::Softcap;
 use attn_kernels::sparse::patterns::GlobalKeys;
 use attn_kernels::{
-    attention, attention_varlen, attention_varlen_backward, Align, AttnError, AttnParams, Broadcast, CuSeqlens,
-    Dropout, Kernel, KvView, MaskSpec, Packed, VarlenSaved, View4, Window,
+    attention, attention_backward, attention_varlen, attention_varlen_backward, Align, AttnError, AttnParams,
+    Broadcast, CuSeqlens, Dropout, Kernel, KvView, MaskSpec, Packed, Precision, Saved, VarlenSaved, View4, Window,
 };
 use attn_kernels::{BlockMask, BlockShape, ScoreFn};
 use common::kernel_tests;
@@ -105,30 +105,47 @@ fn check_dropout(kernel: Kernel) {
     );
 }
 
-/// Each sequence's rows of the packed result equal the dense kernel on that sequence alone (its
-/// rows copied into a contiguous `[1, H, L, D]`), bit for bit: packing changes nothing else.
+/// Each sequence's rows of the packed result and gradients equal the dense kernel on that sequence
+/// alone (its rows copied into a contiguous `[1, H, L, D]`), bit for bit, with f32 and with
+/// bfloat16 products: packing changes nothing else.
 fn check_dense_bits(kernel: Kernel) {
-    let case = PackedCase { causal: true, ..PackedCase::new(&LENS, (4, 2), (16, 8), 10) };
-    let packed = case.run(kernel).unwrap();
-    let (cq, ck) = (case.cu_q(), case.cu_k());
-    let (hq, hkv, dk, dv) = (case.hq, case.hkv, case.dk, case.dv);
-    for s in 0..case.lens.len() {
-        let (qr, kr) = (cq[s]..cq[s + 1], ck[s]..ck[s + 1]);
-        let (q, k, v) = (
-            head_major::<f32>(&case.q, &qr, hq, dk),
-            head_major(&case.k, &kr, hkv, dk),
-            head_major(&case.v, &kr, hkv, dv),
-        );
-        let q = View4::contiguous("q", &q, [1, hq, qr.len(), dk]).unwrap();
-        let k = KvView::F32(View4::contiguous("k", &k, [1, hkv, kr.len(), dk]).unwrap());
-        let v = KvView::F32(View4::contiguous("v", &v, [1, hkv, kr.len(), dv]).unwrap());
-        let dense = attention(kernel, &q, &k, &v, &case.params(), false).unwrap();
-        let got: Vec<f32> = head_major(&packed.out, &qr, hq, dv);
-        assert!(
-            got.iter().zip(&dense.out).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{}: sequence {s} differs from the dense call",
-            kernel.name()
-        );
+    for compute in [Precision::F32, Precision::Bf16] {
+        let case = PackedCase { causal: true, compute, ..PackedCase::new(&LENS, (4, 2), (16, 8), 10) };
+        let dout = case.random_dout(3);
+        let (packed, grads) = (case.run(kernel).unwrap(), case.grads(kernel, &dout).unwrap());
+        let (cq, ck) = (case.cu_q(), case.cu_k());
+        let (hq, hkv, dk, dv) = (case.hq, case.hkv, case.dk, case.dv);
+        for s in 0..case.lens.len() {
+            let (qr, kr) = (cq[s]..cq[s + 1], ck[s]..ck[s + 1]);
+            let (q, k, v, g) = (
+                head_major::<f32>(&case.q, &qr, hq, dk),
+                head_major(&case.k, &kr, hkv, dk),
+                head_major(&case.v, &kr, hkv, dv),
+                head_major(&dout, &qr, hq, dv),
+            );
+            let q = View4::contiguous("q", &q, [1, hq, qr.len(), dk]).unwrap();
+            let k = KvView::F32(View4::contiguous("k", &k, [1, hkv, kr.len(), dk]).unwrap());
+            let v = KvView::F32(View4::contiguous("v", &v, [1, hkv, kr.len(), dv]).unwrap());
+            let params = case.params();
+            let dense = attention(kernel, &q, &k, &v, &params, false).unwrap();
+            let g = View4::contiguous("grad_out", &g, [1, hq, qr.len(), dv]).unwrap();
+            let saved = Saved::of(&dense, [1, hq, qr.len(), dv], g).unwrap();
+            let dg = attention_backward(kernel, &q, &k, &v, &saved, &params, false).unwrap();
+            let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+            let parts = [
+                ("out", head_major(&packed.out, &qr, hq, dv), &dense.out),
+                ("dq", head_major(&grads.dq, &qr, hq, dk), &dg.dq),
+                ("dk", head_major(&grads.dk, &kr, hkv, dk), &dg.dk),
+                ("dv", head_major(&grads.dv, &kr, hkv, dv), &dg.dv),
+            ];
+            for (what, got, want) in parts {
+                assert!(
+                    same(&got, want),
+                    "{} {compute:?}: sequence {s}'s {what} differs from the dense call",
+                    kernel.name()
+                );
+            }
+        }
     }
 }
 

@@ -41,7 +41,7 @@ impl SelfAttentionConfig {
 pub struct SelfAttentionOutput {
     /// `[B, L, d_v]`.
     pub out: Tensor,
-    /// `[B, L, L]` when asked (not differentiable).
+    /// `[B, L, L]` when asked (differentiable, like `out`).
     pub weights: Option<Tensor>,
 }
 

@@ -8,7 +8,7 @@ mod common;
 use attn_nn::{
     Activation, AdditiveAttention, AdditiveAttentionConfig, AttentionKind, AttnMask, AttnMasks, DecoderLayer,
     EncoderLayer, LayerConfig, LinearAttention, LinearAttentionConfig, LinearInput, LinearMap, MhaInput, Mode,
-    MultiHeadAttention, MultiHeadAttentionConfig, Packed, PackedMhaInput, RopeConfig, Run, SelfAttention,
+    MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights, Packed, PackedMhaInput, RopeConfig, Run, SelfAttention,
     SelfAttentionConfig, Seq2Seq, Seq2SeqConfig, Seq2SeqMasks, Transformer, TransformerConfig,
 };
 use candle_core::{Device, Module, Tensor};
@@ -86,6 +86,32 @@ fn multi_head_attention_trains_with_sinks() {
     };
     // q/k/v_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, sinks.
     mha_self_attention_trains(cfg, 7, 16);
+}
+
+/// A loss on the averaged weights alone (attention supervision) trains the query and key rows of
+/// `in_proj_weight`, not the value rows, and never reaches `out_proj`.
+#[test]
+fn a_loss_on_the_weights_alone_trains_the_query_and_key_projections() {
+    let (map, vb) = fresh();
+    let m =
+        MultiHeadAttention::new(MultiHeadAttentionConfig { dropout: 0.2, ..MultiHeadAttentionConfig::new(16, 4) }, vb)
+            .unwrap();
+    let x = input(&[2, 6, 16], 4);
+    let masks = AttnMasks::causal().key_padding(padding(&[6, 4], 6));
+    let call = MhaInput::self_attention(&x).masks(masks).mode(Mode::Train).need_weights(NeedWeights::Averaged);
+    let w = m.forward(call).unwrap().weights.unwrap();
+    let target = common::uniform(w.dims(), 9);
+    let grads = (w * target).unwrap().sum_all().unwrap().backward().unwrap();
+    let vars = map.data().lock().unwrap();
+    let g = grads.get(vars["in_proj_weight"].as_tensor()).expect("in_proj_weight gets a gradient");
+    let rows = |r: usize| common::flat(&g.narrow(0, r * 16, 16).unwrap());
+    for (name, r) in [("query", 0), ("key", 1)] {
+        let rs = rows(r);
+        assert!(rs.iter().all(|x| x.is_finite()) && rs.iter().any(|&x| x != 0.0), "{name} rows: {rs:?}");
+    }
+    assert!(rows(2).iter().all(|&x| x == 0.0), "the weights do not read the values");
+    let out_proj = grads.get(vars["out_proj.weight"].as_tensor());
+    assert!(out_proj.is_none_or(|t| common::flat(t).iter().all(|&x| x == 0.0)), "out_proj got a gradient");
 }
 
 #[test]

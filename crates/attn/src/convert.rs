@@ -6,11 +6,9 @@
 //! `f16` or `bf16` (the kernels accumulate in `f32`), and converted to `f32` when `f64`. A tensor
 //! whose last dimension is strided is made contiguous; other strides are used as they are.
 
-use attn_kernels::alloc::{self, Elem};
 use attn_kernels::{KvView, Packed, PackedKv, View4};
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, DType, Device, Layout, Tensor, WithDType};
-use half::{bf16, f16};
+use candle_core::{CpuStorage, DType, Layout, Tensor, WithDType};
 
 use crate::error::{AttnLibError, Result};
 
@@ -113,23 +111,13 @@ pub(crate) fn packed_kv<'a>(name: &'static str, cpu: &'a CpuStorage, layout: &La
     }
 }
 
+/// `t` as a contiguous f32 tensor.
+pub(crate) fn contiguous_f32(t: &Tensor) -> Result<Tensor> {
+    Ok(t.to_dtype(DType::F32)?.contiguous()?)
+}
+
 /// The row-major values of a float tensor (any device) as `T`; refuses other dtypes.
 pub(crate) fn float_values<T: WithDType>(name: &'static str, t: &Tensor) -> Result<Vec<T>> {
     check_float(name, t)?;
     Ok(t.flatten_all()?.to_dtype(T::DTYPE)?.to_vec1::<T>()?)
-}
-
-/// A CPU tensor of `shape` from kernel output `what`, cast to the float type `dtype` (the copy
-/// allocated fallibly).
-pub(crate) fn to_tensor(what: &'static str, data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
-    fn cast<T: Elem + WithDType>(what: &'static str, data: &[f32], shape: &[usize], f: fn(f32) -> T) -> Result<Tensor> {
-        let cast = alloc::collect(what, shape, data.iter().map(|&x| f(x)))?;
-        Ok(Tensor::from_vec(cast, shape, &Device::Cpu)?)
-    }
-    match dtype {
-        DType::F16 => cast(what, &data, shape, f16::from_f32),
-        DType::BF16 => cast(what, &data, shape, bf16::from_f32),
-        DType::F64 => cast(what, &data, shape, f64::from),
-        _ => Ok(Tensor::from_vec(data, shape, &Device::Cpu)?),
-    }
 }

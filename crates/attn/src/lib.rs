@@ -88,6 +88,7 @@ pub mod error;
 pub mod heatmap;
 pub mod linear;
 pub mod mask;
+mod op;
 pub mod options;
 mod params;
 #[cfg(feature = "pictures")]

@@ -15,10 +15,13 @@
 //! the tensor; copy with `.to_device(&Device::Cpu)`). Masks and biases are read from any device.
 //! Results are CPU tensors.
 //!
-//! Gradients: `out` is differentiable through candle's autograd (`loss.backward()`) with respect to
-//! `q`, `k`, `v`, a tracked bias and tracked sinks (a `Var`, or computed from one): the backward
-//! runs the fused backward kernel on the forward's log-sum-exp, replaying dropout from its seed
-//! (see `autograd`). `lse` and `weights` are plain tensors (no gradient flows through them).
+//! Gradients: `out`, `lse` and `weights` are differentiable through candle's autograd
+//! (`loss.backward()`) with respect to `q`, `k`, `v`, a tracked bias, tracked sinks and a tracked
+//! score-modification table (a `Var`, or computed from one): the backward runs the fused backward
+//! kernel on the forward's log-sum-exp, replaying dropout from its seed (see `autograd`). A loss
+//! that reads `lse` or `weights` as well as `out` runs the backward kernel once more for each
+//! (`dS = A∘(dA + dW − Δ − ω + dlse)`, see `attn_kernels::SideGrads`); `weights` are those
+//! before dropout, so dropout does not reach their gradient.
 //!
 //! Sinks ([`SdpaOptions::sinks`], `[Hq]`; `[1]` for 3-D inputs) join each row's softmax
 //! denominator: the weights then sum to `1 − exp(sink − lse)` and `lse` includes the sink.
@@ -26,7 +29,7 @@
 use candle_core::{DType, Tensor};
 
 use crate::autograd;
-use crate::convert::{as_key_value, as_query, check_input, to_tensor};
+use crate::convert::{as_key_value, as_query, check_input};
 use crate::error::{AttnLibError, Result};
 use crate::options::SdpaOptions;
 
@@ -63,19 +66,17 @@ pub fn sdpa_full(q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) -> Resu
 
     let lifted = if single_head { Some(with_head_dim(opts)?) } else { None };
     let opts = lifted.as_ref().unwrap_or(opts);
-    let (out, lse, weights) = autograd::forward(&q4, &k4, &v4, opts)?;
+    let autograd::Outputs { out, lse, weights } = autograd::forward(&q4, &k4, &v4, opts)?;
 
-    let [b, hq, lq, _] = dims4(&q4);
-    let lk = k4.dims()[2];
-    let drop_head = |shape: Vec<usize>| if single_head { [&shape[..1], &shape[2..]].concat() } else { shape };
     let dtype = q.dtype();
-    let out = if single_head { out.squeeze(1)? } else { out };
+    let fit = |t: Tensor, dtype| -> Result<Tensor> {
+        let t = if single_head { t.squeeze(1)? } else { t };
+        Ok(if t.dtype() == dtype { t } else { t.to_dtype(dtype)? })
+    };
     Ok(SdpaOutput {
-        out: if dtype == DType::F32 { out } else { out.to_dtype(dtype)? },
-        lse: to_tensor("log-sum-exp", lse, &drop_head(vec![b, hq, lq]), DType::F32)?,
-        weights: weights
-            .map(|w| to_tensor("attention weights", w, &drop_head(vec![b, hq, lq, lk]), dtype))
-            .transpose()?,
+        out: fit(out, dtype)?,
+        lse: fit(lse, DType::F32)?,
+        weights: weights.map(|w| fit(w, dtype)).transpose()?,
     })
 }
 
@@ -109,9 +110,4 @@ fn with_head_dim(opts: &SdpaOptions) -> Result<SdpaOptions> {
     let mask = opts.mask.as_ref().map(|m| lift(m.tensor()).map(|t| m.with_tensor(t))).transpose()?;
     let bias = opts.bias.as_ref().map(lift).transpose()?;
     Ok(SdpaOptions { mask, bias, ..opts.clone() })
-}
-
-fn dims4(t: &Tensor) -> [usize; 4] {
-    let d = t.dims();
-    [d[0], d[1], d[2], d[3]]
 }

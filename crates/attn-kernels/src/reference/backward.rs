@@ -9,8 +9,10 @@
 //!    again from the row's scores as the forward did, as PyTorch's math path does), `Ā_ij = z_j ·
 //!    A_ij` (what multiplied `v_j`);
 //! 2. `dV_j += Ā_ij · dO_i`;
-//! 3. `dĀ_ij = dO_i · v_j`, `dA_ij = z_j · dĀ_ij`;
-//! 4. `dS_ij = A_ij · (dA_ij − Σ_j A_ij · dA_ij)` — the gradient of the score, and of the bias;
+//! 3. `dĀ_ij = dO_i · v_j`, `dA_ij = z_j · dĀ_ij`, plus the weights' own gradient `dW_ij` when
+//!    one arrives ([`SideGrads`](crate::SideGrads));
+//! 4. `dS_ij = A_ij · (dA_ij − Σ_j A_ij · dA_ij + dlse_i)` — the gradient of the score, and of the
+//!    bias (`dlse_i`, the log-sum-exp's gradient when one arrives, else 0);
 //! 5. through the soft-cap and the modification: `dX_ij = dS_ij · (1 − tanh²(f(x_ij) / cap)) ·
 //!    f'(x_ij)`, `x_ij = scale · q_i·k_j`, and the modification's table entry `e` read at `(i, j)`
 //!    gets `dS_ij · (1 − tanh²(f(x_ij) / cap)) · ∂f/∂t_e`;
@@ -22,7 +24,7 @@
 //! With a sink logit `σ_h` (step 1's softmax then has `exp(σ_h − m)` in its denominator, see the
 //! parent module) `A_ij` depends on `σ_h` through the denominator alone, `∂A_ij/∂σ_h = −A_ij ·
 //! p_σ` with `p_σ = exp(σ_h − m) / l` the sink's own probability, so
-//! 7. `dσ_h += −p_σ · Σ_j A_ij · dA_ij`, over every row of head `h` (a fully masked row has no
+//! 7. `dσ_h += −p_σ · (Σ_j A_ij · dA_ij − dlse_i)`, over every row of head `h` (a fully masked row has no
 //!    `A_ij` and adds 0). Steps 2 to 6 are unchanged: the row term `Σ_j A_ij · dA_ij` of step 4 is
 //!    the same sum.
 //!
@@ -72,6 +74,8 @@ pub fn reference_backward<T: Real>(
                 let Some((m, l)) = softmax_stats(&scores, sink) else { continue };
                 let key = pb.dropout.map(|dr| dr.row_key(b, h, i, [d.hq, d.lq]));
                 let doi = dout.row(b, h, i);
+                let dw = saved.side.dweights.map(|w| w.grad.row(b, h, i));
+                let dlse = saved.side.dlse.map_or(T::zero(), |x| x[row]);
                 // Steps 1 to 3.
                 for (j, sc) in scores.iter().enumerate() {
                     let Some(sc) = sc else { continue };
@@ -88,6 +92,9 @@ pub fn reference_backward<T: Real>(
                         axpy(z * a[j], doi, dvj);
                         da[j] = z * dot(doi, v.row(b, kvh, j));
                     }
+                    if let Some(dw) = dw {
+                        da[j] = da[j] + dw[j];
+                    }
                 }
                 // Step 4.
                 let rowsum = scores
@@ -97,12 +104,12 @@ pub fn reference_backward<T: Real>(
                     .fold(T::zero(), |acc, (j, _)| acc + a[j] * da[j]);
                 // Step 7.
                 if let (Some(ds), Some(sink)) = (g.dsinks.as_mut(), sink) {
-                    ds[h] = ds[h] - (sink - m).exp() / l * rowsum;
+                    ds[h] = ds[h] - (sink - m).exp() / l * (rowsum - dlse);
                 }
                 let scale = T::from_f64(pb.scale).unwrap();
                 for (j, sc) in scores.iter().enumerate() {
                     let Some(sc) = sc else { continue };
-                    let ds = a[j] * (da[j] - rowsum);
+                    let ds = a[j] * (da[j] - rowsum + dlse);
                     if let (Some(gb), Some(bias)) = (g.dbias.as_mut(), pb.elem.bias) {
                         let st = bias.strides;
                         let at = b * st[0] + h * st[1] + i * st[2] + j * st[3];

@@ -11,7 +11,7 @@ use super::{split_rows, Call, VarlenOutput};
 use crate::alloc;
 use crate::dispatch::{attention_backward, Kernel};
 use crate::error::{AttnError, Result};
-use crate::grad::{AttnGrads, Saved};
+use crate::grad::{AttnGrads, Saved, SideGrads};
 use crate::problem::AttnParams;
 
 /// What the packed backward needs from its forward, and the gradient arriving at the output.
@@ -25,6 +25,8 @@ pub struct VarlenSaved<'a> {
     pub lse_residue: Option<&'a [f32]>,
     /// The gradient of the output, `dO: [total_q, Hq, Dv]`.
     pub dout: Packed<'a, f32>,
+    /// The gradient of the log-sum-exp `[Hq, total_q]`, when one arrives (see [`SideGrads`]).
+    pub dlse: Option<&'a [f32]>,
 }
 
 impl<'a> VarlenSaved<'a> {
@@ -35,6 +37,7 @@ impl<'a> VarlenSaved<'a> {
             lse: &fwd.lse,
             lse_residue: Some(&fwd.lse_residue),
             dout,
+            dlse: None,
         })
     }
 
@@ -47,7 +50,8 @@ impl<'a> VarlenSaved<'a> {
                 return Err(AttnError::Layout { tensor, reason });
             }
         }
-        for (tensor, len) in [("lse", Some(self.lse.len())), ("lse_residue", self.lse_residue.map(<[f32]>::len))] {
+        let lens = [("lse", Some(self.lse.len())), ("lse_residue", self.lse_residue.map(<[f32]>::len))];
+        for (tensor, len) in lens.into_iter().chain([("grad_lse", self.dlse.map(<[f32]>::len))]) {
             if let Some(len) = len.filter(|&n| n != c.hq * c.total_q) {
                 let reason = format!("{len} elements, expected [Hq, total_q] = {}", c.hq * c.total_q);
                 return Err(AttnError::Layout { tensor, reason });
@@ -57,12 +61,13 @@ impl<'a> VarlenSaved<'a> {
     }
 }
 
-/// One sequence's buffers: its log-sum-exp rows and residues, and its gathered queries, output
-/// gradients, keys and values.
+/// One sequence's buffers: its log-sum-exp rows, residues and gradients, and its gathered
+/// queries, output gradients, keys and values.
 #[derive(Default)]
 struct Bufs {
     lse: Vec<f32>,
     residue: Vec<f32>,
+    dlse: Vec<f32>,
     q: Vec<f32>,
     dout: Vec<f32>,
     k: KvBuf,
@@ -71,7 +76,7 @@ struct Bufs {
 
 impl Held for Bufs {
     fn held(&self) -> usize {
-        [&self.lse, &self.residue, &self.q, &self.dout].iter().map(|v| v.held()).sum::<usize>()
+        [&self.lse, &self.residue, &self.dlse, &self.q, &self.dout].iter().map(|v| v.held()).sum::<usize>()
             + self.k.held()
             + self.v.held()
     }
@@ -123,6 +128,9 @@ pub fn attention_varlen_backward(
         if let Some(r) = saved.lse_residue {
             gather(r, &mut b.residue);
         }
+        if let Some(r) = saved.dlse {
+            gather(r, &mut b.dlse);
+        }
         let seq_saved = Saved {
             // Read once per row, for `Δ = dO·O`: no gather.
             out: saved.out.view("out", qr.clone())?,
@@ -131,6 +139,7 @@ pub fn attention_varlen_backward(
             // The path the forward chose for these sizes: it ran untuned.
             forward_path: None,
             dout: saved.dout.gather("grad_out", qr.clone(), &mut b.dout)?,
+            side: SideGrads { dlse: saved.dlse.map(|_| &b.dlse[..]), dweights: None },
         };
         let qv = q.gather("q", qr.clone(), &mut b.q)?;
         let (kv, vv) = (k.gather("k", kr.clone(), &mut b.k)?, v.gather("v", kr.clone(), &mut b.v)?);

@@ -3,7 +3,7 @@
 //! must match the analytic gradients. Masks and dropout are constants of `L`, so every option is
 //! covered.
 
-use attn_kernels::{reference, View4};
+use attn_kernels::{reference, AttnGrads, View4};
 
 use super::harness::{grads64, out_dims, random_dout};
 use crate::common::Case;
@@ -23,8 +23,16 @@ fn loss(case: &Case, x: &[Vec<f64>; 5], dout: &[f64]) -> f64 {
 pub fn assert_finite_differences(case: &Case, what: &str) {
     let dout32 = random_dout(case, 11);
     let analytic = grads64(case, &dout32);
+    let dout: Vec<f64> = dout32.iter().map(|&x| x as f64).collect();
+    assert_differences(case, what, &analytic, |x| loss(case, x, &dout));
+    assert_eq!(analytic.dq.len(), out_dims(case)[..3].iter().product::<usize>() * case.dims.dk);
+}
+
+/// Checks `analytic`, the gradients of `loss` of `case`'s q, k, v, bias and sinks (widened to `f64`,
+/// in that order), against central differences of `loss` at every finite element; panics naming
+/// `what` and the first disagreement.
+pub fn assert_differences(case: &Case, what: &str, analytic: &AttnGrads<f64>, loss: impl Fn(&[Vec<f64>; 5]) -> f64) {
     let wide = |x: &[f32]| x.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-    let dout = wide(&dout32);
     let base = [
         wide(&case.q),
         wide(&case.k),
@@ -32,7 +40,6 @@ pub fn assert_finite_differences(case: &Case, what: &str) {
         case.bias.as_ref().map_or(Vec::new(), |b| wide(&b.data)),
         case.sinks.as_deref().map_or(Vec::new(), wide),
     ];
-    let names = ["q", "k", "v", "bias", "sinks"];
     let none = Vec::new();
     let grads = [
         &analytic.dq,
@@ -41,16 +48,13 @@ pub fn assert_finite_differences(case: &Case, what: &str) {
         analytic.dbias.as_ref().unwrap_or(&none),
         analytic.dsinks.as_ref().unwrap_or(&none),
     ];
-    for (t, name) in names.iter().enumerate() {
-        for e in 0..base[t].len() {
-            if !base[t][e].is_finite() {
-                continue;
-            }
+    for (t, name) in ["q", "k", "v", "bias", "sinks"].iter().enumerate() {
+        for e in (0..base[t].len()).filter(|&e| base[t][e].is_finite()) {
             let eps = 1e-6 * base[t][e].abs().max(1.0);
             let shifted = |delta: f64| {
                 let mut x = base.clone();
                 x[t][e] += delta;
-                loss(case, &x, &dout)
+                loss(&x)
             };
             let numeric = (shifted(eps) - shifted(-eps)) / (2.0 * eps);
             let got = grads[t][e];
@@ -62,5 +66,4 @@ pub fn assert_finite_differences(case: &Case, what: &str) {
             );
         }
     }
-    assert_eq!(analytic.dq.len(), out_dims(case)[..3].iter().product::<usize>() * case.dims.dk);
 }

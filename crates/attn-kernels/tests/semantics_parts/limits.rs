@@ -140,7 +140,13 @@ pub fn check_too_large(kernel: Kernel) {
     too_large("attention output", attention(kernel, &q, &kv, &kv, &params, false).map(drop));
     // Key gradient [1, 1, 2^61, 1] f32, for a forward of one query row.
     let (q, kv) = (column("q", 1), KvView::F32(column("k", 1 << 61)));
-    let saved =
-        Saved { out: column("out", 1), lse: &one, lse_residue: None, forward_path: None, dout: column("grad_out", 1) };
+    let saved = Saved {
+        out: column("out", 1),
+        lse: &one,
+        lse_residue: None,
+        forward_path: None,
+        dout: column("grad_out", 1),
+        side: Default::default(),
+    };
     too_large("gradient dk", attention_backward(kernel, &q, &kv, &kv, &saved, &params, false).map(drop));
 }

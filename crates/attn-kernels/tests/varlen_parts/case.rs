@@ -7,7 +7,8 @@ use std::ops::Range;
 
 use attn_kernels::{
     attention_varlen, attention_varlen_backward, reference, reference_backward, Align, AttnGrads, AttnParams,
-    CuSeqlens, Dropout, Kernel, MaskSpec, Packed, PackedKv, Real, Saved, VarlenOutput, VarlenSaved, View4, Window,
+    CuSeqlens, Dropout, Kernel, MaskSpec, Packed, PackedKv, Precision, Real, Saved, VarlenOutput, VarlenSaved, View4,
+    Window,
 };
 use attn_testkit::oracle::{check, GRADIENT_FACTOR, OUTPUT_FACTOR};
 use half::{bf16, f16};
@@ -44,6 +45,8 @@ pub struct PackedCase {
     pub scale: Option<f64>,
     pub softcap: Option<f64>,
     pub dropout: Option<Dropout>,
+    /// The products' precision.
+    pub compute: Precision,
 }
 
 /// `[0, l_0, l_0 + l_1, …]`.
@@ -73,6 +76,7 @@ impl PackedCase {
             scale: None,
             softcap: None,
             dropout: None,
+            compute: Precision::F32,
         }
     }
 
@@ -125,6 +129,7 @@ impl PackedCase {
             mask: MaskSpec { causal: self.causal, window: self.window, align: self.align, ..Default::default() },
             softcap: self.softcap,
             dropout: self.dropout,
+            compute: self.compute,
             ..Default::default()
         }
     }

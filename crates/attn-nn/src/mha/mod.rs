@@ -194,7 +194,8 @@ pub struct MhaOutput {
     pub out: Tensor,
     /// `[B, H, Lq, Lk]` or `[B, Lq, Lk]` when asked (without `B` when unbatched, batch first
     /// otherwise, as PyTorch; `Lk` counts the keys `add_bias_kv` and `add_zero_attn` append);
-    /// softmax weights before dropout, not differentiable (with sinks a row sums to less than 1).
+    /// softmax weights before dropout, differentiable (with sinks a row sums to
+    /// less than 1).
     pub weights: Option<Tensor>,
 }
 

@@ -10,9 +10,9 @@ use attn_kernels::{Real, View4};
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor, WithDType};
 
 use super::LinearOptions;
-use crate::autograd::{apply_op, cpu, failed, ForwardState};
 use crate::convert::view4;
 use crate::error::Result;
+use crate::op::{apply_op, cpu, failed, ForwardState};
 
 struct LinearOp {
     opts: LinearOptions,

@@ -40,7 +40,7 @@ mod op;
 
 use candle_core::{DType, Tensor};
 
-use crate::convert::{as_key_value, as_query, check_input, to_tensor};
+use crate::convert::{as_key_value, as_query, check_input};
 use crate::error::{AttnLibError, Result};
 use crate::options::SdpaOptions;
 
@@ -105,13 +105,9 @@ pub fn sdpa_varlen_full(
         });
     }
     let (q3, k3, v3) = (as_query(q)?, as_key_value(k)?, as_key_value(v)?);
-    let (out, lse) = op::forward(&q3, &k3, &v3, [cu_seqlens_q, cu_seqlens_k], opts)?;
-    let (total_q, hq) = (q.dims()[0], q.dims()[1]);
+    let crate::op::Outputs { out, lse, .. } = op::forward(&q3, &k3, &v3, [cu_seqlens_q, cu_seqlens_k], opts)?;
     let dtype = q.dtype();
-    Ok(SdpaVarlenOutput {
-        out: if dtype == DType::F32 { out } else { out.to_dtype(dtype)? },
-        lse: to_tensor("log-sum-exp", lse, &[hq, total_q], DType::F32)?,
-    })
+    Ok(SdpaVarlenOutput { out: if dtype == DType::F32 { out } else { out.to_dtype(dtype)? }, lse })
 }
 
 /// The offsets `[B + 1]` of sequences of `lengths` packed one after another: `[0, l_0, l_0 + l_1, …]`.

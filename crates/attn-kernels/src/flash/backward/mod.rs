@@ -22,6 +22,10 @@
 //!   adds its `dS` under one lock (an `O(tile)` addition after `O(tile · D)` of arithmetic); so
 //!   does the score modification's table gradient `dtable`, from a per-tile buffer.
 //!
+//! Gradients arriving at the log-sum-exp and the weights ([`SideGrads`]) change two things: each
+//! row's term becomes `Δ_i + ω_i − dlse_i` (taken once per row with `Δ`), and a tile adds the
+//! weights' gradient to its `dP` after dropout's replay.
+//!
 //! Attention sinks need nothing of the jobs: the forward's log-sum-exp and output include the
 //! sink, so `P = exp(S − lse)` and `Δ = dO·O` are already those of the softmax with the sink, and
 //! `dsinks` is one pass over the rows afterwards ([`sinks`]).
@@ -38,7 +42,7 @@ use rayon::prelude::*;
 use super::plan::{self, Path};
 use super::simd::KvElem;
 use crate::alloc::{self, AllocError};
-use crate::grad::{AttnGrads, Saved};
+use crate::grad::{AttnGrads, Saved, SideGrads};
 use crate::problem::{Precision, Problem};
 use crate::view::View4;
 use crate::Isa;
@@ -96,6 +100,8 @@ pub(super) struct BwdCtx<'a, E> {
     pub lse_residue: Option<&'a [f32]>,
     /// The forward's output, for `Δ_i = dO_i·O_i`.
     pub out: View4<'a, f32>,
+    /// Gradients arriving at the log-sum-exp and the weights: they join `Δ` and `dP`.
+    pub side: SideGrads<'a, f32>,
     /// `dq` (one shard) or its partials `[S][B·Hkv][Hq/Hkv · Lq · Dk]`.
     pub dq: Disjoint<'a>,
     pub dk: Disjoint<'a>,
@@ -184,6 +190,7 @@ pub(crate) fn backward<E: KvElem>(
             lse: saved.lse,
             lse_residue: saved.lse_residue,
             out: saved.out,
+            side: saved.side,
             dq: Disjoint::new(dq_target),
             dk: Disjoint::new(&mut g.dk),
             dv: Disjoint::new(&mut g.dv),

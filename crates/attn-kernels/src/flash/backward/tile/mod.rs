@@ -7,7 +7,8 @@
 //!    (scaled by dropout's `c`);
 //! 2. `P = exp((S − lse) − lse_residue)`, dropout replayed (`P̄ = z·P`, `dP = keep·dP̄` with `dP̄ = dO·(c·V)`,
 //!    `z = keep·c`, `c = 1/(1 − p)`),
-//!    `dS = P∘(dP − Δ)` (0 wherever `S` is masked, whatever `dP̄` holds), added into `dbias`,
+//!    `dP += dW` when the weights' gradient arrives, `dS = P∘(dP − Δ)` (0 wherever `S` is masked,
+//!    whatever `dP̄` holds; `Δ` with the side gradients' term), added into `dbias`,
 //!    `dS·(1 − tanh²)` into the score modification's table (`dtable`), and
 //!    `dX = scale·dS·(1 − tanh²)·f'` through the soft-cap and the modification;
 //! 3. `dV += P̄ᵀ·dO`, `dK += dXᵀ·Q` into the block's accumulators and `dQ += dX·K`, with the
@@ -191,7 +192,8 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     }
 }
 
-/// `Δ_i = dO_i·O_i` of the job's rows into `w.delta`, rounded as the form's `dO·Vᵀ` rounds.
+/// `Δ_i = dO_i·O_i` of the job's rows into `w.delta`, rounded as the form's `dO·Vᵀ` rounds, plus
+/// `ω_i − dlse_i` when side gradients arrive.
 ///
 /// # Safety
 /// CPU supports `S`.
@@ -206,19 +208,24 @@ unsafe fn deltas<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, form: Form, w
     for h in job.kvh * g..(job.kvh + 1) * g {
         for i in 0..d.lq {
             let (dout, out) = (cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i));
-            if cx.pb.sink(h).is_some() {
+            let delta = if cx.pb.sink(h).is_some() {
                 let mut delta = 0.0f64;
                 for (&x, &y) in dout.iter().zip(out) {
                     delta += x as f64 * y as f64;
                 }
-                w.delta.push(delta as f32);
+                delta as f32
             } else if form.bf16 {
                 // SAFETY: CPU supports `S`.
-                w.delta.push(unsafe { dot_as_panel::<S, Bf16Pairs>(dout, out) });
+                unsafe { dot_as_panel::<S, Bf16Pairs>(dout, out) }
             } else {
                 // SAFETY: CPU supports `S`.
-                w.delta.push(unsafe { dot_as_panel::<S, Fma>(dout, out) });
-            }
+                unsafe { dot_as_panel::<S, Fma>(dout, out) }
+            };
+            w.delta.push(if cx.side.any() {
+                (delta as f64 + cx.side.row_term([job.b, h, i], d.hq, d.lq)) as f32
+            } else {
+                delta
+            });
         }
     }
 }

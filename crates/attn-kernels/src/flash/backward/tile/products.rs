@@ -143,18 +143,15 @@ pub(super) unsafe fn accumulate_f32<S: Simd, E: KvElem>(
     dq: &mut [f32],
 ) {
     let d = cx.pb.dims;
-    let (b, TileAt { h, i0, nr, j0, n }) = (job.b, t);
-    let pd = if cx.pb.dropout.is_some() { &w.pd } else { &w.p };
-    let (qb, ldq) = head(&cx.q, b, h);
-    let (ob, ldo) = head(&cx.dout, b, h);
+    let (b, TileAt { nr, j0, n, .. }) = (job.b, t);
+    let [pd, (qb, ldq), (ob, ldo)] = tile_rows(cx, w, b, t);
     let (kb, ldk) = head(&cx.k, b, job.kvh);
-    let (qb, ob, kb) = (qb.as_ptr(), ob.as_ptr(), kb.as_ptr());
+    let kb = kb[j0 * ldk..].as_ptr();
     // SAFETY: `P̄` and `dX` hold `nr` rows of `n` at stride `LDB`, read transposed for `dV`, `dK`;
     // Q and dO rows `i0..i0+nr` and K rows `j0..j0+n` exist; the accumulators hold `n` rows,
     // `dq` `nr` rows.
     unsafe {
-        let (qb, ob, kb) = (qb.add(i0 * ldq), ob.add(i0 * ldo), kb.add(j0 * ldk));
-        pv_block::<S, Fma, f32>(pd.as_ptr(), 1, LDB, ob, ldo, nr, w.dv.as_mut_ptr(), d.dv, n);
+        pv_block::<S, Fma, f32>(pd.0, 1, LDB, ob, ldo, nr, w.dv.as_mut_ptr(), d.dv, n);
         pv_block::<S, Fma, f32>(w.dp.as_ptr(), 1, LDB, qb, ldq, nr, w.dk.as_mut_ptr(), d.dk, n);
         let mut c = 0;
         for run_end in w.bad_keys.iter().copied().chain(std::iter::once(n)) {
@@ -176,6 +173,15 @@ pub(super) unsafe fn accumulate_f32<S: Simd, E: KvElem>(
     }
 }
 
+/// What both forms of step 3 read first, as pointers with their row strides: `P̄` (`P` without
+/// dropout; stride `LDB`), and the tile's first query and output-gradient rows (`Q`, `dO` row
+/// `i0` of head `h`).
+fn tile_rows<E: KvElem>(cx: &BwdCtx<E>, w: &BwdWork, b: usize, t: TileAt) -> [(*const f32, usize); 3] {
+    let pd = if cx.pb.dropout.is_some() { &w.pd } else { &w.p };
+    let [(qb, ldq), (ob, ldo)] = [head(&cx.q, b, t.h), head(&cx.dout, b, t.h)];
+    [(pd.as_ptr(), LDB), (qb[t.i0 * ldq..].as_ptr(), ldq), (ob[t.i0 * ldo..].as_ptr(), ldo)]
+}
+
 /// Step 3 on bfloat16 pairs: `P̄`, `dX` and the tile's `dO` and `Q` rows paired two
 /// query rows at a time (an odd last row with a row of zeros), `dX` also paired per key panel
 /// against the block's keys packed in pairs of keys (`w.kk`).
@@ -191,19 +197,15 @@ pub(super) unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
     dq: &mut [f32],
 ) {
     let d = cx.pb.dims;
-    let (b, TileAt { h, i0, nr, n, .. }) = (job.b, t);
-    let (half, width) = (nr.div_ceil(2), n.div_ceil(2 * S::W) * 2 * S::W);
-    let pd = if cx.pb.dropout.is_some() { &w.pd } else { &w.p };
-    let (qb, ldq) = head(&cx.q, b, h);
-    let (ob, ldo) = head(&cx.dout, b, h);
+    let (TileAt { nr, n, .. }, half, width) = (t, t.nr.div_ceil(2), t.n.div_ceil(2 * S::W) * 2 * S::W);
+    let [pd, (qb, ldq), (ob, ldo)] = tile_rows(cx, w, job.b, t);
     // SAFETY: `P̄` and `dX` hold `nr` rows of `LDB >= width` at stride `LDB`; Q and dO rows
     // `i0..i0+nr` exist; `w.rows2` holds `⌈TILE_ROWS/2⌉` rows of `max(LDB, Dk, Dv)`, `w.keys2`
     // `TILE_ROWS` rows of `LDB/2`, `w.kk` the block's keys in pairs (`width/2` rows of `Dk`); the
     // accumulators hold `n` rows, `dq` `nr` rows.
     unsafe {
-        let (qb, ob) = (qb.as_ptr().add(i0 * ldq), ob.as_ptr().add(i0 * ldo));
         let (pairs, values) = w.rows2.split_at_mut(half * LDB);
-        pair_rows::<S>(pd.as_ptr(), LDB, nr, n, pairs.as_mut_ptr(), LDB);
+        pair_rows::<S>(pd.0, LDB, nr, n, pairs.as_mut_ptr(), LDB);
         pair_rows::<S>(ob, ldo, nr, d.dv, values.as_mut_ptr(), d.dv);
         pv_block::<S, Bf16Pairs, f32>(pairs.as_ptr(), 1, LDB, values.as_ptr(), d.dv, half, w.dv.as_mut_ptr(), d.dv, n);
         pair_rows::<S>(w.dp.as_ptr(), LDB, nr, n, pairs.as_mut_ptr(), LDB);

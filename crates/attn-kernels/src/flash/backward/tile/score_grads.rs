@@ -9,7 +9,8 @@ use crate::flash::scores::{mask_row, RowDerivs};
 use crate::flash::simd::{KvElem, Simd};
 
 /// Step 2: per row, the scores masked, `P = exp((S − lse) − lse_residue)` into `w.p` (`P̄` into
-/// `w.pd` under dropout), `dS = P∘(dP − Δ)` in place of `dP`, added into `dbias`, then `dX`.
+/// `w.pd` under dropout), the weights' gradient added to `dP`, `dS = P∘(dP − Δ)` in place of `dP`,
+/// added into `dbias`, then `dX`.
 ///
 /// # Safety
 /// As [`super::tile`].
@@ -54,6 +55,9 @@ pub(super) unsafe fn score_grads<S: Simd>(cx: &BwdCtx<impl KvElem>, job: &BwdJob
                 pd[c] = p[c] * (keep * sc);
                 dp[c] *= keep;
             }
+        }
+        if let Some(wg) = cx.side.dweights {
+            dp.iter_mut().zip(&wg.grad.row(b, h, i)[j0..j0 + n]).for_each(|(dp, &g)| *dp += g);
         }
         let delta = w.delta[(h - job.kvh * d.group()) * d.lq + i];
         // SAFETY: rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.

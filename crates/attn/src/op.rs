@@ -1,0 +1,212 @@
+//! The candle plumbing of a differentiable attention call, shared by the dense (`autograd`) and
+//! packed (`varlen`) calls: a call is an [`AttnOp`]; its output is the `CustomOp3` [`Output`], and
+//! its log-sum-exp and weights are [`SideOutput`]s, `CustomOp3`s over the same three arguments
+//! that hand out what the forward kept. Each op's `bwd` runs the call's backward kernel with the
+//! gradient that reached that op ([`Arrived`]; the others zero), and candle adds the arguments'
+//! gradients up: a loss that reads only the output runs one backward, one that also reads the
+//! log-sum-exp or the weights runs one more for each.
+//!
+//! A forward's failure is kept typed in the call's [`ForwardState`] ([`failed`]), since candle's
+//! error would only carry its text.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use attn_kernels::alloc;
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor};
+
+use crate::error::{AttnLibError, Result};
+
+/// What a forward leaves for the caller and the backward.
+#[derive(Debug, Default)]
+pub(crate) struct ForwardState {
+    pub(crate) lse: Vec<f32>,
+    /// `lse`'s rounding residue, which makes the backward's probabilities as exact as the forward's.
+    pub(crate) lse_residue: Vec<f32>,
+    /// The shapes the log-sum-exp and the weights are handed out in.
+    pub(crate) lse_shape: Vec<usize>,
+    pub(crate) weights_shape: Vec<usize>,
+    /// The flash path that scored the keys, which the backward scores them by again.
+    pub(crate) path: Option<attn_kernels::Path>,
+    /// The weights `[B, Hq, Lq, Lk]`, until [`SideOutput`] hands them out.
+    pub(crate) weights: Option<Vec<f32>>,
+    /// Why the forward failed, kept typed.
+    pub(crate) error: Option<AttnLibError>,
+}
+
+/// The gradient that reached one of a call's outputs.
+pub(crate) enum Arrived<'a> {
+    /// At the output `out`.
+    Out { out: &'a Tensor, grad: &'a Tensor },
+    /// At the log-sum-exp.
+    Lse(&'a Tensor),
+    /// At the weights `weights`.
+    Weights { weights: &'a Tensor, grad: &'a Tensor },
+}
+
+/// One differentiable attention call.
+pub(crate) trait AttnOp: Send + Sync + 'static {
+    /// The candle op's name.
+    fn name(&self) -> &'static str;
+    /// Runs the forward kernel on the three arguments: the output's storage and shape, the rest
+    /// kept in the returned state.
+    fn forward(&self, args: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape, ForwardState)>;
+    /// The three arguments' gradients from the one that `arrived`.
+    fn backward(&self, args: [&Tensor; 3], arrived: Arrived) -> Result<[Option<Tensor>; 3]>;
+    /// Where the forward's state is kept.
+    fn state(&self) -> &Mutex<ForwardState>;
+}
+
+/// A call's three outputs: `out` and the log-sum-exp (differentiable when the arguments are), and
+/// the weights when the forward made them.
+pub(crate) struct Outputs {
+    pub(crate) out: Tensor,
+    pub(crate) lse: Tensor,
+    pub(crate) weights: Option<Tensor>,
+}
+
+/// Runs `op` on `args`: its outputs, or the typed error its forward kept.
+pub(crate) fn apply<B: AttnOp>(args: [&Tensor; 3], op: B) -> Result<Outputs> {
+    let op = Arc::new(op);
+    let on = |c: Box<dyn CustomOp3 + Send + Sync>| -> Result<Tensor> {
+        let t = args[0].apply_op3_arc(args[1], args[2], Arc::new(c));
+        match lock(op.state()).error.take() {
+            Some(e) => Err(e),
+            None => Ok(t?),
+        }
+    };
+    let out = on(Box::new(Output(op.clone())))?;
+    let side = |which| on(Box::new(SideOutput { op: op.clone(), which }));
+    let lse = side(Side::Lse)?;
+    let made_weights = lock(op.state()).weights.is_some();
+    let weights = if made_weights { Some(side(Side::Weights)?) } else { None };
+    Ok(Outputs { out, lse, weights })
+}
+
+/// Applies the single-output `op` to `(a1, a2, a3)`: its output and the state its forward left in
+/// `saved`, or the typed error that forward kept there ([`failed`]).
+pub(crate) fn apply_op<'s>(
+    a1: &Tensor,
+    a2: &Tensor,
+    a3: &Tensor,
+    op: impl CustomOp3 + Send + Sync + 'static,
+    saved: &'s Mutex<ForwardState>,
+) -> Result<(Tensor, MutexGuard<'s, ForwardState>)> {
+    let out = a1.apply_op3_arc(a2, a3, Arc::new(Box::new(op)));
+    let mut s = lock(saved);
+    match s.error.take() {
+        Some(e) => Err(e),
+        None => Ok((out?, s)),
+    }
+}
+
+/// The state, whether or not a panicking thread poisoned its lock.
+pub(crate) fn lock(m: &Mutex<ForwardState>) -> MutexGuard<'_, ForwardState> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// candle's error for a forward that failed with `e`, which is kept typed in `saved` for the
+/// caller to return.
+pub(crate) fn failed(saved: &Mutex<ForwardState>, e: AttnLibError) -> candle_core::Error {
+    let text = e.to_string();
+    lock(saved).error = Some(e);
+    candle_core::Error::Msg(text)
+}
+
+/// A copy of the log-sum-exp the op keeps, allocated fallibly.
+pub(crate) fn copy_lse(lse: &[f32]) -> Result<Vec<f32>> {
+    Ok(alloc::collect("log-sum-exp", &[lse.len()], lse.iter().copied())?)
+}
+
+/// The CPU storage of a tensor the op received.
+pub(crate) fn cpu(s: &Storage) -> Result<&CpuStorage> {
+    match s {
+        Storage::Cpu(c) => Ok(c),
+        _ => Err(AttnLibError::Device { tensor: "q", found: "not the CPU".into() }),
+    }
+}
+
+type Grads3 = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
+
+fn grads3<B: AttnOp>(op: &B, args: [&Tensor; 3], arrived: Arrived) -> candle_core::Result<Grads3> {
+    let [a, b, c] = op.backward(args, arrived).map_err(candle_core::Error::wrap)?;
+    Ok((a, b, c))
+}
+
+/// A call's output.
+struct Output<B>(Arc<B>);
+
+impl<B: AttnOp> CustomOp3 for Output<B> {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        match self.0.forward([(s1, l1), (s2, l2), (s3, l3)]) {
+            Ok((out, shape, state)) => {
+                *lock(self.0.state()) = state;
+                Ok((out, shape))
+            }
+            Err(e) => Err(failed(self.0.state(), e)),
+        }
+    }
+
+    fn bwd(&self, a1: &Tensor, a2: &Tensor, a3: &Tensor, out: &Tensor, grad: &Tensor) -> candle_core::Result<Grads3> {
+        grads3(&*self.0, [a1, a2, a3], Arrived::Out { out, grad })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Lse,
+    Weights,
+}
+
+/// A call's log-sum-exp or weights, as its forward kept them.
+struct SideOutput<B> {
+    op: Arc<B>,
+    which: Side,
+}
+
+impl<B: AttnOp> CustomOp3 for SideOutput<B> {
+    fn name(&self) -> &'static str {
+        match self.which {
+            Side::Lse => "attn-lse",
+            Side::Weights => "attn-weights",
+        }
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let mut s = lock(self.op.state());
+        let made = match self.which {
+            Side::Lse => copy_lse(&s.lse).map(|lse| (lse, s.lse_shape.clone())),
+            Side::Weights => Ok((s.weights.take().unwrap_or_default(), s.weights_shape.clone())),
+        };
+        drop(s);
+        let (data, shape) = made.map_err(|e| failed(self.op.state(), e))?;
+        Ok((CpuStorage::F32(data), Shape::from(shape)))
+    }
+
+    fn bwd(&self, a1: &Tensor, a2: &Tensor, a3: &Tensor, res: &Tensor, grad: &Tensor) -> candle_core::Result<Grads3> {
+        let arrived = match self.which {
+            Side::Lse => Arrived::Lse(grad),
+            Side::Weights => Arrived::Weights { weights: res, grad },
+        };
+        grads3(&*self.op, [a1, a2, a3], arrived)
+    }
+}
