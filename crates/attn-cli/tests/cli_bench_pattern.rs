@@ -1,6 +1,7 @@
 //! `attn bench --pattern`: FLOPs counted on the pairs the pattern (and the band) allows, checked
 //! pair by pair here; the fractions of 64×64 blocks computed and partial; the mask's building time
-//! and bytes reported apart; forward and backward; refusals naming the flag and the shape.
+//! and bytes reported apart; forward and backward; `--vs-full`'s f, rounds and ratio; refusals naming the
+//! flag and the shape.
 
 use std::process::{Command, Output};
 
@@ -144,5 +145,36 @@ fn refusals_name_the_flag_and_the_shape() {
             assert!(err.starts_with("error: ") && err.contains(w), "{args:?}: {w:?} not in {err}");
         }
         assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn vs_full_reports_f_its_rounds_and_their_ratio() {
+    let (shape, pattern) = ("1,2,512,8", ["--pattern", "longformer", "--window", "16,16", "--global", "4", "--causal"]);
+    // f is the pattern's computed blocks over the full (causal) call's, as the plain rows give them.
+    let f = row(shape, &pattern)["blocks"].as_f64().unwrap() / row(shape, &["--causal"])["blocks"].as_f64().unwrap();
+    for backward in [&[][..], &["--backward"]] {
+        let r = row(shape, &[&pattern[..], &["--vs-full", "--rounds", "3"], backward].concat());
+        assert!((r["f"].as_f64().unwrap() - f).abs() < 1e-12 && f > 0.0 && f < 1.0, "{r}");
+        let times = |k: &str| -> Vec<f64> { r[k].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+        let (full, pat) = (times("full_round_s"), times("pattern_round_s"));
+        assert!(full.len() == 3 && pat.len() == 3 && full.iter().chain(&pat).all(|&t| t > 0.0), "{r}");
+        let mut ratios: Vec<f64> = pat.iter().zip(&full).map(|(p, f)| p / f).collect();
+        ratios.sort_by(f64::total_cmp);
+        let ratio = r["ratio"].as_f64().unwrap();
+        assert!((ratio - ratios[1]).abs() < 1e-12, "the median of the rounds' ratios: {r}");
+        assert!((r["ratio_over_f"].as_f64().unwrap() - ratio / f).abs() < 1e-9, "{r}");
+        assert_eq!(r["backward"].as_bool(), Some(!backward.is_empty()));
+    }
+    let out = attn_bench(&["--shape", shape, "--pattern", "strided", "--stride", "16", "--vs-full", "--iters", "1"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.lines().next().unwrap().contains("ratio/f") && text.lines().count() == 2, "{text}");
+    for (args, wanted) in [
+        (&["--shape", shape, "--vs-full"][..], "--pattern"),
+        (&["--shape", shape, "--pattern", "strided", "--stride", "16", "--vs-full", "--rounds", "0"], "--rounds"),
+    ] {
+        let out = attn_bench(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(wanted), "{args:?}: {err}");
     }
 }

@@ -5,7 +5,8 @@
 //! machine's FMA peak, `--seq-lens` times packed variable-length sequences or, with `--padded`,
 //! their padded batch (see the `packed` submodule), `--pattern` a named block-sparse pattern, its
 //! mask built once per shape before timing, reported with the fraction of blocks computed, its
-//! building time and its bytes (see the `sparse` submodule). Output is a table, or one JSON
+//! building time and its bytes (see the `sparse` submodule), and with `--vs-full` against the
+//! full call in alternating rounds (see the `vs_full` submodule). Output is a table, or one JSON
 //! object per line with `--json`. The library's own work around the kernel (checks, views, wrapping the results in
 //! tensors) costs microseconds and allocates no copy of the inputs or outputs. While a shape is
 //! timed, a spinner on stderr (hidden when stderr is not a terminal) counts its calls.
@@ -26,6 +27,7 @@ mod peak;
 mod report;
 mod sparse;
 mod spec;
+mod vs_full;
 
 use anyhow::{bail, Context};
 use attn::{sdpa_full, SdpaOptions};
@@ -41,6 +43,7 @@ use crate::measure::{self, Budget, Measurement};
 use inputs::KV_DTYPES;
 use report::{header, json_row, print_peak, table_row, Row, BACKWARD_FLOPS};
 use sparse::Sparse;
+use vs_full::VsFull;
 
 /// Arguments of `attn bench`.
 #[derive(clap::Args, Debug)]
@@ -119,6 +122,14 @@ pub struct Args {
     /// instead of the packed sequences.
     #[arg(long, requires = "seq_lens")]
     pub padded: bool,
+    /// With --pattern, time the pattern against the full call (no block mask, the other flags
+    /// alike) in alternating rounds and report f (blocks computed over the full call's), the time
+    /// ratio pattern/full (median of the rounds' ratios) and ratio/f.
+    #[arg(long, requires = "pattern", conflicts_with = "autograd")]
+    pub vs_full: bool,
+    /// Rounds of --vs-full, each timing both calls (--iters calls each, within --budget).
+    #[arg(long, default_value_t = 3, requires = "vs_full", allow_negative_numbers = true)]
+    pub rounds: usize,
 }
 
 /// Runs `attn bench`.
@@ -131,8 +142,8 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     if cases.is_empty() && !args.peak {
         bail!("nothing to do: give at least one --shape B,H,Lq,D (or --peak)");
     }
-    if args.iters == 0 {
-        bail!("--iters is 0, expected at least 1");
+    if args.iters == 0 || args.rounds == 0 {
+        bail!("--iters {} --rounds {}: both must be at least 1", args.iters, args.rounds);
     }
     let threads = args.threads.get();
     let pool = args.threads.pool()?;
@@ -156,6 +167,16 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let shape = || format!("--shape {}", spec::shape_text(&dims));
         let sparse = pattern.as_ref().map(|p| Sparse::build(p, &dims, &pool)).transpose().with_context(shape)?;
         let opts = SdpaOptions { block_mask: sparse.as_ref().map(|s| s.mask.clone()), ..base.clone() };
+        if let (true, Some(sparse)) = (args.vs_full, &sparse) {
+            let budget = Budget { warmup: args.warmup, iters: args.iters, seconds: args.budget };
+            let vs = VsFull::measure(&args, &pool, &opts, dims, budget, args.rounds).with_context(shape)?;
+            match args.json {
+                true => println!("{}", vs.json_row(&args, threads, &dims, sparse)),
+                false if i == 0 => println!("{}\n{}", VsFull::header(), vs.table_row(&args, threads, &dims, sparse)),
+                false => println!("{}", vs.table_row(&args, threads, &dims, sparse)),
+            }
+            continue;
+        }
         let m = measure_case(&args, &pool, &opts, dims).with_context(shape)?;
         if i == 0 && !args.json {
             // After the first shape was measured, so that a refused shape prints nothing.
