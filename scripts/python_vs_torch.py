@@ -27,6 +27,7 @@ faster).
 """
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -156,7 +157,10 @@ def hf_step(a, torch):
         ids = torch.randint(0, cfg.vocab_size, (1, seq))
         steps = {}
         for impl in impls:
-            model = cls._from_config(cfg, attn_implementation=impl)
+            # A config of its own: `_from_config` records the implementation on the config, which a
+            # shared one would hand to every model built from it (the last one's for all).
+            model = cls._from_config(copy.deepcopy(cfg), attn_implementation=impl)
+            assert model.config._attn_implementation == impl
             model.load_state_dict(state)
             model.train()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
