@@ -16,10 +16,10 @@
 
 use std::sync::Mutex;
 
-use attn_kernels::{alloc, attention, attention_backward, AttnGrads, KvView, Problem, Saved, SideGrads, WeightsGrad};
+use attn_kernels::{attention, attention_backward, AttnGrads, KvView, Problem, Saved, SideGrads, WeightsGrad};
 use candle_core::{CpuStorage, DType, Layout, Shape, Tensor};
 
-use crate::convert::{contiguous_f32, kv_view, view4};
+use crate::convert::{kv_view, view4};
 use crate::error::Result;
 pub(crate) use crate::op::Outputs;
 use crate::op::{apply, copy_lse, cpu, lock, Arrived, AttnOp, ForwardState};
@@ -183,23 +183,9 @@ impl AttnOp for SdpaOp {
         let (b, hq, lq, dk) = q.dims4()?;
         let dv = self.dv(a2, a3);
         let args = [q, a2, a3];
-        // Nothing arrived at the output when a side output's gradient did: `dO = 0` (then
-        // `Δ = dO·O = 0` whatever `O` is).
-        let zeros = || -> Result<Tensor> {
-            let z = alloc::filled("zero output gradient", &[b, hq, lq, dv], 0.0f32)?;
-            Ok(Tensor::from_vec(z, (b, hq, lq, dv), q.device())?)
-        };
-        let g = match arrived {
-            Arrived::Out { out, grad } => self.run_backward(args, [out, &contiguous_f32(grad)?], None, None)?,
-            Arrived::Lse(grad) => {
-                let (z, dlse) = (zeros()?, contiguous_f32(grad)?.flatten_all()?.to_vec1::<f32>()?);
-                self.run_backward(args, [&z, &z], Some(&dlse), None)?
-            }
-            Arrived::Weights { weights, grad } => {
-                let z = zeros()?;
-                self.run_backward(args, [&z, &z], None, Some([&contiguous_f32(weights)?, &contiguous_f32(grad)?]))?
-            }
-        };
+        let inc = arrived.incoming(&[b, hq, lq, dv], q.device())?;
+        let dweights = inc.dweights.as_ref().map(|[w, g]| [w, g]);
+        let g = self.run_backward(args, [&inc.out, &inc.dout], inc.dlse.as_deref(), dweights)?;
         let (hkv, lk) = (a2.dims()[1], a2.dims()[2]);
         let cpu = q.device();
         let dq = Tensor::from_vec(g.dq, (b, hq, lq, dk), cpu)?;

@@ -12,8 +12,9 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use attn_kernels::alloc;
-use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor};
+use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Storage, Tensor};
 
+use crate::convert::contiguous_f32;
 use crate::error::{AttnLibError, Result};
 
 /// What a forward leaves for the caller and the backward.
@@ -41,6 +42,43 @@ pub(crate) enum Arrived<'a> {
     Lse(&'a Tensor),
     /// At the weights `weights`.
     Weights { weights: &'a Tensor, grad: &'a Tensor },
+}
+
+/// What the backward kernels read of the gradient that arrived, all contiguous f32.
+pub(crate) struct Incoming {
+    /// The output and its gradient; zeros when the gradient arrived at a side output (`dO = 0`,
+    /// so `Δ = dO·O = 0` whatever `O` is).
+    pub(crate) out: Tensor,
+    pub(crate) dout: Tensor,
+    /// The log-sum-exp's gradient, flat.
+    pub(crate) dlse: Option<Vec<f32>>,
+    /// The weights and their gradient.
+    pub(crate) dweights: Option<[Tensor; 2]>,
+}
+
+impl Arrived<'_> {
+    /// The gradient in the kernels' form, for an output of `out_shape`.
+    pub(crate) fn incoming(self, out_shape: &[usize], device: &Device) -> Result<Incoming> {
+        let zeros = || -> Result<Tensor> {
+            let z = alloc::filled("zero output gradient", out_shape, 0.0f32)?;
+            Ok(Tensor::from_vec(z, out_shape, device)?)
+        };
+        Ok(match self {
+            Arrived::Out { out, grad } => {
+                Incoming { out: out.clone(), dout: contiguous_f32(grad)?, dlse: None, dweights: None }
+            }
+            Arrived::Lse(grad) => {
+                let z = zeros()?;
+                let dlse = Some(contiguous_f32(grad)?.flatten_all()?.to_vec1::<f32>()?);
+                Incoming { out: z.clone(), dout: z, dlse, dweights: None }
+            }
+            Arrived::Weights { weights, grad } => {
+                let z = zeros()?;
+                let dweights = Some([contiguous_f32(weights)?, contiguous_f32(grad)?]);
+                Incoming { out: z.clone(), dout: z, dlse: None, dweights }
+            }
+        })
+    }
 }
 
 /// One differentiable attention call.

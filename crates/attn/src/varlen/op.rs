@@ -6,12 +6,12 @@
 
 use std::sync::Mutex;
 
-use attn_kernels::{alloc, attention_varlen, attention_varlen_backward, CuSeqlens, VarlenSaved};
+use attn_kernels::{attention_varlen, attention_varlen_backward, CuSeqlens, VarlenSaved};
 use candle_core::{CpuStorage, Layout, Shape, Tensor};
 
-use crate::convert::{contiguous_f32, packed, packed_kv};
+use crate::convert::{packed, packed_kv};
 use crate::error::{AttnLibError, Result};
-use crate::op::{apply, copy_lse, cpu, lock, Arrived, AttnOp, ForwardState, Outputs};
+use crate::op::{apply, copy_lse, cpu, lock, Arrived, AttnOp, ForwardState, Incoming, Outputs};
 use crate::options::SdpaOptions;
 use crate::params::KernelParams;
 
@@ -64,19 +64,11 @@ impl AttnOp for VarlenOp {
     fn backward(&self, [q, k, v]: [&Tensor; 3], arrived: Arrived) -> Result<[Option<Tensor>; 3]> {
         let (total_q, hq, _) = q.dims3()?;
         let dv = v.dims()[2];
-        let (out, dout, dlse) = match arrived {
-            Arrived::Out { out, grad } => (out.clone(), contiguous_f32(grad)?, None),
-            Arrived::Lse(grad) => {
-                // Nothing arrived at the output: `dO = 0`.
-                let z = alloc::filled("zero output gradient", &[total_q, hq, dv], 0.0f32)?;
-                let z = Tensor::from_vec(z, (total_q, hq, dv), q.device())?;
-                (z.clone(), z, Some(contiguous_f32(grad)?.flatten_all()?.to_vec1::<f32>()?))
-            }
-            Arrived::Weights { .. } => {
-                let reason = "packed sequences return no weights".into();
-                return Err(AttnLibError::Kernel(attn_kernels::AttnError::Param { field: "return_weights", reason }));
-            }
-        };
+        let Incoming { out, dout, dlse, dweights } = arrived.incoming(&[total_q, hq, dv], q.device())?;
+        if dweights.is_some() {
+            let reason = "packed sequences return no weights".into();
+            return Err(AttnLibError::Kernel(attn_kernels::AttnError::Param { field: "return_weights", reason }));
+        }
         let [(qs, ql), (ks, kl), (vs, vl), (os, ol), (gs, gl)] = [q, k, v, &out, &dout].map(|t| t.storage_and_layout());
         let (lse, lse_residue) = {
             let s = lock(&self.saved);
