@@ -11,12 +11,17 @@
 //! the features, `dN`, `r`, `P` and `M` of each chunk made again from the saved denominators
 //! (cheaper than keeping `O(L·C)` of them). Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through `φ`'s
 //! Jacobian at once. Memory: `O(L + C·(F + C + D) + F·Dv)` per rayon job besides the gradients.
+//! Causal with fewer (batch, key/value head) jobs than threads, the passes run over segments of
+//! each head's chunks in parallel (`segmented`).
+
+use std::ops::Range;
 
 use rayon::prelude::*;
 
 use super::chunk::{add_rows, axpy, dot, on_isa, sum, tril_products, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
+use super::segment::Plan;
 use super::transpose::transpose;
 use super::{check_out, head, validate, FeatureMap, LinearDims, LinearParams};
 use crate::alloc;
@@ -25,6 +30,8 @@ use crate::grad::AttnGrads;
 use crate::isa::Isa;
 use crate::reference::Real;
 use crate::view::View4;
+
+mod segmented;
 
 /// One query head's rows as the backward reads them.
 struct Rows<'a, T> {
@@ -53,20 +60,21 @@ impl<T: Real> Rows<'_, T> {
         }
     }
 
-    /// `dq` of the `n` rows from `t0` (of the head's `dq: [Lq, D]`) from `g = ∂L/∂φ(Q_c)`.
+    /// `dq: [n, D]` of the `n` rows from `t0` from `g = ∂L/∂φ(Q_c)`.
     #[allow(clippy::too_many_arguments)]
     fn vjp(&self, isa: Isa, map: &FeatureMap, t0: usize, n: usize, fq: &[T], g: &mut [T], dq: &mut [T]) {
         let ((qs, ld), dd) = (head(&self.q, self.b, self.h), self.q.dims()[3]);
-        map.vjp(isa, n, dd, &qs[t0 * ld..], ld, fq, g, &mut dq[t0 * dd..][..n * dd]);
+        map.vjp(isa, n, dd, &qs[t0 * ld..], ld, fq, g, &mut dq[..n * dd]);
     }
 }
 
-/// The gradients one query head writes (`dq: [Lq, D]`, its own) and adds to (`dk: [Lk, D]`,
-/// `dv: [Lk, Dv]`, its key/value head's).
+/// The gradients one query head writes (`dq`, its own) and adds to (`dk`, `dv`, its key/value
+/// head's), for the rows from `base` (`[·, D]`, `[·, D]`, `[·, Dv]`).
 struct Acc<'a, T> {
     dq: &'a mut [T],
     dk: &'a mut [T],
     dv: &'a mut [T],
+    base: usize,
 }
 
 /// One job's scratch: a chunk's features, gradients and masked products, the states, and the
@@ -155,6 +163,10 @@ pub fn linear_attention_backward<T: Real>(
         return Ok(g);
     }
     let isa = Isa::best();
+    if let Some(plan) = Plan::choose(d.b * d.hkv, d.lq, p) {
+        segmented::backward(isa, &d, p, [q, k, v, out, dout], &plan, &mut g)?;
+        return Ok(g);
+    }
     let group = d.group();
     let (dq, dk, dv) = (&mut g.dq, &mut g.dk, &mut g.dv);
     let tasks =
@@ -166,7 +178,7 @@ pub fn linear_attention_backward<T: Real>(
             let keys = Keys::new(isa, k, &v, p, &d, (b, hk));
             for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
                 let hd = Head { isa, d: &d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
-                let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo };
+                let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo, base: 0 };
                 on_isa(
                     isa,
                     #[inline(always)]
@@ -224,8 +236,8 @@ impl<T: Real> Work<T> {
 
     /// `dq` of the chunk's `n` rows from `t0` through `φ`'s Jacobian, from `dφ(Q_c)` in `dfq`.
     #[inline(always)]
-    fn query_vjp(&mut self, hd: &Head<T>, t0: usize, n: usize, dq: &mut [T]) {
-        let f = hd.d.f;
+    fn query_vjp(&mut self, hd: &Head<T>, t0: usize, n: usize, acc: &mut Acc<T>) {
+        let (f, dq) = (hd.d.f, &mut acc.dq[(t0 - acc.base) * hd.d.d..]);
         hd.rows.vjp(hd.isa, hd.p.map, t0, n, &self.fq[..n * f], &mut self.dfq[..n * f], dq);
     }
 }
@@ -245,7 +257,7 @@ fn key_grads<T: Real>(
     let (isa, f, wd, c, keys) = (hd.isa, hd.d.f, hd.d.dv, w.chunk(), &hd.keys);
     let (vc, fk, dfk) = (keys.values(t0), &w.fk[..nk * f], &mut w.dfk[..nk * f]);
     dfk.iter_mut().for_each(|x| *x = T::zero());
-    let dvc = &mut acc.dv[t0 * wd..][..nk * wd];
+    let dvc = &mut acc.dv[(t0 - acc.base) * wd..][..nk * wd];
     gemm(isa, nk, f, wd, Lhs::rows(vc, keys.ldv), &w.ut, f, dfk, f);
     dfk.chunks_exact_mut(f).for_each(|row| axpy(row, T::one(), &w.wsum));
     gemm(isa, nk, wd, f, Lhs::rows(fk, f), &w.u, wd, dvc, wd);
@@ -253,7 +265,7 @@ fn key_grads<T: Real>(
         gemm(isa, nk, f, n, Lhs::transposed(&w.mm, c).part(Part::UpperA), &w.fq[..n * f], f, dfk, f);
         gemm(isa, nk, wd, n, Lhs::transposed(&w.pm, c).part(Part::UpperA), &w.dn[..n * wd], wd, dvc, wd);
     }
-    keys.vjp_add(isa, hd.p.map, t0, nk, fk, dfk, &mut w.dx, acc.dk);
+    keys.vjp_add(isa, hd.p.map, t0, nk, fk, dfk, &mut w.dx, &mut acc.dk[(t0 - acc.base) * hd.d.d..]);
 }
 
 /// One query head, non-causal: writes `acc.dq`, adds to `acc.dk`, `acc.dv`.
@@ -276,7 +288,7 @@ fn global<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
         hd.rows.grads(t0, den, dn, r);
         w.query_grads(hd, n);
         w.add_queries(hd, n);
-        w.query_vjp(hd, t0, n, acc.dq);
+        w.query_vjp(hd, t0, n, &mut acc);
     }
     transpose(isa, &w.u, wd, f, wd, &mut w.ut, f);
     for t0 in (0..keys.valid).step_by(c) {
@@ -306,13 +318,13 @@ fn chunk_products<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), w: 
     }
 }
 
-/// `dN_c`, `r_c` of the chunk from `t0` from its saved denominators, and (with keys) the masked
-/// `M = tril(dN_c V_cᵀ + r)` into `w.mm`.
+/// `dN_c`, `r_c` of the chunk from `t0` from its denominators `den: [n]`, and (with keys) the
+/// masked `M = tril(dN_c V_cᵀ + r)` into `w.mm`.
 #[inline(always)]
-fn chunk_grads<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), w: &mut Work<T>) {
+fn chunk_grads<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), den: &[T], w: &mut Work<T>) {
     let (wd, c, keys) = (hd.d.dv, w.chunk(), &hd.keys);
     let (dn, r) = (&mut w.dn[..n * wd], &mut w.r[..n]);
-    hd.rows.grads(t0, &w.den[t0..t0 + n], dn, r);
+    hd.rows.grads(t0, den, dn, r);
     if nk > 0 {
         tril_products(hd.isa, n, nk, wd, dn, wd, keys.values(t0), keys.ldv, &mut w.bt, &mut w.mm, c);
         for (i, (row, &ri)) in w.mm.chunks_mut(c).zip(r.iter()).enumerate() {
@@ -325,29 +337,60 @@ fn chunk_grads<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), w: &mu
 /// `acc.dv`.
 #[inline(always)]
 fn causal<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
-    let (f, c, l) = (hd.d.f, w.chunk(), hd.d.lq);
-    let sizes = |t0: usize| (t0, c.min(l - t0), hd.keys.count(t0, c.min(l - t0)));
+    let l = hd.d.lq;
+    let mut den = std::mem::take(&mut w.den);
     w.clear_states();
-    for t0 in (0..l).step_by(c) {
+    ascend(hd, w, 0..l, &mut den, &mut acc, false);
+    descend(hd, w, 0..l, &den, &mut acc);
+    w.den = den;
+}
+
+/// The ascending pass over the rows `rows` (whole chunks from a chunk's start) of a causal head,
+/// from the key states `w.st`, `w.z` of the rows before them: their denominators into
+/// `den: [rows.len()]`, `dq` into `acc`; with `totals`, also the rows' `U`, `w` added to `w.u`,
+/// `w.wsum`.
+#[inline(always)]
+fn ascend<T: Real>(
+    hd: &Head<T>,
+    w: &mut Work<T>,
+    rows: Range<usize>,
+    den: &mut [T],
+    acc: &mut Acc<T>,
+    totals: bool,
+) {
+    let (f, c) = (hd.d.f, w.chunk());
+    let sizes = |t0: usize| (t0, c.min(rows.end - t0), hd.keys.count(t0, c.min(rows.end - t0)));
+    for t0 in rows.clone().step_by(c) {
         let (_, n, nk) = sizes(t0);
-        let mut den = std::mem::take(&mut w.den);
-        chunk_products(hd, sizes(t0), w, Some(&mut den[t0..t0 + n]));
-        w.den = den;
-        chunk_grads(hd, sizes(t0), w);
+        let den = &mut den[t0 - rows.start..][..n];
+        chunk_products(hd, sizes(t0), w, Some(den));
+        chunk_grads(hd, sizes(t0), den, w);
         w.query_grads(hd, n);
         if nk > 0 {
             gemm(hd.isa, n, f, nk, Lhs::rows(&w.mm, c).part(Part::LowerA), &w.fk[..nk * f], f, &mut w.dfq, f);
             w.add_keys(hd, t0, nk);
         }
-        w.query_vjp(hd, t0, n, acc.dq);
+        w.query_vjp(hd, t0, n, acc);
+        if totals {
+            w.add_queries(hd, n);
+        }
     }
-    for t0 in (0..l).step_by(c).rev() {
+}
+
+/// The descending pass over the rows `rows` of a causal head, from the query states `w.u`,
+/// `w.wsum` of the rows after them, with their denominators `den: [rows.len()]`: adds to `acc.dk`,
+/// `acc.dv`.
+#[inline(always)]
+fn descend<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<usize>, den: &[T], acc: &mut Acc<T>) {
+    let (f, c) = (hd.d.f, w.chunk());
+    let sizes = |t0: usize| (t0, c.min(rows.end - t0), hd.keys.count(t0, c.min(rows.end - t0)));
+    for t0 in rows.clone().step_by(c).rev() {
         let (_, n, nk) = sizes(t0);
         chunk_products(hd, sizes(t0), w, None);
-        chunk_grads(hd, sizes(t0), w);
+        chunk_grads(hd, sizes(t0), &den[t0 - rows.start..][..n], w);
         if nk > 0 {
             transpose(hd.isa, &w.u, hd.d.dv, f, hd.d.dv, &mut w.ut, f);
-            key_grads(hd, sizes(t0), true, w, &mut acc);
+            key_grads(hd, sizes(t0), true, w, acc);
         }
         w.add_queries(hd, n);
     }

@@ -50,9 +50,9 @@ impl<'a, T: Real> Keys<'a, T> {
         map.apply_rows(isa, &self.k, self.bh, t0, nk, out, self.stab);
     }
 
-    /// `dk[t0 + i] += (∂φ/∂k)(k_{t0 + i})ᵀ·g_i` for the `nk` keys from `t0`, given their features
+    /// `dk[i] += (∂φ/∂k)(k_{t0 + i})ᵀ·g_i` for the `nk` keys from `t0`, given their features
     /// `fk` and `g = ∂L/∂φ(K_c)` (`[nk, F]`, overwritten for FAVOR+); `dx: [nk, D]` is scratch and
-    /// `dk: [Lk, D]` the head's gradient.
+    /// `dk: [nk, D]` the keys' gradient rows.
     #[allow(clippy::too_many_arguments)]
     pub fn vjp_add(
         &self,
@@ -68,7 +68,7 @@ impl<'a, T: Real> Keys<'a, T> {
         let ((ks, ld), dd) = (head(&self.k, self.bh.0, self.bh.1), self.k.dims()[3]);
         let dx = &mut dx[..nk * dd];
         map.vjp(isa, nk, dd, &ks[t0 * ld..], ld, fk, g, dx);
-        dk[t0 * dd..][..nk * dd].iter_mut().zip(dx.iter()).for_each(|(a, &x)| *a = *a + x);
+        dk[..nk * dd].iter_mut().zip(dx.iter()).for_each(|(a, &x)| *a = *a + x);
     }
 
     /// The values from row `t0`.

@@ -1,5 +1,6 @@
-//! The fast forward of linear attention, parallel over (batch, query head), chunk by chunk of `C`
-//! rows, the features `φ(Q_c)`, `φ(K_c)` made for each chunk as it is reached:
+//! The fast forward of linear attention, parallel over (batch, query head) — and, causal with
+//! fewer heads than threads, over segments of each head's chunks from their prefix states
+//! (`segment`) — chunk by chunk of `C` rows, the features `φ(Q_c)`, `φ(K_c)` made for each chunk as it is reached:
 //! - non-causal: the state `S = φ(K)ᵀV: [F, Dv]`, `z = Σ_j φ(k_j)` over the key chunks, then
 //!   `out_c = φ(Q_c)·S / (φ(Q_c)·z + ε)`;
 //! - causal: `out_c = φ(Q_c)·S + tril(φ(Q_c)φ(K_c)ᵀ)·V_c` (the state holds the earlier chunks),
@@ -8,13 +9,16 @@
 //! The products run through `gemm`'s register-blocked micro-kernel, the masked ones over their
 //! lower triangle only. Each rayon job keeps one [`Work`] (a chunk's features and products, the
 //! state) for all the heads it runs, so a call allocates `O(C·(F + C) + F·Dv)` per job besides the
-//! output.
+//! output, and the segmented path `O(threads·F·Dv)` of segment states.
+
+use std::ops::Range;
 
 use rayon::prelude::*;
 
 use super::chunk::{add_rows, dot, on_isa, sum, tril_products, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
+use super::segment::{key_prefixes, key_state, Plan};
 use super::{validate, LinearDims, LinearParams};
 use crate::alloc;
 use crate::error::Result;
@@ -31,6 +35,10 @@ pub fn linear_attention<T: Real>(q: View4<T>, k: View4<T>, v: View4<T>, p: &Line
         return Ok(out);
     }
     let isa = Isa::best();
+    if let Some(plan) = Plan::choose(d.b * d.hq, d.lq, p) {
+        segmented(isa, &d, p, (&q, k, v), &plan, &mut out);
+        return Ok(out);
+    }
     let heads = out.par_chunks_mut(d.lq * d.dv).enumerate();
     heads.for_each_init(
         || Work::new(&d, p.chunk),
@@ -38,14 +46,40 @@ pub fn linear_attention<T: Real>(q: View4<T>, k: View4<T>, v: View4<T>, p: &Line
             let (b, h) = (bh / d.hq, bh % d.hq);
             let keys = Keys::new(isa, k, &v, p, &d, (b, h / d.group()));
             let head = Head { q: &q, b, h, keys };
+            w.clear_state();
             on_isa(
                 isa,
                 #[inline(always)]
-                || if p.causal { causal(isa, &d, p, head, w, o) } else { global(isa, &d, p, head, w, o) },
+                || if p.causal { causal(isa, &d, p, head, w, 0..d.lq, o) } else { global(isa, &d, p, head, w, o) },
             );
         },
     );
     Ok(out)
+}
+
+/// The causal forward in segments of each head's chunks ([`Plan`]): the key states before each
+/// segment (phases 1 and 2), then the segments in parallel from them.
+fn segmented<T: Real>(
+    isa: Isa,
+    d: &LinearDims,
+    p: &LinearParams,
+    (q, k, v): (&View4<T>, View4<T>, View4<T>),
+    plan: &Plan,
+    out: &mut [T],
+) {
+    let keys: Vec<_> = (0..d.b * d.hkv).map(|i| Keys::new(isa, k, &v, p, d, (i / d.hkv, i % d.hkv))).collect();
+    let init = key_prefixes(isa, plan, p, d, &keys);
+    let width = d.f * d.dv + d.f;
+    plan.split(out, d.dv).into_par_iter().for_each_init(
+        || Work::new(d, p.chunk),
+        |w, (bh, s, o)| {
+            let (b, h) = (bh / d.hq, bh % d.hq);
+            let kh = b * d.hkv + h / d.group();
+            w.st.copy_from_slice(&init[(kh * plan.segs + s) * width..][..width]);
+            let head = Head { q, b, h, keys: keys[kh] };
+            on_isa(isa, || causal(isa, d, p, head, w, plan.rows(s), o));
+        },
+    );
 }
 
 /// One query head and its key/value head.
@@ -66,9 +100,8 @@ struct Work<T> {
     kt: Vec<T>,
     /// The chunk's denominators.
     den: Vec<T>,
-    /// The state `S: [F, Dv]`, `z: [F]`.
-    s: Vec<T>,
-    z: Vec<T>,
+    /// The state `(S, z)`: `S: [F, Dv]`, then `z: [F]`.
+    st: Vec<T>,
 }
 
 impl<T: Real> Work<T> {
@@ -81,14 +114,13 @@ impl<T: Real> Work<T> {
             pm: zeros(c * c),
             kt: Vec::new(),
             den: zeros(c),
-            s: zeros(d.f * d.dv),
-            z: zeros(d.f),
+            st: zeros(d.f * d.dv + d.f),
         }
     }
 
-    /// The state cleared for a new head.
+    /// The state cleared for a head's first chunk.
     fn clear_state(&mut self) {
-        self.s.iter_mut().chain(self.z.iter_mut()).for_each(|x| *x = T::zero());
+        self.st.iter_mut().for_each(|x| *x = T::zero());
     }
 }
 
@@ -106,44 +138,47 @@ fn divide<T: Real>(o: &mut [T], dv: usize, den: &[T]) {
 fn global<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, hd: Head<T>, w: &mut Work<T>, o: &mut [T]) {
     let (f, dv, c, keys) = (d.f, d.dv, w.den.len(), hd.keys);
     let eps = T::from_f64(p.eps).expect("finite");
-    w.clear_state();
-    for t0 in (0..keys.valid).step_by(c) {
-        let nk = keys.count(t0, c);
-        let fk = &mut w.fk[..nk * f];
-        keys.features(isa, p.map, t0, nk, fk);
-        gemm(isa, f, dv, nk, Lhs::transposed(fk, f), keys.values(t0), keys.ldv, &mut w.s, dv);
-        add_rows(&mut w.z, fk, nk);
-    }
+    key_state(isa, p.map, d, &keys, 0..keys.valid, c, &mut w.fk, &mut w.st);
+    let (s, z) = w.st.split_at(f * dv);
     for t0 in (0..d.lq).step_by(c) {
         let n = c.min(d.lq - t0);
         let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[t0 * dv..][..n * dv], &mut w.den[..n]);
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
-        gemm(isa, n, dv, f, Lhs::rows(fq, f), &w.s, dv, oc, dv);
-        den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, &w.z) + eps);
+        gemm(isa, n, dv, f, Lhs::rows(fq, f), s, dv, oc, dv);
+        den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
         divide(oc, dv, den);
     }
 }
 
-/// One head, causal, chunk by chunk: `o: [L, Dv]`.
+/// The rows `rows` (whole chunks from a chunk's start) of one head, causal, chunk by chunk from
+/// the state in `w.st` (of the rows before them): `o: [rows.len(), Dv]`.
 #[inline(always)]
-fn causal<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, hd: Head<T>, w: &mut Work<T>, o: &mut [T]) {
+fn causal<T: Real>(
+    isa: Isa,
+    d: &LinearDims,
+    p: &LinearParams,
+    hd: Head<T>,
+    w: &mut Work<T>,
+    rows: Range<usize>,
+    o: &mut [T],
+) {
     let (f, dv, c, keys) = (d.f, d.dv, w.den.len(), hd.keys);
     let eps = T::from_f64(p.eps).expect("finite");
-    w.clear_state();
-    for t0 in (0..d.lq).step_by(c) {
-        let (n, nk) = (c.min(d.lq - t0), keys.count(t0, c.min(d.lq - t0)));
-        let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[t0 * dv..][..n * dv], &mut w.den[..n]);
+    let (s, z) = w.st.split_at_mut(f * dv);
+    for t0 in rows.clone().step_by(c) {
+        let (n, nk) = (c.min(rows.end - t0), keys.count(t0, c.min(rows.end - t0)));
+        let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
-        gemm(isa, n, dv, f, Lhs::rows(fq, f), &w.s, dv, oc, dv);
-        den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, &w.z) + eps);
+        gemm(isa, n, dv, f, Lhs::rows(fq, f), s, dv, oc, dv);
+        den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
         if nk > 0 {
             let (fk, vc) = (&mut w.fk[..nk * f], keys.values(t0));
             keys.features(isa, p.map, t0, nk, fk);
             tril_products(isa, n, nk, f, fq, f, fk, f, &mut w.kt, &mut w.pm, c);
             den.iter_mut().zip(w.pm.chunks(c)).for_each(|(di, row)| *di = *di + sum(&row[..nk]));
             gemm(isa, n, dv, nk, Lhs::rows(&w.pm, c).part(Part::LowerA), vc, keys.ldv, oc, dv);
-            gemm(isa, f, dv, nk, Lhs::transposed(fk, f), vc, keys.ldv, &mut w.s, dv);
-            add_rows(&mut w.z, fk, nk);
+            gemm(isa, f, dv, nk, Lhs::transposed(fk, f), vc, keys.ldv, s, dv);
+            add_rows(z, fk, nk);
         }
         divide(oc, dv, den);
     }

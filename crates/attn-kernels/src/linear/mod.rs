@@ -11,7 +11,8 @@
 //! - [`linear_attention`] / [`linear_attention_backward`]: the fast kernels (`forward`,
 //!   `backward`): non-causal through the state, causal in the chunked form (within a chunk of
 //!   [`CHUNK`] rows the masked quadratic product, across chunks the running state), parallel over
-//!   (batch, head), the features made chunk by chunk; memory beyond the inputs and outputs
+//!   (batch, head), and over segments of each head's chunks when there are fewer heads than
+//!   threads (`segment`: prefix sums of the segments' states), the features made chunk by chunk; memory beyond the inputs and outputs
 //!   `O(L)` plus the state and one chunk's features and products per thread. The products run
 //!   through a register-blocked micro-kernel (`gemm`, `micro`) on the flash kernels' vector layer.
 //! - [`linear_reference`] / [`linear_reference_backward`]: the naive `O(L²)` oracle
@@ -31,6 +32,7 @@ mod gemm;
 mod micro;
 mod naive;
 mod recurrent;
+mod segment;
 mod transpose;
 
 pub use backward::linear_attention_backward;
@@ -66,12 +68,17 @@ pub struct LinearParams<'a> {
     /// Rows per chunk of the causal chunked form, and of the blocks the non-causal form maps and
     /// sums in (at least 1).
     pub chunk: usize,
+    /// Segments per head of the causal form's chunk-parallel path (`segment`): `0` lets the
+    /// call choose from the thread count and the number of heads (more than one segment only when
+    /// there are fewer heads than threads to keep busy), `1` is the sequential form; at most one
+    /// per chunk.
+    pub segments: usize,
 }
 
 impl<'a> LinearParams<'a> {
-    /// Non-causal, `ε =` [`EPS`], no padding, chunks of [`CHUNK`].
+    /// Non-causal, `ε =` [`EPS`], no padding, chunks of [`CHUNK`], segments chosen by the call.
     pub fn new(map: &'a FeatureMap) -> Self {
-        Self { map, causal: false, eps: EPS, key_lens: None, chunk: CHUNK }
+        Self { map, causal: false, eps: EPS, key_lens: None, chunk: CHUNK, segments: 0 }
     }
 }
 

@@ -30,6 +30,8 @@ pub struct Case {
     pub chunk: usize,
     pub key_lens: Option<Vec<usize>>,
     pub eps: f64,
+    /// Segments per head of the chunk-parallel path (0: the call's choice).
+    pub segments: usize,
     pub q: Vec<f64>,
     pub k: Vec<f64>,
     pub v: Vec<f64>,
@@ -52,7 +54,7 @@ impl Case {
         let k = take(b * hkv * lk * d, lo, hi);
         let v = take(b * hkv * lk * dv, -1.0, 1.0);
         let dout = take(b * hq * lq * dv, -1.0, 1.0);
-        Self { dims, map, causal, chunk, key_lens: None, eps: attn_kernels::linear::EPS, q, k, v, dout }
+        Self { dims, map, causal, chunk, key_lens: None, eps: attn_kernels::linear::EPS, segments: 0, q, k, v, dout }
     }
 
     pub fn params(&self) -> LinearParams<'_> {
@@ -61,6 +63,7 @@ impl Case {
             chunk: self.chunk,
             key_lens: self.key_lens.as_deref(),
             eps: self.eps,
+            segments: self.segments,
             ..LinearParams::new(&self.map)
         }
     }
@@ -128,12 +131,13 @@ impl Case {
 
     pub fn describe(&self) -> String {
         format!(
-            "{} dims {:?} causal {} chunk {} key_lens {:?}",
+            "{} dims {:?} causal {} chunk {} key_lens {:?} segments {}",
             self.map.name(),
             self.dims,
             self.causal,
             self.chunk,
-            self.key_lens
+            self.key_lens,
+            self.segments
         )
     }
 }

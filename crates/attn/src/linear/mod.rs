@@ -57,12 +57,15 @@ pub struct LinearOptions {
     pub key_lengths: Option<Vec<usize>>,
     /// Rows per chunk of the causal chunked form (default [`CHUNK`]).
     pub chunk: usize,
+    /// Segments per head of the causal form's chunk-parallel path (default 0: chosen from the
+    /// thread count and the number of heads; 1: the sequential form).
+    pub segments: usize,
 }
 
 impl LinearOptions {
     /// Non-causal attention with `map`, `ε =` [`EPS`], no padding.
     pub fn new(map: FeatureMap) -> Self {
-        Self { map, causal: false, eps: EPS, key_lengths: None, chunk: CHUNK }
+        Self { map, causal: false, eps: EPS, key_lengths: None, chunk: CHUNK, segments: 0 }
     }
 
     /// FAVOR+ with `features` random features for head dimension `d`, drawn from `seed`.
@@ -94,6 +97,12 @@ impl LinearOptions {
         self
     }
 
+    /// Sets the segments per head of the causal chunk-parallel path (0: the call's choice).
+    pub fn segments(mut self, segments: usize) -> Self {
+        self.segments = segments;
+        self
+    }
+
     /// The kernels' parameters.
     pub fn params(&self) -> attn_kernels::linear::LinearParams<'_> {
         attn_kernels::linear::LinearParams {
@@ -102,6 +111,7 @@ impl LinearOptions {
             eps: self.eps,
             key_lens: self.key_lengths.as_deref(),
             chunk: self.chunk,
+            segments: self.segments,
         }
     }
 }

@@ -46,7 +46,7 @@ fn options(args: &Args, map: BenchMap, d: usize) -> anyhow::Result<LinearOptions
         BenchMap::Identity => FeatureMap::Identity,
         BenchMap::Favor => FeatureMap::Favor(FavorFeatures::new(d, args.features, args.data_seed)?),
     };
-    Ok(LinearOptions::new(map).causal(args.sdpa.causal).chunk(args.chunk))
+    Ok(LinearOptions::new(map).causal(args.sdpa.causal).chunk(args.chunk).segments(args.segments))
 }
 
 /// FLOPs of one call by [`LINEAR_FLOP_RULE`].

@@ -1,0 +1,109 @@
+//! The causal backward in segments of each head's chunks, for calls with fewer (batch, key/value
+//! head) jobs than threads (`segment`'s [`Plan`]):
+//! 1. and 2. the key states `(S, z)` before each segment ([`key_prefixes`], as in the forward);
+//! 3. per (key/value head, segment) in parallel, the group's query heads in turn: the ascending
+//!    pass from the prefix state — the denominators (kept), `dq`, and the segment's query-side
+//!    totals `U = Σ φ(Q_c)ᵀdN_c`, `w = Σ r_i φ(q_i)`;
+//! 4. their exclusive suffix sums over the segments (the states of the rows after each);
+//! 5. per (key/value head, segment) in parallel: the descending pass from the suffix states, `dk`
+//!    and `dv` of the segment's rows.
+//!
+//! Besides the sequential form's scratch per job, memory is the denominators `[B, Hq, Lq]` and the
+//! segment states, `O(threads·group·(F·Dv + F))`.
+
+use rayon::prelude::*;
+
+use super::super::segment::{exclusive_scan, key_prefixes, Plan};
+use super::{ascend, descend, Acc, Head, Rows, Work};
+use crate::alloc;
+use crate::error::Result;
+use crate::grad::AttnGrads;
+use crate::linear::chunk::{on_isa, Keys};
+use crate::linear::transpose::transpose;
+use crate::linear::{LinearDims, LinearParams};
+use crate::isa::Isa;
+use crate::reference::Real;
+use crate::view::View4;
+
+/// The inputs of a backward call: `q`, `k`, `v`, the forward's `out` and its gradient `dout`.
+pub(super) type Inputs<'a, T> = [View4<'a, T>; 5];
+
+/// One phase-3 job's rows: each query head's `dq` and denominators.
+type AscendJob<'a, T> = (Vec<&'a mut [T]>, Vec<&'a mut [T]>);
+
+/// Fills `g` (zeroed) with the gradients of a causal call in the segments of `plan`.
+pub(super) fn backward<T: Real>(
+    isa: Isa,
+    d: &LinearDims,
+    p: &LinearParams,
+    [q, k, v, out, dout]: Inputs<T>,
+    plan: &Plan,
+    g: &mut AttnGrads<T>,
+) -> Result<()> {
+    let (group, segs, fdv) = (d.group(), plan.segs, d.f * d.dv);
+    let width = fdv + d.f;
+    let keys: Vec<_> = (0..d.b * d.hkv).map(|i| Keys::new(isa, k, &v, p, d, (i / d.hkv, i % d.hkv))).collect();
+    let init = key_prefixes(isa, plan, p, d, &keys);
+    let head = |kh: usize, gi: usize| {
+        let (b, hk) = (kh / d.hkv, kh % d.hkv);
+        Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys: keys[kh] }
+    };
+    // Phase 3: jobs (key/value head, segment), each with its query heads' `dq` and denominators.
+    let mut den = alloc::filled("linear attention denominators", &[d.b, d.hq, d.lq], T::zero())?;
+    let mut jobs: Vec<AscendJob<T>> = (0..keys.len() * segs).map(|_| Default::default()).collect();
+    for (h, s, x) in plan.split(&mut g.dq, d.d) {
+        jobs[h / group * segs + s].0.push(x);
+    }
+    for (h, s, x) in plan.split(&mut den, 1) {
+        jobs[h / group * segs + s].1.push(x);
+    }
+    let totals: Vec<Vec<T>> = jobs
+        .into_par_iter()
+        .enumerate()
+        .map_init(
+            || Work::new(d, p.chunk),
+            |w, (i, (dqs, dens))| {
+                let (kh, s, rows) = (i / segs, i % segs, plan.rows(i % segs));
+                let mut tot = vec![T::zero(); group * width];
+                for (gi, ((dq, den), t)) in dqs.into_iter().zip(dens).zip(tot.chunks_exact_mut(width)).enumerate() {
+                    let (st, z) = init[i * width..][..width].split_at(fdv);
+                    transpose(isa, st, d.dv, d.f, d.dv, &mut w.st, d.f);
+                    w.z.copy_from_slice(z);
+                    w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
+                    let mut acc = Acc { dq, dk: &mut [], dv: &mut [], base: rows.start };
+                    on_isa(isa, || ascend(&head(kh, gi), w, rows.clone(), den, &mut acc, s > 0));
+                    t[..fdv].copy_from_slice(&w.u);
+                    t[fdv..].copy_from_slice(&w.wsum);
+                }
+                tot
+            },
+        )
+        .collect();
+    // Phase 4: per query head `[P, F·Dv + F]`, the states of the segments after each.
+    let mut after = vec![T::zero(); d.b * d.hq * segs * width];
+    for (i, tot) in totals.iter().enumerate() {
+        for (gi, t) in tot.chunks_exact(width).enumerate() {
+            let h = i / segs * group + gi;
+            after[(h * segs + i % segs) * width..][..width].copy_from_slice(t);
+        }
+    }
+    after.chunks_exact_mut(segs * width).for_each(|x| exclusive_scan(x, width, true));
+    // Phase 5: jobs (key/value head, segment) again, adding to the segment's `dk`, `dv` rows.
+    let dvs = plan.split(&mut g.dv, d.dv);
+    plan.split(&mut g.dk, d.d).into_par_iter().zip(dvs).for_each_init(
+        || Work::new(d, p.chunk),
+        |w, ((kh, s, dk), (_, _, dv))| {
+            let rows = plan.rows(s);
+            let mut acc = Acc { dq: &mut [], dk, dv, base: rows.start };
+            for gi in 0..group {
+                let h = kh * group + gi;
+                let (u, ws) = after[(h * segs + s) * width..][..width].split_at(fdv);
+                w.u.copy_from_slice(u);
+                w.wsum.copy_from_slice(ws);
+                let den = &den[h * d.lq + rows.start..][..rows.len()];
+                on_isa(isa, || descend(&head(kh, gi), w, rows.clone(), den, &mut acc));
+            }
+        },
+    );
+    Ok(())
+}
