@@ -254,4 +254,18 @@ mod tests {
         assert_eq!(best(1, 2, 1), 1);
         assert!(best(1, 16, 1024) >= 8);
     }
+
+    #[test]
+    fn a_call_with_fewer_heads_than_threads_is_segmented_when_causal() {
+        let map = FeatureMap::Elu;
+        let causal = LinearParams { causal: true, ..LinearParams::new(&map) };
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        let plan = pool.install(|| Plan::choose(1, 65536, &causal)).expect("segmented");
+        assert_eq!((plan.segs, plan.parts), (2, 2));
+        assert_eq!(pool.install(|| Plan::choose(8, 65536, &causal)), None);
+        assert_eq!(pool.install(|| Plan::choose(1, 65536, &LinearParams::new(&map))), None);
+        // Forced: at most one segment per chunk.
+        let forced = LinearParams { segments: 9, ..causal };
+        assert_eq!(pool.install(|| Plan::choose(8, 130, &forced)).map(|p| p.segs), Some(3));
+    }
 }

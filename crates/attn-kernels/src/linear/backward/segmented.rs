@@ -18,10 +18,10 @@ use super::{ascend, descend, Acc, Head, Rows, Work};
 use crate::alloc;
 use crate::error::Result;
 use crate::grad::AttnGrads;
+use crate::isa::Isa;
 use crate::linear::chunk::{on_isa, Keys};
 use crate::linear::transpose::transpose;
 use crate::linear::{LinearDims, LinearParams};
-use crate::isa::Isa;
 use crate::reference::Real;
 use crate::view::View4;
 
