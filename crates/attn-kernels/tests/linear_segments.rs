@@ -1,9 +1,9 @@
-//! The chunk-parallel (segmented) path of causal linear attention, forced through
+//! The chunk-parallel (segmented) path of linear attention, forced through
 //! `LinearParams::segments` so that a 2-core CI runs it: against the naive `f64` oracle under the
-//! oracle rule (forward and gradients) for every feature map, lengths off the chunk, below it and
-//! one past it, grouped-query heads, key padding that empties whole segments; and against the
-//! sequential form in `f64` to rounding, with the segment count chosen by the call on a pool with
-//! more threads than heads.
+//! oracle rule (forward and gradients) for every feature map, causal (lengths off the chunk, below
+//! it and one past it, grouped-query heads, key padding that empties whole segments) and not
+//! (`Lq ≠ Lk`, padding, grouped heads); and against the sequential form in `f64` to rounding, with
+//! the segment count chosen by the call on a pool with more threads than heads.
 
 mod linear_common;
 
@@ -63,9 +63,22 @@ fn wide_heads_in_segments_use_the_micro_kernel() {
 }
 
 #[test]
+fn non_causal_segments_match_the_oracle() {
+    for map in maps(8, 24) {
+        for (lq, lk, segments) in [(29, 13, 2), (13, 29, 3), (40, 40, 9)] {
+            let mut c = Case::new([2, 4, 2, lq, lk, 8, 6], map.clone(), false, 4, 28);
+            c.key_lens = Some(vec![lk, lk / 2]);
+            segmented(c, segments).assert_oracle(true);
+        }
+    }
+    let c = Case::new([1, 1, 1, 200, 150, 64, 64], FeatureMap::Elu, false, 64, 29);
+    segmented(c, 2).assert_oracle(true);
+}
+
+#[test]
 fn segments_agree_with_the_sequential_form_to_rounding() {
-    for map in maps(8, 16) {
-        let mut c = Case::new([2, 2, 1, 50, 50, 8, 8], map, true, 6, 27);
+    for (map, causal) in maps(8, 16).into_iter().flat_map(|m| [(m.clone(), true), (m, false)]) {
+        let mut c = Case::new([2, 2, 1, 50, 50, 8, 8], map, causal, 6, 27);
         c.key_lens = Some(vec![50, 23]);
         let (one, fwd, bwd) = (segmented(c.clone(), 1), c.forward::<f64>(true), c.backward::<f64>(true));
         let (fwd1, bwd1) = (one.forward::<f64>(true), one.backward::<f64>(true));

@@ -1,6 +1,6 @@
-//! The fast forward of linear attention, parallel over (batch, query head) — and, causal with
-//! fewer heads than threads, over segments of each head's chunks from their prefix states
-//! (`segment`) — chunk by chunk of `C` rows, the features `φ(Q_c)`, `φ(K_c)` made for each chunk as it is reached:
+//! The fast forward of linear attention, parallel over (batch, query head) — and, with fewer
+//! heads than threads, over segments of each head's chunks (`segment`: causal from their prefix
+//! states, non-causal from the state of all the keys) — chunk by chunk of `C` rows, the features `φ(Q_c)`, `φ(K_c)` made for each chunk as it is reached:
 //! - non-causal: the state `S = φ(K)ᵀV: [F, Dv]`, `z = Σ_j φ(k_j)` over the key chunks, then
 //!   `out_c = φ(Q_c)·S / (φ(Q_c)·z + ε)`;
 //! - causal: `out_c = φ(Q_c)·S + tril(φ(Q_c)φ(K_c)ᵀ)·V_c` (the state holds the earlier chunks),
@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use super::chunk::{add_rows, dot, on_isa, sum, tril_products, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
-use super::segment::{key_prefixes, key_state, Plan};
+use super::segment::{key_prefixes, key_state, key_totals, Plan};
 use super::{validate, LinearDims, LinearParams};
 use crate::alloc;
 use crate::error::Result;
@@ -36,7 +36,11 @@ pub fn linear_attention<T: Real>(q: View4<T>, k: View4<T>, v: View4<T>, p: &Line
     }
     let isa = Isa::best();
     if let Some(plan) = Plan::choose(d.b * d.hq, d.lq, p) {
-        segmented(isa, &d, p, (&q, k, v), &plan, &mut out);
+        segmented(isa, &d, p, (&q, k, v), &plan, None, &mut out);
+        return Ok(out);
+    }
+    if let Some((qp, kp)) = Plan::global(d.b * d.hq, d.lq, d.lk, p) {
+        segmented(isa, &d, p, (&q, k, v), &qp, Some(&kp), &mut out);
         return Ok(out);
     }
     let heads = out.par_chunks_mut(d.lq * d.dv).enumerate();
@@ -57,27 +61,38 @@ pub fn linear_attention<T: Real>(q: View4<T>, k: View4<T>, v: View4<T>, p: &Line
     Ok(out)
 }
 
-/// The causal forward in segments of each head's chunks ([`Plan`]): the key states before each
-/// segment (phases 1 and 2), then the segments in parallel from them.
+/// The forward in segments of each head's rows ([`Plan`]), causal: the key states before each
+/// segment (phases 1 and 2), then the segments in parallel from them; non-causal (with the plan
+/// of the keys, `key_plan`): the state of all the keys, then the query segments in parallel.
 fn segmented<T: Real>(
     isa: Isa,
     d: &LinearDims,
     p: &LinearParams,
     (q, k, v): (&View4<T>, View4<T>, View4<T>),
     plan: &Plan,
+    key_plan: Option<&Plan>,
     out: &mut [T],
 ) {
     let keys: Vec<_> = (0..d.b * d.hkv).map(|i| Keys::new(isa, k, &v, p, d, (i / d.hkv, i % d.hkv))).collect();
-    let init = key_prefixes(isa, plan, p, d, &keys);
     let width = d.f * d.dv + d.f;
+    // The initial state of segment `s` of key/value head `kh`, at `(kh·P + s)·width` (causal) or
+    // `kh·width` (non-causal).
+    let (init, per_head) = match key_plan {
+        None => (key_prefixes(isa, plan, p, d, &keys), plan.segs),
+        Some(kp) => (key_totals(isa, kp, p, d, &keys), 1),
+    };
     plan.split(out, d.dv).into_par_iter().for_each_init(
         || Work::new(d, p.chunk),
         |w, (bh, s, o)| {
             let (b, h) = (bh / d.hq, bh % d.hq);
             let kh = b * d.hkv + h / d.group();
-            w.st.copy_from_slice(&init[(kh * plan.segs + s) * width..][..width]);
+            w.st.copy_from_slice(&init[(kh * per_head + s % per_head) * width..][..width]);
             let head = Head { q, b, h, keys: keys[kh] };
-            on_isa(isa, || causal(isa, d, p, head, w, plan.rows(s), o));
+            if key_plan.is_some() {
+                on_isa(isa, || queries(isa, d, p, head, w, plan.rows(s), o));
+            } else {
+                on_isa(isa, || causal(isa, d, p, head, w, plan.rows(s), o));
+            }
         },
     );
 }
@@ -136,13 +151,29 @@ fn divide<T: Real>(o: &mut [T], dv: usize, den: &[T]) {
 /// One head, non-causal: `o: [Lq, Dv]`.
 #[inline(always)]
 fn global<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, hd: Head<T>, w: &mut Work<T>, o: &mut [T]) {
-    let (f, dv, c, keys) = (d.f, d.dv, w.den.len(), hd.keys);
-    let eps = T::from_f64(p.eps).expect("finite");
+    let (c, keys) = (w.den.len(), hd.keys);
     key_state(isa, p.map, d, &keys, 0..keys.valid, c, &mut w.fk, &mut w.st);
+    queries(isa, d, p, hd, w, 0..d.lq, o);
+}
+
+/// The query rows `rows` of one head, non-causal, from the state of all its keys in `w.st`:
+/// `o: [rows.len(), Dv]`.
+#[inline(always)]
+fn queries<T: Real>(
+    isa: Isa,
+    d: &LinearDims,
+    p: &LinearParams,
+    hd: Head<T>,
+    w: &mut Work<T>,
+    rows: Range<usize>,
+    o: &mut [T],
+) {
+    let (f, dv, c) = (d.f, d.dv, w.den.len());
+    let eps = T::from_f64(p.eps).expect("finite");
     let (s, z) = w.st.split_at(f * dv);
-    for t0 in (0..d.lq).step_by(c) {
-        let n = c.min(d.lq - t0);
-        let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[t0 * dv..][..n * dv], &mut w.den[..n]);
+    for t0 in rows.clone().step_by(c) {
+        let n = c.min(rows.end - t0);
+        let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
         gemm(isa, n, dv, f, Lhs::rows(fq, f), s, dv, oc, dv);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);

@@ -15,6 +15,10 @@
 //! the segments but the last (`(P − 1)/P` of about a third of the forward's products), which
 //! [`Plan::choose`] weighs against the threads the segments keep busy.
 //!
+//! Non-causal calls ([`Plan::global`]) repeat nothing: the key state summed over key segments
+//! ([`key_totals`]), then the query segments in parallel (the backward sums their query-side
+//! states too, then runs the key segments).
+//!
 //! Memory: `P ≤ 4·threads / heads` and `heads·(P − 1)·m < heads·(P − 1) + threads`, so the block
 //! and prefix states take `O(threads·(F·Dv + F))`, never a state per chunk.
 
@@ -52,13 +56,36 @@ impl Plan {
         if !p.causal {
             return None;
         }
+        Self::cut(heads, l, p, REPEATED)
+    }
+
+    /// The plans of a non-causal call of `heads` jobs: its `lq` query rows and its `lk` key rows
+    /// in as many segments each (nothing is repeated: the key state is summed over the key
+    /// segments, the query side's over the query segments); `None` for one segment.
+    pub fn global(heads: usize, lq: usize, lk: usize, p: &LinearParams) -> Option<(Plan, Plan)> {
+        if p.causal {
+            return None;
+        }
+        let queries = Self::cut(heads, lq, p, 0.0)?;
+        let keys = Plan { l: lk, chunks: lk.div_ceil(p.chunk), parts: 1, ..queries };
+        (keys.chunks >= queries.segs).then_some((Plan { parts: 1, ..queries }, keys))
+    }
+
+    /// `l` rows cut for `heads` jobs whose segments after the first repeat `repeated` of their
+    /// work; `None` for one segment.
+    fn cut(heads: usize, l: usize, p: &LinearParams, repeated: f64) -> Option<Plan> {
         let chunks = l.div_ceil(p.chunk);
         let threads = rayon::current_num_threads();
         let segs = match p.segments {
-            0 => best(heads, threads, chunks),
+            0 => best(heads, threads, chunks, repeated),
             s => s.min(chunks),
         };
         (segs > 1).then(|| Plan { l, c: p.chunk, chunks, segs, parts: parts(heads, threads, segs, chunks) })
+    }
+
+    /// Rows per head.
+    pub fn l(&self) -> usize {
+        self.l
     }
 
     /// The rows of chunks `lo .. hi`.
@@ -93,9 +120,9 @@ impl Plan {
 }
 
 /// The segment count of least [`cost`] (the fewest among equals), at most `4·threads / heads`.
-fn best(heads: usize, threads: usize, chunks: usize) -> usize {
+fn best(heads: usize, threads: usize, chunks: usize, repeated: f64) -> usize {
     let most = chunks.min(4 * threads / heads.max(1)).max(1);
-    let cost = |s| cost(heads, threads, s, parts(heads, threads, s, chunks));
+    let cost = |s| cost(heads, threads, s, parts(heads, threads, s, chunks), repeated);
     (2..=most).fold(1, |b, s| if cost(s) < cost(b) { s } else { b })
 }
 
@@ -109,14 +136,14 @@ fn parts(heads: usize, threads: usize, segs: usize, chunks: usize) -> usize {
 }
 
 /// The time of `heads` jobs in `segs` segments on `threads` threads, in units of one sequential
-/// head: rounds of segments plus phase 1's rounds of blocks.
-fn cost(heads: usize, threads: usize, segs: usize, parts: usize) -> f64 {
+/// head: rounds of segments plus phase 1's rounds of blocks, each `repeated` of a chunk's work.
+fn cost(heads: usize, threads: usize, segs: usize, parts: usize, repeated: f64) -> f64 {
     let rounds = |jobs: usize| jobs.div_ceil(threads) as f64;
     let run = rounds(heads * segs) / segs as f64;
     if segs < 2 {
         return run;
     }
-    run + REPEATED * rounds(heads * (segs - 1) * parts) / (segs * parts) as f64
+    run + repeated * rounds(heads * (segs - 1) * parts) / (segs * parts) as f64
 }
 
 /// `acc += x`.
@@ -179,6 +206,22 @@ pub(crate) fn key_prefixes<T: Real>(
         exclusive_scan(head, width, false);
     }
     init
+}
+
+/// The state `(S, z)` of all the keys of every key/value head of `keys`, summed over the
+/// segments of `plan` made in parallel: `[keys.len(), F·Dv + F]`.
+pub(crate) fn key_totals<T: Real>(isa: Isa, plan: &Plan, p: &LinearParams, d: &LinearDims, keys: &[Keys<T>]) -> Vec<T> {
+    let (width, segs) = (d.f * d.dv + d.f, plan.segs);
+    let mut parts = vec![T::zero(); keys.len() * segs * width];
+    parts.par_chunks_mut(width).enumerate().for_each_init(
+        || vec![T::zero(); p.chunk * d.f],
+        |fk, (i, st)| on_isa(isa, || key_state(isa, p.map, d, &keys[i / segs], plan.rows(i % segs), p.chunk, fk, st)),
+    );
+    let mut total = vec![T::zero(); keys.len() * width];
+    for (t, head) in total.chunks_exact_mut(width).zip(parts.chunks_exact(segs * width)) {
+        head.chunks_exact(width).for_each(|x| add(t, x));
+    }
+    total
 }
 
 /// `x: [P, width]` (one head's per-segment totals) replaced by their exclusive prefix sums
@@ -248,6 +291,7 @@ mod tests {
 
     #[test]
     fn the_cost_model_splits_few_heads_and_leaves_many_alone() {
+        let best = |heads, threads, chunks| best(heads, threads, chunks, REPEATED);
         assert_eq!(best(1, 2, 1024), 2);
         assert_eq!(best(8, 2, 1024), 1);
         assert_eq!(best(2, 2, 1024), 1);
@@ -264,6 +308,9 @@ mod tests {
         assert_eq!((plan.segs, plan.parts), (2, 2));
         assert_eq!(pool.install(|| Plan::choose(8, 65536, &causal)), None);
         assert_eq!(pool.install(|| Plan::choose(1, 65536, &LinearParams::new(&map))), None);
+        // Non-causal: queries and keys in as many segments, keys of their own length.
+        let (queries, keys) = pool.install(|| Plan::global(1, 1000, 300, &LinearParams::new(&map))).unwrap();
+        assert_eq!((queries.segs, keys.segs, queries.rows(1), keys.rows(1)), (2, 2, 512..1000, 128..300));
         // Forced: at most one segment per chunk.
         let forced = LinearParams { segments: 9, ..causal };
         assert_eq!(pool.install(|| Plan::choose(8, 130, &forced)).map(|p| p.segs), Some(3));

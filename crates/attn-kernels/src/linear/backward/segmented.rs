@@ -8,13 +8,16 @@
 //! 5. per (key/value head, segment) in parallel: the descending pass from the suffix states, `dk`
 //!    and `dv` of the segment's rows.
 //!
+//! Non-causal calls ([`global`]) run the query segments, then the key segments, from states
+//! summed over all the keys, then all the queries.
+//!
 //! Besides the sequential form's scratch per job, memory is the denominators `[B, Hq, Lq]` and the
 //! segment states, `O(threads·group·(F·Dv + F))`.
 
 use rayon::prelude::*;
 
-use super::super::segment::{exclusive_scan, key_prefixes, Plan};
-use super::{ascend, descend, Acc, Head, Rows, Work};
+use super::super::segment::{exclusive_scan, key_prefixes, key_totals, Plan};
+use super::{ascend, descend, global_keys, global_queries, Acc, Head, Rows, Work};
 use crate::alloc;
 use crate::error::Result;
 use crate::grad::AttnGrads;
@@ -28,8 +31,16 @@ use crate::view::View4;
 /// The inputs of a backward call: `q`, `k`, `v`, the forward's `out` and its gradient `dout`.
 pub(super) type Inputs<'a, T> = [View4<'a, T>; 5];
 
-/// One phase-3 job's rows: each query head's `dq` and denominators.
-type AscendJob<'a, T> = (Vec<&'a mut [T]>, Vec<&'a mut [T]>);
+/// The rows of `x: [B, Hq, L, w]` for each job (key/value head, segment of `plan`), in that
+/// order: one slice per query head of the group.
+fn by_job<'a, T>(plan: &Plan, x: &'a mut [T], w: usize, group: usize) -> Vec<Vec<&'a mut [T]>> {
+    let mut jobs = Vec::new();
+    jobs.resize_with(x.len() / (plan.l() * w * group) * plan.segs, Vec::new);
+    for (h, s, rows) in plan.split(x, w) {
+        jobs[h / group * plan.segs + s].push(rows);
+    }
+    jobs
+}
 
 /// Fills `g` (zeroed) with the gradients of a causal call in the segments of `plan`.
 pub(super) fn backward<T: Real>(
@@ -50,14 +61,11 @@ pub(super) fn backward<T: Real>(
     };
     // Phase 3: jobs (key/value head, segment), each with its query heads' `dq` and denominators.
     let mut den = alloc::filled("linear attention denominators", &[d.b, d.hq, d.lq], T::zero())?;
-    let mut jobs: Vec<AscendJob<T>> = (0..keys.len() * segs).map(|_| Default::default()).collect();
-    for (h, s, x) in plan.split(&mut g.dq, d.d) {
-        jobs[h / group * segs + s].0.push(x);
-    }
-    for (h, s, x) in plan.split(&mut den, 1) {
-        jobs[h / group * segs + s].1.push(x);
-    }
-    let totals: Vec<Vec<T>> = jobs
+    let dens = by_job(plan, &mut den, 1, group);
+    let totals: Vec<Vec<T>> = by_job(plan, &mut g.dq, d.d, group)
+        .into_iter()
+        .zip(dens)
+        .collect::<Vec<_>>()
         .into_par_iter()
         .enumerate()
         .map_init(
@@ -106,4 +114,70 @@ pub(super) fn backward<T: Real>(
         },
     );
     Ok(())
+}
+
+/// Fills `g` (zeroed) with the gradients of a non-causal call, its queries and keys cut by
+/// `(queries, key_plan)`: the state of all the keys (summed over the key segments), then per
+/// (key/value head, query segment) in parallel `dq` and the segments' query-side states, summed
+/// per query head, then per (key/value head, key segment) `dk` and `dv`.
+pub(super) fn global<T: Real>(
+    isa: Isa,
+    d: &LinearDims,
+    p: &LinearParams,
+    [q, k, v, out, dout]: Inputs<T>,
+    (queries, key_plan): (Plan, Plan),
+    g: &mut AttnGrads<T>,
+) {
+    let (group, segs, fdv) = (d.group(), queries.segs, d.f * d.dv);
+    let width = fdv + d.f;
+    let keys: Vec<_> = (0..d.b * d.hkv).map(|i| Keys::new(isa, k, &v, p, d, (i / d.hkv, i % d.hkv))).collect();
+    let total = key_totals(isa, &key_plan, p, d, &keys);
+    let head = |kh: usize, gi: usize| {
+        let (b, hk) = (kh / d.hkv, kh % d.hkv);
+        Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys: keys[kh] }
+    };
+    let parts: Vec<Vec<T>> = by_job(&queries, &mut g.dq, d.d, group)
+        .into_par_iter()
+        .enumerate()
+        .map_init(
+            || Work::new(d, p.chunk),
+            |w, (i, dqs)| {
+                let (kh, rows) = (i / segs, queries.rows(i % segs));
+                let mut tot = vec![T::zero(); group * width];
+                for (gi, (dq, t)) in dqs.into_iter().zip(tot.chunks_exact_mut(width)).enumerate() {
+                    let (st, z) = total[kh * width..][..width].split_at(fdv);
+                    transpose(isa, st, d.dv, d.f, d.dv, &mut w.st, d.f);
+                    w.z.copy_from_slice(z);
+                    w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
+                    let mut acc = Acc { dq, dk: &mut [], dv: &mut [], base: rows.start };
+                    on_isa(isa, || global_queries(&head(kh, gi), w, rows.clone(), &mut acc));
+                    t[..fdv].copy_from_slice(&w.u);
+                    t[fdv..].copy_from_slice(&w.wsum);
+                }
+                tot
+            },
+        )
+        .collect();
+    // Per query head, `U` and `w` summed over the query segments.
+    let mut sums = vec![T::zero(); d.b * d.hq * width];
+    for (i, tot) in parts.iter().enumerate() {
+        for (gi, t) in tot.chunks_exact(width).enumerate() {
+            let h = i / segs * group + gi;
+            sums[h * width..][..width].iter_mut().zip(t).for_each(|(a, &x)| *a = *a + x);
+        }
+    }
+    let dvs = key_plan.split(&mut g.dv, d.dv);
+    key_plan.split(&mut g.dk, d.d).into_par_iter().zip(dvs).for_each_init(
+        || Work::new(d, p.chunk),
+        |w, ((kh, s, dk), (_, _, dv))| {
+            let rows = key_plan.rows(s);
+            let mut acc = Acc { dq: &mut [], dk, dv, base: rows.start };
+            for gi in 0..group {
+                let (u, ws) = sums[(kh * group + gi) * width..][..width].split_at(fdv);
+                w.u.copy_from_slice(u);
+                w.wsum.copy_from_slice(ws);
+                on_isa(isa, || global_keys(&head(kh, gi), w, rows.clone(), &mut acc));
+            }
+        },
+    );
 }
