@@ -118,8 +118,8 @@ pub struct Args {
     /// one).
     #[arg(long, value_name = "C", default_value_t = attn::linear::CHUNK, requires = "linear")]
     pub chunk: usize,
-    /// Segments per head of causal `--linear`'s chunk-parallel path (0: chosen from the threads
-    /// and heads; 1: the sequential form, parallel over heads only).
+    /// Segments per head of `--linear`'s chunk-parallel path (0: chosen from the threads and
+    /// heads; 1: the sequential form, parallel over heads only).
     #[arg(long, value_name = "S", default_value_t = 0, requires = "linear")]
     pub segments: usize,
     /// With --seq-lens, time the padded batch [B, H, Lq, D] with the lengths as key lengths

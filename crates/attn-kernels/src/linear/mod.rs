@@ -12,8 +12,9 @@
 //!   `backward`): non-causal through the state, causal in the chunked form (within a chunk of
 //!   [`CHUNK`] rows the masked quadratic product, across chunks the running state), parallel over
 //!   (batch, head), and over segments of each head's chunks when there are fewer heads than
-//!   threads (`segment`: prefix sums of the segments' states), the features made chunk by chunk; memory beyond the inputs and outputs
-//!   `O(L)` plus the state and one chunk's features and products per thread. The products run
+//!   threads (`segment`: causal, prefix sums of the segments' states), the features made chunk
+//!   by chunk; memory beyond the inputs and outputs `O(L)` plus the state and one chunk's features
+//!   and products per thread (and `O(threads)` segment states). The products run
 //!   through a register-blocked micro-kernel (`gemm`, `micro`) on the flash kernels' vector layer.
 //! - [`linear_reference`] / [`linear_reference_backward`]: the naive `O(L²)` oracle
 //!   `(φ(Q)φ(K)ᵀ ∘ mask)·V / rowsum` (`naive`), generic over `f32`/`f64`.
@@ -68,7 +69,7 @@ pub struct LinearParams<'a> {
     /// Rows per chunk of the causal chunked form, and of the blocks the non-causal form maps and
     /// sums in (at least 1).
     pub chunk: usize,
-    /// Segments per head of the causal form's chunk-parallel path (`segment`): `0` lets the
+    /// Segments per head of the chunk-parallel path (`segment`, causal or not): `0` lets the
     /// call choose from the thread count and the number of heads (more than one segment only when
     /// there are fewer heads than threads to keep busy), `1` is the sequential form; at most one
     /// per chunk.

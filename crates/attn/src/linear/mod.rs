@@ -57,7 +57,7 @@ pub struct LinearOptions {
     pub key_lengths: Option<Vec<usize>>,
     /// Rows per chunk of the causal chunked form (default [`CHUNK`]).
     pub chunk: usize,
-    /// Segments per head of the causal form's chunk-parallel path (default 0: chosen from the
+    /// Segments per head of the chunk-parallel path, causal or not (default 0: chosen from the
     /// thread count and the number of heads; 1: the sequential form).
     pub segments: usize,
 }
