@@ -197,13 +197,14 @@ fn bf16_products_reach_the_packed_kernels() {
     let (same, apart) = (max_diff(&got, &alone), max_diff(&got, &f32_out));
     assert!(same <= 1e-6 && apart >= 1e-4, "out: packed vs alone {same}, bf16 vs f32 products {apart}");
     let (g_got, g_alone, g_f32) = (grads(&got), grads(&alone), grads(&f32_out));
+    let (mut same, mut apart) = (0.0f32, 0.0f32);
     for (i, ((a, b), c)) in g_got.iter().zip(&g_alone).zip(&g_f32).enumerate() {
-        let (same, apart) = (max_diff(a, b), max_diff(a, c));
-        assert!(
-            same <= 1e-5 && apart >= 10.0 * same.max(1e-6),
-            "parameter {i}: packed vs alone {same}, bf16 vs f32 {apart}"
-        );
+        let d = max_diff(a, b);
+        assert!(d <= 1e-5, "parameter {i}: packed vs alone {d}");
+        (same, apart) = (same.max(d), apart.max(max_diff(a, c)));
     }
+    // Over all parameters: the output projection's bias gets the same gradient either way.
+    assert!(apart >= 10.0 * same.max(1e-6), "gradients: packed vs alone {same}, bf16 vs f32 products {apart}");
 }
 
 #[test]
