@@ -13,6 +13,7 @@ use std::ops::Range;
 
 use super::simd::Simd;
 use crate::problem::Problem;
+use crate::sparse::TileBlocks;
 use crate::view::View4;
 
 /// Floats of packed keys per prefill tile (`keys × Dk`): as many as this CPU's L1 data cache
@@ -194,6 +195,8 @@ pub struct Work {
     pub(super) l: Vec<f32>,
     /// Allowed key range per row.
     pub(super) range: Vec<(usize, usize)>,
+    /// A block mask's segments of the tile last masked.
+    pub(super) blocks: TileBlocks,
 }
 
 impl Work {

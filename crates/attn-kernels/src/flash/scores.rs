@@ -18,6 +18,7 @@ use super::micro::{qk_panel, qk_rows, Bf16Pairs, Fma};
 use super::simd::{KvElem, Simd};
 use super::softcap::softcap_row;
 use crate::problem::{Precision, Problem};
+use crate::sparse::{TileBlocks, TileWords, TILE_BITS};
 use crate::view::View4;
 
 /// Scaled (and soft-capped, biased) scores of every row of `job` against keys `j0..j0+n`, written
@@ -169,7 +170,7 @@ pub(super) unsafe fn mask_tile<S: Simd>(
         let row = &mut w.s[r * LDS..r * LDS + width];
         // SAFETY: the CPU supports `S` (the caller's contract); `row` holds `width`, a multiple
         // of `S::W`.
-        let m = unsafe { mask_row::<S>(pb, [job.b, h, i], row, n, j0, w.range[r], None) };
+        let m = unsafe { mask_row::<S>(pb, [job.b, h, i], row, n, j0, w.range[r], None, &mut w.blocks) };
         if m.elementwise {
             (masked, clean) = (true, 0..0);
         }
@@ -219,6 +220,7 @@ pub(in crate::flash) unsafe fn mask_row<S: Simd>(
     j0: usize,
     (lo, hi): (usize, usize),
     mut derivs: Option<RowDerivs>,
+    tiles: &mut TileBlocks,
 ) -> RowMasked {
     match (pb.score_mod, derivs.as_mut()) {
         (Some(f), d) => f.m.score_row(f.table, [b, h, i], j0, &mut row[..n], d.map(|d| &mut d.dmod[..n])),
@@ -232,20 +234,22 @@ pub(in crate::flash) unsafe fn mask_row<S: Simd>(
         d.dcap.fill(1.0);
     }
     row[n..].fill(f32::NEG_INFINITY);
-    let row = &mut row[..n];
     let mut elementwise = false;
     if let Some(bias) = pb.elem.bias {
         let (bv, st) = bias.row(b, h, i);
         // SAFETY: the CPU supports `S` (the caller's contract).
-        elementwise |= unsafe { add_bias::<S>(row, bv, st, j0) };
+        elementwise |= unsafe { add_bias::<S>(&mut row[..n], bv, st, j0) };
     }
     if let Some(keep) = pb.elem.keep {
         let (kv, st) = keep.row(b, h, i);
-        elementwise |= apply_keep(row, kv, st, j0);
+        elementwise |= apply_keep(&mut row[..n], kv, st, j0);
     }
     if let Some(bm) = pb.elem.block {
-        elementwise |= bm.mask_row(b, h, i, j0, row);
+        let words = bm.keep_bits(b, h, i, j0, n, tiles);
+        // SAFETY: the CPU supports `S` (the caller's contract); `row` is whole vectors, `>= n`.
+        elementwise |= unsafe { select_kept::<S>(row, &words, n) };
     }
+    let row = &mut row[..n];
     let (a, z) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
     let empty = lo >= hi;
     if empty {
@@ -255,6 +259,33 @@ pub(in crate::flash) unsafe fn mask_row<S: Simd>(
         row[z..].fill(f32::NEG_INFINITY);
     }
     RowMasked { elementwise, a, z, empty }
+}
+
+/// Sets to −∞ the scores of `row` (whole vectors) whose bit in `words` (a block mask's
+/// [`TileWords`]) is clear, a vector select per `W` columns, over the vectors that cover the first
+/// `n`; returns whether any of the first `n` was.
+///
+/// # Safety
+/// The CPU supports `S`'s instruction set; `row.len()` is a multiple of `S::W`, `>= n`.
+#[inline(always)]
+unsafe fn select_kept<S: Simd>(row: &mut [f32], words: &TileWords, n: usize) -> bool {
+    debug_assert!(n <= TILE_BITS && row.len() >= n.div_ceil(S::W) * S::W);
+    let lanes = (1u32 << S::W) - 1;
+    let mut masked = false;
+    for c in (0..n).step_by(S::W) {
+        // `W` divides 64, so a vector's bits lie in one word.
+        let bits = (words[c / 64] >> (c % 64)) as u32 & lanes;
+        let valid = if n - c >= S::W { lanes } else { (1u32 << (n - c)) - 1 };
+        if bits & valid != valid {
+            masked = true;
+            // SAFETY: the CPU supports `S`; columns `c..c + W` lie in `row` (whole vectors).
+            unsafe {
+                let p = row.as_mut_ptr().add(c);
+                S::store(p, S::select_bits(bits, S::load(p), S::splat(f32::NEG_INFINITY)));
+            }
+        }
+    }
+    masked
 }
 
 /// Adds the bias row `bv` (keys `j0..`; stride `st` along keys, 1, or 0 when broadcast, as every

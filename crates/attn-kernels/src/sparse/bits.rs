@@ -56,27 +56,3 @@ impl PartialBits {
         self.at.len() * 4 + self.words.len() * 8
     }
 }
-
-/// Sets to −∞ the scores `seg` (at most [`SPARSE_BLOCK`] long) whose bit in `bits` is clear (bit
-/// `c` for `seg[c]`); returns whether any was. Branch-free per element, in halves of 32 columns
-/// (one 32-bit word each), so that it compiles to vector selects where it is inlined into the
-/// kernels.
-#[inline(always)]
-pub(super) fn apply(seg: &mut [f32], bits: u64) -> bool {
-    let all = if seg.len() >= 64 { u64::MAX } else { (1u64 << seg.len()) - 1 };
-    let (kept, cleared) = (bits & all, !bits & all);
-    if cleared == 0 {
-        return false;
-    }
-    if kept == 0 {
-        seg.fill(f32::NEG_INFINITY);
-        return true;
-    }
-    for (half, part) in seg.chunks_mut(32).enumerate() {
-        let word = (bits >> (32 * half)) as u32;
-        for (c, s) in part.iter_mut().enumerate() {
-            *s = if (word >> c) & 1 != 0 { *s } else { f32::NEG_INFINITY };
-        }
-    }
-    true
-}

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::bits::{self, PartialBits, PartialEntry};
+use super::bits::{PartialBits, PartialEntry};
 use super::{BlockClass, MaskMod, SPARSE_BLOCK};
 use crate::error::{AttnError, Result};
 
@@ -271,37 +271,20 @@ impl BlockMask {
         }
     }
 
-    /// Sets to −∞ the scores `row` (keys `j0..j0 + row.len()`) of query `i` of `(b, h)` that this
-    /// mask forbids: empty blocks whole, partial blocks where the predicate said so when the mask was
-    /// built (one word per row), full blocks untouched. Returns whether any score was masked.
-    ///
-    /// Inlined into the flash kernels' ISA entry points, so the words are applied with their
-    /// vectors; the row's list is searched once, then walked along the segments.
-    #[inline(always)]
-    pub fn mask_row(&self, b: usize, h: usize, i: usize, j0: usize, row: &mut [f32]) -> bool {
-        let r = self.group(b, h) * self.shape.q_blocks() + i / SPARSE_BLOCK;
-        let start = self.kv.offsets[r];
+    /// The list row of query block `qb` of `(b, h)`: its index (a tile's cache key), the list
+    /// entry of its first block, its key blocks (sorted) and whether each is full.
+    #[inline]
+    pub(super) fn kv_row(&self, b: usize, h: usize, qb: usize) -> (usize, usize, &[u32], &[bool]) {
+        let r = self.group(b, h) * self.shape.q_blocks() + qb;
         let (blocks, full) = self.kv.row(r);
-        let mut x = blocks.partition_point(|&kb| (kb as usize) < j0 / SPARSE_BLOCK);
-        let mut masked = false;
-        let end = j0 + row.len();
-        let mut j = j0;
-        while j < end {
-            let kb = j / SPARSE_BLOCK;
-            let seg_end = ((kb + 1) * SPARSE_BLOCK).min(end);
-            let seg = &mut row[j - j0..seg_end - j0];
-            if blocks.get(x).is_some_and(|&listed| listed as usize == kb) {
-                if !full[x] {
-                    masked |= bits::apply(seg, self.bits.word(start + x, i % SPARSE_BLOCK) >> (j % SPARSE_BLOCK));
-                }
-                x += 1;
-            } else {
-                seg.fill(f32::NEG_INFINITY);
-                masked = true;
-            }
-            j = seg_end;
-        }
-        masked
+        (r, self.kv.offsets[r], blocks, full)
+    }
+
+    /// The word of query row `r` (within its block) of the partial list entry `entry`: bit `c` is
+    /// the block's key `c`.
+    #[inline]
+    pub(super) fn word(&self, entry: usize, r: usize) -> u64 {
+        self.bits.word(entry, r)
     }
 
     /// Listed blocks over all blocks of the described shape (the fraction of the work a call

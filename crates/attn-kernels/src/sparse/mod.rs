@@ -24,15 +24,16 @@
 mod bits;
 mod block_mask;
 mod combine;
-mod count;
 mod named;
 mod parts;
 pub mod patterns;
+mod tile;
 
 pub use block_mask::{BlockMask, BlockShape};
 pub use combine::{And, MaskModExt, Or};
 pub use named::Pattern;
 pub use parts::{PatternParts, PATTERN_NAMES};
+pub(crate) use tile::{TileBlocks, TileWords, TILE_BITS};
 
 use std::ops::Range;
 

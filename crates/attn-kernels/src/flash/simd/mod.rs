@@ -90,6 +90,11 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// # Safety
     /// The CPU has `Self`'s instruction set.
     unsafe fn select_lt(a: Self::V, b: Self::V, x: Self::V, y: Self::V) -> Self::V;
+    /// Lane-wise `if bit l of bits is set { x } else { y }` (bits from `W` on are ignored).
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set.
+    unsafe fn select_bits(bits: u32, x: Self::V, y: Self::V) -> Self::V;
     /// Lane-wise maximum; NaN in `b` is returned as is.
     ///
     /// # Safety

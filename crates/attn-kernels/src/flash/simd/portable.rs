@@ -71,6 +71,10 @@ impl Simd for Portable {
         std::array::from_fn(|i| if a[i] < b[i] { x[i] } else { y[i] })
     }
     #[inline(always)]
+    unsafe fn select_bits(bits: u32, x: Self::V, y: Self::V) -> Self::V {
+        std::array::from_fn(|i| if bits >> i & 1 != 0 { x[i] } else { y[i] })
+    }
+    #[inline(always)]
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V {
         std::array::from_fn(|i| if a[i] > b[i] { a[i] } else { b[i] })
     }

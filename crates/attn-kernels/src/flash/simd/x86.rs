@@ -87,6 +87,11 @@ impl<const NATIVE_BF16: bool> Simd for Avx512<NATIVE_BF16> {
         unsafe { _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b), y, x) }
     }
     #[inline(always)]
+    unsafe fn select_bits(bits: u32, x: __m512, y: __m512) -> __m512 {
+        // SAFETY: AVX-512F is present (the caller's contract).
+        unsafe { _mm512_mask_blend_ps(bits as __mmask16, y, x) }
+    }
+    #[inline(always)]
     unsafe fn max(a: __m512, b: __m512) -> __m512 {
         // SAFETY: AVX-512F is present (the caller's contract).
         unsafe { _mm512_max_ps(a, b) }
@@ -238,6 +243,15 @@ impl Simd for Avx2 {
     unsafe fn select_lt(a: __m256, b: __m256, x: __m256, y: __m256) -> __m256 {
         // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
         unsafe { _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_LT_OQ>(a, b)) }
+    }
+    #[inline(always)]
+    unsafe fn select_bits(bits: u32, x: __m256, y: __m256) -> __m256 {
+        // SAFETY: AVX2, FMA and F16C are present (the caller's contract).
+        unsafe {
+            let lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+            let set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(bits as i32), lane), lane);
+            _mm256_blendv_ps(y, x, _mm256_castsi256_ps(set))
+        }
     }
     #[inline(always)]
     unsafe fn max(a: __m256, b: __m256) -> __m256 {

@@ -32,7 +32,7 @@ use crate::flash::pack::{key_pairs_len, pack_dim_pairs, pack_key_pairs, pack_key
 use crate::flash::scores::all_finite;
 use crate::flash::simd::{KvElem, Simd};
 use crate::problem::Precision;
-use crate::sparse::runs;
+use crate::sparse::{runs, TileBlocks};
 use products::{accumulate_f32, accumulate_pairs, products, transpose_chunks};
 use score_grads::score_grads;
 
@@ -80,6 +80,8 @@ pub struct BwdWork {
     bad_keys: Vec<usize>,
     /// The tiles' spans of the block: `(query head, first row, end row)`.
     spans: Vec<(usize, usize, usize)>,
+    /// A block mask's segments of the tile last masked.
+    blocks: TileBlocks,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {

@@ -33,7 +33,7 @@ pub(super) unsafe fn score_grads<S: Simd>(cx: &BwdCtx<impl KvElem>, job: &BwdJob
         }
         let derivs = chain.then(|| RowDerivs { dmod: &mut w.dmod[row.clone()], dcap: &mut w.dcap[row.clone()] });
         // SAFETY: `s` and the derivative rows hold `LDB`, a multiple of `S::W`; CPU supports `S`.
-        let m = unsafe { mask_row::<S>(pb, [b, h, i], s, n, j0, pb.key_range(b, i), derivs) };
+        let m = unsafe { mask_row::<S>(pb, [b, h, i], s, n, j0, pb.key_range(b, i), derivs, &mut w.blocks) };
         let (hi, lo) = (cx.lse[row0 + r], cx.lse_residue.map_or(0.0, |x| x[row0 + r]));
         let p = &mut w.p[r * LDB..(r + 1) * LDB];
         if m.empty || hi == f32::NEG_INFINITY {
