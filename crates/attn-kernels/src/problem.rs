@@ -47,9 +47,11 @@ pub enum Precision {
     /// `v` and, backward, `dO` rounded to bf16 (exact when they are bf16 already), `P` and `dS`
     /// rounded to bf16 for the products they enter. Runs on AVX512-BF16 (`VDPBF16PS`) where the
     /// CPU has it, else the same arithmetic emulated in f32 (slower than [`Precision::F32`]: for
-    /// tests and other CPUs). Prefill path only: the decode path (few query rows, bound by memory)
-    /// computes in f32, and so does the backward after it; so does the backward of a key/value head
-    /// holding a non-finite key.
+    /// tests and other CPUs). Prefill path only: the decode path (at most
+    /// [`DECODE_ROWS`](crate::flash::DECODE_ROWS) stacked query rows per key/value head, keys read
+    /// in place, no packing) computes in f32 whatever this asks, bit for bit as [`Precision::F32`],
+    /// and so does the backward after it ([`AttnOutput::path`](crate::AttnOutput) says which path
+    /// ran); so does the backward of a key/value head holding a non-finite key.
     Bf16,
 }
 

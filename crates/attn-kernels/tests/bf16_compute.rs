@@ -3,7 +3,8 @@
 //! rule (factor 2 for outputs, 3 for gradients) with PyTorch's bf16 math path as the baseline error
 //! (every materialised tensor rounded to bf16: scores, probabilities, output, `dO`, `dP`, `dS` and
 //! the gradients; `common::math_path_rounded`), on inputs already in bf16 (K and V given as bf16
-//! views, q holding bf16 values). Every flash
+//! views, q holding bf16 values); the decode path computing in f32 whatever `compute` asks (bit for
+//! bit the f32 products' results). Every flash
 //! instruction set runs: AVX-512 with AVX512-BF16's `VDPBF16PS` where the CPU has it (the test of
 //! the native path is ignored, with the reason, where it lacks it), the emulation elsewhere.
 
@@ -156,6 +157,40 @@ fn check_differs_from_f32(kernel: Kernel) {
     }
 }
 
+/// Whether two results are equal bit for bit.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// The decode path (at most `DECODE_ROWS` stacked query rows per key/value head, keys read in
+/// place) computes in f32 whatever `compute` asks, and so does the backward after it: a bf16-products call that takes it, automatically or forced, whole or in
+/// key shards, gives the f32 products' output, log-sum-exp and gradients bit for bit, while the
+/// prefill path on the same call does not.
+fn check_decode_computes_in_f32(kernel: Kernel) {
+    for (n, d) in [dims(1, 8, 2, 2, 300, 64, 64), dims(2, 4, 4, 1, 77, 33, 40)].into_iter().enumerate() {
+        let case = in_bf16(Case { causal: n == 0, ..Case::new(d, 9 + n as u64) });
+        let f32_case = Case { compute: Precision::F32, ..case.clone() };
+        let label =
+            |what: &str, t: &dyn std::fmt::Debug| format!("{} {t:?} [{}]: {what}", kernel.name(), case.describe());
+        let decode = [None, Some(3)].map(|shards| Tuning { path: Some(Path::Decode), shards });
+        for tuning in [Tuning::default()].into_iter().chain(decode) {
+            let (bf, f) = (run_bf16(&case, kernel, tuning), run_bf16(&f32_case, kernel, tuning));
+            assert_eq!(bf.path, Some(Path::Decode), "{}", label("path", &tuning));
+            assert!(same_bits(&bf.out, &f.out) && same_bits(&bf.lse, &f.lse), "{}", label("forward", &tuning));
+        }
+        let dout = random_dout(&case, 4);
+        for plans in [Default::default(), (decode[1], BackwardTuning { shards: Some(2), whole_heads: Some(false) })] {
+            let (bf, f) = (grads_bf16(&case, kernel, plans, &dout), grads_bf16(&f32_case, kernel, plans, &dout));
+            for (name, a, b) in [("dq", &bf.dq, &f.dq), ("dk", &bf.dk, &f.dk), ("dv", &bf.dv, &f.dv)] {
+                assert!(same_bits(a, b), "{}", label(name, &plans));
+            }
+        }
+        let prefill = Tuning { path: Some(Path::Prefill), shards: None };
+        let (bf, f) = (run_bf16(&case, kernel, prefill), run_bf16(&f32_case, kernel, prefill));
+        assert!(!same_bits(&bf.out, &f.out), "{}", label("prefill gave the f32 output", &prefill));
+    }
+}
+
 macro_rules! flash_tests {
     ($($group:ident => $check:ident),* $(,)?) => {$(
         mod $group {
@@ -183,4 +218,5 @@ flash_tests! {
     masks => check_masks,
     masked_nan_values => check_masked_nan_values,
     differs_from_f32 => check_differs_from_f32,
+    decode_computes_in_f32 => check_decode_computes_in_f32,
 }

@@ -11,8 +11,8 @@
 //! real rows; the output rows beyond each length (which the packed call does not compute) are set
 //! to zero in the fixture and in the padded run before comparing.
 //!
-//! Also: the packed type's conversions and its refusals, and the modules' refusals of what has no
-//! packed form.
+//! Also: bf16 products (`compute`) reach the packed kernels; the packed type's conversions and its
+//! refusals, and the modules' refusals of what has no packed form.
 
 mod pytorch_parity_parts {
     pub mod check;
@@ -21,7 +21,7 @@ mod pytorch_parity_parts {
 }
 
 use attn::Kernel;
-use attn_nn::{MultiHeadAttention, MultiHeadAttentionConfig, NnError, Packed, PackedMhaInput};
+use attn_nn::{AttnMasks, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, NnError, Packed, PackedMhaInput};
 use candle_core::{Device, Tensor};
 use pytorch_parity_parts::check::{compute, report, Batch};
 use pytorch_parity_parts::fixture::{fixture_dir, fixture_names, Data, Fixture};
@@ -144,7 +144,6 @@ fn what_has_no_packed_form_is_refused_naming_the_field() {
         ("add_bias_kv", MultiHeadAttentionConfig { add_bias_kv: true, ..base.clone() }),
         ("add_zero_attn", MultiHeadAttentionConfig { add_zero_attn: true, ..base.clone() }),
         ("sinks", MultiHeadAttentionConfig { sinks: true, ..base.clone() }),
-        ("compute", MultiHeadAttentionConfig { compute: attn::Precision::Bf16, ..base.clone() }),
     ];
     for (name, cfg) in cases {
         let map = candle_nn::VarMap::new();
@@ -152,6 +151,60 @@ fn what_has_no_packed_form_is_refused_naming_the_field() {
         let e = mha.forward_packed(PackedMhaInput::self_attention(&x)).unwrap_err();
         assert!(matches!(e, NnError::Config { field, .. } if field == name), "{name}: {e}");
     }
+}
+
+/// The largest `|a − b|` over two tensors of one shape.
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
+}
+
+/// bf16 products reach the packed call: with the same weights, `forward_packed` and the gradient
+/// of every parameter equal the padded forward run on each sequence alone with bf16 products (to
+/// f32 summation order), and differ from the packed call with f32 products by far more.
+#[test]
+fn bf16_products_reach_the_packed_kernels() {
+    let map = candle_nn::VarMap::new();
+    let base = MultiHeadAttentionConfig { num_kv_heads: Some(2), ..MultiHeadAttentionConfig::new(64, 4) };
+    let mha = |compute| {
+        let cfg = MultiHeadAttentionConfig { compute, ..base.clone() };
+        MultiHeadAttention::new(cfg, attn_nn::init::seeded(&map, 0)).unwrap()
+    };
+    let (bf, f32_products) = (mha(attn::Precision::Bf16), mha(attn::Precision::F32));
+    // 2 · length stacked query rows per key/value head, above the decode path's 16: the prefill
+    // path, where bf16 products run.
+    let seqs: Vec<Tensor> =
+        [12, 21].iter().zip(10..).map(|(&l, seed)| attn::random::uniform(&[l, 64], -1.0, 1.0, seed).unwrap()).collect();
+    let target = attn::random::uniform(&[33, 64], -1.0, 1.0, 20).unwrap();
+    let x = Packed::from_sequences(&seqs).unwrap();
+    let packed = |m: &MultiHeadAttention| {
+        m.forward_packed(PackedMhaInput::self_attention(&x).causal(true)).unwrap().data().clone()
+    };
+    let one_by_one = |m: &MultiHeadAttention| {
+        let outs: Vec<Tensor> = seqs
+            .iter()
+            .map(|s| {
+                let s = s.unsqueeze(0).unwrap();
+                m.forward(MhaInput::self_attention(&s).masks(AttnMasks::causal())).unwrap().out.squeeze(0).unwrap()
+            })
+            .collect();
+        Tensor::cat(&outs, 0).unwrap()
+    };
+    let grads = |out: &Tensor| {
+        let g = (out * &target).unwrap().sum_all().unwrap().backward().unwrap();
+        map.all_vars().iter().map(|v| g.get(v).unwrap().clone()).collect::<Vec<_>>()
+    };
+    let (got, alone, f32_out) = (packed(&bf), one_by_one(&bf), packed(&f32_products));
+    let (same, apart) = (max_diff(&got, &alone), max_diff(&got, &f32_out));
+    assert!(same <= 1e-6 && apart >= 1e-4, "out: packed vs alone {same}, bf16 vs f32 products {apart}");
+    let (g_got, g_alone, g_f32) = (grads(&got), grads(&alone), grads(&f32_out));
+    let (mut same, mut apart) = (0.0f32, 0.0f32);
+    for (i, ((a, b), c)) in g_got.iter().zip(&g_alone).zip(&g_f32).enumerate() {
+        let d = max_diff(a, b);
+        assert!(d <= 1e-5, "parameter {i}: packed vs alone {d}");
+        (same, apart) = (same.max(d), apart.max(max_diff(a, c)));
+    }
+    // Over all parameters: the output projection's bias gets the same gradient either way.
+    assert!(apart >= 10.0 * same.max(1e-6), "gradients: packed vs alone {same}, bf16 vs f32 products {apart}");
 }
 
 #[test]

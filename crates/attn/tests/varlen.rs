@@ -1,10 +1,11 @@
 //! `attn::sdpa_varlen` on packed candle tensors: the output and log-sum-exp equal the kernels'
-//! `attention_varlen`, and each sequence equals `attn::sdpa` on that sequence alone; gradients
+//! `attention_varlen`, and each sequence equals `attn::sdpa` on that sequence alone, with f32 and
+//! with bf16 products (`SdpaOptions::compute`); gradients
 //! through candle's autograd reach `q`, `k` and `v` (finite, non-zero, in their dtypes) and equal
 //! the kernels' packed backward; strided inputs (a fused QKV buffer) give the contiguous result;
 //! unsupported options, bad ranks and bad offsets are refused naming the field.
 
-use attn::{cu_seqlens, sdpa, sdpa_varlen, sdpa_varlen_full, AttnError, AttnLibError, Mask, SdpaOptions};
+use attn::{cu_seqlens, sdpa, sdpa_varlen, sdpa_varlen_full, AttnError, AttnLibError, Mask, Precision, SdpaOptions};
 use attn_kernels::{attention_varlen, attention_varlen_backward, CuSeqlens, Packed, VarlenSaved};
 use candle_core::{DType, Device, Tensor, Var};
 
@@ -25,15 +26,23 @@ fn cu_seqlens_are_the_running_sums() {
     assert_eq!(cu_seqlens(&[]), [0]);
 }
 
+/// With f32 and with bf16 products (`SdpaOptions::compute` reaches the packed kernels forward and
+/// backward).
 #[test]
 fn forward_and_gradients_equal_the_packed_kernels() {
+    for compute in [Precision::F32, Precision::Bf16] {
+        forward_and_gradients_match(compute);
+    }
+}
+
+fn forward_and_gradients_match(compute: Precision) {
     let (cq, ck) = offsets();
     let (tq, tk, hq, hkv, dk, dv) = (cq[4], ck[4], 4, 2, 8, 6);
     let q = Var::from_tensor(&uniform(&[tq, hq, dk], 1)).unwrap();
     let k = Var::from_tensor(&uniform(&[tk, hkv, dk], 2)).unwrap();
     let v = Var::from_tensor(&uniform(&[tk, hkv, dv], 3)).unwrap();
     let dout = uniform(&[tq, hq, dv], 4);
-    let opts = SdpaOptions::default().causal(true).align(attn::Align::BottomRight).dropout(0.2, 9);
+    let opts = SdpaOptions::default().causal(true).align(attn::Align::BottomRight).dropout(0.2, 9).compute(compute);
     let r = sdpa_varlen_full(&q, &k, &v, &cq, &ck, &opts).unwrap();
     assert_eq!((r.out.dims(), r.lse.dims()), (&[tq, hq, dv][..], &[hq, tq][..]));
 
@@ -53,8 +62,8 @@ fn forward_and_gradients_equal_the_packed_kernels() {
     let g = attention_varlen_backward(opts.kernel, &qp, &kp.into(), &vp.into(), &cu, &saved, &params).unwrap();
     for (name, var, w) in [("q", &q, &g.dq), ("k", &k, &g.dk), ("v", &v, &g.dv)] {
         let got = flat(grads.get(var).unwrap());
-        assert!(got.iter().all(|x| x.is_finite()) && got.iter().any(|&x| x != 0.0), "d{name} not useful");
-        assert!(max_diff(&got, w) <= 1e-6, "d{name} differs from the kernel's by {}", max_diff(&got, w));
+        assert!(got.iter().all(|x| x.is_finite()) && got.iter().any(|&x| x != 0.0), "{compute:?} d{name} not useful");
+        assert!(max_diff(&got, w) <= 1e-6, "{compute:?} d{name} differs from the kernel's by {}", max_diff(&got, w));
     }
 }
 
@@ -65,20 +74,26 @@ fn each_sequence_equals_sdpa_on_it_alone() {
     let q = uniform(&[cq[4], hq, d], 5);
     let k = uniform(&[ck[4], hkv, d], 6).to_dtype(DType::F16).unwrap();
     let v = uniform(&[ck[4], hkv, d], 7).to_dtype(DType::BF16).unwrap();
-    let opts = SdpaOptions::default().causal(true).window(Some(3), None);
-    let out = sdpa_varlen(&q, &k, &v, &cq, &ck, &opts).unwrap();
     // `[len, H, D]` rows of a packed tensor as the `[1, H, len, D]` that sdpa takes.
     let alone = |t: &Tensor, from: usize, len: usize| {
         t.narrow(0, from, len).unwrap().transpose(0, 1).unwrap().unsqueeze(0).unwrap()
     };
-    for s in 0..LENS.len() {
-        let (lq, lk) = (cq[s + 1] - cq[s], ck[s + 1] - ck[s]);
-        if lq == 0 {
-            continue;
+    // Every sequence stacks 4 · Lq > 16 query rows per key/value head: the prefill path, where
+    // bf16 products run (the decode path computes in f32).
+    let outs = [Precision::F32, Precision::Bf16].map(|compute| {
+        let opts = SdpaOptions::default().causal(true).window(Some(3), None).compute(compute);
+        let out = sdpa_varlen(&q, &k, &v, &cq, &ck, &opts).unwrap();
+        for s in 0..LENS.len() {
+            let (lq, lk) = (cq[s + 1] - cq[s], ck[s + 1] - ck[s]);
+            if lq == 0 {
+                continue;
+            }
+            let want = sdpa(&alone(&q, cq[s], lq), &alone(&k, ck[s], lk), &alone(&v, ck[s], lk), &opts).unwrap();
+            assert_eq!(flat(&alone(&out, cq[s], lq)), flat(&want), "{compute:?}: sequence {s}");
         }
-        let want = sdpa(&alone(&q, cq[s], lq), &alone(&k, ck[s], lk), &alone(&v, ck[s], lk), &opts).unwrap();
-        assert_eq!(flat(&alone(&out, cq[s], lq)), flat(&want), "sequence {s}");
-    }
+        flat(&out)
+    });
+    assert_ne!(outs[0], outs[1], "bf16 products gave the f32 products' output bit for bit");
 }
 
 #[test]

@@ -46,7 +46,8 @@ pub struct SdpaFlags {
     #[arg(long, default_value = "auto")]
     pub kernel: Kernel,
     /// Products of the flash kernel: f32, or bf16 (bfloat16 products with f32 accumulation:
-    /// q, k, v and the probabilities rounded to bf16; native on AVX512-BF16, emulated elsewhere).
+    /// q, k, v and the probabilities rounded to bf16; native on AVX512-BF16, emulated elsewhere;
+    /// a decode-shaped call, H/Hkv · Lq ≤ 16, computes in f32 either way).
     #[arg(long, default_value = "f32", value_parser = named_values(&PRECISIONS, precision_name))]
     pub compute: Precision,
     #[command(flatten)]

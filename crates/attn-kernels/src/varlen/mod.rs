@@ -7,7 +7,9 @@
 //! Semantics per sequence are those of [`attention`] on the sequence alone (`B = 1`, `Lq = Lq_s`,
 //! `Lk = Lk_s`): causal masking, the window and their alignment apply within each sequence (so
 //! bottom-right aligns each sequence's last query with its own last key), as do scale, soft-cap,
-//! grouped-query heads and `f16`/`bf16` keys and values. Element masks (`keep`, `bias`), block
+//! grouped-query heads, `f16`/`bf16` keys and values and bf16 products (`compute`, forward and
+//! backward: each sequence bit for bit the dense call on it alone, whose plan — prefill or decode —
+//! follows from the sequence's own lengths). Element masks (`keep`, `bias`), block
 //! masks and `key_lengths` have no packed form, and sinks and score modifications are not
 //! supported yet: all are refused ([`AttnError::Param`] naming the field: `mask`, `bias`,
 //! `block_mask`, `key_lengths`, `sinks`, `score_mod`).

@@ -3,10 +3,11 @@
 //! (self-attention, or cross-attention from sequence `s` of the queries to sequence `s` of the
 //! keys), grouped-query heads, RoPE positions restarting at 0 in every sequence, causal masking
 //! within each sequence, and attention dropout keyed per sequence. No padding is computed, so no
-//! key padding mask is needed. `add_bias_kv`, `add_zero_attn`, `sinks` and bf16 products
-//! (`compute`) have no packed form yet and are refused, as is asking for the weights (sequences of different lengths form no tensor).
+//! key padding mask is needed. bf16 products (`compute`) reach the packed kernels as they reach
+//! the padded call's. `add_bias_kv`, `add_zero_attn` and `sinks` have no packed form yet and are
+//! refused, as is asking for the weights (sequences of different lengths form no tensor).
 
-use attn::{Precision, SdpaOptions};
+use attn::SdpaOptions;
 
 use crate::dropout::Mode;
 use crate::error::{NnError, Result};
@@ -77,12 +78,8 @@ impl MultiHeadAttention {
     /// ```
     pub fn forward_packed(&self, input: PackedMhaInput) -> Result<Packed> {
         let cfg = &self.cfg;
-        let unsupported = [
-            ("add_bias_kv", cfg.add_bias_kv),
-            ("add_zero_attn", cfg.add_zero_attn),
-            ("sinks", cfg.sinks),
-            ("compute", cfg.compute != Precision::F32),
-        ];
+        let unsupported =
+            [("add_bias_kv", cfg.add_bias_kv), ("add_zero_attn", cfg.add_zero_attn), ("sinks", cfg.sinks)];
         if let Some((field, _)) = unsupported.iter().find(|(_, on)| *on) {
             return Err(NnError::Config {
                 module: MODULE,
@@ -115,7 +112,7 @@ impl MultiHeadAttention {
         let q = heads(&self.proj.q, query, h)?;
         let k = heads(&self.proj.k, key, hkv)?;
         let v = self.proj.v.forward(value.data())?.reshape((value.total(), hkv, hd))?;
-        let mut opts = SdpaOptions::default().kernel(cfg.kernel).causal(causal);
+        let mut opts = SdpaOptions::default().kernel(cfg.kernel).compute(cfg.compute).causal(causal);
         if cfg.dropout > 0.0 {
             if let Some(seed) = self.seeds.seed(mode) {
                 opts = opts.dropout(cfg.dropout, seed);

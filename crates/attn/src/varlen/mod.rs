@@ -7,10 +7,11 @@
 //!
 //! Options are [`SdpaOptions`], applied within each sequence: `causal`, `align` (bottom-right
 //! aligns each sequence's last query with its own last key), `window`, `scale`, `softcap`,
-//! `dropout` (sequence `s` keyed by [`Dropout::for_sequence`](crate::Dropout::for_sequence)) and
-//! `kernel`. `mask`, `bias`, `key_lengths` and `block_mask` have no packed form and `sinks` and
-//! `score_mod` are not supported yet: all are refused naming the field, as is `return_weights`
-//! (the weights of sequences of different lengths form no tensor).
+//! `dropout` (sequence `s` keyed by [`Dropout::for_sequence`](crate::Dropout::for_sequence)),
+//! `kernel` and `compute` (bf16 products forward and backward, each sequence computed as the dense
+//! call on it alone). `mask`, `bias`, `key_lengths` and `block_mask` have no packed form and
+//! `sinks` and `score_mod` are not supported yet: all are refused naming the field, as is
+//! `return_weights` (the weights of sequences of different lengths form no tensor).
 //!
 //! Dtypes, devices and strides as for [`sdpa`](crate::sdpa()): `f32`, `f16`, `bf16`, `f64` inputs
 //! computed in `f32` (keys and values stored as `f16`/`bf16` read in place), the output in `q`'s
