@@ -180,5 +180,11 @@ fn bf16_products_are_run_and_reported() {
     assert_eq!(json_lines(&attn_bench(&[&args[..], &["--json"]].concat()))[0]["compute"], "f32");
     let table = attn_bench(&[&args[..], &["--compute", "bf16"]].concat());
     assert!(String::from_utf8_lossy(&table.stdout).contains("+bf16"), "the table names the products");
+    // A decode-shaped call (one query row per key/value head) computes in f32 whatever is asked.
+    let decode = ["--shape", "1,2,1,8", "--kv-len", "70", "--kv-dtype", "bf16", "--iters", "1", "--warmup", "0"];
+    let rows = json_lines(&attn_bench(&[&decode[..], &["--compute", "bf16", "--json"]].concat()));
+    assert_eq!(rows[0]["compute"], "f32", "the decode path's products");
+    let table = attn_bench(&[&decode[..], &["--compute", "bf16"]].concat());
+    assert!(!String::from_utf8_lossy(&table.stdout).contains("+bf16"), "a decode row names no bf16 products");
     assert_one_line_error(&["--shape", "1,2,5,4", "--compute", "f8"], "f8");
 }

@@ -151,7 +151,7 @@ pub fn main(args: Args) -> Result<()> {
             let causal = if args.sdpa.causal { "causal" } else { "non-causal" };
             format!("linear {} ({causal})", m.options(false).map.name())
         }
-        None => format!("{} kernel", args.sdpa.kernel_text()),
+        None => format!("{} kernel", args.sdpa.kernel_text(None)),
     };
     println!(
         "{described} -> {kernel}{dropout}{pattern_text} -> {} written to {}",

@@ -11,6 +11,7 @@ use std::str::FromStr;
 
 use attn::sparse::Pattern;
 use attn::{Align, Dropout, Kernel, Precision, SdpaOptions, Window};
+use attn_kernels::Dims;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::ArgGroup;
 
@@ -87,15 +88,26 @@ impl SdpaFlags {
 
     /// The kernel as reported: its name, and for `auto` the kernel it resolves to on this CPU,
     /// such as `auto (flash-avx512)`.
-    /// With `--compute bf16`, `+bf16` follows.
-    pub fn kernel_text(&self) -> String {
+    /// With `--compute bf16`, `+bf16` follows, unless `dims` are given and take the decode path,
+    /// which computes in f32.
+    pub fn kernel_text(&self, dims: Option<&Dims>) -> String {
         let kernel = match (self.kernel, self.kernel.resolve()) {
             (Kernel::Auto, Ok(resolved)) => format!("auto ({})", resolved.name()),
             (kernel, _) => kernel.name().to_string(),
         };
-        match self.compute {
+        match dims.map_or(self.compute, |d| self.products(d)) {
             Precision::F32 => kernel,
             p => format!("{kernel}+{}", precision_name(p)),
+        }
+    }
+
+    /// The precision a call of sizes `d` computes its products in: `--compute`, except on the
+    /// decode path, which computes in f32.
+    pub fn products(&self, d: &Dims) -> Precision {
+        if attn_kernels::flash::decodes(d) {
+            Precision::F32
+        } else {
+            self.compute
         }
     }
 

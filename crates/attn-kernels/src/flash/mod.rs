@@ -112,7 +112,7 @@ pub use backward::BackwardTuning;
 use block::{Ctx, Job, Outs, Rest, Work};
 use forward::run;
 use plan::Plan;
-pub use plan::{Path, Tuning, BLOCK_ROWS, BLOCK_ROWS_STREAMING, DECODE_ROWS, MIN_SHARD_KEYS, PACK_BUDGET};
+pub use plan::{decodes, Path, Tuning, BLOCK_ROWS, BLOCK_ROWS_STREAMING, DECODE_ROWS, MIN_SHARD_KEYS, PACK_BUDGET};
 use simd::KvElem;
 pub(crate) use softcap::softcap_any;
 

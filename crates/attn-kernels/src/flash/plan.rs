@@ -105,8 +105,9 @@ impl Plan {
     }
 }
 
-/// Whether a call of sizes `d` takes the decode path when no path is forced.
-pub(super) fn decodes(d: &Dims) -> bool {
+/// Whether a call of sizes `d` takes the decode path when no path is forced (a path that computes
+/// its products in f32 whatever [`Precision`](crate::Precision) asks).
+pub fn decodes(d: &Dims) -> bool {
     d.group() * d.lq <= DECODE_ROWS
 }
 
