@@ -105,3 +105,19 @@ fn npy_inputs_with_dropout() {
     let opts = SdpaOptions::default().mask(Mask::keep(mask.clone().into_mask_tensor().unwrap())).dropout(0.3, 99);
     Case::new(&q, &k, &v, opts).check(&result, false);
 }
+
+/// The one-line summary names the products a call computes in: `--compute bf16` on a prefill
+/// call says `+bf16`; on a decode-shaped call (one query row per key/value head), which computes in
+/// f32 whatever is asked, it does not.
+#[test]
+fn the_summary_names_the_products_computed() {
+    let dir = tempfile::tempdir().unwrap();
+    for (lq, bf16) in [(40, true), (1, false)] {
+        let (q, k, v) = (f32_tensor(&[1, 2, lq, 8], 1), f32_tensor(&[1, 2, 40, 8], 2), f32_tensor(&[1, 2, 40, 8], 3));
+        let input = dir.path().join(format!("in{lq}.safetensors"));
+        write(&input, &[("q", &q), ("k", &k), ("v", &v)]);
+        let out = out_path(dir.path());
+        let (_, stdout) = run_ok(&["--compute", "bf16", "-o", out.to_str().unwrap()], &[&input], &out);
+        assert_eq!(stdout.contains("+bf16"), bf16, "Lq {lq}: {stdout}");
+    }
+}

@@ -88,8 +88,8 @@ impl SdpaFlags {
 
     /// The kernel as reported: its name, and for `auto` the kernel it resolves to on this CPU,
     /// such as `auto (flash-avx512)`.
-    /// With `--compute bf16`, `+bf16` follows, unless `dims` are given and take the decode path,
-    /// which computes in f32.
+    /// With `--compute bf16`, `+bf16` follows, unless `dims` (a dense call's sizes) are given and
+    /// take the decode path, which computes in f32.
     pub fn kernel_text(&self, dims: Option<&Dims>) -> String {
         let kernel = match (self.kernel, self.kernel.resolve()) {
             (Kernel::Auto, Ok(resolved)) => format!("auto ({})", resolved.name()),

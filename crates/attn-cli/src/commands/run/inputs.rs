@@ -14,6 +14,7 @@ use attn::linear::LinearOptions;
 use attn::sparse::Pattern;
 use attn::AttnError;
 use attn::{linear_attention, sdpa_full, sdpa_varlen_full, AttnLibError, Mask, SdpaOptions};
+use attn_kernels::Dims;
 use candle_core::{DType, Tensor, Var};
 
 use super::linear::refuse_softmax_only;
@@ -246,6 +247,14 @@ struct Attended {
 }
 
 impl Call {
+    /// The sizes of a dense softmax call (`None` for packed sequences and linear attention).
+    pub(super) fn dims(&self) -> Option<Dims> {
+        match (self.q.dims(), self.k.dims(), self.v.dims(), &self.offsets, &self.linear) {
+            (&[b, hq, lq, dk], &[_, hkv, lk, _], &[.., dv], None, None) => Some(Dims { b, hq, hkv, lq, lk, dk, dv }),
+            _ => None,
+        }
+    }
+
     /// Adds the block mask of `pattern` for this call's `Lq × Lk` (`q: [B, Hq, Lq, D]`,
     /// `k: [B, Hkv, Lk, D]`) and returns the fraction of blocks it lists; a pattern that does not
     /// fit the sizes is refused naming its flag, and so are packed sequences.
