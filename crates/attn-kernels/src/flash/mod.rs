@@ -93,6 +93,7 @@ mod micro;
 mod pack;
 mod pairs;
 mod plan;
+mod row_masks;
 mod scores;
 pub(crate) mod simd;
 mod softcap;

@@ -17,7 +17,8 @@
 use rayon::prelude::*;
 
 use super::super::segment::{exclusive_scan, key_prefixes, key_totals, Plan};
-use super::{ascend, descend, global_keys, global_queries, Acc, Head, Rows, Work};
+use super::non_causal::{global_keys, global_queries};
+use super::{ascend, descend, Acc, Head, Rows, Work};
 use crate::alloc;
 use crate::error::Result;
 use crate::grad::AttnGrads;
