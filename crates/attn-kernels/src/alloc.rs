@@ -93,31 +93,44 @@ pub fn filled<T: Elem>(what: &'static str, shape: &[usize], value: T) -> Result<
     Ok(v)
 }
 
-/// [`filled`], with the filling spread over rayon's threads: a large fresh buffer's pages are
-/// first touched (faulted in and cleared by the kernel) by every thread at once, not by one; and
-/// on Linux a buffer of [`HUGE_PAGES_FROM`] bytes or more is first offered transparent huge pages
+/// Element types whose all-zero bit pattern is the value zero, so that [`zeroed`] may hand out
+/// memory the allocator cleared as a vector of them.
+///
+/// # Safety
+/// Every byte 0 must be a valid value of the type.
+pub unsafe trait ZeroBits: Elem {}
+
+// SAFETY: all-zero bits are `+0.0` in IEEE 754.
+unsafe impl ZeroBits for f32 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for f64 {}
+
+/// A vector of the elements of `shape`, all zero, or the error for `what`, with no pass of its
+/// own over the memory: it comes from the allocator's zeroed allocation (`calloc`), which for a
+/// large buffer (glibc: above its `mmap` threshold, at most 32 MiB) maps fresh pages that the
+/// kernel clears when they are first touched — by the threads that then write them, not by a
+/// filling pass and then again by the writes. On Linux a buffer of
+/// [`HUGE_PAGES_FROM`] bytes or more is first offered transparent huge pages
 /// (`madvise(MADV_HUGEPAGE)`), one fault per 2 MiB instead of per 4 KiB.
-pub fn filled_par<T: Elem + Copy + Send + Sync>(
-    what: &'static str,
-    shape: &[usize],
-    value: T,
-) -> Result<Vec<T>, AllocError> {
-    use rayon::prelude::*;
+pub fn zeroed<T: ZeroBits>(what: &'static str, shape: &[usize]) -> Result<Vec<T>, AllocError> {
     let n = count::<T>(what, shape)?;
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| error::<T>(what, shape, false))?;
-    advise_huge_pages(v.spare_capacity_mut().as_mut_ptr().cast(), n * std::mem::size_of::<T>());
-    v.spare_capacity_mut()[..n].par_chunks_mut(1 << 16).for_each(|c| {
-        c.iter_mut().for_each(|x| {
-            x.write(value);
-        })
-    });
-    // SAFETY: the capacity holds `n` elements, and the first `n` were just written.
-    unsafe { v.set_len(n) };
-    Ok(v)
+    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| error::<T>(what, shape, true))?;
+    if layout.size() == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the layout's size is not zero.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return Err(error::<T>(what, shape, false));
+    }
+    advise_huge_pages(ptr.cast(), layout.size());
+    // SAFETY: `ptr` comes from the global allocator with the layout of `n` elements of `T` (so
+    // capacity `n` matches its size and alignment), and its bytes are zero, a valid `T`
+    // (`ZeroBits`).
+    Ok(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
-/// The size from which [`filled_par`] asks for huge pages: large outputs only (glibc maps
+/// The size from which [`zeroed`] asks for huge pages: large outputs only (glibc maps
 /// buffers this large afresh on rayon's threads, so their pages are new on every call).
 pub const HUGE_PAGES_FROM: usize = 8 << 20;
 
@@ -197,8 +210,9 @@ mod tests {
     fn legal_sizes_are_allocated_and_filled() {
         let v = filled("x", &[2, 3], 1.5f32).unwrap();
         assert_eq!(v, [1.5; 6]);
-        assert_eq!(filled_par("x", &[3, 70000], 2.5f32).unwrap(), vec![2.5; 210000]);
-        assert!(filled_par::<f64>("x", &[1 << 62, 4], 0.0).unwrap_err().too_large);
+        assert_eq!(zeroed::<f32>("x", &[3, 70000]).unwrap(), vec![0.0; 210000]);
+        assert!(zeroed::<f64>("x", &[0, 4]).unwrap().is_empty());
+        assert!(zeroed::<f64>("x", &[1 << 62, 4]).unwrap_err().too_large);
         assert_eq!(collect("x", &[3], (0..10).map(|i| i as f64)).unwrap(), [0.0, 1.0, 2.0]);
         assert!(filled::<f32>("x", &[0, usize::MAX], 0.0).unwrap().is_empty());
     }

@@ -122,6 +122,12 @@ pub struct Args {
     /// heads; 1: the sequential form, parallel over heads only).
     #[arg(long, value_name = "S", default_value_t = 0, requires = "linear")]
     pub segments: usize,
+    /// With --linear, the timed calls write into outputs (and gradients) allocated once before the
+    /// loop (`linear_attention_into`), as a training loop that keeps its buffers does; without it
+    /// each call allocates fresh ones, as `attn::linear_attention` does (their pages mapped and
+    /// cleared by the kernel on every call).
+    #[arg(long, requires = "linear")]
+    pub reuse_outputs: bool,
     /// With --seq-lens, time the padded batch [B, H, Lq, D] with the lengths as key lengths
     /// instead of the packed sequences.
     #[arg(long, requires = "seq_lens")]

@@ -18,12 +18,11 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, axpy, dot, on_isa, sum, tril_products, Keys};
+use super::chunk::{add_rows, axpy, dot, on_isa, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
 use super::segment::Plan;
-use super::transpose::transpose;
-use super::{check_out, head, validate, FeatureMap, LinearDims, LinearParams};
+use super::{check_len, check_out, head, validate, FeatureMap, LinearDims, LinearParams};
 use crate::alloc;
 use crate::error::Result;
 use crate::grad::AttnGrads;
@@ -31,10 +30,15 @@ use crate::isa::Isa;
 use crate::reference::Real;
 use crate::view::View4;
 
+mod causal;
 mod non_causal;
 mod segmented;
 
+use causal::{ascend, causal, descend};
 use non_causal::global;
+
+/// The inputs of a backward call: `q`, `k`, `v`, the forward's `out` and its gradient `dout`.
+type Inputs<'a, T> = [View4<'a, T>; 5];
 
 /// One query head's rows as the backward reads them.
 struct Rows<'a, T> {
@@ -78,6 +82,22 @@ struct Acc<'a, T> {
     dk: &'a mut [T],
     dv: &'a mut [T],
     base: usize,
+    /// The first query head of its group to reach these `dk`, `dv` rows: it writes them (each
+    /// chunk cleared before its products are added, the padded keys' rows cleared) rather than
+    /// adding to what they hold.
+    fresh: bool,
+}
+
+impl<T: Real> Acc<'_, T> {
+    /// With [`fresh`](Self::fresh), clears the `dk`, `dv` rows of `rows` at or beyond the
+    /// `valid` keys, which no chunk writes.
+    fn clear_padded(&mut self, rows: Range<usize>, valid: usize, d: &LinearDims) {
+        if self.fresh && rows.end > valid {
+            let rows = valid.max(rows.start) - self.base..rows.end - self.base;
+            self.dk[rows.start * d.d..rows.end * d.d].fill(T::zero());
+            self.dv[rows.start * d.dv..rows.end * d.dv].fill(T::zero());
+        }
+    }
 }
 
 /// One job's scratch: a chunk's features, gradients and masked products, the states, and the
@@ -141,7 +161,7 @@ impl<T: Real> Work<T> {
 /// Gradients of [`linear_attention`](super::linear_attention) for the output gradient
 /// `dout: [B, Hq, Lq, Dv]`, given the forward's `out: [B, Hq, Lq, Dv]`: `dq: [B, Hq, Lq, D]`, and
 /// `dk: [B, Hkv, Lk, D]`, `dv: [B, Hkv, Lk, Dv]` summed over each key/value head's query heads
-/// (0 on padded keys).
+/// (0 on padded keys), in new buffers ([`linear_attention_backward_into`] writes a caller's).
 pub fn linear_attention_backward<T: Real>(
     q: View4<T>,
     k: View4<T>,
@@ -153,39 +173,83 @@ pub fn linear_attention_backward<T: Real>(
     let d = validate(&q, &k, &v, p)?;
     check_out("out", &out, &d)?;
     check_out("grad_out", &dout, &d)?;
-    let zeros = |what, shape: &[usize]| alloc::filled_par(what, shape, T::zero());
+    let [sq, sk, sv] = grad_shapes(&d);
     let mut g = AttnGrads {
-        dq: zeros("gradient dq", &[d.b, d.hq, d.lq, d.d])?,
-        dk: zeros("gradient dk", &[d.b, d.hkv, d.lk, d.d])?,
-        dv: zeros("gradient dv", &[d.b, d.hkv, d.lk, d.dv])?,
+        dq: alloc::zeroed("gradient dq", &sq)?,
+        dk: alloc::zeroed("gradient dk", &sk)?,
+        dv: alloc::zeroed("gradient dv", &sv)?,
         dbias: None,
         dtable: None,
         dsinks: None,
     };
+    backward(&d, p, [q, k, v, out, dout], GradsMut { dq: &mut g.dq, dk: &mut g.dk, dv: &mut g.dv })?;
+    Ok(g)
+}
+
+/// The caller's buffers [`linear_attention_backward_into`] writes the gradients into
+/// (contiguous): `dq: [B, Hq, Lq, D]`, `dk: [B, Hkv, Lk, D]`, `dv: [B, Hkv, Lk, Dv]`.
+#[derive(Debug)]
+pub struct GradsMut<'a, T> {
+    pub dq: &'a mut [T],
+    pub dk: &'a mut [T],
+    pub dv: &'a mut [T],
+}
+
+/// [`linear_attention_backward`] into the caller's buffers `g`, e.g. gradients a training loop
+/// keeps from one step to the next, so that no call maps and clears fresh pages. Every element is
+/// written: `dq` row by row, `dk` and `dv` chunk by chunk, each chunk cleared by the thread that
+/// then adds its first query head's products into it (the rows of padded keys cleared too), so
+/// what the buffers held before (garbage, NaN) does not matter and they need no zero fill. A wrong
+/// length is [`AttnError::Output`](crate::AttnError::Output) naming `dq`, `dk` or `dv`.
+pub fn linear_attention_backward_into<T: Real>(
+    q: View4<T>,
+    k: View4<T>,
+    v: View4<T>,
+    out: View4<T>,
+    dout: View4<T>,
+    p: &LinearParams,
+    g: GradsMut<T>,
+) -> Result<()> {
+    let d = validate(&q, &k, &v, p)?;
+    check_out("out", &out, &d)?;
+    check_out("grad_out", &dout, &d)?;
+    let [sq, sk, sv] = grad_shapes(&d);
+    check_len("dq", g.dq, &sq)?;
+    check_len("dk", g.dk, &sk)?;
+    check_len("dv", g.dv, &sv)?;
+    backward(&d, p, [q, k, v, out, dout], g)
+}
+
+/// The shapes of `dq`, `dk`, `dv`.
+fn grad_shapes(d: &LinearDims) -> [[usize; 4]; 3] {
+    [[d.b, d.hq, d.lq, d.d], [d.b, d.hkv, d.lk, d.d], [d.b, d.hkv, d.lk, d.dv]]
+}
+
+/// Writes every element of `g` (the call validated as `d`).
+fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: GradsMut<T>) -> Result<()> {
     if d.is_empty() {
-        return Ok(g);
+        [g.dq, g.dk, g.dv].into_iter().for_each(|x| x.fill(T::zero()));
+        return Ok(());
     }
     let isa = Isa::best();
     if let Some(plan) = Plan::choose(d.b * d.hkv, d.lq, p) {
-        segmented::backward(isa, &d, p, [q, k, v, out, dout], &plan, &mut g)?;
-        return Ok(g);
+        return segmented::backward(isa, d, p, inputs, &plan, g);
     }
     if let Some(plans) = Plan::global(d.b * d.hkv, d.lq, d.lk, p) {
-        segmented::global(isa, &d, p, [q, k, v, out, dout], plans, &mut g);
-        return Ok(g);
+        segmented::global(isa, d, p, inputs, plans, g);
+        return Ok(());
     }
+    let [q, k, v, out, dout] = inputs;
     let group = d.group();
-    let (dq, dk, dv) = (&mut g.dq, &mut g.dk, &mut g.dv);
-    let tasks =
-        dq.par_chunks_mut(group * d.lq * d.d).zip(dk.par_chunks_mut(d.lk * d.d)).zip(dv.par_chunks_mut(d.lk * d.dv));
-    tasks.enumerate().for_each_init(
-        || Work::new(&d, p.chunk),
+    let tasks = g.dq.par_chunks_mut(group * d.lq * d.d).zip(g.dk.par_chunks_mut(d.lk * d.d));
+    tasks.zip(g.dv.par_chunks_mut(d.lk * d.dv)).enumerate().for_each_init(
+        || Work::new(d, p.chunk),
         |w, (bh, ((dq, dk), dvo))| {
             let (b, hk) = (bh / d.hkv, bh % d.hkv);
-            let keys = Keys::new(isa, k, &v, p, &d, (b, hk));
+            let keys = Keys::new(isa, k, &v, p, d, (b, hk));
             for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
-                let hd = Head { isa, d: &d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
-                let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo, base: 0 };
+                let hd = Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
+                let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo, base: 0, fresh: gi == 0 };
                 on_isa(
                     isa,
                     #[inline(always)]
@@ -194,7 +258,7 @@ pub fn linear_attention_backward<T: Real>(
             }
         },
     );
-    Ok(g)
+    Ok(())
 }
 
 /// One query head of a backward call and its key/value head.
@@ -251,7 +315,8 @@ impl<T: Real> Work<T> {
 
 /// `dφ(K_c) = V_c·Uᵀ + w + Mᵀ·φ(Q_c)` (the last with `M` of the chunk itself, absent
 /// non-causal) and `dV_c += φ(K_c)·U + Pᵀ·dN_c`, for the `nk` keys from `t0`, then `dk` through
-/// `φ`'s Jacobian. `w.fk`, `w.u`, `w.ut`, `w.wsum` are set; with `masked` so are `w.fq`, `w.dn`
+/// `φ`'s Jacobian (written rather than added with [`Acc::fresh`]). `w.fk`, `w.u`, `w.ut`,
+/// `w.wsum` are set; with `masked` so are `w.fq`, `w.dn`
 /// (`n` rows) and `w.pm`, `w.mm`.
 #[inline(always)]
 fn key_grads<T: Real>(
@@ -265,6 +330,9 @@ fn key_grads<T: Real>(
     let (vc, fk, dfk) = (keys.values(t0), &w.fk[..nk * f], &mut w.dfk[..nk * f]);
     dfk.iter_mut().for_each(|x| *x = T::zero());
     let dvc = &mut acc.dv[(t0 - acc.base) * wd..][..nk * wd];
+    if acc.fresh {
+        dvc.fill(T::zero());
+    }
     gemm(isa, nk, f, wd, Lhs::rows(vc, keys.ldv), &w.ut, f, dfk, f);
     dfk.chunks_exact_mut(f).for_each(|row| axpy(row, T::one(), &w.wsum));
     gemm(isa, nk, wd, f, Lhs::rows(fk, f), &w.u, wd, dvc, wd);
@@ -272,96 +340,6 @@ fn key_grads<T: Real>(
         gemm(isa, nk, f, n, Lhs::transposed(&w.mm, c).part(Part::UpperA), &w.fq[..n * f], f, dfk, f);
         gemm(isa, nk, wd, n, Lhs::transposed(&w.pm, c).part(Part::UpperA), &w.dn[..n * wd], wd, dvc, wd);
     }
-    keys.vjp_add(isa, hd.p.map, t0, nk, fk, dfk, &mut w.dx, &mut acc.dk[(t0 - acc.base) * hd.d.d..]);
-}
-
-/// The chunk from `t0` (`n` rows, `nk` keys) of a causal head: `φ(Q_c)`, `φ(K_c)`, `P` into
-/// `w`, and the denominators `φ(Q_c)·z + rowsum(P) + ε` into `den` when given.
-#[inline(always)]
-fn chunk_products<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), w: &mut Work<T>, den: Option<&mut [T]>) {
-    let (isa, f, c, map) = (hd.isa, hd.d.f, w.chunk(), hd.p.map);
-    let (fq, fk) = (&mut w.fq[..n * f], &mut w.fk[..nk * f]);
-    hd.rows.features(isa, map, t0, n, fq);
-    if nk > 0 {
-        hd.keys.features(isa, map, t0, nk, fk);
-        tril_products(isa, n, nk, f, fq, f, fk, f, &mut w.bt, &mut w.pm, c);
-    }
-    if let Some(den) = den {
-        let eps = T::from_f64(hd.p.eps).expect("finite");
-        for (i, (di, x)) in den.iter_mut().zip(fq.chunks_exact(f)).enumerate() {
-            let masked = if nk > 0 { sum(&w.pm[i * c..][..nk]) } else { T::zero() };
-            *di = dot(x, &w.z) + masked + eps;
-        }
-    }
-}
-
-/// `dN_c`, `r_c` of the chunk from `t0` from its denominators `den: [n]`, and (with keys) the
-/// masked `M = tril(dN_c V_cᵀ + r)` into `w.mm`.
-#[inline(always)]
-fn chunk_grads<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), den: &[T], w: &mut Work<T>) {
-    let (wd, c, keys) = (hd.d.dv, w.chunk(), &hd.keys);
-    let (dn, r) = (&mut w.dn[..n * wd], &mut w.r[..n]);
-    hd.rows.grads(t0, den, dn, r);
-    if nk > 0 {
-        tril_products(hd.isa, n, nk, wd, dn, wd, keys.values(t0), keys.ldv, &mut w.bt, &mut w.mm, c);
-        for (i, (row, &ri)) in w.mm.chunks_mut(c).zip(r.iter()).enumerate() {
-            row[..nk.min(i + 1)].iter_mut().for_each(|x| *x = *x + ri);
-        }
-    }
-}
-
-/// One query head, causal, in two passes over the chunks: writes `acc.dq`, adds to `acc.dk`,
-/// `acc.dv`.
-#[inline(always)]
-fn causal<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
-    let l = hd.d.lq;
-    let mut den = std::mem::take(&mut w.den);
-    w.clear_states();
-    ascend(hd, w, 0..l, &mut den, &mut acc, false);
-    descend(hd, w, 0..l, &den, &mut acc);
-    w.den = den;
-}
-
-/// The ascending pass over the rows `rows` (whole chunks from a chunk's start) of a causal head,
-/// from the key states `w.st`, `w.z` of the rows before them: their denominators into
-/// `den: [rows.len()]`, `dq` into `acc`; with `totals`, also the rows' `U`, `w` added to `w.u`,
-/// `w.wsum`.
-#[inline(always)]
-fn ascend<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<usize>, den: &mut [T], acc: &mut Acc<T>, totals: bool) {
-    let (f, c) = (hd.d.f, w.chunk());
-    let sizes = |t0: usize| (t0, c.min(rows.end - t0), hd.keys.count(t0, c.min(rows.end - t0)));
-    for t0 in rows.clone().step_by(c) {
-        let (_, n, nk) = sizes(t0);
-        let den = &mut den[t0 - rows.start..][..n];
-        chunk_products(hd, sizes(t0), w, Some(den));
-        chunk_grads(hd, sizes(t0), den, w);
-        w.query_grads(hd, n);
-        if nk > 0 {
-            gemm(hd.isa, n, f, nk, Lhs::rows(&w.mm, c).part(Part::LowerA), &w.fk[..nk * f], f, &mut w.dfq, f);
-            w.add_keys(hd, t0, nk);
-        }
-        w.query_vjp(hd, t0, n, acc);
-        if totals {
-            w.add_queries(hd, n);
-        }
-    }
-}
-
-/// The descending pass over the rows `rows` of a causal head, from the query states `w.u`,
-/// `w.wsum` of the rows after them, with their denominators `den: [rows.len()]`: adds to `acc.dk`,
-/// `acc.dv`.
-#[inline(always)]
-fn descend<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<usize>, den: &[T], acc: &mut Acc<T>) {
-    let (f, c) = (hd.d.f, w.chunk());
-    let sizes = |t0: usize| (t0, c.min(rows.end - t0), hd.keys.count(t0, c.min(rows.end - t0)));
-    for t0 in rows.clone().step_by(c).rev() {
-        let (_, n, nk) = sizes(t0);
-        chunk_products(hd, sizes(t0), w, None);
-        chunk_grads(hd, sizes(t0), &den[t0 - rows.start..][..n], w);
-        if nk > 0 {
-            transpose(hd.isa, &w.u, hd.d.dv, f, hd.d.dv, &mut w.ut, f);
-            key_grads(hd, sizes(t0), true, w, acc);
-        }
-        w.add_queries(hd, n);
-    }
+    let dk = &mut acc.dk[(t0 - acc.base) * hd.d.d..];
+    keys.vjp(isa, hd.p.map, (t0, nk), fk, dfk, (!acc.fresh).then_some(&mut w.dx[..]), dk);
 }

@@ -50,25 +50,30 @@ impl<'a, T: Real> Keys<'a, T> {
         map.apply_rows(isa, &self.k, self.bh, t0, nk, out, self.stab);
     }
 
-    /// `dk[i] += (∂φ/∂k)(k_{t0 + i})ᵀ·g_i` for the `nk` keys from `t0`, given their features
-    /// `fk` and `g = ∂L/∂φ(K_c)` (`[nk, F]`, overwritten for FAVOR+); `dx: [nk, D]` is scratch and
-    /// `dk: [nk, D]` the keys' gradient rows.
+    /// `dk[i] = (∂φ/∂k)(k_{t0 + i})ᵀ·g_i` for the `nk` keys from `t0`, or with scratch `add`
+    /// (`[nk, D]`) `dk[i] +=` it, given their features `fk` and `g = ∂L/∂φ(K_c)` (`[nk, F]`,
+    /// overwritten for FAVOR+); `dk: [nk, D]` the keys' gradient rows.
     #[allow(clippy::too_many_arguments)]
-    pub fn vjp_add(
+    pub fn vjp(
         &self,
         isa: Isa,
         map: &FeatureMap,
-        t0: usize,
-        nk: usize,
+        (t0, nk): (usize, usize),
         fk: &[T],
         g: &mut [T],
-        dx: &mut [T],
+        add: Option<&mut [T]>,
         dk: &mut [T],
     ) {
         let ((ks, ld), dd) = (head(&self.k, self.bh.0, self.bh.1), self.k.dims()[3]);
-        let dx = &mut dx[..nk * dd];
-        map.vjp(isa, nk, dd, &ks[t0 * ld..], ld, fk, g, dx);
-        dk[..nk * dd].iter_mut().zip(dx.iter()).for_each(|(a, &x)| *a = *a + x);
+        let dk = &mut dk[..nk * dd];
+        match add {
+            None => map.vjp(isa, nk, dd, &ks[t0 * ld..], ld, fk, g, dk),
+            Some(dx) => {
+                let dx = &mut dx[..nk * dd];
+                map.vjp(isa, nk, dd, &ks[t0 * ld..], ld, fk, g, dx);
+                dk.iter_mut().zip(dx.iter()).for_each(|(a, &x)| *a = *a + x);
+            }
+        }
     }
 
     /// The values from row `t0`.

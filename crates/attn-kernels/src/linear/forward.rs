@@ -19,7 +19,7 @@ use super::chunk::{add_rows, dot, on_isa, sum, tril_products, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
 use super::segment::{key_prefixes, key_state, key_totals, Plan};
-use super::{validate, LinearDims, LinearParams};
+use super::{check_len, validate, LinearDims, LinearParams};
 use crate::alloc;
 use crate::error::Result;
 use crate::isa::Isa;
@@ -27,38 +27,61 @@ use crate::reference::Real;
 use crate::view::View4;
 
 /// Linear attention of `q: [B, Hq, Lq, D]` over `k: [B, Hkv, Lk, D]`, `v: [B, Hkv, Lk, Dv]`:
-/// `out: [B, Hq, Lq, Dv]` (see [the module](super) for the formula).
+/// `out: [B, Hq, Lq, Dv]` (see [the module](super) for the formula), in a new buffer
+/// ([`linear_attention_into`] writes a caller's).
 pub fn linear_attention<T: Real>(q: View4<T>, k: View4<T>, v: View4<T>, p: &LinearParams) -> Result<Vec<T>> {
     let d = validate(&q, &k, &v, p)?;
-    let mut out = alloc::filled_par("linear attention output", &d.out_shape(), T::zero())?;
+    let mut out = alloc::zeroed("linear attention output", &d.out_shape())?;
+    forward(&d, p, (q, k, v), &mut out);
+    Ok(out)
+}
+
+/// [`linear_attention`] into the caller's `out: [B, Hq, Lq, Dv]` (contiguous), e.g. a buffer a
+/// training loop keeps from one step to the next, so that no call maps and clears fresh pages.
+/// Every element of `out` is written, each chunk of rows cleared by the thread that then adds
+/// its products into it: what `out` held before (garbage, NaN) does not matter and it needs no
+/// zero fill. A wrong length is [`AttnError::Output`](crate::AttnError::Output) naming `out`.
+pub fn linear_attention_into<T: Real>(
+    q: View4<T>,
+    k: View4<T>,
+    v: View4<T>,
+    p: &LinearParams,
+    out: &mut [T],
+) -> Result<()> {
+    let d = validate(&q, &k, &v, p)?;
+    check_len("out", out, &d.out_shape())?;
+    forward(&d, p, (q, k, v), out);
+    Ok(())
+}
+
+/// Writes every element of `out` (`[B, Hq, Lq, Dv]`, the call validated as `d`).
+fn forward<T: Real>(d: &LinearDims, p: &LinearParams, (q, k, v): (View4<T>, View4<T>, View4<T>), out: &mut [T]) {
     if d.is_empty() {
-        return Ok(out);
+        out.fill(T::zero());
+        return;
     }
     let isa = Isa::best();
     if let Some(plan) = Plan::choose(d.b * d.hq, d.lq, p) {
-        segmented(isa, &d, p, (&q, k, v), &plan, None, &mut out);
-        return Ok(out);
+        return segmented(isa, d, p, (&q, k, v), &plan, None, out);
     }
     if let Some((qp, kp)) = Plan::global(d.b * d.hq, d.lq, d.lk, p) {
-        segmented(isa, &d, p, (&q, k, v), &qp, Some(&kp), &mut out);
-        return Ok(out);
+        return segmented(isa, d, p, (&q, k, v), &qp, Some(&kp), out);
     }
     let heads = out.par_chunks_mut(d.lq * d.dv).enumerate();
     heads.for_each_init(
-        || Work::new(&d, p.chunk),
+        || Work::new(d, p.chunk),
         |w, (bh, o)| {
             let (b, h) = (bh / d.hq, bh % d.hq);
-            let keys = Keys::new(isa, k, &v, p, &d, (b, h / d.group()));
+            let keys = Keys::new(isa, k, &v, p, d, (b, h / d.group()));
             let head = Head { q: &q, b, h, keys };
             w.clear_state();
             on_isa(
                 isa,
                 #[inline(always)]
-                || if p.causal { causal(isa, &d, p, head, w, 0..d.lq, o) } else { global(isa, &d, p, head, w, o) },
+                || if p.causal { causal(isa, d, p, head, w, 0..d.lq, o) } else { global(isa, d, p, head, w, o) },
             );
         },
     );
-    Ok(out)
 }
 
 /// The forward in segments of each head's rows ([`Plan`]), causal: the key states before each
@@ -175,6 +198,7 @@ fn queries<T: Real>(
         let n = c.min(rows.end - t0);
         let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
+        oc.fill(T::zero());
         gemm(isa, n, dv, f, Lhs::rows(fq, f), s, dv, oc, dv);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
         divide(oc, dv, den);
@@ -200,6 +224,7 @@ fn causal<T: Real>(
         let (n, nk) = (c.min(rows.end - t0), keys.count(t0, c.min(rows.end - t0)));
         let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
+        oc.fill(T::zero());
         gemm(isa, n, dv, f, Lhs::rows(fq, f), s, dv, oc, dv);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
         if nk > 0 {

@@ -9,13 +9,17 @@
 //! row with no key (all padding) at output 0, never NaN.
 //!
 //! - [`linear_attention`] / [`linear_attention_backward`]: the fast kernels (`forward`,
-//!   `backward`): non-causal through the state, causal in the chunked form (within a chunk of
-//!   [`CHUNK`] rows the masked quadratic product, across chunks the running state), parallel over
-//!   (batch, head), and over segments of each head's chunks when there are fewer heads than
-//!   threads (`segment`: causal, prefix sums of the segments' states), the features made chunk
-//!   by chunk; memory beyond the inputs and outputs `O(L)` plus the state and one chunk's features
-//!   and products per thread (and `O(threads)` segment states). The products run
-//!   through a register-blocked micro-kernel (`gemm`, `micro`) on the flash kernels' vector layer.
+//!   `backward`), returning new buffers; [`linear_attention_into`] /
+//!   [`linear_attention_backward_into`] write the same results into the caller's (a training
+//!   loop's kept buffers: no fresh pages to map and clear per call; what they held before does not
+//!   matter, every element is written). Non-causal through the state, causal in the chunked form
+//!   (within a chunk of [`CHUNK`] rows the masked quadratic product, across chunks the running
+//!   state), parallel over (batch, head), and over segments of each head's chunks when there are
+//!   fewer heads than threads (`segment`: causal, prefix sums of the segments' states), the
+//!   features made chunk by chunk; memory beyond the inputs and outputs `O(L)` plus the state and
+//!   one chunk's features and products per thread (and `O(threads)` segment states). The products
+//!   run through a register-blocked micro-kernel (`gemm`, `micro`) on the flash kernels' vector
+//!   layer.
 //! - [`linear_reference`] / [`linear_reference_backward`]: the naive `O(L²)` oracle
 //!   `(φ(Q)φ(K)ᵀ ∘ mask)·V / rowsum` (`naive`), generic over `f32`/`f64`.
 //! - [`LinearState`]: recurrent decoding, one token at a time in `O(F·Dv)` (`recurrent`).
@@ -36,10 +40,10 @@ mod recurrent;
 mod segment;
 mod transpose;
 
-pub use backward::linear_attention_backward;
+pub use backward::{linear_attention_backward, linear_attention_backward_into, GradsMut};
 pub use favor::FavorFeatures;
 pub use feature::FeatureMap;
-pub use forward::linear_attention;
+pub use forward::{linear_attention, linear_attention_into};
 pub use naive::{linear_reference, linear_reference_backward};
 pub use recurrent::LinearState;
 
@@ -171,6 +175,17 @@ pub(crate) fn check_out<T>(name: &'static str, x: &View4<T>, d: &LinearDims) -> 
             tensor: name,
             reason: format!("shape {:?}, expected [B, Hq, Lq, Dv] = {want:?}", x.dims()),
         })
+    }
+}
+
+/// Checks that the caller's buffer `x` holds the elements of `shape`: else
+/// [`AttnError::Output`] naming it.
+pub(crate) fn check_len<T>(name: &'static str, x: &[T], shape: &[usize]) -> Result<()> {
+    let expected = shape.iter().fold(1, |a: usize, &n| a.saturating_mul(n));
+    if x.len() == expected {
+        Ok(())
+    } else {
+        Err(AttnError::Output { tensor: name, expected, found: x.len() })
     }
 }
 

@@ -24,7 +24,7 @@
 
 use num_traits::{Float, FromPrimitive};
 
-use crate::alloc::{self, AllocError, Elem};
+use crate::alloc::{self, AllocError, Elem, ZeroBits};
 use crate::problem::{Dims, Problem};
 use crate::view::View4;
 
@@ -35,7 +35,7 @@ pub use backward::reference_backward;
 pub use forward::reference;
 
 /// Element types the reference runs in.
-pub trait Real: Float + FromPrimitive + Default + Elem + Send + Sync + std::fmt::Debug + 'static {}
+pub trait Real: Float + FromPrimitive + Default + Elem + ZeroBits + Send + Sync + std::fmt::Debug + 'static {}
 impl Real for f32 {}
 impl Real for f64 {}
 

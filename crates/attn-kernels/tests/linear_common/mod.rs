@@ -4,8 +4,8 @@
 #![allow(dead_code)]
 
 use attn_kernels::linear::{
-    linear_attention, linear_attention_backward, linear_reference, linear_reference_backward, FavorFeatures,
-    FeatureMap, LinearParams,
+    linear_attention, linear_attention_backward, linear_attention_backward_into, linear_attention_into,
+    linear_reference, linear_reference_backward, FavorFeatures, FeatureMap, GradsMut, LinearParams,
 };
 use attn_kernels::rng::SplitMix64;
 use attn_kernels::{AttnGrads, Real, View4};
@@ -68,7 +68,7 @@ impl Case {
         }
     }
 
-    fn shapes(&self) -> [[usize; 4]; 4] {
+    pub fn shapes(&self) -> [[usize; 4]; 4] {
         let [b, hq, hkv, lq, lk, d, dv] = self.dims;
         [[b, hq, lq, d], [b, hkv, lk, d], [b, hkv, lk, dv], [b, hq, lq, dv]]
     }
@@ -106,19 +106,46 @@ impl Case {
         }
     }
 
+    /// Forward output of the fast kernel written by `linear_attention_into` into a buffer that
+    /// held `fill` before.
+    pub fn forward_into<T: Real>(&self, fill: T) -> Vec<T> {
+        let [q, k, v, _] = self.inputs::<T>();
+        let [sq, sk, sv, so] = self.shapes();
+        let view = |n, x, s| View4::contiguous(n, x, s).unwrap();
+        let mut out = vec![fill; so.iter().product()];
+        linear_attention_into(view("q", &q, sq), view("k", &k, sk), view("v", &v, sv), &self.params(), &mut out)
+            .unwrap();
+        out
+    }
+
+    /// Gradients of the fast kernel written by `linear_attention_backward_into` into buffers that
+    /// held `fill` before (the forward's output from `linear_attention`).
+    pub fn backward_into<T: Real>(&self, fill: T) -> AttnGrads<T> {
+        let [q, k, v, g] = self.inputs::<T>();
+        let [sq, sk, sv, so] = self.shapes();
+        let view = |n, x, s| View4::contiguous(n, x, s).unwrap();
+        let (qv, kv, vv, gv) = (view("q", &q, sq), view("k", &k, sk), view("v", &v, sv), view("dout", &g, so));
+        let out = linear_attention(qv, kv, vv, &self.params()).unwrap();
+        let filled = |s: [usize; 4]| vec![fill; s.iter().product()];
+        let (mut dq, mut dk, mut dv) = (filled(sq), filled(sk), filled(sv));
+        let bufs = GradsMut { dq: &mut dq, dk: &mut dk, dv: &mut dv };
+        linear_attention_backward_into(qv, kv, vv, view("out", &out, so), gv, &self.params(), bufs).unwrap();
+        AttnGrads { dq, dk, dv, dbias: None, dtable: None, dsinks: None }
+    }
+
     /// The oracle rule on the forward (factor 2) and, with `grads`, on `dq`, `dk`, `dv` (factor 3).
     pub fn assert_oracle(&self, grads: bool) {
-        let r = check(
-            "out",
-            &self.forward::<f32>(true),
-            &self.forward::<f64>(false),
-            &self.forward::<f32>(false),
-            OUTPUT_FACTOR,
-        );
+        let fast = grads.then(|| self.backward::<f32>(true));
+        self.assert_oracle_of(&self.forward::<f32>(true), fast.as_ref());
+    }
+
+    /// The oracle rule on the fast kernel's forward `out` (factor 2) and, when given, gradients
+    /// `grads` (factor 3).
+    pub fn assert_oracle_of(&self, out: &[f32], grads: Option<&AttnGrads<f32>>) {
+        let r = check("out", out, &self.forward::<f64>(false), &self.forward::<f32>(false), OUTPUT_FACTOR);
         r.unwrap_or_else(|e| panic!("{}: {e}", self.describe()));
-        if grads {
-            let (fast, ref64, naive) =
-                (self.backward::<f32>(true), self.backward::<f64>(false), self.backward::<f32>(false));
+        if let Some(fast) = grads {
+            let (ref64, naive) = (self.backward::<f64>(false), self.backward::<f32>(false));
             for (name, f, r, n) in [
                 ("dq", &fast.dq, &ref64.dq, &naive.dq),
                 ("dk", &fast.dk, &ref64.dk, &naive.dk),

@@ -1,11 +1,14 @@
 //! `attn bench --linear MAP`: times linear attention (`attn_kernels::linear`, called directly on
 //! seeded `f32` inputs, like `--backward`) forward, or forward plus backward with `--backward`,
 //! non-causal or causal (chunked form), and reports GFLOP/s by [`LINEAR_FLOP_RULE`] and, with
-//! `--peak`, the share of the FMA peak.
+//! `--peak`, the share of the FMA peak. Each call allocates fresh outputs, or with
+//! `--reuse-outputs` writes into buffers allocated once before the timed loop.
 
 use attn::linear::{FavorFeatures, FeatureMap, LinearOptions};
 use attn::random::SplitMix64;
-use attn_kernels::linear::{linear_attention, linear_attention_backward};
+use attn_kernels::linear::{
+    linear_attention, linear_attention_backward, linear_attention_backward_into, linear_attention_into, GradsMut,
+};
 use attn_kernels::{AttnGrads, Dims, View4};
 use serde_json::json;
 
@@ -73,7 +76,7 @@ struct Data {
     x: [Vec<f32>; 4],
 }
 
-/// What one timed call returns.
+/// What one timed call returns: its fresh outputs, or nothing when it wrote into [`Buffers`].
 struct Step {
     out: Vec<f32>,
     grads: Option<AttnGrads<f32>>,
@@ -86,6 +89,9 @@ impl Held for Step {
     }
 }
 
+/// The outputs and gradients `--reuse-outputs` allocates once, as `[out, dq, dk, dv]`.
+struct Buffers([Vec<f32>; 4]);
+
 impl Data {
     fn new(d: Dims, seed: u64) -> Self {
         let mut g = SplitMix64::new(seed);
@@ -94,20 +100,50 @@ impl Data {
         Self { d, x: shapes.map(|n| g.uniform(n, -1.0, 1.0)) }
     }
 
-    fn step(&self, opts: &LinearOptions, backward: bool) -> anyhow::Result<Step> {
+    /// `[q, k, v, grad_out]`'s shapes.
+    fn dims(&self) -> [[usize; 4]; 4] {
         let d = &self.d;
-        let dims =
-            [[d.b, d.hq, d.lq, d.dk], [d.b, d.hkv, d.lk, d.dk], [d.b, d.hkv, d.lk, d.dv], [d.b, d.hq, d.lq, d.dv]];
+        [[d.b, d.hq, d.lq, d.dk], [d.b, d.hkv, d.lk, d.dk], [d.b, d.hkv, d.lk, d.dv], [d.b, d.hq, d.lq, d.dv]]
+    }
+
+    /// `[q, k, v, grad_out]` as views.
+    fn views(&self) -> anyhow::Result<[View4<'_, f32>; 4]> {
+        let dims = self.dims();
         let [q, k, v, g] = [0, 1, 2, 3].map(|i| View4::contiguous("x", &self.x[i], dims[i]));
-        let (q, k, v, g) = (q?, k?, v?, g?);
+        Ok([q?, k?, v?, g?])
+    }
+
+    /// Zeroed buffers for [`step_into`](Self::step_into): the output and, with `backward`, the
+    /// gradients.
+    fn buffers(&self, backward: bool) -> Buffers {
+        let [sq, sk, sv, so] = self.dims().map(|s| s.iter().product::<usize>());
+        let grads = |n: usize| vec![0.0; if backward { n } else { 0 }];
+        Buffers([vec![0.0; so], grads(sq), grads(sk), grads(sv)])
+    }
+
+    /// One call with fresh outputs.
+    fn step(&self, opts: &LinearOptions, backward: bool) -> anyhow::Result<Step> {
+        let [q, k, v, g] = self.views()?;
         let out = linear_attention(q, k, v, &opts.params())?;
         let grads = if backward {
-            let o = View4::contiguous("out", &out, dims[3])?;
+            let o = View4::contiguous("out", &out, self.dims()[3])?;
             Some(linear_attention_backward(q, k, v, o, g, &opts.params())?)
         } else {
             None
         };
         Ok(Step { out, grads })
+    }
+
+    /// One call writing into `bufs`.
+    fn step_into(&self, opts: &LinearOptions, backward: bool, bufs: &mut Buffers) -> anyhow::Result<Step> {
+        let [q, k, v, g] = self.views()?;
+        let [out, dq, dk, dv] = &mut bufs.0;
+        linear_attention_into(q, k, v, &opts.params(), out)?;
+        if backward {
+            let o = View4::contiguous("out", out, self.dims()[3])?;
+            linear_attention_backward_into(q, k, v, o, g, &opts.params(), GradsMut { dq, dk, dv })?;
+        }
+        Ok(Step { out: Vec::new(), grads: None })
     }
 }
 
@@ -139,7 +175,12 @@ pub fn measure_case(
     let opts = options(args, map, d.dk)?;
     let data = Data::new(d, args.data_seed);
     let budget = Budget { warmup: args.warmup, iters: args.iters, seconds: args.budget };
-    let m = measure::measure(budget, || pool.install(|| data.step(&opts, args.backward)))?;
+    let m = if args.reuse_outputs {
+        let mut bufs = data.buffers(args.backward);
+        measure::measure(budget, || pool.install(|| data.step_into(&opts, args.backward, &mut bufs)))?
+    } else {
+        measure::measure(budget, || pool.install(|| data.step(&opts, args.backward)))?
+    };
     Ok((m, flops(&d, &opts, args.backward)))
 }
 
@@ -159,12 +200,12 @@ pub fn row(
     if args.json {
         let v = json!({"shape": shape_text(d), "kv_len": d.lk, "kv_heads": d.hkv, "dv": d.dv,
             "linear": format!("{map:?}").to_lowercase(), "features": features, "causal": args.sdpa.causal,
-            "backward": args.backward, "threads": threads, "median_s": m.median(), "min_s": m.min(), "max_s": m.max(),
+            "backward": args.backward, "outputs": outputs(args), "threads": threads, "median_s": m.median(), "min_s": m.min(), "max_s": m.max(),
             "flops": flops, "gflops": gflops, "pct_of_peak": pct, "iters": m.times.len()});
         return v.to_string();
     }
     format!(
-        "{:<16} {:>7} {:>4} {:>4} {:<9} {:>5} {:<6} {:>3} {:>11.4} {:>11.4} {:>11.4} {:>9.2} {:>6} {:>5}",
+        "{:<16} {:>7} {:>4} {:>4} {:<9} {:>5} {:<6} {:<7} {:>3} {:>11.4} {:>11.4} {:>11.4} {:>9.2} {:>6} {:>5}",
         shape_text(d),
         d.lk,
         d.hkv,
@@ -172,6 +213,7 @@ pub fn row(
         format!("{map:?}").to_lowercase(),
         features,
         if args.sdpa.causal { "causal" } else { "full" },
+        outputs(args),
         threads,
         m.median() * 1e3,
         m.min() * 1e3,
@@ -182,10 +224,20 @@ pub fn row(
     )
 }
 
+/// Which outputs the timed calls wrote: `fresh` (allocated by each call) or `reused`
+/// (`--reuse-outputs`).
+fn outputs(args: &Args) -> &'static str {
+    if args.reuse_outputs {
+        "reused"
+    } else {
+        "fresh"
+    }
+}
+
 /// The table's header.
 pub fn header() -> String {
     format!(
-        "{:<16} {:>7} {:>4} {:>4} {:<9} {:>5} {:<6} {:>3} {:>11} {:>11} {:>11} {:>9} {:>6} {:>5}",
+        "{:<16} {:>7} {:>4} {:>4} {:<9} {:>5} {:<6} {:<7} {:>3} {:>11} {:>11} {:>11} {:>9} {:>6} {:>5}",
         "shape B,H,Lq,D",
         "Lk",
         "Hkv",
@@ -193,6 +245,7 @@ pub fn header() -> String {
         "linear",
         "F",
         "mask",
+        "outputs",
         "thr",
         "median ms",
         "min ms",

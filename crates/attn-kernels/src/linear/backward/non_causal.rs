@@ -9,7 +9,8 @@ use crate::linear::chunk::dot;
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
 
-/// One query head, non-causal: writes `acc.dq`, adds to `acc.dk`, `acc.dv`.
+/// One query head, non-causal: writes `acc.dq`, adds to (with [`Acc::fresh`], writes) `acc.dk`,
+/// `acc.dv`.
 #[inline(always)]
 pub(super) fn global<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
     let (isa, p, keys, f, c) = (hd.isa, hd.p, &hd.keys, hd.d.f, w.chunk());
@@ -20,7 +21,7 @@ pub(super) fn global<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
         w.add_keys(hd, t0, nk);
     }
     global_queries(hd, w, 0..hd.d.lq, &mut acc);
-    global_keys(hd, w, 0..keys.valid, &mut acc);
+    global_keys(hd, w, 0..hd.d.lk, &mut acc);
 }
 
 /// The query rows `rows` of a non-causal head from the key states `w.st`, `w.z` of all its keys:
@@ -43,7 +44,7 @@ pub(super) fn global_queries<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range
 }
 
 /// The key rows `rows` of a non-causal head from the query states `w.u`, `w.wsum` of all its
-/// queries: adds to `acc.dk`, `acc.dv`.
+/// queries: adds to (with [`Acc::fresh`], writes) `acc.dk`, `acc.dv`.
 #[inline(always)]
 pub(super) fn global_keys<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<usize>, acc: &mut Acc<T>) {
     let (isa, p, keys, f, wd, c) = (hd.isa, hd.p, &hd.keys, hd.d.f, hd.d.dv, w.chunk());
@@ -56,4 +57,5 @@ pub(super) fn global_keys<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<us
         keys.features(isa, p.map, t0, nk, &mut w.fk[..nk * f]);
         key_grads(hd, (t0, 0, nk), false, w, acc);
     }
+    acc.clear_padded(rows, keys.valid, hd.d);
 }

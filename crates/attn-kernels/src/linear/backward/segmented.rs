@@ -18,19 +18,14 @@ use rayon::prelude::*;
 
 use super::super::segment::{exclusive_scan, key_prefixes, key_totals, Plan};
 use super::non_causal::{global_keys, global_queries};
-use super::{ascend, descend, Acc, Head, Rows, Work};
+use super::{ascend, descend, Acc, GradsMut, Head, Inputs, Rows, Work};
 use crate::alloc;
 use crate::error::Result;
-use crate::grad::AttnGrads;
 use crate::isa::Isa;
 use crate::linear::chunk::{on_isa, Keys};
 use crate::linear::transpose::transpose;
 use crate::linear::{LinearDims, LinearParams};
 use crate::reference::Real;
-use crate::view::View4;
-
-/// The inputs of a backward call: `q`, `k`, `v`, the forward's `out` and its gradient `dout`.
-pub(super) type Inputs<'a, T> = [View4<'a, T>; 5];
 
 /// The rows of `x: [B, Hq, L, w]` for each job (key/value head, segment of `plan`), in that
 /// order: one slice per query head of the group.
@@ -43,14 +38,14 @@ fn by_job<'a, T>(plan: &Plan, x: &'a mut [T], w: usize, group: usize) -> Vec<Vec
     jobs
 }
 
-/// Fills `g` (zeroed) with the gradients of a causal call in the segments of `plan`.
+/// Writes the gradients `g` of a causal call in the segments of `plan`.
 pub(super) fn backward<T: Real>(
     isa: Isa,
     d: &LinearDims,
     p: &LinearParams,
     [q, k, v, out, dout]: Inputs<T>,
     plan: &Plan,
-    g: &mut AttnGrads<T>,
+    g: GradsMut<T>,
 ) -> Result<()> {
     let (group, segs, fdv) = (d.group(), plan.segs, d.f * d.dv);
     let width = fdv + d.f;
@@ -63,7 +58,7 @@ pub(super) fn backward<T: Real>(
     // Phase 3: jobs (key/value head, segment), each with its query heads' `dq` and denominators.
     let mut den = alloc::filled("linear attention denominators", &[d.b, d.hq, d.lq], T::zero())?;
     let dens = by_job(plan, &mut den, 1, group);
-    let totals: Vec<Vec<T>> = by_job(plan, &mut g.dq, d.d, group)
+    let totals: Vec<Vec<T>> = by_job(plan, g.dq, d.d, group)
         .into_iter()
         .zip(dens)
         .collect::<Vec<_>>()
@@ -79,7 +74,7 @@ pub(super) fn backward<T: Real>(
                     transpose(isa, st, d.dv, d.f, d.dv, &mut w.st, d.f);
                     w.z.copy_from_slice(z);
                     w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
-                    let mut acc = Acc { dq, dk: &mut [], dv: &mut [], base: rows.start };
+                    let mut acc = Acc { dq, dk: &mut [], dv: &mut [], base: rows.start, fresh: false };
                     on_isa(isa, || ascend(&head(kh, gi), w, rows.clone(), den, &mut acc, s > 0));
                     t[..fdv].copy_from_slice(&w.u);
                     t[fdv..].copy_from_slice(&w.wsum);
@@ -97,14 +92,16 @@ pub(super) fn backward<T: Real>(
         }
     }
     after.chunks_exact_mut(segs * width).for_each(|x| exclusive_scan(x, width, true));
-    // Phase 5: jobs (key/value head, segment) again, adding to the segment's `dk`, `dv` rows.
-    let dvs = plan.split(&mut g.dv, d.dv);
-    plan.split(&mut g.dk, d.d).into_par_iter().zip(dvs).for_each_init(
+    // Phase 5: jobs (key/value head, segment) again, writing the segment's `dk`, `dv` rows (the
+    // group's first query head) and adding to them (the others).
+    let dvs = plan.split(g.dv, d.dv);
+    plan.split(g.dk, d.d).into_par_iter().zip(dvs).for_each_init(
         || Work::new(d, p.chunk),
         |w, ((kh, s, dk), (_, _, dv))| {
             let rows = plan.rows(s);
-            let mut acc = Acc { dq: &mut [], dk, dv, base: rows.start };
+            let mut acc = Acc { dq: &mut [], dk, dv, base: rows.start, fresh: true };
             for gi in 0..group {
+                acc.fresh = gi == 0;
                 let h = kh * group + gi;
                 let (u, ws) = after[(h * segs + s) * width..][..width].split_at(fdv);
                 w.u.copy_from_slice(u);
@@ -117,7 +114,7 @@ pub(super) fn backward<T: Real>(
     Ok(())
 }
 
-/// Fills `g` (zeroed) with the gradients of a non-causal call, its queries and keys cut by
+/// Writes the gradients `g` of a non-causal call, its queries and keys cut by
 /// `(queries, key_plan)`: the state of all the keys (summed over the key segments), then per
 /// (key/value head, query segment) in parallel `dq` and the segments' query-side states, summed
 /// per query head, then per (key/value head, key segment) `dk` and `dv`.
@@ -127,7 +124,7 @@ pub(super) fn global<T: Real>(
     p: &LinearParams,
     [q, k, v, out, dout]: Inputs<T>,
     (queries, key_plan): (Plan, Plan),
-    g: &mut AttnGrads<T>,
+    g: GradsMut<T>,
 ) {
     let (group, segs, fdv) = (d.group(), queries.segs, d.f * d.dv);
     let width = fdv + d.f;
@@ -137,7 +134,7 @@ pub(super) fn global<T: Real>(
         let (b, hk) = (kh / d.hkv, kh % d.hkv);
         Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys: keys[kh] }
     };
-    let parts: Vec<Vec<T>> = by_job(&queries, &mut g.dq, d.d, group)
+    let parts: Vec<Vec<T>> = by_job(&queries, g.dq, d.d, group)
         .into_par_iter()
         .enumerate()
         .map_init(
@@ -150,7 +147,7 @@ pub(super) fn global<T: Real>(
                     transpose(isa, st, d.dv, d.f, d.dv, &mut w.st, d.f);
                     w.z.copy_from_slice(z);
                     w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
-                    let mut acc = Acc { dq, dk: &mut [], dv: &mut [], base: rows.start };
+                    let mut acc = Acc { dq, dk: &mut [], dv: &mut [], base: rows.start, fresh: false };
                     on_isa(isa, || global_queries(&head(kh, gi), w, rows.clone(), &mut acc));
                     t[..fdv].copy_from_slice(&w.u);
                     t[fdv..].copy_from_slice(&w.wsum);
@@ -167,13 +164,14 @@ pub(super) fn global<T: Real>(
             sums[h * width..][..width].iter_mut().zip(t).for_each(|(a, &x)| *a = *a + x);
         }
     }
-    let dvs = key_plan.split(&mut g.dv, d.dv);
-    key_plan.split(&mut g.dk, d.d).into_par_iter().zip(dvs).for_each_init(
+    let dvs = key_plan.split(g.dv, d.dv);
+    key_plan.split(g.dk, d.d).into_par_iter().zip(dvs).for_each_init(
         || Work::new(d, p.chunk),
         |w, ((kh, s, dk), (_, _, dv))| {
             let rows = key_plan.rows(s);
-            let mut acc = Acc { dq: &mut [], dk, dv, base: rows.start };
+            let mut acc = Acc { dq: &mut [], dk, dv, base: rows.start, fresh: true };
             for gi in 0..group {
+                acc.fresh = gi == 0;
                 let (u, ws) = sums[(kh * group + gi) * width..][..width].split_at(fdv);
                 w.u.copy_from_slice(u);
                 w.wsum.copy_from_slice(ws);
