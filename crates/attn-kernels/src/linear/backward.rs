@@ -18,7 +18,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, axpy, dot, on_isa, Keys};
+use super::chunk::{add_rows, axpy, dot, on_isa, prefetch, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
 use super::segment::Plan;
@@ -53,6 +53,12 @@ impl<T: Real> Rows<'_, T> {
     /// `φ(Q)` of the `n` rows from `t0` into `out: [n, F]`.
     fn features(&self, isa: Isa, map: &FeatureMap, t0: usize, n: usize, out: &mut [T]) {
         map.apply_rows(isa, &self.q, (self.b, self.h), t0, n, out, Stab::Row);
+    }
+
+    /// Prefetches input `i` of `[q, out, dout]` for the `n` rows from `t0` (see [`prefetch`]).
+    #[inline(always)]
+    fn prefetch(&self, (t0, n): (usize, usize), i: usize) {
+        prefetch([&self.q, &self.out, &self.dout][i], (self.b, self.h), t0, n);
     }
 
     /// `dn_i = dO_i / den_i` into `dn` and `r_i = −dO_i·out_i / den_i` into `r`, for the rows
@@ -268,6 +274,17 @@ struct Head<'a, T> {
     p: &'a LinearParams<'a>,
     rows: Rows<'a, T>,
     keys: Keys<'a, T>,
+}
+
+impl<T: Real> Head<'_, T> {
+    /// Prefetches input `i` of `[q, out, dout, k, v]` for the `n` rows from `t0`.
+    #[inline(always)]
+    fn prefetch(&self, (t0, n): (usize, usize), i: usize) {
+        match i {
+            0..3 => self.rows.prefetch((t0, n), i),
+            _ => self.keys.prefetch(t0, n, i == 4),
+        }
+    }
 }
 
 impl<T: Real> Work<T> {

@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, dot, on_isa, sum, tril_products, Keys};
+use super::chunk::{add_rows, ahead, dot, on_isa, prefetch, sum, tril_products, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
 use super::segment::{key_prefixes, key_state, key_totals, Plan};
@@ -198,6 +198,7 @@ fn queries<T: Real>(
         let n = c.min(rows.end - t0);
         let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
+        prefetch(hd.q, (hd.b, hd.h), t0 + c, ahead(&rows, t0 + c, c));
         oc.fill(T::zero());
         gemm(isa, n, dv, f, Lhs::rows(fq, f), s, dv, oc, dv);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
@@ -224,13 +225,17 @@ fn causal<T: Real>(
         let (n, nk) = (c.min(rows.end - t0), keys.count(t0, c.min(rows.end - t0)));
         let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
+        let next = (t0 + c, ahead(&rows, t0 + c, c));
+        prefetch(hd.q, (hd.b, hd.h), next.0, next.1);
         oc.fill(T::zero());
         gemm(isa, n, dv, f, Lhs::rows(fq, f), s, dv, oc, dv);
+        keys.prefetch(next.0, next.1, false);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
         if nk > 0 {
             let (fk, vc) = (&mut w.fk[..nk * f], keys.values(t0));
             keys.features(isa, p.map, t0, nk, fk);
             tril_products(isa, n, nk, f, fq, f, fk, f, &mut w.kt, &mut w.pm, c);
+            keys.prefetch(next.0, next.1, true);
             den.iter_mut().zip(w.pm.chunks(c)).for_each(|(di, row)| *di = *di + sum(&row[..nk]));
             gemm(isa, n, dv, nk, Lhs::rows(&w.pm, c).part(Part::LowerA), vc, keys.ldv, oc, dv);
             gemm(isa, f, dv, nk, Lhs::transposed(fk, f), vc, keys.ldv, s, dv);

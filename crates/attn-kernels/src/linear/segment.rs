@@ -26,7 +26,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, on_isa, Keys};
+use super::chunk::{add_rows, ahead, on_isa, Keys};
 use super::gemm::{gemm, Lhs};
 use super::{FeatureMap, LinearDims, LinearParams};
 use crate::isa::Isa;
@@ -174,7 +174,9 @@ pub(crate) fn key_state<T: Real>(
         }
         let fk = &mut fk[..nk * f];
         keys.features(isa, map, t0, nk, fk);
+        keys.prefetch(t0 + c, ahead(&rows, t0 + c, c), false);
         gemm(isa, f, dv, nk, Lhs::transposed(fk, f), keys.values(t0), keys.ldv, s, dv);
+        keys.prefetch(t0 + c, ahead(&rows, t0 + c, c), true);
         add_rows(z, fk, nk);
     }
 }

@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use super::{key_grads, Acc, Head, Work};
-use crate::linear::chunk::{dot, sum, tril_products};
+use crate::linear::chunk::{ahead, dot, sum, tril_products};
 use crate::linear::gemm::{gemm, Lhs, Part};
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
@@ -70,14 +70,21 @@ pub(super) fn ascend<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<usize>,
     for t0 in rows.clone().step_by(c) {
         let (_, n, nk) = sizes(t0);
         let den = &mut den[t0 - rows.start..][..n];
+        // The next chunk's inputs, one between each two steps.
+        let next = |i| hd.prefetch((t0 + c, ahead(&rows, t0 + c, c)), i);
         chunk_products(hd, sizes(t0), w, Some(den));
+        next(0);
         chunk_grads(hd, sizes(t0), den, w);
+        next(3);
         w.query_grads(hd, n);
+        next(1);
         if nk > 0 {
             gemm(hd.isa, n, f, nk, Lhs::rows(&w.mm, c).part(Part::LowerA), &w.fk[..nk * f], f, &mut w.dfq, f);
             w.add_keys(hd, t0, nk);
         }
+        next(2);
         w.query_vjp(hd, t0, n, acc);
+        next(4);
         if totals {
             w.add_queries(hd, n);
         }
@@ -93,13 +100,20 @@ pub(super) fn descend<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<usize>
     let sizes = |t0: usize| (t0, c.min(rows.end - t0), hd.keys.count(t0, c.min(rows.end - t0)));
     for t0 in rows.clone().step_by(c).rev() {
         let (_, n, nk) = sizes(t0);
+        // The previous chunk's inputs, one between each two steps.
+        let prev = |i| hd.prefetch(if t0 >= rows.start + c { (t0 - c, c) } else { (0, 0) }, i);
         chunk_products(hd, sizes(t0), w, None);
+        prev(0);
         chunk_grads(hd, sizes(t0), &den[t0 - rows.start..][..n], w);
+        prev(3);
         if nk > 0 {
             transpose(hd.isa, &w.u, hd.d.dv, f, hd.d.dv, &mut w.ut, f);
+            prev(1);
             key_grads(hd, sizes(t0), true, w, acc);
         }
+        prev(2);
         w.add_queries(hd, n);
+        prev(4);
     }
     acc.clear_padded(rows, hd.keys.valid, hd.d);
 }

@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use super::{key_grads, Acc, Head, Work};
-use crate::linear::chunk::dot;
+use crate::linear::chunk::{ahead, dot};
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
 
@@ -34,10 +34,15 @@ pub(super) fn global_queries<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range
     for t0 in rows.clone().step_by(c) {
         let n = c.min(rows.end - t0);
         let (fq, den, dn, r) = (&mut w.fq[..n * f], &mut w.den[..n], &mut w.dn[..n * wd], &mut w.r[..n]);
+        // The next chunk's inputs, one between each two steps.
+        let next = |i| hd.prefetch((t0 + c, ahead(&rows, t0 + c, c)), i);
         hd.rows.features(isa, p.map, t0, n, fq);
+        next(0);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, &w.z) + eps);
         hd.rows.grads(t0, den, dn, r);
+        next(1);
         w.query_grads(hd, n);
+        next(2);
         w.add_queries(hd, n);
         w.query_vjp(hd, t0, n, acc);
     }
@@ -55,7 +60,9 @@ pub(super) fn global_keys<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<us
             break;
         }
         keys.features(isa, p.map, t0, nk, &mut w.fk[..nk * f]);
+        keys.prefetch(t0 + c, ahead(&rows, t0 + c, c), false);
         key_grads(hd, (t0, 0, nk), false, w, acc);
+        keys.prefetch(t0 + c, ahead(&rows, t0 + c, c), true);
     }
     acc.clear_padded(rows, keys.valid, hd.d);
 }
