@@ -176,9 +176,7 @@ pub fn linear_attention_backward<T: Real>(
     dout: View4<T>,
     p: &LinearParams,
 ) -> Result<AttnGrads<T>> {
-    let d = validate(&q, &k, &v, p)?;
-    check_out("out", &out, &d)?;
-    check_out("grad_out", &dout, &d)?;
+    let d = checked(&[q, k, v, out, dout], p)?;
     let [sq, sk, sv] = grad_shapes(&d);
     let mut g = AttnGrads {
         dq: alloc::zeroed("gradient dq", &sq)?,
@@ -216,14 +214,20 @@ pub fn linear_attention_backward_into<T: Real>(
     p: &LinearParams,
     g: GradsMut<T>,
 ) -> Result<()> {
-    let d = validate(&q, &k, &v, p)?;
-    check_out("out", &out, &d)?;
-    check_out("grad_out", &dout, &d)?;
+    let d = checked(&[q, k, v, out, dout], p)?;
     let [sq, sk, sv] = grad_shapes(&d);
     check_len("dq", g.dq, &sq)?;
     check_len("dk", g.dk, &sk)?;
     check_len("dv", g.dv, &sv)?;
     backward(&d, p, [q, k, v, out, dout], g)
+}
+
+/// The sizes of a backward call, its inputs and options checked.
+fn checked<T>([q, k, v, out, dout]: &Inputs<T>, p: &LinearParams) -> Result<LinearDims> {
+    let d = validate(q, k, v, p)?;
+    check_out("out", out, &d)?;
+    check_out("grad_out", dout, &d)?;
+    Ok(d)
 }
 
 /// The shapes of `dq`, `dk`, `dv`.
