@@ -64,7 +64,14 @@ pub(super) fn causal<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
 /// `den: [rows.len()]`, `dq` into `acc`; with `totals`, also the rows' `U`, `w` added to `w.u`,
 /// `w.wsum`.
 #[inline(always)]
-pub(super) fn ascend<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<usize>, den: &mut [T], acc: &mut Acc<T>, totals: bool) {
+pub(super) fn ascend<T: Real>(
+    hd: &Head<T>,
+    w: &mut Work<T>,
+    rows: Range<usize>,
+    den: &mut [T],
+    acc: &mut Acc<T>,
+    totals: bool,
+) {
     let (f, c) = (hd.d.f, w.chunk());
     let sizes = |t0: usize| (t0, c.min(rows.end - t0), hd.keys.count(t0, c.min(rows.end - t0)));
     for t0 in rows.clone().step_by(c) {
