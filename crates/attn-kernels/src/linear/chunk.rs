@@ -18,9 +18,10 @@ pub(crate) struct Keys<'a, T> {
     bh: (usize, usize),
     /// FAVOR+'s stabiliser over the head's valid keys.
     stab: Stab<T>,
-    /// `V` from its first row, row stride `ldv`.
+    /// `V` from its first row, row stride `ldv`, `dv` values per row.
     pub v: &'a [T],
     pub ldv: usize,
+    dv: usize,
     /// Keys of this batch entry that count.
     pub valid: usize,
 }
@@ -37,7 +38,7 @@ impl<'a, T: Real> Keys<'a, T> {
     ) -> Self {
         let valid = d.valid(p, b);
         let (v, ldv) = head(v, b, hk);
-        Keys { k, bh: (b, hk), stab: p.map.key_stab(isa, &k, (b, hk), valid), v, ldv, valid }
+        Keys { k, bh: (b, hk), stab: p.map.key_stab(isa, &k, (b, hk), valid), v, ldv, dv: d.dv, valid }
     }
 
     /// The keys of the chunk from `t0` that count (at most `n`).
@@ -82,7 +83,7 @@ impl<'a, T: Real> Keys<'a, T> {
     pub fn prefetch(&self, t0: usize, n: usize, values: bool) {
         let n = self.count(t0, n);
         if values {
-            prefetch_rows(self.v, self.ldv, self.ldv.min(self.v.len()), t0, n);
+            prefetch_rows(self.v, self.ldv, self.dv, t0, n);
         } else {
             prefetch(&self.k, self.bh, t0, n);
         }

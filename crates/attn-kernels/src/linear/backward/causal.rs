@@ -47,8 +47,8 @@ fn chunk_grads<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), den: &
     }
 }
 
-/// One query head, causal, in two passes over the chunks: writes `acc.dq`, adds to `acc.dk`,
-/// `acc.dv`.
+/// One query head, causal, in two passes over the chunks: writes `acc.dq`, adds to (with
+/// [`Acc::fresh`], writes) `acc.dk`, `acc.dv`.
 #[inline(always)]
 pub(super) fn causal<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
     let l = hd.d.lq;
