@@ -208,3 +208,19 @@ fn bf16_products_are_run_and_reported() {
     assert_eq!(rows[0]["compute"], "bf16");
     assert_one_line_error(&["--shape", "1,2,5,4", "--compute", "f8"], "f8");
 }
+
+#[test]
+fn linear_rows_say_whether_the_outputs_were_reused() {
+    for (extra, want) in [(None, "fresh"), (Some("--reuse-outputs"), "reused")] {
+        let mut args = vec!["--linear", "elu", "--causal", "--backward", "--shape", "1,2,70,8", "--threads", "2"];
+        args.extend(["--warmup", "1", "--iters", "2", "--json"]);
+        args.extend(extra);
+        let rows = json_lines(&attn_bench(&args));
+        assert_eq!(rows.len(), 1);
+        assert_eq!((rows[0]["outputs"].as_str(), rows[0]["iters"].as_u64()), (Some(want), Some(2)));
+    }
+    // Only linear attention has caller-kept outputs.
+    let out = attn_bench(&["--shape", "1,1,8,8", "--reuse-outputs"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--linear"), "{}", String::from_utf8_lossy(&out.stderr));
+}
