@@ -197,6 +197,8 @@ pub struct Work {
     pub(super) range: Vec<(usize, usize)>,
     /// A block mask's segments of the tile last masked.
     pub(super) blocks: TileBlocks,
+    /// Per segment of the tile last scored, the columns that no row masks (`scores::scores`).
+    pub(super) clean: Vec<Range<usize>>,
 }
 
 impl Work {
