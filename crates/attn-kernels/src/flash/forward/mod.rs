@@ -17,7 +17,7 @@ pub(super) mod accumulate;
 pub(super) mod softmax;
 pub(super) mod tiles;
 
-use super::block::{head, qk_chunks, rows_per_call, tile_keys, Ctx, Job, Outs, Work};
+use super::block::{head, qk_chunks, rows_per_call, tile_keys, Ctx, Job, Outs, Work, MAX_ROWS_PER_CALL};
 use super::pack::{pair, values_at};
 use super::scores::{bad_columns, scores};
 use super::simd::{KvElem, Simd};
@@ -47,18 +47,25 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     if panels.is_some() {
         // Each chunk of rows that one `qk_panel` call takes, stored transposed.
         for (r0, nr) in qk_chunks(rows, rq) {
-            let chunk = &mut w.q[r0 * d.dk..][..nr * d.dk];
-            for r in 0..nr {
+            let mut src: [&[f32]; MAX_ROWS_PER_CALL] = [&[]; MAX_ROWS_PER_CALL];
+            for (r, q) in src[..nr].iter_mut().enumerate() {
                 let (h, i) = job.head_query(r0 + r);
-                let q = cx.q.row(job.b, h, i);
-                // Slot `k` of the chunk's rows is `chunk[k·nr..][..nr]`.
+                *q = cx.q.row(job.b, h, i);
+            }
+            // Slot `k` of the chunk's rows is `chunk[k·nr..][..nr]`, written in order (a store per
+            // element in a row's order became a scatter).
+            let chunk = &mut w.q[r0 * d.dk..][..nr * d.dk];
+            for (k, slot) in chunk.chunks_exact_mut(nr).enumerate() {
                 if bf16 {
-                    for (slot, x) in chunk.chunks_exact_mut(nr).zip(q.chunks(2)) {
-                        slot[r] = pair(x[0].bf16_bits(), x.get(1).map_or(0, |x| x.bf16_bits()));
+                    if 2 * k >= d.dk {
+                        break;
+                    }
+                    for (x, q) in slot.iter_mut().zip(&src[..nr]) {
+                        *x = pair(q[2 * k].bf16_bits(), q.get(2 * k + 1).map_or(0, |x| x.bf16_bits()));
                     }
                 } else {
-                    for (slot, &x) in chunk.chunks_exact_mut(nr).zip(q) {
-                        slot[r] = x;
+                    for (x, q) in slot.iter_mut().zip(&src[..nr]) {
+                        *x = q[k];
                     }
                 }
             }
