@@ -186,5 +186,25 @@ fn bf16_products_are_run_and_reported() {
     assert_eq!(rows[0]["compute"], "f32", "the decode path's products");
     let table = attn_bench(&[&decode[..], &["--compute", "bf16"]].concat());
     assert!(!String::from_utf8_lossy(&table.stdout).contains("+bf16"), "a decode row names no bf16 products");
+    // Packed sequences each run as a call of their own: a sequence of 1 query decodes in f32.
+    let packed = ["--shape", "3,2,70,8", "--kv-dtype", "bf16", "--iters", "1", "--warmup", "0", "--compute", "bf16"];
+    for (lens, compute, decoding, text) in [
+        ("70,1,40", "bf16", 1, "+bf16 (f32: 1 of 3 decode-length sequences)"),
+        ("1,2,1", "f32", 3, ""),
+        ("70,64,40", "bf16", 0, "+bf16 "),
+    ] {
+        let rows = json_lines(&attn_bench(&[&packed[..], &["--seq-lens", lens, "--json"]].concat()));
+        assert_eq!(
+            (rows[0]["compute"].as_str(), rows[0]["decode_f32_calls"].as_u64()),
+            (Some(compute), Some(decoding))
+        );
+        let table =
+            String::from_utf8_lossy(&attn_bench(&[&packed[..], &["--seq-lens", lens]].concat()).stdout).to_string();
+        assert_eq!(table.contains("+bf16"), !text.is_empty(), "--seq-lens {lens}: {table}");
+        assert!(table.contains(text), "--seq-lens {lens}: {table}");
+    }
+    // Padded, the same lengths are one prefill call.
+    let rows = json_lines(&attn_bench(&[&packed[..], &["--seq-lens", "1,2,1", "--padded", "--json"]].concat()));
+    assert_eq!(rows[0]["compute"], "bf16");
     assert_one_line_error(&["--shape", "1,2,5,4", "--compute", "f8"], "f8");
 }

@@ -59,9 +59,16 @@ fn each_alone<T: Real + WithDType>(
     r
 }
 
-/// Runs `attn run FLAGS` on packed inputs and checks every output against each sequence alone.
-fn check_packed(lens: &[(usize, usize)], heads: (usize, usize), flags: &[&str], opts: SdpaOptions) -> String {
-    let dir = tempfile::tempdir().unwrap();
+/// Packed inputs of sequences `lens` (`(Lq, Lk)` each) with `heads` `(Hq, Hkv)` written to an INPUT
+/// file in `dir`: its path, then `q`, `k`, `v`, `grad_out` and the offsets `cu_seqlens_q`,
+/// `cu_seqlens_k`.
+struct PackedInput {
+    path: std::path::PathBuf,
+    tensors: [HostTensor; 4],
+    cu: [Vec<usize>; 2],
+}
+
+fn packed_input(dir: &std::path::Path, lens: &[(usize, usize)], heads: (usize, usize)) -> PackedInput {
     let (cq, ck) = (
         attn::cu_seqlens(&lens.iter().map(|l| l.0).collect::<Vec<_>>()),
         attn::cu_seqlens(&lens.iter().map(|l| l.1).collect::<Vec<_>>()),
@@ -71,17 +78,27 @@ fn check_packed(lens: &[(usize, usize)], heads: (usize, usize), flags: &[&str], 
     let grad_out = tensor(&[tq, hq, dv], HostData::F64(values(tq * hq * dv, 4).into_iter().map(f64::from).collect()));
     let cu_q = tensor(&[cq.len()], HostData::I32(cq.iter().map(|&x| x as i32).collect()));
     let cu_k = tensor(&[ck.len()], HostData::I64(ck.iter().map(|&x| x as i64).collect()));
-    let input = dir.path().join("in.safetensors");
+    let path = dir.join("in.safetensors");
     write(
-        &input,
+        &path,
         &[("q", &q), ("k", &k), ("v", &v), ("grad_out", &grad_out), ("cu_seqlens_q", &cu_q), ("cu_seqlens_k", &cu_k)],
     );
+    PackedInput { path, tensors: [q, k, v, grad_out], cu: [cq, ck] }
+}
+
+/// Runs `attn run FLAGS` on packed inputs and checks every output against each sequence alone.
+fn check_packed(lens: &[(usize, usize)], heads: (usize, usize), flags: &[&str], opts: SdpaOptions) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let input = packed_input(dir.path(), lens, heads);
+    let [q, k, v, grad_out] = &input.tensors;
+    let [cq, ck] = &input.cu;
+    let (tq, tk, (hq, hkv), dk, dv) = (*cq.last().unwrap(), *ck.last().unwrap(), heads, 8, 6);
     let out = out_path(dir.path());
     let mut args = flags.to_vec();
     args.extend(["-o", out.to_str().unwrap()]);
-    let (result, stdout) = run_ok(&args, &[&input], &out);
-    let inputs = [&q, &k, &v, &grad_out];
-    let (r64, r32) = (each_alone::<f64>(inputs, [&cq, &ck], &opts), each_alone::<f32>(inputs, [&cq, &ck], &opts));
+    let (result, stdout) = run_ok(&args, &[&input.path], &out);
+    let inputs = [q, k, v, grad_out];
+    let (r64, r32) = (each_alone::<f64>(inputs, [cq, ck], &opts), each_alone::<f32>(inputs, [cq, ck], &opts));
     let shapes = [vec![tq, hq, dv], vec![hq, tq], vec![tq, hq, dk], vec![tk, hkv, dk], vec![tk, hkv, dv]];
     for (i, name) in ["out", "lse", "dq", "dk", "dv"].into_iter().enumerate() {
         let got = result.get(name).unwrap_or_else(|| panic!("{name} not written"));
@@ -91,6 +108,24 @@ fn check_packed(lens: &[(usize, usize)], heads: (usize, usize), flags: &[&str], 
     }
     assert_eq!(result.len(), 5, "{:?}", result.keys().collect::<Vec<_>>());
     stdout
+}
+
+/// With `--compute bf16` the summary counts the packed sequences that decode (each sequence is a
+/// call of its own, and a decode-length one computes in f32).
+#[test]
+fn the_summary_names_the_products_of_each_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    for (lens, text) in [
+        (&[(40, 40), (1, 40), (30, 30)][..], Some("+bf16 (f32: 1 of 3 decode-length sequences)")),
+        (&[(1, 40), (2, 9)][..], None),
+        (&[(40, 40), (30, 30)][..], Some("+bf16 ")),
+    ] {
+        let input = packed_input(dir.path(), lens, (2, 2));
+        let out = out_path(dir.path());
+        let (_, stdout) = run_ok(&["--compute", "bf16", "-o", out.to_str().unwrap()], &[&input.path], &out);
+        assert_eq!(stdout.contains("+bf16"), text.is_some(), "{lens:?}: {stdout}");
+        assert!(stdout.contains(text.unwrap_or("")), "{lens:?}: {stdout}");
+    }
 }
 
 #[test]

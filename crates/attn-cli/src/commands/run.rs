@@ -126,7 +126,7 @@ pub fn main(args: Args) -> Result<()> {
         Some(p) => format!(", pattern {p} ({:.4} of blocks)", call.set_pattern(p)?),
         None => String::new(),
     };
-    let dims = call.dims();
+    let calls = call.calls();
     let result = pool.install(|| call.run())?;
     let file = args.output.display().to_string();
     let mut named = vec![("out", &result.out)];
@@ -152,7 +152,7 @@ pub fn main(args: Args) -> Result<()> {
             let causal = if args.sdpa.causal { "causal" } else { "non-causal" };
             format!("linear {} ({causal})", m.options(false).map.name())
         }
-        None => format!("{} kernel", args.sdpa.kernel_text(dims.as_ref())),
+        None => format!("{} kernel", args.sdpa.kernel_text(&calls)),
     };
     println!(
         "{described} -> {kernel}{dropout}{pattern_text} -> {} written to {}",

@@ -87,28 +87,22 @@ impl SdpaFlags {
     }
 
     /// The kernel as reported: its name, and for `auto` the kernel it resolves to on this CPU,
-    /// such as `auto (flash-avx512)`.
-    /// With `--compute bf16`, `+bf16` follows, unless `dims` (a dense call's sizes) are given and
-    /// take the decode path, which computes in f32.
-    pub fn kernel_text(&self, dims: Option<&Dims>) -> String {
+    /// such as `auto (flash-avx512)`, then the products as [`Products::text`] words them for
+    /// calls of sizes `calls` (see [`SdpaFlags::products`]).
+    pub fn kernel_text(&self, calls: &[Dims]) -> String {
         let kernel = match (self.kernel, self.kernel.resolve()) {
             (Kernel::Auto, Ok(resolved)) => format!("auto ({})", resolved.name()),
             (kernel, _) => kernel.name().to_string(),
         };
-        match dims.map_or(self.compute, |d| self.products(d)) {
-            Precision::F32 => kernel,
-            p => format!("{kernel}+{}", precision_name(p)),
-        }
+        format!("{kernel}{}", self.products(calls).text())
     }
 
-    /// The precision a call of sizes `d` computes its products in: `--compute`, except on the
-    /// decode path, which computes in f32.
-    pub fn products(&self, d: &Dims) -> Precision {
-        if attn_kernels::flash::decodes(d) {
-            Precision::F32
-        } else {
-            self.compute
-        }
+    /// The products of calls of sizes `calls` — a dense call's sizes, or each packed sequence's
+    /// as the call of its own that it runs as; none when the sizes are not known: `--compute`,
+    /// except on the decode path, which computes in f32.
+    pub fn products(&self, calls: &[Dims]) -> Products {
+        let decoding = calls.iter().filter(|d| attn_kernels::flash::decodes(d)).count();
+        Products { asked: self.compute, calls: calls.len(), decoding }
     }
 
     /// Dropout as reported, `dropout 0.1, seed 7`, with `(default)` after a seed not given;
@@ -175,6 +169,39 @@ const ALIGNS: [Align; 2] = [Align::TopLeft, Align::BottomRight];
 
 /// The values of `--compute`.
 const PRECISIONS: [Precision; 2] = [Precision::F32, Precision::Bf16];
+
+/// The precision a run's products are computed in: `--compute` for the calls on the prefill path,
+/// f32 for those on the decode path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Products {
+    /// `--compute`.
+    pub asked: Precision,
+    /// Calls (a dense call, or packed sequences); 0 when their sizes are not known.
+    pub calls: usize,
+    /// Of those, the calls on the decode path.
+    pub decoding: usize,
+}
+
+impl Products {
+    /// The precision of the products: `--compute`, or f32 when every call decodes.
+    pub fn precision(&self) -> Precision {
+        if self.calls > 0 && self.decoding == self.calls {
+            Precision::F32
+        } else {
+            self.asked
+        }
+    }
+
+    /// What follows the kernel's name: nothing for f32 products, else `+bf16`, and when some of
+    /// several calls decode in f32, how many: `+bf16 (f32: 3 of 16 decode-length sequences)`.
+    pub fn text(&self) -> String {
+        match self.precision() {
+            Precision::F32 => String::new(),
+            p if self.decoding == 0 => format!("+{}", precision_name(p)),
+            p => format!("+{} (f32: {} of {} decode-length sequences)", precision_name(p), self.decoding, self.calls),
+        }
+    }
+}
 
 /// The command-line name of a precision.
 pub fn precision_name(p: Precision) -> &'static str {

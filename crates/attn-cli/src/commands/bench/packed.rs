@@ -37,10 +37,15 @@ pub fn check(d: &Dims, lens: &[usize]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// FLOPs of the sequences' own pairs by the FLOP rule: each sequence as a call of `B = 1`,
-/// `Lq = Lk = L`.
+/// The calls the packed sequences of lengths `lens` run as, one each: `B = 1`, `Lq = Lk = L`, the
+/// other sizes those of `d`.
+pub fn calls(d: &Dims, lens: &[usize]) -> Vec<Dims> {
+    lens.iter().map(|&l| Dims { b: 1, lq: l, lk: l, ..*d }).collect()
+}
+
+/// FLOPs of the sequences' own pairs by the FLOP rule: the sum over their [`calls`].
 pub fn flops(d: &Dims, lens: &[usize], opts: &SdpaOptions) -> u64 {
-    lens.iter().map(|&l| spec::flops(&Dims { b: 1, lq: l, lk: l, ..*d }, opts)).sum()
+    calls(d, lens).iter().map(|c| spec::flops(c, opts)).sum()
 }
 
 /// The packed inputs `q: [T, H, D]` (f32), `k: [T, Hkv, D]`, `v: [T, Hkv, Dv]` (in the key/value

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::peak::Peak;
 use super::sparse::Sparse;
-use super::{spec, Args};
+use super::{packed, spec, Args};
 use crate::commands::sdpa_flags::{align_name, precision_name};
 use crate::measure::Measurement;
 
@@ -83,6 +83,15 @@ pub(super) fn header(with_peak: bool, with_pattern: bool) -> String {
     )
 }
 
+/// The calls a row of shape `d` runs as ([`SdpaFlags::products`](crate::commands::sdpa_flags::SdpaFlags::products)):
+/// each packed sequence its own with `--seq-lens` (unless `--padded`), else the shape's one.
+fn calls(args: &Args, d: &Dims) -> Vec<Dims> {
+    match args.seq_lens.as_ref().filter(|_| !args.padded) {
+        Some(lens) => packed::calls(d, lens),
+        None => vec![*d],
+    }
+}
+
 pub(super) fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> String {
     let d = row.dims;
     let gflops = row.gflops();
@@ -95,7 +104,7 @@ pub(super) fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option
         args.sdpa.band_text(),
         args.sdpa.softcap.map_or("-".to_string(), |c| c.to_string()),
         args.kv_dtype.as_str(),
-        args.sdpa.kernel_text(Some(&d)),
+        args.sdpa.kernel_text(&calls(args, &d)),
         threads,
         row.m.median() * 1e3,
         row.m.min() * 1e3,
@@ -117,6 +126,7 @@ pub(super) fn table_row(args: &Args, threads: usize, row: &Row, peak_all: Option
 
 pub(super) fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<f64>) -> serde_json::Value {
     let d = row.dims;
+    let products = args.sdpa.products(&calls(args, &d));
     let mut v = json!({
         "shape": spec::shape_text(&d),
         "kv_len": d.lk,
@@ -126,7 +136,8 @@ pub(super) fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<
         "kernel_resolved": args.sdpa.kernel.resolve().map(|k| k.name()).ok(),
         "threads": threads,
         "kv_dtype": args.kv_dtype.as_str(),
-        "compute": precision_name(args.sdpa.products(&d)),
+        "compute": precision_name(products.precision()),
+        "decode_f32_calls": products.decoding,
         "causal": args.sdpa.causal,
         "align": align_name(args.sdpa.align),
         "window": args.sdpa.options().window.map(|w| [w.left, w.right]),

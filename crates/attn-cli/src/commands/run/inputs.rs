@@ -247,11 +247,18 @@ struct Attended {
 }
 
 impl Call {
-    /// The sizes of a dense softmax call (`None` for packed sequences and linear attention).
-    pub(super) fn dims(&self) -> Option<Dims> {
+    /// The sizes of the softmax calls this call runs as: its own when dense, one per sequence
+    /// when packed (`B = 1`, each sequence's lengths); none for linear attention.
+    pub(super) fn calls(&self) -> Vec<Dims> {
         match (self.q.dims(), self.k.dims(), self.v.dims(), &self.offsets, &self.linear) {
-            (&[b, hq, lq, dk], &[_, hkv, lk, _], &[.., dv], None, None) => Some(Dims { b, hq, hkv, lq, lk, dk, dv }),
-            _ => None,
+            (&[b, hq, lq, dk], &[_, hkv, lk, _], &[.., dv], None, None) => vec![Dims { b, hq, hkv, lq, lk, dk, dv }],
+            (&[_, hq, dk], &[_, hkv, _], &[.., dv], Some(o), None) => {
+                let len = |cu: &[usize], s: usize| cu[s + 1].saturating_sub(cu[s]);
+                (0..o.q.len().min(o.k.len()).saturating_sub(1))
+                    .map(|s| Dims { b: 1, hq, hkv, lq: len(&o.q, s), lk: len(&o.k, s), dk, dv })
+                    .collect()
+            }
+            _ => Vec::new(),
         }
     }
 
