@@ -165,7 +165,13 @@ pub(in crate::flash) unsafe fn decode_scores<S: Simd, E: KvElem>(
 /// The CPU supports `S`'s instruction set; `width` is a multiple of `S::W` of at most [`LDS`], and
 /// every segment but the last spans whole vectors.
 #[inline(always)]
-pub(super) unsafe fn mask_tile<S: Simd>(pb: &Problem<f32>, job: &Job, w: &mut Work, segs: &[Seg], width: usize) -> bool {
+pub(super) unsafe fn mask_tile<S: Simd>(
+    pb: &Problem<f32>,
+    job: &Job,
+    w: &mut Work,
+    segs: &[Seg],
+    width: usize,
+) -> bool {
     let mut masked = false;
     w.clean.clear();
     let band = w.range.iter().fold((0, usize::MAX), |(a, z), r| (a.max(r.0), z.min(r.1)));
@@ -309,7 +315,12 @@ pub(super) fn bad_columns<E: KvElem>(
         let columns: Vec<usize> = match listed {
             Some(keys) => {
                 let from = keys.partition_point(|&j| j < j0);
-                keys[from..].iter().take_while(|&&j| j < j0 + n).map(|&j| j - j0).filter(|c| !clean.contains(c)).collect()
+                keys[from..]
+                    .iter()
+                    .take_while(|&&j| j < j0 + n)
+                    .map(|&j| j - j0)
+                    .filter(|c| !clean.contains(c))
+                    .collect()
             }
             // A value row of `Dv = 0` is empty (so finite) whatever its stride.
             None => (0..clean.start)

@@ -27,7 +27,13 @@ pub(in crate::flash) struct Seg {
 /// `tile` keys; a segment is followed in its tile only when its length is a multiple of `align`
 /// (so every segment's column is, and a tile's ragged end is its last segment), and a segment
 /// after the first starts at a block edge.
-pub(in crate::flash) fn key_tiles(start: usize, hi: usize, tile: usize, align: usize, blocks: Option<&[u32]>) -> Vec<Seg> {
+pub(in crate::flash) fn key_tiles(
+    start: usize,
+    hi: usize,
+    tile: usize,
+    align: usize,
+    blocks: Option<&[u32]>,
+) -> Vec<Seg> {
     let mut segs = Vec::new();
     let mut col = 0;
     let mut add = |r: Range<usize>| {
@@ -89,10 +95,7 @@ mod tests {
         // BigBird's query block 20: the global block, the window's five blocks, three random ones.
         let bl = [0, 18, 19, 20, 21, 22, 40, 90, 200];
         let got = check(0, 16384, 192, 32, Some(&bl));
-        assert_eq!(
-            got,
-            [vec![(0, 64), (1152, 128)], vec![(1280, 192)], vec![(2560, 64), (5760, 64), (12800, 64)]]
-        );
+        assert_eq!(got, [vec![(0, 64), (1152, 128)], vec![(1280, 192)], vec![(2560, 64), (5760, 64), (12800, 64)]]);
         // Without a mask: steps of the tile, the last one short.
         assert_eq!(check(32, 500, 192, 32, None), [vec![(32, 192)], vec![(224, 192)], vec![(416, 84)]]);
         // A ragged run (clamped at `hi`) ends its tile.
