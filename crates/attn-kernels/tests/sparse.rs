@@ -115,8 +115,9 @@ fn check_gathered_tiles(kernel: Kernel) {
     for (n, dk, seen_poison) in [(0u64, 16, false), (1, 64, false), (2, 64, true)] {
         let d = common::dims(1, 2, 1, 130, 700, dk, 24);
         let runs = |_: usize, h: usize, i: usize, j: usize| (j / SPARSE_BLOCK + i / SPARSE_BLOCK + h) % 3 != 1;
-        let pred =
-            runs.and(move |_: usize, _: usize, i: usize, j: usize| j % 5 != 2 && (!seen_poison || (i + j) % 7 != 0));
+        let pred = runs.and(move |_: usize, _: usize, i: usize, j: usize| {
+            j % 5 != 2 && (!seen_poison || !(i + j).is_multiple_of(7))
+        });
         let mut case = Case {
             sparse: Some(sparse_of(pred, "runs of two blocks", 1, 2, &d)),
             bias: Some(random_bias(&[2, d.lq, d.lk], 1.0, 0.0, &mut Rng::new(n))),

@@ -1,11 +1,12 @@
 //! `O += P · V` for one tile of the forward: the probabilities of the block's rows times the
-//! value rows of the tile's segments (runs of keys gathered side by side, `tiles`), through the `pv` micro-kernel (`R` rows × four or one vectors of `Dv` per
-//! call) with a scalar tail for the columns of `Dv` beyond the last whole vector. The path per
-//! column run is chosen by `flash::scores::bad_columns`: value rows holding a non-finite
-//! number are added one product at a time, skipping the rows that mask them; every other run of
-//! columns goes through the micro-kernel. With bfloat16 products ([`accumulate_bf16`]) the tile's
-//! probabilities are rounded to bfloat16 pairs and multiplied into the packed value pairs; a tile
-//! with such value rows takes the f32 path instead.
+//! value rows of the tile's segments (runs of keys gathered side by side, `tiles`), through the
+//! `pv` micro-kernel (`R` rows × four or one vectors of `Dv` per call) with a scalar tail for the
+//! columns of `Dv` beyond the last whole vector. The path per column run is chosen by
+//! `flash::scores::bad_columns`: value rows holding a non-finite number are added one product at
+//! a time, skipping the rows that mask them; every other run of columns goes through the
+//! micro-kernel. With bfloat16 products ([`accumulate_bf16`]) the tile's probabilities are rounded
+//! to bfloat16 pairs and multiplied into the packed value pairs; a tile with such value rows takes
+//! the f32 path instead.
 
 use crate::flash::block::{rows_per_call, with_rows, Work, LDS};
 use crate::flash::micro::{pv, pv_scalar, Bf16Pairs, Fma, Product};
@@ -85,10 +86,10 @@ pub(super) unsafe fn accumulate<S: Simd, E: KvElem>(
         let (mut c, end) = (sg.col, sg.col + sg.n);
         while c < end {
             let run_end = skip.next_if(|&x| x < end).unwrap_or(end);
-            // SAFETY: the CPU supports `S` and `o` holds `rows` rows of `dv` (the caller's
-            // contract); columns `c..run_end` of P (`rows` rows at stride `LDS`) and the
-            // segment's value rows from `j0 + c − col` exist.
             if run_end > c {
+                // SAFETY: the CPU supports `S` and `o` holds `rows` rows of `dv` (the caller's
+                // contract); columns `c..run_end` of P (`rows` rows at stride `LDS`) and the
+                // segment's value rows from `j0 + c − col` exist.
                 unsafe {
                     let vr = v.add((sg.j0 + c - sg.col) * ldv);
                     pv_block::<S, Fma, E>(p.add(c), LDS, 1, vr, ldv, run_end - c, op, dv, rows);
