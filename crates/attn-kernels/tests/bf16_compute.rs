@@ -19,7 +19,10 @@ use attn_kernels::{
     Window,
 };
 use attn_testkit::oracle::{self, OUTPUT_FACTOR};
-use common::{dims, math_path_rounded, random_bias, random_keep, Case, Rng};
+use std::sync::Arc;
+
+use attn_kernels::sparse::{BlockMask, BlockShape, SPARSE_BLOCK};
+use common::{dims, math_path_rounded, random_bias, random_keep, Case, Rng, Sparse};
 use half::bf16;
 use harness::{assert_grads, grads64, grads_kv, random_dout, terms, FORCED_PLANS};
 
@@ -122,6 +125,14 @@ fn check_masks(kernel: Kernel) {
     check(kernel, Case { softcap: Some(5.0), scale: Some(0.9), ..base() });
     check(kernel, Case { dropout: Some(Dropout { p: 0.2, seed: 3 }), causal: true, ..base() });
     check(kernel, Case { sinks: Some(vec![0.5, -1.0, 2.0, 0.0]), ..base() });
+    // A block mask listing runs of key blocks with gaps, a key in five masked: the forward
+    // gathers the runs into tiles of several segments, each multiplied into its own value pairs.
+    let d = dims(1, 2, 1, 70, 400, 32, 32);
+    let pred =
+        |_: usize, h: usize, i: usize, j: usize| (j / SPARSE_BLOCK + i / SPARSE_BLOCK + h) % 3 != 1 && j % 5 != 2;
+    let mask = BlockMask::build(BlockShape { batch: 1, heads: 2, lq: d.lq, lk: d.lk }, Arc::new(pred)).unwrap();
+    let sparse = Sparse { keep: Arc::new(pred), mask: Arc::new(mask), name: "runs with gaps".into() };
+    check(kernel, Case { sparse: Some(sparse), ..Case::new(d, 23) });
 }
 
 /// A masked key whose key and value rows are NaN must reach no output and no gradient (the

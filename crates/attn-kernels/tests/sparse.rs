@@ -23,6 +23,7 @@ kernel_tests! {
     predicate_only_in_partial_blocks => check_predicate_only_in_partial_blocks,
     unseen_keys_never_read => check_unseen_keys_never_read,
     half_precision_kv => check_half_precision_kv,
+    gathered_tiles => check_gathered_tiles,
 }
 
 /// A well-mixed hash of a few indices.
@@ -100,6 +101,44 @@ fn check_random_patterns(kernel: Kernel) {
         let res = case.check(kernel, "random block pattern");
         case.assert_structure(&format!("{} random pattern #{n}", kernel.name()), &res);
         check_grads(kernel, &case, "random block pattern");
+    }
+}
+
+/// Tiles gathered from runs of listed blocks (the flash forward scores several runs side by side
+/// in one tile): key blocks listed in runs of two with one-block gaps (shifted per head and query
+/// block), one key in five masked everywhere with its K/V rows poisoned, with a bias and dropout,
+/// at a head dimension of 16 (tiles of 256 keys) and 64 (192); then, without dropout, keys masked
+/// for one query row in seven whose value rows hold +∞ (the rows that see them must get +∞ from
+/// those very keys, the others finite). Each segment's columns must reach its own keys' masks,
+/// bias, dropout, weights and values: forward, weights and gradients meet the oracle rule.
+fn check_gathered_tiles(kernel: Kernel) {
+    for (n, dk, seen_poison) in [(0u64, 16, false), (1, 64, false), (2, 64, true)] {
+        let d = common::dims(1, 2, 1, 130, 700, dk, 24);
+        let runs = |_: usize, h: usize, i: usize, j: usize| (j / SPARSE_BLOCK + i / SPARSE_BLOCK + h) % 3 != 1;
+        let pred = runs.and(move |_: usize, _: usize, i: usize, j: usize| {
+            j % 5 != 2 && (!seen_poison || !(i + j).is_multiple_of(7))
+        });
+        let mut case = Case {
+            sparse: Some(sparse_of(pred, "runs of two blocks", 1, 2, &d)),
+            bias: Some(random_bias(&[2, d.lq, d.lk], 1.0, 0.0, &mut Rng::new(n))),
+            dropout: (!seen_poison).then_some(Dropout { p: 0.2, seed: n }),
+            ..Case::new(d, 0x6A7 + n)
+        };
+        let dead = case.keys_masked_everywhere();
+        assert!(dead.len() >= d.lk / 5, "every fifth key is masked everywhere");
+        for &(b, g, j) in &dead {
+            case.poison_key(b, g, j);
+        }
+        if seen_poison {
+            for j in (3..d.lk).step_by(5) {
+                case.kv_rows_mut(0, 0, j).1[0] = f32::INFINITY;
+            }
+        }
+        let res = case.check(kernel, "gathered tiles");
+        if !seen_poison {
+            case.assert_structure(&format!("{} gathered tiles, Dk {dk}", kernel.name()), &res);
+            check_grads(kernel, &case, "gathered tiles");
+        }
     }
 }
 

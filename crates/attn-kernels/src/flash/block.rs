@@ -131,6 +131,9 @@ impl<'o> Rest<'o> {
     }
 }
 
+/// The most rows of any micro-kernel call ([`rows_per_call`], `with_rows!`).
+pub(in crate::flash) const MAX_ROWS_PER_CALL: usize = 12;
+
 /// Rows per `qk_panel` call and per `pv` call for the vector width `W`. AVX-512 (32 registers):
 /// 12×2 vectors of scores, 6 rows × 4 vectors of output. 8-lane ISAs (AVX2's 16 registers):
 /// 6×2 vectors for both, i.e. 12 accumulators + 2 operand vectors + 1 broadcast = 15 registers,
@@ -197,6 +200,8 @@ pub struct Work {
     pub(super) range: Vec<(usize, usize)>,
     /// A block mask's segments of the tile last masked.
     pub(super) blocks: TileBlocks,
+    /// Per segment of the tile last scored, the columns that no row masks (`scores::scores`).
+    pub(super) clean: Vec<Range<usize>>,
 }
 
 impl Work {

@@ -14,18 +14,20 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::block::{qk_chunks, rows_per_call, with_rows, Ctx, Job, Work, LDS};
+use super::forward::tiles::{tile_columns, Seg};
 use super::micro::{qk_panel, qk_rows, Bf16Pairs, Fma};
 use super::row_masks::{add_bias, apply_keep, select_kept};
 use super::simd::{KvElem, Simd};
 use super::softcap::softcap_row;
 use crate::problem::{Precision, Problem};
-use crate::sparse::TileBlocks;
+use crate::sparse::{TileBlocks, SPARSE_BLOCK};
 use crate::view::View4;
 
-/// Scaled (and soft-capped, biased) scores of every row of `job` against keys `j0..j0+n`, written
-/// to `w.s` (`[rows, LDS]`), masked (−∞) where not allowed; columns from `n` up to the
-/// vector-padded width are −∞: [`qk_tile`] then [`mask_tile`]. Returns `None` when no key of the
-/// tile was masked for any row, else the columns that no row masks (empty when an element mask
+/// Scaled (and soft-capped, biased) scores of every row of `job` against the keys of the tile
+/// `segs` (each segment's keys in its columns), written to `w.s` (`[rows, LDS]`), masked (−∞)
+/// where not allowed; columns from the tile's end up to the vector-padded width are −∞:
+/// [`qk_tile`] then [`mask_tile`]. Returns whether any key of the tile was masked for any row;
+/// then `w.clean` holds, per segment, the columns that no row masks (empty when an element mask
 /// masked something; between the rows' band edges otherwise). Reads the queries from `w.q` and the
 /// allowed key range of each row from `w.range`, both set up by the caller.
 ///
@@ -40,24 +42,24 @@ pub(super) unsafe fn scores<S: Simd, E: KvElem>(
     w: &mut Work,
     k: &[E],
     ldk: usize,
-    j0: usize,
-    n: usize,
-) -> Option<Range<usize>> {
+    segs: &[Seg],
+) -> bool {
     // SAFETY: forwarded from the caller.
-    let width = unsafe { qk_tile::<S, E>(cx, panels, job, w, k, ldk, j0, n) };
+    let width = unsafe { qk_tile::<S, E>(cx, panels, job, w, k, ldk, segs) };
     // SAFETY: the CPU supports `S` (the caller's contract); `qk_tile` returned the padded width.
-    unsafe { mask_tile::<S>(cx.pb, job, w, j0, n, width) }
+    unsafe { mask_tile::<S>(cx.pb, job, w, segs, width) }
 }
 
-/// The raw scores `scale · q·k` of every row of `job` against keys `j0..j0+n`, written to `w.s`
-/// (`[rows, LDS]`) from the queries in `w.q`; returns the width written per row, `n` rounded up
-/// to whole vectors (to whole panels of `2·W` keys in the prefill path), whose columns beyond `n`
-/// hold unspecified values.
+/// The raw scores `scale · q·k` of every row of `job` against the keys of the tile `segs`, written
+/// to `w.s` (`[rows, LDS]`) from the queries in `w.q`; returns the width written per row, the
+/// tile's columns rounded up to whole vectors (to whole panels of `2·W` keys in the prefill path),
+/// whose columns beyond the tile's hold unspecified values.
 ///
 /// # Safety
-/// The CPU supports `S`'s instruction set. With `panels`, they are the packing of the job's
-/// `(b, kvh)` by `pack_head` for `S::W` and the call's precision (the queries in `w.q` stored to
-/// match); without, `k` holds keys `j0..j0+n` of the head at row
+/// The CPU supports `S`'s instruction set; the tile is one of `forward::tiles::key_tiles` for
+/// `align = 2·S::W`. With `panels`, they are the packing of the job's `(b, kvh)` by `pack_head`
+/// for `S::W` and the call's precision (the queries in `w.q` stored to match), and every segment
+/// starts at a multiple of `2·S::W`; without, `k` holds the segments' keys of the head at row
 /// stride `ldk`, each `Dk` long.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -68,8 +70,7 @@ pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
     w: &mut Work,
     k: &[E],
     ldk: usize,
-    j0: usize,
-    n: usize,
+    segs: &[Seg],
 ) -> usize {
     let pb = cx.pb;
     let dk = pb.dims.dk;
@@ -78,37 +79,43 @@ pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
     let qp = w.q.as_ptr();
     let scale = pb.scale as f32;
     let sp = w.s.as_mut_ptr();
-    let width;
+    let n = tile_columns(segs);
     // SAFETY: `w.q` holds `rows·dk`, `w.s` holds `rows·LDS` with `LDS >= n` rounded up to 2·W;
-    // panels hold every panel of keys `< Lk`, and `k` rows up to `j0 + n`.
+    // panels hold every panel of keys `< Lk`, and `k` the segments' rows. Segments before a tile's
+    // last are whole panels (`key_tiles`), so each panel's columns are its keys'.
     unsafe {
         match panels {
             Some(p) => {
                 let pw = 2 * S::W;
-                let np = n.div_ceil(pw);
-                width = np * pw;
                 let bf16 = pb.compute == Precision::Bf16;
                 let slots = if bf16 { dk.div_ceil(2) } else { dk };
-                for pi in 0..np {
-                    let kp = p.as_ptr().add((j0 / pw + pi) * slots * pw);
-                    for (r0, nr) in qk_chunks(rows, rq) {
-                        // The destination stays an argument expression: bound to a `let` outside the
-                        // `with_rows!` arms, it costs the portable build a third more instructions.
-                        if bf16 {
-                            with_rows!(nr, qk_panel::<S, Bf16Pairs; >(qp.add(r0 * dk), kp, slots, scale, sp.add(r0 * LDS + pi * pw), LDS));
-                        } else {
-                            with_rows!(nr, qk_panel::<S, Fma; >(qp.add(r0 * dk), kp, dk, scale, sp.add(r0 * LDS + pi * pw), LDS));
+                for sg in segs {
+                    for pi in 0..sg.n.div_ceil(pw) {
+                        let kp = p.as_ptr().add((sg.j0 / pw + pi) * slots * pw);
+                        let col = sg.col + pi * pw;
+                        for (r0, nr) in qk_chunks(rows, rq) {
+                            // The destination stays an argument expression: bound to a `let` outside
+                            // the `with_rows!` arms, it costs the portable build a third more
+                            // instructions.
+                            if bf16 {
+                                with_rows!(nr, qk_panel::<S, Bf16Pairs; >(qp.add(r0 * dk), kp, slots, scale, sp.add(r0 * LDS + col), LDS));
+                            } else {
+                                with_rows!(nr, qk_panel::<S, Fma; >(qp.add(r0 * dk), kp, dk, scale, sp.add(r0 * LDS + col), LDS));
+                            }
                         }
                     }
                 }
+                n.div_ceil(pw) * pw
             }
             None => {
-                width = n.div_ceil(S::W) * S::W;
-                decode_scores::<S, E>(qp, dk, k.as_ptr().add(j0 * ldk), ldk, n, dk, scale, rows, sp, LDS);
+                for sg in segs {
+                    let (kt, st) = (k.as_ptr().add(sg.j0 * ldk), sp.add(sg.col));
+                    decode_scores::<S, E>(qp, dk, kt, ldk, sg.n, dk, scale, rows, st, LDS);
+                }
+                n.div_ceil(S::W) * S::W
             }
         }
     }
-    width
 }
 
 /// Query rows per `qk_rows` call.
@@ -149,38 +156,62 @@ pub(in crate::flash) unsafe fn decode_scores<S: Simd, E: KvElem>(
     }
 }
 
-/// Masks the raw score tile of keys `j0..j0+n` in `w.s` (`width` columns per row, as [`qk_tile`]
-/// returned) in the reference's order (see [`mask_row`]), each row's band taken from `w.range`;
-/// columns from `n` to `width` become −∞. Returns what [`scores`] returns.
+/// Masks the raw score tile `segs` in `w.s` (`width` columns per row, as [`qk_tile`] returned)
+/// in the reference's order (see [`mask_row`]), a segment at a time (so the rows share its block
+/// mask's lookup), each row's band taken from `w.range`; columns from the tile's end to `width`
+/// become −∞. Returns what [`scores`] returns, with `w.clean` set.
 ///
 /// # Safety
-/// The CPU supports `S`'s instruction set; `width` is a multiple of `S::W` of at most [`LDS`].
+/// The CPU supports `S`'s instruction set; `width` is a multiple of `S::W` of at most [`LDS`], and
+/// every segment but the last spans whole vectors.
 #[inline(always)]
 pub(super) unsafe fn mask_tile<S: Simd>(
     pb: &Problem<f32>,
     job: &Job,
     w: &mut Work,
-    j0: usize,
-    n: usize,
+    segs: &[Seg],
     width: usize,
-) -> Option<Range<usize>> {
+) -> bool {
     let mut masked = false;
-    let mut clean = 0..n;
-    for r in 0..job.rows() {
-        let (h, i) = job.head_query(r);
-        let row = &mut w.s[r * LDS..r * LDS + width];
-        // SAFETY: the CPU supports `S` (the caller's contract); `row` holds `width`, a multiple
-        // of `S::W`.
-        let m = unsafe { mask_row::<S>(pb, [job.b, h, i], row, n, j0, w.range[r], None, &mut w.blocks) };
-        if m.elementwise {
-            (masked, clean) = (true, 0..0);
+    w.clean.clear();
+    let band = w.range.iter().fold((0, usize::MAX), |(a, z), r| (a.max(r.0), z.min(r.1)));
+    let single = job.nh == 1 && job.ni > 0 && job.i0 / SPARSE_BLOCK == (job.i0 + job.ni - 1) / SPARSE_BLOCK;
+    let plain = pb.score_mod.is_none() && pb.softcap.is_none() && pb.elem.bias.is_none() && pb.elem.keep.is_none();
+    for (x, sg) in segs.iter().enumerate() {
+        // The last segment's row runs to the padded width, masking the padding.
+        let end = if x + 1 == segs.len() { width } else { sg.col + sg.n };
+        let mut clean = 0..sg.n;
+        // Keys inside every row's band, in blocks full for the job's one query block, with no
+        // element mask or score step: nothing to mask but the padding.
+        let kept = plain
+            && single
+            && band.0 <= sg.j0
+            && sg.j0 + sg.n <= band.1
+            && pb.elem.block.is_some_and(|bm| bm.full_over(job.b, job.h0, job.i0 / SPARSE_BLOCK, sg.j0, sg.n));
+        if kept {
+            for r in 0..job.rows() {
+                w.s[r * LDS + sg.col + sg.n..r * LDS + end].fill(f32::NEG_INFINITY);
+            }
+            w.clean.push(clean);
+            continue;
         }
-        if m.a > 0 || m.z < n || m.empty {
-            masked = true;
-            clean = if m.empty { 0..0 } else { clean.start.max(m.a)..clean.end.min(m.z) };
+        for r in 0..job.rows() {
+            let (h, i) = job.head_query(r);
+            let row = &mut w.s[r * LDS + sg.col..r * LDS + end];
+            // SAFETY: the CPU supports `S` (the caller's contract); `row` starts and ends on
+            // vector edges (whole-vector segments, `width` a multiple of `S::W`).
+            let m = unsafe { mask_row::<S>(pb, [job.b, h, i], row, sg.n, sg.j0, w.range[r], None, &mut w.blocks) };
+            if m.elementwise {
+                (masked, clean) = (true, 0..0);
+            }
+            if m.a > 0 || m.z < sg.n || m.empty {
+                masked = true;
+                clean = if m.empty { 0..0 } else { clean.start.max(m.a)..clean.end.min(m.z) };
+            }
         }
+        w.clean.push(clean.start..clean.end.max(clean.start));
     }
-    masked.then(|| clean.start..clean.end.max(clean.start))
+    masked
 }
 
 /// What [`mask_row`] did to one row of a tile of keys `j0..j0+n`.
@@ -262,36 +293,52 @@ pub(in crate::flash) unsafe fn mask_row<S: Simd>(
     RowMasked { elementwise, a, z, empty }
 }
 
-/// Keys of the tile `j0..j0+n` outside `clean` (the columns no row masks, as [`scores`] returns
-/// them) whose value row holds a non-finite number, with the block rows for which each is masked
-/// (read from the scores in `w.s`): those products must be skipped, not multiplied by zero. `v`
-/// is the value head from its first row on, at row stride `ldv`, rows `dv` long; `listed`, when
-/// given, its non-finite rows ([`nonfinite_rows`]), which spares the scan of the tile's.
+/// Keys of the tile `segs` outside each segment's clean columns (`w.clean`, as [`scores`] left
+/// them) whose value row holds a non-finite number, as `(tile column, key, the block rows for
+/// which it is masked)` (read from the scores in `w.s`), in column order: those products must be
+/// skipped, not multiplied by zero. `v` is the value head from its first row on, at row stride
+/// `ldv`, rows `dv` long; `listed`, when given, its non-finite rows ([`nonfinite_rows`]), which
+/// spares the scan of the tile's.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn bad_columns<E: KvElem>(
     v: &[E],
     ldv: usize,
     dv: usize,
-    (j0, n): (usize, usize),
-    clean: Range<usize>,
+    segs: &[Seg],
     listed: Option<&[usize]>,
     w: &Work,
     rows: usize,
-) -> Vec<(usize, Vec<bool>)> {
-    let columns: Vec<usize> = match listed {
-        Some(keys) => {
-            let from = keys.partition_point(|&j| j < j0);
-            keys[from..].iter().take_while(|&&j| j < j0 + n).map(|&j| j - j0).filter(|c| !clean.contains(c)).collect()
-        }
-        // A value row of `Dv = 0` is empty (so finite) whatever its stride.
-        None => (0..clean.start)
-            .chain(clean.end..n)
-            .filter(|&c| dv > 0 && !all_finite(&v[(j0 + c) * ldv..][..dv]))
-            .collect(),
-    };
-    columns.into_iter().map(|c| (c, (0..rows).map(|r| w.s[r * LDS + c] == f32::NEG_INFINITY).collect())).collect()
+) -> Vec<BadColumn> {
+    let mut out = Vec::new();
+    for (sg, clean) in segs.iter().zip(&w.clean) {
+        let (j0, n) = (sg.j0, sg.n);
+        let columns: Vec<usize> = match listed {
+            Some(keys) => {
+                let from = keys.partition_point(|&j| j < j0);
+                keys[from..]
+                    .iter()
+                    .take_while(|&&j| j < j0 + n)
+                    .map(|&j| j - j0)
+                    .filter(|c| !clean.contains(c))
+                    .collect()
+            }
+            // A value row of `Dv = 0` is empty (so finite) whatever its stride.
+            None => (0..clean.start)
+                .chain(clean.end..n)
+                .filter(|&c| dv > 0 && !all_finite(&v[(j0 + c) * ldv..][..dv]))
+                .collect(),
+        };
+        out.extend(columns.into_iter().map(|c| {
+            let col = sg.col + c;
+            (col, j0 + c, (0..rows).map(|r| w.s[r * LDS + col] == f32::NEG_INFINITY).collect())
+        }));
+    }
+    out
 }
+
+/// A tile column whose value row is not finite: `(tile column, key, whether each block row masks
+/// it)`.
+pub(super) type BadColumn = (usize, usize, Vec<bool>);
 
 /// The keys of each key/value head of `v: [B, Hkv, Lk, Dv]` in `heads` (indices `b·Hkv + kvh`)
 /// whose value row holds a non-finite number, sorted, one list per head at `b·Hkv + kvh` (empty

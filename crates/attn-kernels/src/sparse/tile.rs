@@ -103,6 +103,24 @@ impl BlockMask {
         words
     }
 
+    /// Whether every key of `j0..j0 + n` lies in a block listed as full for query block `qb` of
+    /// `(b, h)`: then this mask keeps every pair of those keys for every row of the query block,
+    /// and the kernels need not mask them row by row.
+    #[inline]
+    pub(crate) fn full_over(&self, b: usize, h: usize, qb: usize, j0: usize, n: usize) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let (_, _, blocks, full) = self.kv_row(b, h, qb);
+        let (first, last) = (j0 / SPARSE_BLOCK, (j0 + n - 1) / SPARSE_BLOCK);
+        let x = blocks.partition_point(|&kb| (kb as usize) < first);
+        let want = last - first + 1;
+        x + want <= blocks.len()
+            && blocks[x + want - 1] as usize == last
+            && blocks[x] as usize == first
+            && full[x..x + want].iter().all(|&f| f)
+    }
+
     /// Sets to −∞ the scores `row` (keys `j0..j0 + row.len()`) of query `i` of `(b, h)` that this
     /// mask forbids; returns whether any score was. Scalar: for pictures and counts (the kernels
     /// select with `keep_bits` in vectors).
@@ -145,7 +163,7 @@ impl BlockMask {
 mod tests {
     use std::sync::Arc;
 
-    use super::super::{BlockShape, Pattern};
+    use super::super::{BlockClass, BlockShape, Pattern};
     use super::*;
 
     #[test]
@@ -174,6 +192,16 @@ mod tests {
         let m = BlockMask::build(BlockShape { batch: 1, heads: 2, lq, lk }, p.mask_mod(lq, lk).unwrap()).unwrap();
         let mut tb = TileBlocks::default();
         for h in 0..2 {
+            for qb in 0..lq.div_ceil(SPARSE_BLOCK) {
+                for (j0, n) in [(0, 256), (64, 128), (70, 30), (128, 64), (600, 100), (444, 1), (690, 10), (5, 0)] {
+                    let rows = qb * SPARSE_BLOCK..((qb + 1) * SPARSE_BLOCK).min(lq);
+                    let all = (j0..j0 + n).all(|j| m.class(0, h, qb, j / SPARSE_BLOCK) == BlockClass::Full);
+                    assert_eq!(m.full_over(0, h, qb, j0, n), all, "head {h}, query block {qb}, keys {j0}+{n}");
+                    if all {
+                        assert!(rows.clone().all(|i| (j0..j0 + n).all(|j| m.allows(0, h, i, j))));
+                    }
+                }
+            }
             for i in [0, 5, 63, 64, 130, 199] {
                 for (j0, n) in [(0, 256), (32, 256), (5, 200), (64, 64), (600, 100), (444, 1), (690, 10)] {
                     let words = m.keep_bits(0, h, i, j0, n, &mut tb);

@@ -1,39 +1,45 @@
 //! `O += P · V` for one tile of the forward: the probabilities of the block's rows times the
-//! tile's value rows, through the `pv` micro-kernel (`R` rows × four or one vectors of `Dv` per
-//! call) with a scalar tail for the columns of `Dv` beyond the last whole vector. The path per
-//! column run is chosen by `flash::scores::bad_columns`: value rows holding a non-finite
-//! number are added one product at a time, skipping the rows that mask them; every other run of
-//! columns goes through the micro-kernel. With bfloat16 products ([`accumulate_bf16`]) the tile's
-//! probabilities are rounded to bfloat16 pairs and multiplied into the packed value pairs; a tile
-//! with such value rows takes the f32 path instead.
+//! value rows of the tile's segments (runs of keys gathered side by side, `tiles`), through the
+//! `pv` micro-kernel (`R` rows × four or one vectors of `Dv` per call) with a scalar tail for the
+//! columns of `Dv` beyond the last whole vector. The path per column run is chosen by
+//! `flash::scores::bad_columns`: value rows holding a non-finite number are added one product at
+//! a time, skipping the rows that mask them; every other run of columns goes through the
+//! micro-kernel. With bfloat16 products ([`accumulate_bf16`]) the tile's probabilities are rounded
+//! to bfloat16 pairs and multiplied into the packed value pairs; a tile with such value rows takes
+//! the f32 path instead.
 
 use crate::flash::block::{rows_per_call, with_rows, Work, LDS};
 use crate::flash::micro::{pv, pv_scalar, Bf16Pairs, Fma, Product};
 use crate::flash::pairs::pair_keys;
+use crate::flash::scores::BadColumn;
 use crate::flash::simd::{KvElem, Simd};
+
+use super::tiles::{tile_columns, Seg};
 
 /// Row stride of the probability pairs in `Work::p2`.
 const LDP: usize = LDS / 2;
 
-/// `o: [rows, dv] += P · V` for the tile of keys `j0..j0+n` with bfloat16 products: `P` the
-/// probabilities in `w.s` (columns from `n` on are set to 0 here), rounded to bfloat16 pairs in
-/// `w.p2`, times `vpairs`, the head's value pairs as `pack::pack_head` lays them out.
+/// `o: [rows, dv] += P · V` for the tile `segs` with bfloat16 products: `P` the probabilities in
+/// `w.s` (columns from the tile's end on are set to 0 here), rounded to bfloat16 pairs in `w.p2`,
+/// each segment's times its keys' pairs in `vpairs`, the head's value pairs as `pack::pack_head`
+/// lays them out.
 ///
 /// # Safety
-/// The CPU supports `S`'s instruction set; `j0` is a multiple of `2·S::W`; `vpairs` holds the pairs
-/// of keys `0..j0 + n` rounded up to `2·S::W` keys, `dv` slots each; `o` holds `rows` rows of `dv`.
+/// The CPU supports `S`'s instruction set; every segment starts (in keys and in columns) at a
+/// multiple of `2·S::W` and every one but the last spans whole multiples of it; `vpairs` holds the
+/// pairs of keys `0..j0 + n` rounded up to `2·S::W` keys, `dv` slots each, for each segment's
+/// `j0..j0 + n`; `o` holds `rows` rows of `dv`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn accumulate_bf16<S: Simd>(
     w: &mut Work,
     rows: usize,
     vpairs: &[f32],
-    j0: usize,
-    n: usize,
+    segs: &[Seg],
     dv: usize,
     o: &mut [f32],
 ) {
     let pw = 2 * S::W;
+    let n = tile_columns(segs);
     let width = n.div_ceil(pw) * pw;
     if w.p2.len() < rows * LDP {
         w.p2.resize(rows * LDP, 0.0);
@@ -41,21 +47,26 @@ pub(super) unsafe fn accumulate_bf16<S: Simd>(
     // SAFETY: the CPU supports `S` (the caller's contract); `w.s` holds `rows` rows of `LDS >=
     // width` floats and `w.p2` `rows` rows of `LDP >= width / 2`.
     unsafe { pair_keys::<S>(w.s.as_mut_ptr(), LDS, rows, n, width, w.p2.as_mut_ptr(), LDP) };
-    // SAFETY: the CPU supports `S`; `w.p2` holds `rows` rows of `width / 2` pairs at stride `LDP`,
-    // `vpairs` the pairs of keys `j0..j0 + width` from slot `j0 / 2 · dv` (the caller's contract).
-    unsafe {
-        let v = vpairs.as_ptr().add(j0 / 2 * dv);
-        pv_block::<S, Bf16Pairs, f32>(w.p2.as_ptr(), LDP, 1, v, dv, width / 2, o.as_mut_ptr(), dv, rows);
+    for sg in segs {
+        let pairs = sg.n.div_ceil(pw) * pw / 2;
+        // SAFETY: the CPU supports `S`; `w.p2` holds `rows` rows of `width / 2` pairs at stride
+        // `LDP`, the segment's from `col / 2`; `vpairs` the pairs of keys `j0..j0 + 2·pairs` from
+        // slot `j0 / 2 · dv` (the caller's contract).
+        unsafe {
+            let (p, v) = (w.p2.as_ptr().add(sg.col / 2), vpairs.as_ptr().add(sg.j0 / 2 * dv));
+            pv_block::<S, Bf16Pairs, f32>(p, LDP, 1, v, dv, pairs, o.as_mut_ptr(), dv, rows);
+        }
     }
 }
 
-/// `o: [rows, dv] += P · V` for the tile: `P` the probabilities `[rows, n]` in `w.s`, `V` the
-/// `n` value rows at `v` (stride `ldv`); the value rows listed in `bad` (non-finite, with the
-/// block rows masking each) are added one product at a time, skipping the rows that mask them.
+/// `o: [rows, dv] += P · V` for the tile `segs`: `P` the probabilities `[rows, columns]` in
+/// `w.s`, `V` each segment's value rows in the head at `v` (row stride `ldv`); the columns listed
+/// in `bad` (non-finite value rows, with the block rows masking each, in column order) are added
+/// one product at a time, skipping the rows that mask them.
 ///
 /// # Safety
-/// The CPU supports `S`'s instruction set; `v` is valid for `n` rows of `dv` elements at stride
-/// `ldv`; `o` holds `rows` rows of `dv`.
+/// The CPU supports `S`'s instruction set; `v` is valid for the segments' rows of `dv` elements
+/// at stride `ldv`; `o` holds `rows` rows of `dv`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn accumulate<S: Simd, E: KvElem>(
@@ -63,26 +74,33 @@ pub(super) unsafe fn accumulate<S: Simd, E: KvElem>(
     rows: usize,
     v: *const E,
     ldv: usize,
-    n: usize,
+    segs: &[Seg],
     dv: usize,
     o: &mut [f32],
-    bad: &[(usize, Vec<bool>)],
+    bad: &[BadColumn],
 ) {
     let p = w.s.as_ptr();
     let op = o.as_mut_ptr();
-    let mut c = 0;
-    for run_end in bad.iter().map(|b| b.0).chain(std::iter::once(n)) {
-        if run_end > c {
-            // SAFETY: the CPU supports `S` and `o` holds `rows` rows of `dv` (the caller's
-            // contract); columns `c..run_end` of P (`rows` rows at stride `LDS`) and rows
-            // `c..run_end` of V exist.
-            unsafe { pv_block::<S, Fma, E>(p.add(c), LDS, 1, v.add(c * ldv), ldv, run_end - c, op, dv, rows) };
+    let mut skip = bad.iter().map(|b| b.0).peekable();
+    for sg in segs {
+        let (mut c, end) = (sg.col, sg.col + sg.n);
+        while c < end {
+            let run_end = skip.next_if(|&x| x < end).unwrap_or(end);
+            if run_end > c {
+                // SAFETY: the CPU supports `S` and `o` holds `rows` rows of `dv` (the caller's
+                // contract); columns `c..run_end` of P (`rows` rows at stride `LDS`) and the
+                // segment's value rows from `j0 + c − col` exist.
+                unsafe {
+                    let vr = v.add((sg.j0 + c - sg.col) * ldv);
+                    pv_block::<S, Fma, E>(p.add(c), LDS, 1, vr, ldv, run_end - c, op, dv, rows);
+                }
+            }
+            c = run_end + 1;
         }
-        c = run_end + 1;
     }
-    for (c, masked) in bad {
-        // SAFETY: row `c` of V exists with `dv` elements (the caller's contract).
-        let vrow = unsafe { std::slice::from_raw_parts(v.add(c * ldv), dv) };
+    for (c, j, masked) in bad {
+        // SAFETY: value row `j` exists with `dv` elements (the caller's contract).
+        let vrow = unsafe { std::slice::from_raw_parts(v.add(j * ldv), dv) };
         for r in (0..rows).filter(|&r| !masked[r]) {
             let pr = w.s[r * LDS + c];
             for (x, y) in o[r * dv..(r + 1) * dv].iter_mut().zip(vrow) {

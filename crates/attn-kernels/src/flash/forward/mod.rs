@@ -7,23 +7,26 @@
 //! Scores stay in natural units and are scaled after the dot product, like the formula; the
 //! exponential of `s − m` is taken to about 1 ulp (`simd::exp`) and the output divided by the
 //! denominator. Tiles outside every row's band are never visited, nor key blocks that a block mask
-//! lists for none of the block's rows. The path is chosen by whether
+//! lists for none of the block's rows; the runs of listed blocks are gathered into tiles of
+//! several segments ([`tiles`](mod@tiles)). The path is chosen by whether
 //! `panels` is given: packed keys (prefill, queries stored transposed per micro-kernel call, tiles
 //! aligned to the panel width) or keys read in place (decode). With bfloat16 products (prefill
 //! only) the queries are stored as bfloat16 pairs and `P·V` takes `accumulate_bf16`.
 
 pub(super) mod accumulate;
 pub(super) mod softmax;
+pub(super) mod tiles;
 
-use super::block::{head, qk_chunks, rows_per_call, tile_keys, Ctx, Job, Outs, Work};
+use super::block::{head, qk_chunks, rows_per_call, tile_keys, Ctx, Job, Outs, Work, MAX_ROWS_PER_CALL};
 use super::pack::{pair, values_at};
 use super::scores::{bad_columns, scores};
 use super::simd::{KvElem, Simd};
 use crate::lse::lse_parts;
 use crate::problem::Precision;
-use crate::sparse::{runs, BlockMask, SPARSE_BLOCK};
+use crate::sparse::{BlockMask, SPARSE_BLOCK};
 use accumulate::{accumulate, accumulate_bf16};
 use softmax::{softmax_update, write_weights};
+use tiles::{key_tiles, tiles};
 
 /// Runs one block; `panels` holds the packed keys of the block's head in the prefill path.
 /// Writes the block's rows of `outs`: `o: [rows, Dv]`, `lse: [rows]` and, when given,
@@ -44,17 +47,25 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     if panels.is_some() {
         // Each chunk of rows that one `qk_panel` call takes, stored transposed.
         for (r0, nr) in qk_chunks(rows, rq) {
-            for r in r0..r0 + nr {
-                let (h, i) = job.head_query(r);
-                let q = cx.q.row(job.b, h, i);
-                let at = |k: usize| r0 * d.dk + k * nr + r - r0;
+            let mut src: [&[f32]; MAX_ROWS_PER_CALL] = [&[]; MAX_ROWS_PER_CALL];
+            for (r, q) in src[..nr].iter_mut().enumerate() {
+                let (h, i) = job.head_query(r0 + r);
+                *q = cx.q.row(job.b, h, i);
+            }
+            // Slot `k` of the chunk's rows is `chunk[k·nr..][..nr]`, written in order (a store per
+            // element in a row's order became a scatter).
+            let chunk = &mut w.q[r0 * d.dk..][..nr * d.dk];
+            for (k, slot) in chunk.chunks_exact_mut(nr).enumerate() {
                 if bf16 {
-                    for (k, x) in q.chunks(2).enumerate() {
-                        w.q[at(k)] = pair(x[0].bf16_bits(), x.get(1).map_or(0, |x| x.bf16_bits()));
+                    if 2 * k >= d.dk {
+                        break;
+                    }
+                    for (x, q) in slot.iter_mut().zip(&src[..nr]) {
+                        *x = pair(q[2 * k].bf16_bits(), q.get(2 * k + 1).map_or(0, |x| x.bf16_bits()));
                     }
                 } else {
-                    for (k, &x) in q.iter().enumerate() {
-                        w.q[at(k)] = x;
+                    for (x, q) in slot.iter_mut().zip(&src[..nr]) {
+                        *x = q[k];
                     }
                 }
             }
@@ -76,20 +87,22 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     let (khead, ldk) = head(&cx.k, job.b, job.kvh);
     let (vhead, ldv) = head(&cx.v, job.b, job.kvh);
 
-    let tiles = key_tiles(start, hi, tile, pb.elem.block.map(|bm| job_blocks(bm, job)).as_deref());
-    for &(j0, n) in &tiles {
-        // SAFETY: forwarded from the caller; tiles stay within `0..Lk`.
-        let masked = unsafe { scores::<S, E>(cx, panels, job, w, khead, ldk, j0, n) };
+    let align = 2 * S::W;
+    let segs = key_tiles(start, hi, tile, align, pb.elem.block.map(|bm| job_blocks(bm, job)).as_deref());
+    for t in tiles(&segs) {
+        // SAFETY: forwarded from the caller; tiles stay within `0..Lk`, aligned as `key_tiles`
+        // makes them for `2·S::W`.
+        let masked = unsafe { scores::<S, E>(cx, panels, job, w, khead, ldk, t) };
         let listed = cx.bad_values.as_ref().map(|b| &b[job.b * d.hkv + job.kvh][..]);
-        let bad = masked.map_or_else(Vec::new, |clean| bad_columns(vhead, ldv, d.dv, (j0, n), clean, listed, w, rows));
+        let bad = if masked { bad_columns(vhead, ldv, d.dv, t, listed, w, rows) } else { Vec::new() };
         // SAFETY: the CPU supports `S` (forwarded from the caller).
-        unsafe { softmax_update::<S>(cx, job, w, outs.o, j0, n) };
+        unsafe { softmax_update::<S>(cx, job, w, outs.o, t) };
         match panels.filter(|_| bf16 && bad.is_empty()) {
-            // SAFETY: the CPU supports `S`; tiles start at multiples of the panel width and the
-            // head's packing holds the value pairs of every key from `values_at` on.
-            Some(p) => unsafe { accumulate_bf16::<S>(w, rows, &p[values_at(&d, S::W)..], j0, n, d.dv, outs.o) },
-            // SAFETY: as above; value rows `j0..j0+n` exist, each `Dv` long.
-            None => unsafe { accumulate::<S, E>(w, rows, vhead.as_ptr().add(j0 * ldv), ldv, n, d.dv, outs.o, &bad) },
+            // SAFETY: the CPU supports `S`; segments start at multiples of the panel width and
+            // the head's packing holds the value pairs of every key from `values_at` on.
+            Some(p) => unsafe { accumulate_bf16::<S>(w, rows, &p[values_at(&d, S::W)..], t, d.dv, outs.o) },
+            // SAFETY: as above; the segments' value rows exist, each `Dv` long.
+            None => unsafe { accumulate::<S, E>(w, rows, vhead.as_ptr(), ldv, t, d.dv, outs.o, &bad) },
         }
     }
     for r in 0..rows {
@@ -103,25 +116,13 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
         outs.o[r * d.dv..(r + 1) * d.dv].iter_mut().for_each(|x| *x /= l);
     }
     if let Some(wt) = outs.weights {
-        for &(j0, n) in &tiles {
+        for t in tiles(&segs) {
             // SAFETY: as above.
             unsafe {
-                scores::<S, E>(cx, panels, job, w, khead, ldk, j0, n);
-                write_weights::<S>(w, rows, j0, n, d.lk, wt);
+                scores::<S, E>(cx, panels, job, w, khead, ldk, t);
+                write_weights::<S>(w, rows, t, d.lk, wt);
             }
         }
-    }
-}
-
-/// The key tiles `(j0, n)` of a block whose rows see keys `start..hi`: steps of `tile` keys or, with
-/// a block mask's listed key blocks `blocks` (sorted), steps of `tile` over each run of consecutive
-/// listed blocks within `start..hi`. Tiles start at `start` or at block edges, so a tile that
-/// started at a multiple of the key panel still does.
-fn key_tiles(start: usize, hi: usize, tile: usize, blocks: Option<&[u32]>) -> Vec<(usize, usize)> {
-    let steps = |r: std::ops::Range<usize>| r.clone().step_by(tile).map(move |j0| (j0, tile.min(r.end - j0)));
-    match blocks {
-        None => steps(start..hi).collect(),
-        Some(bl) => runs(bl, start..hi).flat_map(steps).collect(),
     }
 }
 

@@ -7,7 +7,9 @@
 use crate::flash::block::{Ctx, Job, Work, LDS};
 use crate::flash::simd::{exp, KvElem, Simd};
 
-/// Online-softmax step for one tile of keys `j0..j0+n`: new running maxima, rescaled output rows
+use super::tiles::{tile_columns, Seg};
+
+/// Online-softmax step for one tile of keys (its segments `segs`): new running maxima, rescaled output rows
 /// `o: [rows, Dv]` and denominators, and the tile's probabilities `exp(s − m)` in place of the
 /// scores in `w.s` (dropout applied after the denominator is updated).
 ///
@@ -19,11 +21,11 @@ pub(super) unsafe fn softmax_update<S: Simd>(
     job: &Job,
     w: &mut Work,
     o: &mut [f32],
-    j0: usize,
-    n: usize,
+    segs: &[Seg],
 ) {
     let pb = cx.pb;
     let dv = pb.dims.dv;
+    let n = tile_columns(segs);
     let width = n.div_ceil(S::W) * S::W;
     for r in 0..job.rows() {
         let row = &mut w.s[r * LDS..r * LDS + width];
@@ -51,8 +53,10 @@ pub(super) unsafe fn softmax_update<S: Simd>(
             let (h, i) = job.head_query(r);
             let key = dr.row_key(job.b, h, i, [pb.dims.hq, pb.dims.lq]);
             let sc = dr.scale();
-            for (c, p) in row[..n].iter_mut().enumerate() {
-                *p = if dr.keeps(key, j0 + c) { *p * sc } else { 0.0 };
+            for sg in segs {
+                for (c, p) in row[sg.col..sg.col + sg.n].iter_mut().enumerate() {
+                    *p = if dr.keeps(key, sg.j0 + c) { *p * sc } else { 0.0 };
+                }
             }
         }
     }
@@ -95,14 +99,15 @@ pub(in crate::flash) unsafe fn exp_row<S: Simd>(row: &mut [f32], m: f32) -> f32 
     }
 }
 
-/// Writes `exp(s − m) / l` of the tile of keys `j0..j0+n` (scores in `w.s`, final maxima and
-/// denominators in `w.m`, `w.l`) into the weights rows `wt: [rows, lk]`; masked keys get 0.
+/// Writes `exp(s − m) / l` of the tile `segs` (scores in `w.s`, final maxima and denominators in
+/// `w.m`, `w.l`) into the weights rows `wt: [rows, lk]`, each segment's columns at its keys;
+/// masked keys get 0.
 ///
 /// # Safety
 /// The CPU supports `S`'s instruction set.
 #[inline(always)]
-pub(super) unsafe fn write_weights<S: Simd>(w: &Work, rows: usize, j0: usize, n: usize, lk: usize, wt: &mut [f32]) {
-    let width = n.div_ceil(S::W) * S::W;
+pub(super) unsafe fn write_weights<S: Simd>(w: &Work, rows: usize, segs: &[Seg], lk: usize, wt: &mut [f32]) {
+    let width = tile_columns(segs).div_ceil(S::W) * S::W;
     let mut buf = vec![0.0f32; width];
     for r in 0..rows {
         if w.m[r] == f32::NEG_INFINITY {
@@ -113,9 +118,12 @@ pub(super) unsafe fn write_weights<S: Simd>(w: &Work, rows: usize, j0: usize, n:
         // of `S::W`.
         unsafe { exp_row::<S>(&mut buf, w.m[r]) };
         let l = w.l[r];
-        let scores = &w.s[r * LDS..];
-        for ((x, &p), &s) in wt[r * lk + j0..r * lk + j0 + n].iter_mut().zip(&buf).zip(scores) {
-            *x = if s == f32::NEG_INFINITY { 0.0 } else { p / l };
+        for sg in segs {
+            let scores = &w.s[r * LDS + sg.col..];
+            let out = &mut wt[r * lk + sg.j0..r * lk + sg.j0 + sg.n];
+            for ((x, &p), &s) in out.iter_mut().zip(&buf[sg.col..]).zip(scores) {
+                *x = if s == f32::NEG_INFINITY { 0.0 } else { p / l };
+            }
         }
     }
 }
