@@ -199,8 +199,7 @@ fn queries<T: Real>(
         let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
         prefetch(hd.q, (hd.b, hd.h), t0 + c, ahead(&rows, t0 + c, c));
-        oc.fill(T::zero());
-        gemm(isa, n, dv, f, Lhs::rows(fq, f), s, dv, oc, dv);
+        gemm(isa, n, dv, f, Lhs::rows(fq, f).write(true), s, dv, oc, dv);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
         divide(oc, dv, den);
     }
@@ -227,8 +226,7 @@ fn causal<T: Real>(
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
         let next = (t0 + c, ahead(&rows, t0 + c, c));
         prefetch(hd.q, (hd.b, hd.h), next.0, next.1);
-        oc.fill(T::zero());
-        gemm(isa, n, dv, f, Lhs::rows(fq, f), s, dv, oc, dv);
+        gemm(isa, n, dv, f, Lhs::rows(fq, f).write(true), s, dv, oc, dv);
         keys.prefetch(next.0, next.1, false);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
         if nk > 0 {
