@@ -19,7 +19,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, axpy, dot, on_isa, prefetch, Keys};
+use super::chunk::{add_rows, axpy, dot, on_isa, prefetch, prefetch_rows, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
 use super::segment::Plan;
@@ -103,12 +103,25 @@ struct Acc<'a, T> {
     dv: &'a mut [T],
     base: usize,
     /// The first query head of its group to reach these `dk`, `dv` rows: it writes them (each
-    /// chunk cleared before its products are added, the padded keys' rows cleared) rather than
+    /// chunk's first product writes rather than adds, the padded keys' rows cleared) rather than
     /// adding to what they hold.
     fresh: bool,
 }
 
 impl<T: Real> Acc<'_, T> {
+    /// Prefetches this head's `dq` rows (or with `keys`, its `dk` and `dv` rows) of the `n` rows
+    /// from `t0`, which a chunk loop is about to write or add to (see [`prefetch`](super::chunk::prefetch)).
+    #[inline(always)]
+    fn prefetch(&self, d: &LinearDims, (t0, n): (usize, usize), keys: bool) {
+        let t = t0.saturating_sub(self.base);
+        if keys {
+            prefetch_rows(self.dk, d.d, d.d, t, n);
+            prefetch_rows(self.dv, d.dv, d.dv, t, n);
+        } else {
+            prefetch_rows(self.dq, d.d, d.d, t, n);
+        }
+    }
+
     /// With [`fresh`](Self::fresh), clears the `dk`, `dv` rows of `rows` at or beyond the
     /// `valid` keys, which no chunk writes.
     fn clear_padded(&mut self, rows: Range<usize>, valid: usize, d: &LinearDims) {
@@ -215,9 +228,9 @@ pub struct GradsMut<'a, T> {
 
 /// [`linear_attention_backward`] into the caller's buffers `g`, e.g. gradients a training loop
 /// keeps from one step to the next, so that no call maps and clears fresh pages. Every element is
-/// written: `dq` row by row, `dk` and `dv` chunk by chunk, each chunk cleared by the thread that
-/// then adds its first query head's products into it (the rows of padded keys cleared too), so
-/// what the buffers held before (garbage, NaN) does not matter and they need no zero fill. A wrong
+/// written: `dq` row by row, `dk` and `dv` chunk by chunk, each chunk written by its first query
+/// head's first product (the rows of padded keys cleared), the others added to it, so what the
+/// buffers held before (garbage, NaN) does not matter and they need no zero fill. A wrong
 /// length is [`AttnError::Output`](crate::AttnError::Output) naming `dq`, `dk` or `dv`.
 pub fn linear_attention_backward_into<T: Real>(
     q: View4<T>,

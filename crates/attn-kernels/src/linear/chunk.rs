@@ -140,7 +140,7 @@ pub(crate) fn ahead(rows: &std::ops::Range<usize>, t: usize, c: usize) -> usize 
 
 /// [`prefetch`] of the `n` rows from `t0` of `x` (row stride `ld`, `w` elements each), within `x`.
 #[inline(always)]
-fn prefetch_rows<T>(x: &[T], ld: usize, w: usize, t0: usize, n: usize) {
+pub(crate) fn prefetch_rows<T>(x: &[T], ld: usize, w: usize, t0: usize, n: usize) {
     #[cfg(target_arch = "x86_64")]
     for i in t0..t0 + n {
         let Some(row) = x.get(i * ld..(i * ld + w).min(x.len())) else { break };

@@ -38,9 +38,9 @@ pub fn linear_attention<T: Real>(q: View4<T>, k: View4<T>, v: View4<T>, p: &Line
 
 /// [`linear_attention`] into the caller's `out: [B, Hq, Lq, Dv]` (contiguous), e.g. a buffer a
 /// training loop keeps from one step to the next, so that no call maps and clears fresh pages.
-/// Every element of `out` is written, each chunk of rows cleared by the thread that then adds
-/// its products into it: what `out` held before (garbage, NaN) does not matter and it needs no
-/// zero fill. A wrong length is [`AttnError::Output`](crate::AttnError::Output) naming `out`.
+/// Every element of `out` is written, each chunk of rows by its first product (which writes
+/// rather than adds): what `out` held before (garbage, NaN) does not matter and it needs no zero
+/// fill. A wrong length is [`AttnError::Output`](crate::AttnError::Output) naming `out`.
 pub fn linear_attention_into<T: Real>(
     q: View4<T>,
     k: View4<T>,

@@ -94,9 +94,11 @@ pub(super) fn ascend<T: Real>(
         next(2);
         w.query_vjp(hd, t0, n, acc);
         next(4);
+        acc.prefetch(hd.d, (t0 + c, ahead(&rows, t0 + c, c)), false);
         if nk > 0 {
             key_grads(hd, sizes(t0), true, w, acc);
         }
+        acc.prefetch(hd.d, (t0 + c, ahead(&rows, t0 + c, c)), true);
         if totals {
             w.add_queries(hd, n);
         }
@@ -128,5 +130,6 @@ pub(super) fn descend<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<usize>
         }
         prev(4);
         w.add_queries(hd, n);
+        acc.prefetch(hd.d, if t0 >= rows.start + c { (t0 - c, c) } else { (0, 0) }, true);
     }
 }
