@@ -1,7 +1,7 @@
 //! What every backward kernel shares: the gradients' container and the validation of the saved
 //! forward results and the incoming gradient against the call's sizes.
 
-use crate::alloc::{self, AllocError, Elem};
+use crate::alloc::{self, AllocError, ZeroBits};
 use crate::error::{AttnError, Result};
 use crate::problem::Dims;
 use crate::view::View4;
@@ -27,17 +27,18 @@ pub struct AttnGrads<T> {
     pub dsinks: Option<Vec<T>>,
 }
 
-impl<T: Elem + Default> AttnGrads<T> {
+impl<T: ZeroBits> AttnGrads<T> {
     /// Zeroed gradients for `d`, with a zeroed `dbias` of `bias_len` elements when given, a zeroed
     /// `dsinks: [Hq]` with `sinks`, and `dtable` of `table_len` when given (a table of 0 entries
-    /// gets none), allocated fallibly.
+    /// gets none), allocated fallibly ([`alloc::zeroed`]: large ones populated in parallel, no
+    /// writing pass).
     pub fn zeros(
         d: &Dims,
         bias_len: Option<usize>,
         sinks: bool,
         table_len: Option<usize>,
     ) -> std::result::Result<Self, AllocError> {
-        let zeros = |what, shape: &[usize]| alloc::filled(what, shape, T::default());
+        let zeros = |what, shape: &[usize]| alloc::zeroed(what, shape);
         Ok(Self {
             dq: zeros("gradient dq", &[d.b, d.hq, d.lq, d.dk])?,
             dk: zeros("gradient dk", &[d.b, d.hkv, d.lk, d.dk])?,

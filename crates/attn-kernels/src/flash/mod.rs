@@ -137,7 +137,7 @@ pub(crate) fn forward<E: KvElem>(
     let (run, w) = entry::of::<E>(isa, pb.compute);
     let d = pb.dims;
     let AttnOutput { mut out, mut lse, mut lse_residue, mut weights, .. } =
-        AttnOutput::alloc(&d, want_weights, 0.0, f32::NEG_INFINITY)?;
+        AttnOutput::alloc(&d, want_weights, f32::NEG_INFINITY)?;
     let threads = rayon::current_num_threads();
     let plan = Plan::new(&d, w, want_weights, pb.elem.block.is_some(), pb.compute, tuning, threads);
     let path = Some(if plan.decode { Path::Decode } else { Path::Prefill });

@@ -21,7 +21,7 @@ pub fn reference<T: Real>(
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     let d = pb.dims;
     let AttnOutput { mut out, mut lse, mut lse_residue, mut weights, .. } =
-        AttnOutput::alloc(&d, want_weights, T::zero(), T::neg_infinity())?;
+        AttnOutput::alloc(&d, want_weights, T::neg_infinity())?;
     let mut scores: Vec<Option<Score<T>>> = alloc::filled("scores of a row", &[d.lk], None)?;
     for b in 0..d.b {
         for h in 0..d.hq {

@@ -62,19 +62,16 @@ pub struct AttnOutput<T> {
     pub path: Option<crate::Path>,
 }
 
-impl<T: Elem> AttnOutput<T> {
+impl<T: ZeroBits> AttnOutput<T> {
     /// The result buffers of a call of sizes `d`, allocated fallibly (weights first, the largest):
-    /// output and weights `zero`, log-sum-exp `lse`.
-    pub(crate) fn alloc(d: &Dims, want_weights: bool, zero: T, lse: T) -> Result<Self, AllocError> {
-        let weights = if want_weights {
-            Some(alloc::filled("attention weights", &d.weights_shape(), zero.clone())?)
-        } else {
-            None
-        };
+    /// output, weights and residues zero ([`alloc::zeroed`]: large ones populated in parallel, no
+    /// writing pass), log-sum-exp `lse`.
+    pub(crate) fn alloc(d: &Dims, want_weights: bool, lse: T) -> Result<Self, AllocError> {
+        let weights = if want_weights { Some(alloc::zeroed("attention weights", &d.weights_shape())?) } else { None };
         Ok(Self {
-            out: alloc::filled("attention output", &d.out_shape(), zero.clone())?,
+            out: alloc::zeroed("attention output", &d.out_shape())?,
             lse: alloc::filled("log-sum-exp", &d.lse_shape(), lse)?,
-            lse_residue: alloc::filled("log-sum-exp residue", &d.lse_shape(), zero)?,
+            lse_residue: alloc::zeroed("log-sum-exp residue", &d.lse_shape())?,
             weights,
             path: None,
         })

@@ -102,9 +102,9 @@ pub fn attention_varlen_backward(
     saved.check(&c)?;
     let tq = c.total_q;
     let mut g = AttnGrads {
-        dq: alloc::filled("gradient dq", &[tq, c.hq, c.dk], 0.0f32)?,
-        dk: alloc::filled("gradient dk", &[c.total_k, c.hkv, c.dk], 0.0f32)?,
-        dv: alloc::filled("gradient dv", &[c.total_k, c.hkv, c.dv], 0.0f32)?,
+        dq: alloc::zeroed("gradient dq", &[tq, c.hq, c.dk])?,
+        dk: alloc::zeroed("gradient dk", &[c.total_k, c.hkv, c.dk])?,
+        dv: alloc::zeroed("gradient dv", &[c.total_k, c.hkv, c.dv])?,
         dbias: None,
         dtable: None,
         dsinks: None,

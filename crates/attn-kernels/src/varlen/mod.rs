@@ -156,9 +156,9 @@ pub fn attention_varlen(
 ) -> Result<VarlenOutput> {
     let c = Call::new(q.dims(), k.dims(), v.dims(), cu, params)?;
     let (tq, hq, dv) = (c.total_q, c.hq, c.dv);
-    let mut out = alloc::filled("attention output", &[tq, hq, dv], 0.0f32)?;
+    let mut out = alloc::zeroed("attention output", &[tq, hq, dv])?;
     let mut lse = alloc::filled("log-sum-exp", &[hq, tq], f32::NEG_INFINITY)?;
-    let mut lse_residue = alloc::filled("log-sum-exp residue", &[hq, tq], 0.0f32)?;
+    let mut lse_residue = alloc::zeroed("log-sum-exp residue", &[hq, tq])?;
     let parts = split_rows(&mut out, &c.seqs, |(qr, _)| qr.len() * hq * dv);
     let stats =
         c.seqs.par_iter().zip(parts).enumerate().map(|(s, ((qr, kr), out))| -> Result<Option<(Vec<f32>, Vec<f32>)>> {
