@@ -89,7 +89,6 @@ impl<'a, T> Lhs<'a, T> {
     }
 }
 
-
 /// `o[i·ldo + c] += Σ_{p<k} A(i, p) · b[p·ldb + c]` for `i < m`, `c < n` (within `a.part`; `=`
 /// with [`Lhs::write`]).
 ///
@@ -374,7 +373,10 @@ mod tests {
         let wanted = |x: usize| part != Part::LowerOut || x % n <= x / n;
         // NaN propagates through `max`'s comparison as "not larger": count it as infinite.
         let err = |x: usize| (o[x].to_f64().unwrap() - (want[x] - base)).abs();
-        (0..m * n).filter(|&x| wanted(x)).map(|x| if err(x).is_nan() { f64::INFINITY } else { err(x) }).fold(0.0, f64::max)
+        (0..m * n)
+            .filter(|&x| wanted(x))
+            .map(|x| if err(x).is_nan() { f64::INFINITY } else { err(x) })
+            .fold(0.0, f64::max)
     }
 
     /// Every case of [`SIZES`] × [`PARTS`], `A` stored both ways, added and written.
@@ -424,7 +426,10 @@ mod tests {
             for (size, part, t, w) in cases() {
                 // f32 sums of `k` terms of magnitude ≤ 1.
                 let err = error::<f32>(isa, size, part, t, w);
-                assert!(err < 4e-7 * (size.2 as f64 + 1.0), "{isa:?} {size:?} {part:?} transposed {t} written {w}: {err}");
+                assert!(
+                    err < 4e-7 * (size.2 as f64 + 1.0),
+                    "{isa:?} {size:?} {part:?} transposed {t} written {w}: {err}"
+                );
             }
         }
     }
