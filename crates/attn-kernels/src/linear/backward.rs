@@ -8,8 +8,9 @@
 //! Causal, in two passes over the chunks: ascending (state `Sᵀ`, `z`) for the denominators, `dN`,
 //! `r` and `dφ(Q)`, with the chunk's masked products `P = tril(φ(Q_c)φ(K_c)ᵀ)` and
 //! `M = tril(dN_c V_cᵀ + r)`; descending (state `U`, `w` of the later chunks) for `dφ(K)` and `dV`,
-//! the features, `dN`, `r`, `P` and `M` of each chunk made again from the saved denominators
-//! (cheaper than keeping `O(L·C)` of them). Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through `φ`'s
+//! the features, `dN`, `P` and `M` of each chunk made again from the denominators and `r` the first
+//! pass kept (cheaper than keeping `O(L·C)` of them; with `r` kept the second pass reads no `out`).
+//! Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through `φ`'s
 //! Jacobian at once. Memory: `O(L + C·(F + C + D) + F·Dv)` per rayon job besides the gradients.
 //! Causal with fewer (batch, key/value head) jobs than threads, the passes run over segments of
 //! each head's chunks in parallel (`segmented`).
@@ -18,7 +19,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, axpy, dot, on_isa, prefetch, Keys};
+use super::chunk::{add_rows, axpy, dot, on_isa, prefetch, prefetch_rows, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
 use super::segment::Plan;
@@ -62,14 +63,27 @@ impl<T: Real> Rows<'_, T> {
     }
 
     /// `dn_i = dO_i / den_i` into `dn` and `r_i = −dO_i·out_i / den_i` into `r`, for the rows
-    /// `t0 .. t0 + den.len()`.
+    /// `t0 .. t0 + n` with their statistics `stats: [n, 2]` (`den_i`, then `r_i` written there).
     #[inline(always)]
-    fn grads(&self, t0: usize, den: &[T], dn: &mut [T], r: &mut [T]) {
+    fn grads(&self, t0: usize, stats: &mut [T], dn: &mut [T], r: &mut [T]) {
         let dv = self.out.dims()[3];
-        for (i, ((&di, dni), ri)) in den.iter().zip(dn.chunks_exact_mut(dv)).zip(r.iter_mut()).enumerate() {
-            let (g, inv) = (self.dout.row(self.b, self.h, t0 + i), T::one() / di);
+        for (i, ((s, dni), ri)) in stats.chunks_exact_mut(2).zip(dn.chunks_exact_mut(dv)).zip(r).enumerate() {
+            let (g, inv) = (self.dout.row(self.b, self.h, t0 + i), T::one() / s[0]);
             dni.iter_mut().zip(g).for_each(|(a, &x)| *a = x * inv);
-            *ri = -dot(g, self.out.row(self.b, self.h, t0 + i)) * inv;
+            s[1] = -dot(g, self.out.row(self.b, self.h, t0 + i)) * inv;
+            *ri = s[1];
+        }
+    }
+
+    /// [`grads`](Self::grads) again from the statistics it kept (`stats: [n, 2]`): `dn` from
+    /// `dO`, `r` copied, so that a second pass need not read `out`.
+    #[inline(always)]
+    fn grads_kept(&self, t0: usize, stats: &[T], dn: &mut [T], r: &mut [T]) {
+        let dv = self.out.dims()[3];
+        for (i, ((s, dni), ri)) in stats.chunks_exact(2).zip(dn.chunks_exact_mut(dv)).zip(r).enumerate() {
+            let (g, inv) = (self.dout.row(self.b, self.h, t0 + i), T::one() / s[0]);
+            dni.iter_mut().zip(g).for_each(|(a, &x)| *a = x * inv);
+            *ri = s[1];
         }
     }
 
@@ -89,12 +103,25 @@ struct Acc<'a, T> {
     dv: &'a mut [T],
     base: usize,
     /// The first query head of its group to reach these `dk`, `dv` rows: it writes them (each
-    /// chunk cleared before its products are added, the padded keys' rows cleared) rather than
+    /// chunk's first product writes rather than adds, the padded keys' rows cleared) rather than
     /// adding to what they hold.
     fresh: bool,
 }
 
 impl<T: Real> Acc<'_, T> {
+    /// Prefetches this head's `dq` rows (or with `keys`, its `dk` and `dv` rows) of the `n` rows
+    /// from `t0`, which a chunk loop is about to write or add to (see [`prefetch`](super::chunk::prefetch)).
+    #[inline(always)]
+    fn prefetch(&self, d: &LinearDims, (t0, n): (usize, usize), keys: bool) {
+        let t = t0.saturating_sub(self.base);
+        if keys {
+            prefetch_rows(self.dk, d.d, d.d, t, n);
+            prefetch_rows(self.dv, d.dv, d.dv, t, n);
+        } else {
+            prefetch_rows(self.dq, d.d, d.d, t, n);
+        }
+    }
+
     /// With [`fresh`](Self::fresh), clears the `dk`, `dv` rows of `rows` at or beyond the
     /// `valid` keys, which no chunk writes.
     fn clear_padded(&mut self, rows: Range<usize>, valid: usize, d: &LinearDims) {
@@ -107,7 +134,7 @@ impl<T: Real> Acc<'_, T> {
 }
 
 /// One job's scratch: a chunk's features, gradients and masked products, the states, and the
-/// denominators of a head.
+/// row statistics of a head.
 struct Work<T> {
     /// `[C, F]` each.
     fq: Vec<T>,
@@ -127,8 +154,8 @@ struct Work<T> {
     u: Vec<T>,
     ut: Vec<T>,
     wsum: Vec<T>,
-    /// The head's denominators, `[Lq]`.
-    den: Vec<T>,
+    /// The head's row statistics `[Lq, 2]`: each row's denominator `den_i` and `r_i`.
+    stats: Vec<T>,
     /// A chunk's key gradient before it is added, `[C, D]`.
     dx: Vec<T>,
 }
@@ -153,7 +180,7 @@ impl<T: Real> Work<T> {
             u: zeros(f * w),
             ut: zeros(w * f),
             wsum: zeros(f),
-            den: zeros(d.lq),
+            stats: zeros(2 * d.lq),
             dx: zeros(c * d.d),
         }
     }
@@ -201,9 +228,9 @@ pub struct GradsMut<'a, T> {
 
 /// [`linear_attention_backward`] into the caller's buffers `g`, e.g. gradients a training loop
 /// keeps from one step to the next, so that no call maps and clears fresh pages. Every element is
-/// written: `dq` row by row, `dk` and `dv` chunk by chunk, each chunk cleared by the thread that
-/// then adds its first query head's products into it (the rows of padded keys cleared too), so
-/// what the buffers held before (garbage, NaN) does not matter and they need no zero fill. A wrong
+/// written: `dq` row by row, `dk` and `dv` chunk by chunk, each chunk written by its first query
+/// head's first product (the rows of padded keys cleared), the others added to it, so what the
+/// buffers held before (garbage, NaN) does not matter and they need no zero fill. A wrong
 /// length is [`AttnError::Output`](crate::AttnError::Output) naming `dq`, `dk` or `dv`.
 pub fn linear_attention_backward_into<T: Real>(
     q: View4<T>,
@@ -312,8 +339,7 @@ impl<T: Real> Work<T> {
     fn query_grads(&mut self, hd: &Head<T>, n: usize) {
         let (f, wd) = (hd.d.f, hd.d.dv);
         let dfq = &mut self.dfq[..n * f];
-        dfq.iter_mut().for_each(|x| *x = T::zero());
-        gemm(hd.isa, n, f, wd, Lhs::rows(&self.dn[..n * wd], wd), &self.st, f, dfq, f);
+        gemm(hd.isa, n, f, wd, Lhs::rows(&self.dn[..n * wd], wd).write(true), &self.st, f, dfq, f);
         dfq.chunks_exact_mut(f).zip(&self.r[..n]).for_each(|(row, &ri)| axpy(row, ri, &self.z));
     }
 
@@ -334,11 +360,11 @@ impl<T: Real> Work<T> {
     }
 }
 
-/// `dφ(K_c) = V_c·Uᵀ + w + Mᵀ·φ(Q_c)` (the last with `M` of the chunk itself, absent
-/// non-causal) and `dV_c += φ(K_c)·U + Pᵀ·dN_c`, for the `nk` keys from `t0`, then `dk` through
-/// `φ`'s Jacobian (written rather than added with [`Acc::fresh`]). `w.fk`, `w.u`, `w.ut`,
-/// `w.wsum` are set; with `masked` so are `w.fq`, `w.dn`
-/// (`n` rows) and `w.pm`, `w.mm`.
+/// The `nk` keys from `t0`: from the query states, `dφ(K_c) = V_c·Uᵀ + w` and `dV_c += φ(K_c)·U`
+/// (`w.u`, `w.ut`, `w.wsum` set); or with `masked`, from the chunk's own `n` queries,
+/// `dφ(K_c) = Mᵀ·φ(Q_c)` and `dV_c += Pᵀ·dN_c` (`w.fq`, `w.dn`, `w.pm`, `w.mm` set); then `dk`
+/// through `φ`'s Jacobian (`w.fk` set). `dk`, `dv` are written rather than added with
+/// [`Acc::fresh`].
 #[inline(always)]
 fn key_grads<T: Real>(
     hd: &Head<T>,
@@ -349,17 +375,15 @@ fn key_grads<T: Real>(
 ) {
     let (isa, f, wd, c, keys) = (hd.isa, hd.d.f, hd.d.dv, w.chunk(), &hd.keys);
     let (vc, fk, dfk) = (keys.values(t0), &w.fk[..nk * f], &mut w.dfk[..nk * f]);
-    dfk.iter_mut().for_each(|x| *x = T::zero());
     let dvc = &mut acc.dv[(t0 - acc.base) * wd..][..nk * wd];
-    if acc.fresh {
-        dvc.fill(T::zero());
-    }
-    gemm(isa, nk, f, wd, Lhs::rows(vc, keys.ldv), &w.ut, f, dfk, f);
-    dfk.chunks_exact_mut(f).for_each(|row| axpy(row, T::one(), &w.wsum));
-    gemm(isa, nk, wd, f, Lhs::rows(fk, f), &w.u, wd, dvc, wd);
     if masked {
-        gemm(isa, nk, f, n, Lhs::transposed(&w.mm, c).part(Part::UpperA), &w.fq[..n * f], f, dfk, f);
-        gemm(isa, nk, wd, n, Lhs::transposed(&w.pm, c).part(Part::UpperA), &w.dn[..n * wd], wd, dvc, wd);
+        let (mt, pt) = (Lhs::transposed(&w.mm, c).part(Part::UpperA), Lhs::transposed(&w.pm, c).part(Part::UpperA));
+        gemm(isa, nk, f, n, mt.write(true), &w.fq[..n * f], f, dfk, f);
+        gemm(isa, nk, wd, n, pt.write(acc.fresh), &w.dn[..n * wd], wd, dvc, wd);
+    } else {
+        gemm(isa, nk, f, wd, Lhs::rows(vc, keys.ldv).write(true), &w.ut, f, dfk, f);
+        dfk.chunks_exact_mut(f).for_each(|row| axpy(row, T::one(), &w.wsum));
+        gemm(isa, nk, wd, f, Lhs::rows(fk, f).write(acc.fresh), &w.u, wd, dvc, wd);
     }
     let dk = &mut acc.dk[(t0 - acc.base) * hd.d.d..];
     keys.vjp(isa, hd.p.map, (t0, nk), fk, dfk, (!acc.fresh).then_some(&mut w.dx[..]), dk);

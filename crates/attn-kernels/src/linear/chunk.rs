@@ -114,10 +114,7 @@ pub(crate) fn tril_products<T: Real>(
 ) {
     bt.resize(w * nk, T::zero());
     transpose(isa, b, ldb, nk, w, bt, nk);
-    for row in out.chunks_mut(ldo).take(n) {
-        row[..n].iter_mut().for_each(|x| *x = T::zero());
-    }
-    gemm(isa, n, nk, w, Lhs::rows(a, lda).part(Part::LowerOut), bt, nk, out, ldo);
+    gemm(isa, n, nk, w, Lhs::rows(a, lda).part(Part::LowerOut).write(true), bt, nk, out, ldo);
     for (i, row) in out.chunks_mut(ldo).take(n).enumerate() {
         row[i + 1..n].iter_mut().for_each(|x| *x = T::zero());
     }
@@ -143,7 +140,7 @@ pub(crate) fn ahead(rows: &std::ops::Range<usize>, t: usize, c: usize) -> usize 
 
 /// [`prefetch`] of the `n` rows from `t0` of `x` (row stride `ld`, `w` elements each), within `x`.
 #[inline(always)]
-fn prefetch_rows<T>(x: &[T], ld: usize, w: usize, t0: usize, n: usize) {
+pub(crate) fn prefetch_rows<T>(x: &[T], ld: usize, w: usize, t0: usize, n: usize) {
     #[cfg(target_arch = "x86_64")]
     for i in t0..t0 + n {
         let Some(row) = x.get(i * ld..(i * ld + w).min(x.len())) else { break };
@@ -231,11 +228,29 @@ pub(crate) fn sum<T: Real>(x: &[T]) -> T {
     acc.iter().fold(tail, |s, &v| s + v)
 }
 
+/// Columns [`add_rows`] sums at once, kept in registers over all the rows (four AVX-512 vectors
+/// of `f32`): adding each row into `acc` in memory made every row wait for the previous row's
+/// stores.
+const SUM_COLS: usize = 64;
+
 /// `acc += Σ_i x_i` over the `n` rows of `x` (`[n, w]`, `w = acc.len()`).
 #[inline(always)]
 pub(crate) fn add_rows<T: Real>(acc: &mut [T], x: &[T], n: usize) {
-    for row in x.chunks_exact(acc.len()).take(n) {
-        acc.iter_mut().zip(row).for_each(|(a, &b)| *a = *a + b);
+    let w = acc.len();
+    for (c0, part) in acc.chunks_mut(SUM_COLS).enumerate().map(|(i, a)| (i * SUM_COLS, a)) {
+        let cols = c0..c0 + part.len();
+        let rows = x.chunks_exact(w).take(n).map(|row| &row[cols.clone()]);
+        if let Ok(part) = <&mut [T; SUM_COLS]>::try_from(&mut *part) {
+            let mut sum = *part;
+            for row in rows {
+                sum.iter_mut().zip(row).for_each(|(a, &b)| *a = *a + b);
+            }
+            *part = sum;
+        } else {
+            for row in rows {
+                part.iter_mut().zip(row).for_each(|(a, &b)| *a = *a + b);
+            }
+        }
     }
 }
 

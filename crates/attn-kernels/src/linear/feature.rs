@@ -207,13 +207,12 @@ impl FeatureMap {
                 // dx = Σ_r g_r φ_r (w_r − x) = W·(g∘φ) − x·Σ_r g_r φ_r.
                 let m = f.features();
                 let w: Vec<T> = f.weights().iter().map(|&v| T::from_f64(v).expect("finite")).collect();
-                dx[..n * d].iter_mut().for_each(|v| *v = T::zero());
                 let mut sums = Vec::with_capacity(n);
                 for (gi, p) in g.chunks_exact_mut(m).zip(phi.chunks_exact(m)).take(n) {
                     gi.iter_mut().zip(p).for_each(|(a, &b)| *a = *a * b);
                     sums.push(gi.iter().fold(T::zero(), |a, &b| a + b));
                 }
-                gemm(isa, n, d, m, Lhs::rows(g, m), &w, d, dx, d);
+                gemm(isa, n, d, m, Lhs::rows(g, m).write(true), &w, d, dx, d);
                 for ((o, xi), s) in dx.chunks_exact_mut(d).zip(rows).zip(sums) {
                     o.iter_mut().zip(xi).for_each(|(o, &v)| *o = *o - v * s);
                 }
@@ -231,8 +230,7 @@ pub(crate) fn favor_logits<T: Real>(isa: Isa, f: &FavorFeatures, n: usize, x: &[
             wt[c * m + r] = T::from_f64(v).expect("finite");
         }
     }
-    out[..n * m].iter_mut().for_each(|v| *v = T::zero());
-    gemm(isa, n, m, d, Lhs::rows(x, ldx), &wt, m, out, m);
+    gemm(isa, n, m, d, Lhs::rows(x, ldx).write(true), &wt, m, out, m);
     let half = T::from_f64(0.5).expect("finite");
     for (i, o) in out.chunks_exact_mut(m).take(n).enumerate() {
         let sq = x[i * ldx..i * ldx + d].iter().fold(T::zero(), |a, &b| a + b * b) * half;

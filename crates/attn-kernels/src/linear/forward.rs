@@ -38,9 +38,9 @@ pub fn linear_attention<T: Real>(q: View4<T>, k: View4<T>, v: View4<T>, p: &Line
 
 /// [`linear_attention`] into the caller's `out: [B, Hq, Lq, Dv]` (contiguous), e.g. a buffer a
 /// training loop keeps from one step to the next, so that no call maps and clears fresh pages.
-/// Every element of `out` is written, each chunk of rows cleared by the thread that then adds
-/// its products into it: what `out` held before (garbage, NaN) does not matter and it needs no
-/// zero fill. A wrong length is [`AttnError::Output`](crate::AttnError::Output) naming `out`.
+/// Every element of `out` is written, each chunk of rows by its first product (which writes
+/// rather than adds): what `out` held before (garbage, NaN) does not matter and it needs no zero
+/// fill. A wrong length is [`AttnError::Output`](crate::AttnError::Output) naming `out`.
 pub fn linear_attention_into<T: Real>(
     q: View4<T>,
     k: View4<T>,
@@ -199,8 +199,7 @@ fn queries<T: Real>(
         let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
         prefetch(hd.q, (hd.b, hd.h), t0 + c, ahead(&rows, t0 + c, c));
-        oc.fill(T::zero());
-        gemm(isa, n, dv, f, Lhs::rows(fq, f), s, dv, oc, dv);
+        gemm(isa, n, dv, f, Lhs::rows(fq, f).write(true), s, dv, oc, dv);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
         divide(oc, dv, den);
     }
@@ -227,8 +226,7 @@ fn causal<T: Real>(
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
         let next = (t0 + c, ahead(&rows, t0 + c, c));
         prefetch(hd.q, (hd.b, hd.h), next.0, next.1);
-        oc.fill(T::zero());
-        gemm(isa, n, dv, f, Lhs::rows(fq, f), s, dv, oc, dv);
+        gemm(isa, n, dv, f, Lhs::rows(fq, f).write(true), s, dv, oc, dv);
         keys.prefetch(next.0, next.1, false);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
         if nk > 0 {

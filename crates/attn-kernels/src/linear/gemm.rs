@@ -1,6 +1,7 @@
-//! The small dense products the chunked linear-attention kernels are made of, `O += A·B` with `A`
-//! read either row-major (`[m, k]`) or transposed (`[k, m]`), where `A` may be triangular (its
-//! zeros skipped) or only the lower triangle of `O` wanted ([`Part`]). `f32` on AVX-512F or AVX2
+//! The small dense products the chunked linear-attention kernels are made of, `O += A·B` (or
+//! `O = A·B`, [`Lhs::write`]: no clearing pass before it) with `A` read either row-major (`[m, k]`)
+//! or transposed (`[k, m]`), where `A` may be triangular (its zeros skipped) or only the lower
+//! triangle of `O` wanted ([`Part`]). `f32` on AVX-512F or AVX2
 //! runs the vector micro-kernel (`micro`: 4 rows × up to 64 columns in registers); `f64` and the
 //! portable path run plain loops over 4 × 32 register blocks that the compiler vectorises.
 
@@ -52,34 +53,44 @@ impl Part {
     }
 }
 
-/// How `A` is laid out: element `(i, p)` of the `m × k` operand is at `a[i·row + p·col]`; and
-/// which [`Part`] of the product is needed.
+/// How `A` is laid out: element `(i, p)` of the `m × k` operand is at `a[i·row + p·col]`; which
+/// [`Part`] of the product is needed; and whether it is added to `O` or written over it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Lhs<'a, T> {
     pub a: &'a [T],
     pub row: usize,
     pub col: usize,
     pub part: Part,
+    /// `O = A·B` rather than `O += A·B`: what `O` held is never read (the entries of the part
+    /// computed are all written; those [`Part::LowerOut`] leaves out stay as they were).
+    pub write: bool,
 }
 
 impl<'a, T> Lhs<'a, T> {
     /// `A` row-major with leading dimension `ld`.
     pub fn rows(a: &'a [T], ld: usize) -> Self {
-        Self { a, row: ld, col: 1, part: Part::Full }
+        Self { a, row: ld, col: 1, part: Part::Full, write: false }
     }
 
     /// `Aᵀ` stored row-major with leading dimension `ld` (so `A` is read column by column).
     pub fn transposed(a: &'a [T], ld: usize) -> Self {
-        Self { a, row: 1, col: ld, part: Part::Full }
+        Self { a, row: 1, col: ld, part: Part::Full, write: false }
     }
 
     /// The same operand, with only `part` of the product needed.
     pub fn part(self, part: Part) -> Self {
         Self { part, ..self }
     }
+
+    /// The same operand, the product written over `O` (`write`) or added to it: a product that
+    /// starts a result needs no zero fill before it.
+    pub fn write(self, write: bool) -> Self {
+        Self { write, ..self }
+    }
 }
 
-/// `o[i·ldo + c] += Σ_{p<k} A(i, p) · b[p·ldb + c]` for `i < m`, `c < n` (within `a.part`).
+/// `o[i·ldo + c] += Σ_{p<k} A(i, p) · b[p·ldb + c]` for `i < m`, `c < n` (within `a.part`; `=`
+/// with [`Lhs::write`]).
 ///
 /// # Panics
 /// When an operand is shorter than the sizes and strides say.
@@ -95,7 +106,13 @@ pub(crate) fn gemm<T: Real>(
     o: &mut [T],
     ldo: usize,
 ) {
-    if m == 0 || n == 0 || k == 0 {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if a.write {
+            o.chunks_mut(ldo).take(m).for_each(|row| row[..n].fill(T::zero()));
+        }
         return;
     }
     // Every index the kernels read or write, checked once here.
@@ -103,7 +120,7 @@ pub(crate) fn gemm<T: Real>(
     assert!(b.len() >= (k - 1) * ldb + n && o.len() >= (m - 1) * ldo + n, "B or O too short");
     #[cfg(target_arch = "x86_64")]
     if let (Some(a32), Some(b32), Some(o32)) = (as_f32(a.a), as_f32(b), as_f32_mut(o)) {
-        let a32 = Lhs { a: a32, row: a.row, col: a.col, part: a.part };
+        let a32 = Lhs { a: a32, row: a.row, col: a.col, part: a.part, write: a.write };
         match isa {
             // SAFETY: the caller chose `isa` among the available ones; the bounds are checked above.
             Isa::Avx512 => return unsafe { f32_avx512(m, n, k, a32, b32, ldb, o32, ldo) },
@@ -144,7 +161,7 @@ unsafe fn f32_body<S: crate::flash::simd::Simd, const NV: usize>(
     for p0 in (0..k).step_by(KB) {
         let (ap, bp, op) = ((a.a.as_ptr(), a.row, a.col), (b.as_ptr(), ldb), (o.as_mut_ptr(), ldo));
         // SAFETY: forwarded from the caller; the spans stay within `m × n × k`.
-        unsafe { gemm_f32::<S, NV>(m, p0, KB.min(k - p0), span, ap, bp, op) };
+        unsafe { gemm_f32::<S, NV>(m, (p0, KB.min(k - p0)), span, a.write, ap, bp, op) };
     }
 }
 
@@ -225,13 +242,17 @@ fn body<T: Real, const FMA: bool>(
             let rows = R.min(m - i);
             let s = a.part.span(i, rows, k, n, 1);
             let (lo, hi) = (s.lo.max(p0), s.hi.min(p0 + KB));
+            // Written in the first pass (the rows it has no product for cleared), added after.
+            let write = a.write && p0 == 0;
             if lo < hi {
-                let (a, b) = (Lhs { a: &a.a[lo * a.col..], ..a }, &b[lo * ldb..]);
+                let (a, b) = (Lhs { a: &a.a[lo * a.col..], write, ..a }, &b[lo * ldb..]);
                 if rows == R {
                     block::<T, FMA, R>(i, s.n, hi - lo, a, b, ldb, o, ldo);
                 } else {
                     (i..m).for_each(|r| block::<T, FMA, 1>(r, s.n, hi - lo, a, b, ldb, o, ldo));
                 }
+            } else if write {
+                o[i * ldo..].chunks_mut(ldo).take(rows).for_each(|row| row[..s.n].fill(T::zero()));
             }
             i += rows;
         }
@@ -239,7 +260,7 @@ fn body<T: Real, const FMA: bool>(
 }
 
 /// Rows `i0..i0 + RB` of `O`: full `W`-wide column blocks in registers, then the remaining
-/// columns one at a time.
+/// columns one at a time (added to `O`, or written over it with `a.write`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn block<T: Real, const FMA: bool, const RB: usize>(
@@ -255,8 +276,10 @@ fn block<T: Real, const FMA: bool, const RB: usize>(
     let mut c = 0;
     while c + W <= n {
         let mut acc = [[T::zero(); W]; RB];
-        for (r, x) in acc.iter_mut().enumerate() {
-            x.copy_from_slice(&o[(i0 + r) * ldo + c..][..W]);
+        if !a.write {
+            for (r, x) in acc.iter_mut().enumerate() {
+                x.copy_from_slice(&o[(i0 + r) * ldo + c..][..W]);
+            }
         }
         // Every index the loop below reads, checked once here.
         assert!(b.len() >= (k - 1) * ldb + c + W && a.a.len() > (i0 + RB - 1) * a.row + (k - 1) * a.col);
@@ -279,6 +302,9 @@ fn block<T: Real, const FMA: bool, const RB: usize>(
     if c < n {
         for r in 0..RB {
             let row = &mut o[(i0 + r) * ldo..][c..n];
+            if a.write {
+                row.fill(T::zero());
+            }
             for p in 0..k {
                 let s = a.a[(i0 + r) * a.row + p * a.col];
                 for (x, &y) in row.iter_mut().zip(&b[p * ldb + c..p * ldb + n]) {
@@ -329,8 +355,9 @@ mod tests {
         (0..m * k).map(|x| if keep(x / k, x % k) { v(x / k, x % k) } else { 0.0 }).collect()
     }
 
-    /// The largest error of `gemm` in `T` over the entries `part` asks for, against [`naive`].
-    fn error<T: Real>(isa: Isa, (m, n, k): (usize, usize, usize), part: Part, transposed: bool) -> f64 {
+    /// The largest error of `gemm` in `T` over the entries `part` asks for, against [`naive`];
+    /// with `write`, of `O = A·B` over an `O` that held NaN.
+    fn error<T: Real>(isa: Isa, (m, n, k): (usize, usize, usize), part: Part, transposed: bool, write: bool) -> f64 {
         let a = operand(m, k, part);
         let b: Vec<f64> = (0..k * n).map(|x| (x as f64 * 0.11).cos()).collect();
         // The operand as stored: row-major `[m, k]`, or its transpose `[k, m]`.
@@ -339,14 +366,35 @@ mod tests {
         let cast = |x: &[f64]| x.iter().map(|&v| T::from_f64(v).unwrap()).collect::<Vec<T>>();
         let (st, bt) = (cast(&stored), cast(&b));
         let lhs = if transposed { Lhs::transposed(&st, m) } else { Lhs::rows(&st, k) };
-        let mut o = vec![T::from_f64(0.5).unwrap(); m * n];
-        gemm(isa, m, n, k, lhs.part(part), &bt, n, &mut o, n);
+        let (init, base) = if write { (f64::NAN, 0.5) } else { (0.5, 0.0) };
+        let mut o = vec![T::from_f64(init).unwrap(); m * n];
+        gemm(isa, m, n, k, lhs.part(part).write(write), &bt, n, &mut o, n);
         let want = naive(m, n, k, &a, k, 1, &b);
         let wanted = |x: usize| part != Part::LowerOut || x % n <= x / n;
-        (0..m * n).filter(|&x| wanted(x)).map(|x| (o[x].to_f64().unwrap() - want[x]).abs()).fold(0.0, f64::max)
+        // NaN propagates through `max`'s comparison as "not larger": count it as infinite.
+        let err = |x: usize| (o[x].to_f64().unwrap() - (want[x] - base)).abs();
+        (0..m * n)
+            .filter(|&x| wanted(x))
+            .map(|x| if err(x).is_nan() { f64::INFINITY } else { err(x) })
+            .fold(0.0, f64::max)
     }
 
-    const SIZES: [(usize, usize, usize); 9] = [
+    /// Every case of [`SIZES`] × [`PARTS`], `A` stored both ways, added and written.
+    fn cases() -> impl Iterator<Item = ((usize, usize, usize), Part, bool, bool)> {
+        let stored = |s, w| PARTS.map(|p| (s, p, false, w)).into_iter().chain(PARTS.map(|p| (s, p, true, w)));
+        SIZES.iter().flat_map(move |&s| stored(s, false).chain(stored(s, true)))
+    }
+
+    #[test]
+    fn a_written_product_over_no_products_clears_the_output() {
+        for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|i| i.is_available()) {
+            let mut o = vec![f32::NAN; 12];
+            gemm(isa, 3, 4, 0, Lhs::rows(&[], 1).write(true), &[], 4, &mut o, 4);
+            assert_eq!(o, vec![0.0; 12], "{isa:?}");
+        }
+    }
+
+    const SIZES: [(usize, usize, usize); 10] = [
         (1, 1, 1),
         (5, 33, 7),
         (8, 64, 64),
@@ -356,17 +404,18 @@ mod tests {
         (64, 64, 64),
         (13, 17, 13),
         (3, 80, 5),
+        // More rows and products than a pass (`KB`): upper-triangular rows from 256 on first meet
+        // a product in the second pass, and those beyond `k` none.
+        (300, 20, 290),
     ];
     const PARTS: [Part; 4] = [Part::Full, Part::LowerA, Part::UpperA, Part::LowerOut];
 
     #[test]
     fn every_isa_layout_and_part_matches_the_naive_product_in_f64() {
         for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|i| i.is_available()) {
-            for (size, part, t) in
-                SIZES.iter().flat_map(|&s| PARTS.map(|p| (s, p, false)).into_iter().chain(PARTS.map(|p| (s, p, true))))
-            {
-                let err = error::<f64>(isa, size, part, t);
-                assert!(err < 1e-12, "{isa:?} {size:?} {part:?} transposed {t}: {err}");
+            for (size, part, t, w) in cases() {
+                let err = error::<f64>(isa, size, part, t, w);
+                assert!(err < 1e-12, "{isa:?} {size:?} {part:?} transposed {t} written {w}: {err}");
             }
         }
     }
@@ -374,12 +423,13 @@ mod tests {
     #[test]
     fn the_f32_micro_kernel_matches_the_naive_product() {
         for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|i| i.is_available()) {
-            for (size, part, t) in
-                SIZES.iter().flat_map(|&s| PARTS.map(|p| (s, p, false)).into_iter().chain(PARTS.map(|p| (s, p, true))))
-            {
+            for (size, part, t, w) in cases() {
                 // f32 sums of `k` terms of magnitude ≤ 1.
-                let err = error::<f32>(isa, size, part, t);
-                assert!(err < 4e-7 * (size.2 as f64 + 1.0), "{isa:?} {size:?} {part:?} transposed {t}: {err}");
+                let err = error::<f32>(isa, size, part, t, w);
+                assert!(
+                    err < 4e-7 * (size.2 as f64 + 1.0),
+                    "{isa:?} {size:?} {part:?} transposed {t} written {w}: {err}"
+                );
             }
         }
     }

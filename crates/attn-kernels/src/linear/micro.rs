@@ -11,7 +11,8 @@ use crate::flash::simd::Simd;
 const R: usize = 4;
 
 /// `O[i, c] += Σ_p A(i, p)·B[p, c]` over the rows of `spans` (`span(i0, rows)` gives, for a block of
-/// rows, the range of `p` and the number of columns it needs), for `p` in `p0 .. p0 + kb`.
+/// rows, the range of `p` and the number of columns it needs), for `p` in `p0 .. p0 + kb`; with
+/// `write` and `p0 = 0`, `=` (a block of rows without products in this pass cleared).
 /// `A(i, p) = a[i·ar + p·ac]`, `B[p, c] = b[p·ldb + c]`, `O[i, c] = o[i·ldo + c]`. At most `NV`
 /// vectors per tile (so that `R·NV` accumulators and `NV` operands fit in the registers).
 ///
@@ -22,9 +23,9 @@ const R: usize = 4;
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm_f32<S: Simd, const NV: usize>(
     m: usize,
-    p0: usize,
-    kb: usize,
+    (p0, kb): (usize, usize),
     span: impl Fn(usize, usize) -> Span,
+    write: bool,
     (a, ar, ac): (*const f32, usize, usize),
     (b, ldb): (*const f32, usize),
     (o, ldo): (*mut f32, usize),
@@ -34,12 +35,13 @@ pub(crate) unsafe fn gemm_f32<S: Simd, const NV: usize>(
         let rows = R.min(m - i);
         let s = span(i, rows);
         let (lo, hi) = (s.lo.max(p0), s.hi.min(p0 + kb));
+        let write = write && p0 == 0;
         if lo < hi {
             // SAFETY: the rows `i .. i + rows`, products `lo .. hi` and columns `< s.n` are within
             // the operands (the caller's contract).
             unsafe {
                 let (a, b, o) = (a.add(i * ar + lo * ac), b.add(lo * ldb), o.add(i * ldo));
-                let op = Op { a, ar, ac, b, ldb, o, ldo, k: hi - lo };
+                let op = Op { a, ar, ac, b, ldb, o, ldo, k: hi - lo, write };
                 if rows == R {
                     row_block::<S, R, NV>(op, s.n);
                 } else {
@@ -48,12 +50,19 @@ pub(crate) unsafe fn gemm_f32<S: Simd, const NV: usize>(
                     }
                 }
             }
+        } else if write {
+            for r in i..i + rows {
+                // SAFETY: row `r < m` and its first `s.n` columns are within `o` (the caller's
+                // contract).
+                unsafe { std::ptr::write_bytes(o.add(r * ldo), 0, s.n) };
+            }
         }
         i += rows;
     }
 }
 
-/// One block of `RB` rows and `k` products, pointers at its first row and product.
+/// One block of `RB` rows and `k` products, pointers at its first row and product; `write`:
+/// `O = A·B` rather than `+=`.
 #[derive(Clone, Copy)]
 struct Op {
     a: *const f32,
@@ -64,6 +73,7 @@ struct Op {
     o: *mut f32,
     ldo: usize,
     k: usize,
+    write: bool,
 }
 
 /// The `n` columns of one block of `RB` rows: tiles of up to `NV` vectors, then scalars.
@@ -87,6 +97,9 @@ unsafe fn row_block<S: Simd, const RB: usize, const NV: usize>(op: Op, n: usize)
             c += v * S::W;
         }
         for r in 0..RB {
+            if op.write {
+                std::ptr::write_bytes(op.o.add(r * op.ldo + c), 0, n - c);
+            }
             for p in 0..op.k {
                 let s = *op.a.add(r * op.ar + p * op.ac);
                 for j in c..n {
@@ -108,9 +121,11 @@ unsafe fn tile<S: Simd, const RB: usize, const V: usize>(op: Op) {
     // contract); the CPU has `S`'s instruction set.
     unsafe {
         let mut acc = [[S::splat(0.0); V]; RB];
-        for (r, row) in acc.iter_mut().enumerate() {
-            for (v, x) in row.iter_mut().enumerate() {
-                *x = S::load(op.o.add(r * op.ldo + v * S::W));
+        if !op.write {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = S::load(op.o.add(r * op.ldo + v * S::W));
+                }
             }
         }
         for p in 0..op.k {

@@ -33,13 +33,14 @@ pub(super) fn global_queries<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range
     let eps = T::from_f64(p.eps).expect("finite");
     for t0 in rows.clone().step_by(c) {
         let n = c.min(rows.end - t0);
-        let (fq, den, dn, r) = (&mut w.fq[..n * f], &mut w.den[..n], &mut w.dn[..n * wd], &mut w.r[..n]);
+        let (fq, stats) = (&mut w.fq[..n * f], &mut w.stats[..2 * n]);
+        let (dn, r) = (&mut w.dn[..n * wd], &mut w.r[..n]);
         // The next chunk's inputs, one between each two steps.
         let next = |i| hd.prefetch((t0 + c, ahead(&rows, t0 + c, c)), i);
         hd.rows.features(isa, p.map, t0, n, fq);
         next(0);
-        den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, &w.z) + eps);
-        hd.rows.grads(t0, den, dn, r);
+        stats.chunks_exact_mut(2).zip(fq.chunks_exact(f)).for_each(|(s, x)| s[0] = dot(x, &w.z) + eps);
+        hd.rows.grads(t0, stats, dn, r);
         next(1);
         w.query_grads(hd, n);
         next(2);

@@ -2,18 +2,18 @@
 //! head) jobs than threads (`segment`'s [`Plan`]):
 //! 1. and 2. the key states `(S, z)` before each segment ([`key_prefixes`], as in the forward);
 //! 3. per (key/value head, segment) in parallel, the group's query heads in turn: the ascending
-//!    pass from the prefix state — the denominators (kept), `dq`, and the segment's query-side
+//!    pass from the prefix state — the row statistics (denominators and `r`, kept), `dq`, the part
+//!    of the segment's `dk`, `dv` its chunks' masked products give, and the segment's query-side
 //!    totals `U = Σ φ(Q_c)ᵀdN_c`, `w = Σ r_i φ(q_i)`;
 //! 4. their exclusive suffix sums over the segments (the states of the rows after each);
-//! 5. per (key/value head, segment) in parallel: the descending pass from the suffix states, `dk`
-//!    and `dv` of the segment's rows.
+//! 5. per (key/value head, segment) in parallel: the descending pass from the suffix states, the
+//!    state part of `dk` and `dv` of the segment's rows.
 //!
 //! Non-causal calls ([`global`]) run the query segments, then the key segments, from states
 //! summed over all the keys, then all the queries.
 //!
-//! Besides the sequential form's scratch per job, memory is the denominators `[B, Hq, Lq]` and the
-//! segment states, `O(threads·group·(F·Dv + F))`.
-
+//! Besides the sequential form's scratch per job, memory is the row statistics `[B, Hq, Lq, 2]`
+//! and the segment states, `O(threads·group·(F·Dv + F))`.
 use rayon::prelude::*;
 
 use super::super::segment::{exclusive_scan, key_prefixes, key_totals, Plan};
@@ -55,26 +55,31 @@ pub(super) fn backward<T: Real>(
         let (b, hk) = (kh / d.hkv, kh % d.hkv);
         Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys: keys[kh] }
     };
-    // Phase 3: jobs (key/value head, segment), each with its query heads' `dq` and denominators.
-    let mut den = alloc::filled("linear attention denominators", &[d.b, d.hq, d.lq], T::zero())?;
-    let dens = by_job(plan, &mut den, 1, group);
+    // Phase 3: jobs (key/value head, segment), each with its query heads' `dq` and statistics,
+    // and its rows of `dk`, `dv` (written by the group's first query head, added to by the others).
+    let mut stats = alloc::filled("linear attention row statistics", &[d.b, d.hq, d.lq, 2], T::zero())?;
+    let dens = by_job(plan, &mut stats, 2, group);
+    let keyed = by_job(plan, &mut *g.dk, d.d, 1).into_iter().zip(by_job(plan, &mut *g.dv, d.dv, 1));
     let totals: Vec<Vec<T>> = by_job(plan, g.dq, d.d, group)
         .into_iter()
         .zip(dens)
+        .zip(keyed)
         .collect::<Vec<_>>()
         .into_par_iter()
         .enumerate()
         .map_init(
             || Work::new(d, p.chunk),
-            |w, (i, (dqs, dens))| {
+            |w, (i, ((dqs, dens), (mut dk, mut dv)))| {
                 let (kh, s, rows) = (i / segs, i % segs, plan.rows(i % segs));
+                let (dk, dv) = (dk.pop().expect("one slice per job"), dv.pop().expect("one slice per job"));
                 let mut tot = vec![T::zero(); group * width];
+                let mut acc = Acc { dq: &mut [], dk, dv, base: rows.start, fresh: true };
                 for (gi, ((dq, den), t)) in dqs.into_iter().zip(dens).zip(tot.chunks_exact_mut(width)).enumerate() {
                     let (st, z) = init[i * width..][..width].split_at(fdv);
                     transpose(isa, st, d.dv, d.f, d.dv, &mut w.st, d.f);
                     w.z.copy_from_slice(z);
                     w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
-                    let mut acc = Acc { dq, dk: &mut [], dv: &mut [], base: rows.start, fresh: false };
+                    (acc.dq, acc.fresh) = (dq, gi == 0);
                     on_isa(isa, || ascend(&head(kh, gi), w, rows.clone(), den, &mut acc, s > 0));
                     t[..fdv].copy_from_slice(&w.u);
                     t[fdv..].copy_from_slice(&w.wsum);
@@ -92,22 +97,21 @@ pub(super) fn backward<T: Real>(
         }
     }
     after.chunks_exact_mut(segs * width).for_each(|x| exclusive_scan(x, width, true));
-    // Phase 5: jobs (key/value head, segment) again, writing the segment's `dk`, `dv` rows (the
-    // group's first query head) and adding to them (the others).
+    // Phase 5: jobs (key/value head, segment) again, adding the state part of the segment's `dk`,
+    // `dv` rows.
     let dvs = plan.split(g.dv, d.dv);
     plan.split(g.dk, d.d).into_par_iter().zip(dvs).for_each_init(
         || Work::new(d, p.chunk),
         |w, ((kh, s, dk), (_, _, dv))| {
             let rows = plan.rows(s);
-            let mut acc = Acc { dq: &mut [], dk, dv, base: rows.start, fresh: true };
+            let mut acc = Acc { dq: &mut [], dk, dv, base: rows.start, fresh: false };
             for gi in 0..group {
-                acc.fresh = gi == 0;
                 let h = kh * group + gi;
                 let (u, ws) = after[(h * segs + s) * width..][..width].split_at(fdv);
                 w.u.copy_from_slice(u);
                 w.wsum.copy_from_slice(ws);
-                let den = &den[h * d.lq + rows.start..][..rows.len()];
-                on_isa(isa, || descend(&head(kh, gi), w, rows.clone(), den, &mut acc));
+                let kept = &stats[2 * (h * d.lq + rows.start)..][..2 * rows.len()];
+                on_isa(isa, || descend(&head(kh, gi), w, rows.clone(), kept, &mut acc));
             }
         },
     );
