@@ -133,6 +133,14 @@ fn check_masks(kernel: Kernel) {
     let mask = BlockMask::build(BlockShape { batch: 1, heads: 2, lq: d.lq, lk: d.lk }, Arc::new(pred)).unwrap();
     let sparse = Sparse { keep: Arc::new(pred), mask: Arc::new(mask), name: "runs with gaps".into() };
     check(kernel, Case { sparse: Some(sparse), ..Case::new(d, 23) });
+    // Query blocks listed with gaps for each key block, two query heads per key/value head, `Lq`
+    // ending inside a block: the backward's tiles are the listed blocks, each its own micro-kernel
+    // chunks, and its bfloat16 products pair their rows two at a time within the block.
+    let d = dims(1, 4, 2, 300, 200, 32, 32);
+    let pred = |_: usize, h: usize, i: usize, j: usize| (i / SPARSE_BLOCK + 2 * (j / SPARSE_BLOCK) + h) % 3 != 1;
+    let mask = BlockMask::build(BlockShape { batch: 1, heads: 4, lq: d.lq, lk: d.lk }, Arc::new(pred)).unwrap();
+    let sparse = Sparse { keep: Arc::new(pred), mask: Arc::new(mask), name: "gapped query blocks".into() };
+    check(kernel, Case { sparse: Some(sparse), causal: true, ..Case::new(d, 29) });
 }
 
 /// A masked key whose key and value rows are NaN must reach no output and no gradient (the

@@ -24,6 +24,7 @@ kernel_tests! {
     unseen_keys_never_read => check_unseen_keys_never_read,
     half_precision_kv => check_half_precision_kv,
     gathered_tiles => check_gathered_tiles,
+    block_tiles => check_block_tiles,
 }
 
 /// A well-mixed hash of a few indices.
@@ -139,6 +140,40 @@ fn check_gathered_tiles(kernel: Kernel) {
             case.assert_structure(&format!("{} gathered tiles, Dk {dk}", kernel.name()), &res);
             check_grads(kernel, &case, "gathered tiles");
         }
+    }
+}
+
+/// The backward's block tiles (each query block that a key block's transposed list names is one
+/// tile of its rows, cut into micro-kernel calls per block): query blocks listed in gapped runs
+/// (isolated and in pairs, shifted per key block and head), two query heads per key/value head
+/// with different lists, a window that cuts listed blocks (their rows outside it must get `dS`
+/// 0), a query block that lists nothing (empty rows: zeros), `Lq` ending inside a block, one key
+/// in five masked everywhere with its K/V rows poisoned, a bias with its gradient and dropout;
+/// every forced backward plan (whole-head and per-tile transposition, key shards) and the
+/// forward meet the oracle rule, and the empty rows' outputs and `dq` are 0.
+fn check_block_tiles(kernel: Kernel) {
+    for (n, dk) in [(0u64, 64), (1, 24)] {
+        let d = common::dims(1, 4, 2, 300, 330, dk, 16);
+        let gapped = |_: usize, h: usize, i: usize, j: usize| {
+            let (qb, kb) = (i / SPARSE_BLOCK, j / SPARSE_BLOCK);
+            qb != 2 && (qb + 2 * kb + h) % 3 != 1 && j % 5 != 2
+        };
+        let mut case = Case {
+            sparse: Some(sparse_of(gapped, "gapped query blocks", 1, 4, &d)),
+            window: Some(Window { left: Some(150), right: Some(20) }),
+            bias: Some(random_bias(&[4, d.lq, d.lk], 1.0, 0.0, &mut Rng::new(n))),
+            dropout: Some(Dropout { p: 0.2, seed: n }),
+            ..Case::new(d, 0xB7 + n)
+        };
+        for &(b, g, j) in &case.keys_masked_everywhere() {
+            case.poison_key(b, g, j);
+        }
+        let res = case.check(kernel, "block tiles");
+        case.assert_structure(&format!("{} block tiles, Dk {dk}", kernel.name()), &res);
+        let g = check_grads(kernel, &case, "block tiles");
+        let empty = |r: usize| (r % d.lq) / SPARSE_BLOCK == 2;
+        assert!(g.dq.chunks(d.dk).enumerate().all(|(r, x)| !empty(r) || x.iter().all(|&x| x == 0.0)));
+        assert!(res.out.chunks(d.dv).enumerate().all(|(r, x)| !empty(r) || x.iter().all(|&x| x == 0.0)));
     }
 }
 

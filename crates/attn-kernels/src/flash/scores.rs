@@ -20,7 +20,7 @@ use super::row_masks::{add_bias, apply_keep, select_kept};
 use super::simd::{KvElem, Simd};
 use super::softcap::softcap_row;
 use crate::problem::{Precision, Problem};
-use crate::sparse::{TileBlocks, SPARSE_BLOCK};
+use crate::sparse::{BlockMask, TileBlocks, SPARSE_BLOCK};
 use crate::view::View4;
 
 /// Scaled (and soft-capped, biased) scores of every row of `job` against the keys of the tile
@@ -157,9 +157,11 @@ pub(in crate::flash) unsafe fn decode_scores<S: Simd, E: KvElem>(
 }
 
 /// Masks the raw score tile `segs` in `w.s` (`width` columns per row, as [`qk_tile`] returned)
-/// in the reference's order (see [`mask_row`]), a segment at a time (so the rows share its block
-/// mask's lookup), each row's band taken from `w.range`; columns from the tile's end to `width`
-/// become −∞. Returns what [`scores`] returns, with `w.clean` set.
+/// in the reference's order (see [`mask_row`]), a piece of a segment at a time (so the rows share
+/// its block mask's lookup), each row's band taken from `w.range`; columns from the tile's end to
+/// `width` become −∞. A segment's pieces are its runs of blocks that need no mask (see
+/// [`kept_run`]) and the runs between them: only the latter are masked row by row. Returns what
+/// [`scores`] returns, with `w.clean` set.
 ///
 /// # Safety
 /// The CPU supports `S`'s instruction set; `width` is a multiple of `S::W` of at most [`LDS`], and
@@ -177,41 +179,68 @@ pub(super) unsafe fn mask_tile<S: Simd>(
     let band = w.range.iter().fold((0, usize::MAX), |(a, z), r| (a.max(r.0), z.min(r.1)));
     let single = job.nh == 1 && job.ni > 0 && job.i0 / SPARSE_BLOCK == (job.i0 + job.ni - 1) / SPARSE_BLOCK;
     let plain = pb.score_mod.is_none() && pb.softcap.is_none() && pb.elem.bias.is_none() && pb.elem.keep.is_none();
+    let skippable = pb.elem.block.filter(|_| plain && single);
     for (x, sg) in segs.iter().enumerate() {
-        // The last segment's row runs to the padded width, masking the padding.
+        // The last segment's last piece runs to the padded width, masking the padding.
         let end = if x + 1 == segs.len() { width } else { sg.col + sg.n };
         let mut clean = 0..sg.n;
-        // Keys inside every row's band, in blocks full for the job's one query block, with no
-        // element mask or score step: nothing to mask but the padding.
-        let kept = plain
-            && single
-            && band.0 <= sg.j0
-            && sg.j0 + sg.n <= band.1
-            && pb.elem.block.is_some_and(|bm| bm.full_over(job.b, job.h0, job.i0 / SPARSE_BLOCK, sg.j0, sg.n));
-        if kept {
-            for r in 0..job.rows() {
-                w.s[r * LDS + sg.col + sg.n..r * LDS + end].fill(f32::NEG_INFINITY);
+        let mut at = 0;
+        while at < sg.n {
+            let (len, kept) = match skippable {
+                Some(bm) => kept_run(bm, job, band, sg.j0 + at, sg.n - at),
+                None => (sg.n, false),
+            };
+            let stop = if at + len == sg.n { end } else { sg.col + at + len };
+            if kept {
+                for r in 0..job.rows() {
+                    w.s[r * LDS + sg.col + at + len..r * LDS + stop].fill(f32::NEG_INFINITY);
+                }
+            } else {
+                for r in 0..job.rows() {
+                    let (h, i) = job.head_query(r);
+                    let row = &mut w.s[r * LDS + sg.col + at..r * LDS + stop];
+                    // SAFETY: the CPU supports `S` (the caller's contract); `row` starts and ends on
+                    // vector edges (whole-vector segments cut at block edges, `width` a multiple of
+                    // `S::W`).
+                    let m = unsafe {
+                        mask_row::<S>(pb, [job.b, h, i], row, len, sg.j0 + at, w.range[r], None, &mut w.blocks)
+                    };
+                    if m.elementwise {
+                        (masked, clean) = (true, 0..0);
+                    }
+                    if m.a > 0 || m.z < len || m.empty {
+                        masked = true;
+                        clean = if m.empty { 0..0 } else { clean.start.max(at + m.a)..clean.end.min(at + m.z) };
+                    }
+                }
             }
-            w.clean.push(clean);
-            continue;
-        }
-        for r in 0..job.rows() {
-            let (h, i) = job.head_query(r);
-            let row = &mut w.s[r * LDS + sg.col..r * LDS + end];
-            // SAFETY: the CPU supports `S` (the caller's contract); `row` starts and ends on
-            // vector edges (whole-vector segments, `width` a multiple of `S::W`).
-            let m = unsafe { mask_row::<S>(pb, [job.b, h, i], row, sg.n, sg.j0, w.range[r], None, &mut w.blocks) };
-            if m.elementwise {
-                (masked, clean) = (true, 0..0);
-            }
-            if m.a > 0 || m.z < sg.n || m.empty {
-                masked = true;
-                clean = if m.empty { 0..0 } else { clean.start.max(m.a)..clean.end.min(m.z) };
-            }
+            at += len;
         }
         w.clean.push(clean.start..clean.end.max(clean.start));
     }
     masked
+}
+
+/// The run of keys from `j0` (at most `n`) that [`mask_tile`] masks as one piece, and whether it
+/// needs no mask: whole blocks listed full by `bm` for the job's one query block and inside every
+/// row's `band`, with no element mask or score step in the call (the caller's `skippable`), or
+/// the blocks up to the next such block. Cut at block edges.
+#[inline(always)]
+fn kept_run(bm: &BlockMask, job: &Job, band: (usize, usize), j0: usize, n: usize) -> (usize, bool) {
+    let block_at = |j: usize| {
+        let len = ((j / SPARSE_BLOCK + 1) * SPARSE_BLOCK).min(j0 + n) - j;
+        let kept = band.0 <= j && j + len <= band.1 && bm.full_over(job.b, job.h0, job.i0 / SPARSE_BLOCK, j, len);
+        (len, kept)
+    };
+    let (mut len, kept) = block_at(j0);
+    while len < n {
+        let (next, k) = block_at(j0 + len);
+        if k != kept {
+            break;
+        }
+        len += next;
+    }
+    (len, kept)
 }
 
 /// What [`mask_row`] did to one row of a tile of keys `j0..j0+n`.

@@ -53,6 +53,11 @@ pub const KEY_BLOCK: usize = 64;
 const _: () = assert!(KEY_BLOCK == crate::sparse::SPARSE_BLOCK, "a key block is one block mask column");
 /// Query rows per tile: a multiple of every ISA's rows per micro-kernel call.
 pub const TILE_ROWS: usize = 48;
+/// Query rows per tile under a block mask: one query block, so that a listed block is one tile,
+/// never cut into a full tile and a short one nor widened into its unlisted neighbours.
+pub const SPARSE_TILE_ROWS: usize = crate::sparse::SPARSE_BLOCK;
+/// The most query rows of any tile.
+const MAX_TILE_ROWS: usize = if TILE_ROWS > SPARSE_TILE_ROWS { TILE_ROWS } else { SPARSE_TILE_ROWS };
 /// Jobs per thread wanted before the keys are split into shards.
 const JOBS_PER_THREAD: usize = 4;
 /// Most bytes of `dq` partials when the keys are split.

@@ -17,7 +17,7 @@ pub(super) mod accumulate;
 pub(super) mod softmax;
 pub(super) mod tiles;
 
-use super::block::{head, qk_chunks, rows_per_call, tile_keys, Ctx, Job, Outs, Work, MAX_ROWS_PER_CALL};
+use super::block::{head, prefetch_row, qk_chunks, rows_per_call, tile_keys, Ctx, Job, Outs, Work, MAX_ROWS_PER_CALL};
 use super::pack::{pair, values_at};
 use super::scores::{bad_columns, scores};
 use super::simd::{KvElem, Simd};
@@ -45,6 +45,10 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     let (rq, _) = rows_per_call::<S>();
     let bf16 = pb.compute == Precision::Bf16 && panels.is_some();
     if panels.is_some() {
+        for r in 0..rows {
+            let (h, i) = job.head_query(r);
+            prefetch_row(cx.q.row(job.b, h, i));
+        }
         // Each chunk of rows that one `qk_panel` call takes, stored transposed.
         for (r0, nr) in qk_chunks(rows, rq) {
             let mut src: [&[f32]; MAX_ROWS_PER_CALL] = [&[]; MAX_ROWS_PER_CALL];
@@ -55,18 +59,14 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
             // Slot `k` of the chunk's rows is `chunk[k·nr..][..nr]`, written in order (a store per
             // element in a row's order became a scatter).
             let chunk = &mut w.q[r0 * d.dk..][..nr * d.dk];
-            for (k, slot) in chunk.chunks_exact_mut(nr).enumerate() {
-                if bf16 {
-                    if 2 * k >= d.dk {
-                        break;
-                    }
-                    for (x, q) in slot.iter_mut().zip(&src[..nr]) {
-                        *x = pair(q[2 * k].bf16_bits(), q.get(2 * k + 1).map_or(0, |x| x.bf16_bits()));
-                    }
-                } else {
-                    for (x, q) in slot.iter_mut().zip(&src[..nr]) {
-                        *x = q[k];
-                    }
+            if !bf16 {
+                // SAFETY: the CPU supports `S`; each row holds `Dk` values.
+                unsafe { S::transpose_rows(&src[..nr], d.dk, chunk) };
+                continue;
+            }
+            for (k, slot) in chunk.chunks_exact_mut(nr).take(d.dk.div_ceil(2)).enumerate() {
+                for (x, q) in slot.iter_mut().zip(&src[..nr]) {
+                    *x = pair(q[2 * k].bf16_bits(), q.get(2 * k + 1).map_or(0, |x| x.bf16_bits()));
                 }
             }
         }

@@ -161,6 +161,21 @@ pub trait Simd: Copy + Send + Sync + 'static {
         unsafe { [Self::reduce_sum(v[0]), Self::reduce_sum(v[1]), Self::reduce_sum(v[2]), Self::reduce_sum(v[3])] }
     }
 
+    /// The first `d` values of each of the `n = rows.len()` rows (at most 16) transposed:
+    /// `out[k·n + r] = rows[r][k]` for `k < d`, a chunk of queries as `qk_panel` reads them. This
+    /// default copies a value at a time; AVX-512 transposes blocks of 16 × 16 in registers.
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set; every row holds at least `d` values.
+    #[inline(always)]
+    unsafe fn transpose_rows(rows: &[&[f32]], d: usize, out: &mut [f32]) {
+        for (k, slot) in out[..rows.len() * d].chunks_exact_mut(rows.len().max(1)).enumerate() {
+            for (x, q) in slot.iter_mut().zip(rows) {
+                *x = q[k];
+            }
+        }
+    }
+
     /// `p·2^n` for lanes holding integers `n` in `[-127, 127]` (`-127` gives 0).
     ///
     /// # Safety

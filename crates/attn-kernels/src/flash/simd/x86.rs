@@ -171,6 +171,28 @@ impl<const NATIVE_BF16: bool> Simd for Avx512<NATIVE_BF16> {
             }
         }
     }
+    #[inline(always)]
+    unsafe fn transpose_rows(rows: &[&[f32]], d: usize, out: &mut [f32]) {
+        let n = rows.len();
+        assert!(n <= 16 && out.len() >= n * d && rows.iter().all(|r| r.len() >= d), "transpose_rows: sizes");
+        let keep = |lanes: usize| if lanes >= 16 { u16::MAX } else { (1u16 << lanes) - 1 };
+        // SAFETY: AVX-512F is present (the caller's contract); the masked loads read lanes
+        // `k0..k0 + m` of rows holding `d` values, the masked stores lanes `..n` of slots
+        // `k0 + c < d` of `out` (asserted above).
+        unsafe {
+            let mut v = [_mm512_setzero_ps(); 16];
+            for k0 in (0..d).step_by(16) {
+                let m = (d - k0).min(16);
+                for (x, row) in v.iter_mut().zip(rows) {
+                    *x = _mm512_maskz_loadu_ps(keep(m), row.as_ptr().add(k0));
+                }
+                let t = transpose16(v);
+                for (c, x) in t.iter().enumerate().take(m) {
+                    _mm512_mask_storeu_ps(out.as_mut_ptr().add((k0 + c) * n), keep(n), *x);
+                }
+            }
+        }
+    }
 }
 
 /// AVX2 with FMA and F16C, 8 lanes.
@@ -305,5 +327,74 @@ impl Simd for Avx2 {
     unsafe fn pack_bf16(lo: __m256, hi: __m256) -> __m256 {
         // SAFETY: AVX2 is present (the caller's contract).
         unsafe { pack256(lo, hi) }
+    }
+}
+
+/// The 16 × 16 transpose of `v` (`out[c]` lane `r` = `v[r]` lane `c`): pairs of 32-bit lanes,
+/// then of 64-bit lanes, then two rounds of 128-bit lanes.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+unsafe fn transpose16(v: [__m512; 16]) -> [__m512; 16] {
+    // SAFETY: AVX-512F is present (the caller's contract).
+    unsafe {
+        let mut t = [_mm512_setzero_ps(); 16];
+        for p in 0..8 {
+            t[2 * p] = _mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]);
+            t[2 * p + 1] = _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1]);
+        }
+        // `u[4g + c]`, 128-bit lane `L`: rows `4g..4g + 4` of column `4L + c`.
+        let mut u = [_mm512_setzero_ps(); 16];
+        let pd = _mm512_castps_pd;
+        for g in 0..4 {
+            let (a0, a1, b0, b1) = (pd(t[4 * g]), pd(t[4 * g + 1]), pd(t[4 * g + 2]), pd(t[4 * g + 3]));
+            u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, b0));
+            u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, b0));
+            u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, b1));
+            u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, b1));
+        }
+        let mut out = [_mm512_setzero_ps(); 16];
+        for c in 0..4 {
+            let (lo, hi) = (_mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]), _mm512_shuffle_f32x4::<0xDD>(u[c], u[4 + c]));
+            let (lo2, hi2) =
+                (_mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]), _mm512_shuffle_f32x4::<0xDD>(u[8 + c], u[12 + c]));
+            out[c] = _mm512_shuffle_f32x4::<0x88>(lo, lo2);
+            out[8 + c] = _mm512_shuffle_f32x4::<0xDD>(lo, lo2);
+            out[4 + c] = _mm512_shuffle_f32x4::<0x88>(hi, hi2);
+            out[12 + c] = _mm512_shuffle_f32x4::<0xDD>(hi, hi2);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Avx512;
+    use crate::flash::simd::{Portable, Simd};
+    use crate::isa::Isa;
+
+    /// AVX-512's register transpose writes what the one-value-at-a-time default writes, for every
+    /// row count of a chunk and head dimensions around the 16-lane blocks, and nothing beyond.
+    #[test]
+    fn transposed_rows_match_the_default() {
+        if !Isa::Avx512.is_available() {
+            return;
+        }
+        for d in [1, 7, 15, 16, 17, 33, 64, 100] {
+            let data: Vec<f32> = (0..16 * d).map(|x| x as f32 + 0.5).collect();
+            let rows: Vec<&[f32]> = data.chunks(d).collect();
+            for n in 1..=16 {
+                let (mut a, mut b) = (vec![-1.0f32; n * d + 20], vec![-1.0f32; n * d + 20]);
+                // SAFETY: AVX-512F is present (checked); the default runs on any CPU.
+                unsafe {
+                    Avx512::<false>::transpose_rows(&rows[..n], d, &mut a);
+                    Portable::transpose_rows(&rows[..n], d, &mut b);
+                }
+                assert_eq!(a, b, "{n} rows of {d}");
+                assert!(b[..n * d].iter().enumerate().all(|(x, &v)| v == rows[x % n][x / n]), "{n} rows of {d}");
+                assert!(a[n * d..].iter().all(|&v| v == -1.0), "{n} rows of {d}: written beyond");
+            }
+        }
     }
 }

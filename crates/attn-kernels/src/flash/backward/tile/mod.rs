@@ -1,6 +1,10 @@
 //! One backward job: for each of its key blocks, every tile of [`TILE_ROWS`] query rows that can
-//! see the block (by the band, and by a block mask's transposed lists: key blocks no query block
-//! lists are skipped whole) goes through
+//! see the block (by the band) goes through the steps below; under a block mask, every query block
+//! that its transposed list names is one tile of [`SPARSE_TILE_ROWS`] rows (key blocks no query
+//! block lists are skipped whole). The micro-kernel row chunks of a tile are its [`row_chunks`]:
+//! the multiples of the rows per call, or under a block mask each query block's own near-equal
+//! chunks, so a listed block is neither widened to the call grid nor cut into a full tile and a
+//! short one. Each tile goes through
 //! 1. `S = scale·Q·Kᵀ` (soft-capped, biased, masked to −∞ like the forward) with the
 //!    micro-kernel the forward scored with (`qk_panel` on packed key panels, or `qk_rows` on keys
 //!    in place after a decode-path forward), and `dP̄ = dO·Vᵀ` with `qk_panel` on packed values
@@ -25,21 +29,21 @@ mod products;
 mod score_grads;
 
 use super::rows::dot_as_panel;
-use super::{BwdCtx, BwdJob, KEY_BLOCK, TILE_ROWS};
-use crate::flash::block::rows_per_call;
+use super::{BwdCtx, BwdJob, KEY_BLOCK, MAX_TILE_ROWS, SPARSE_TILE_ROWS, TILE_ROWS};
+use crate::flash::block::{qk_chunks, rows_per_call};
 use crate::flash::micro::{Bf16Pairs, Fma};
 use crate::flash::pack::{key_pairs_len, pack_dim_pairs, pack_key_pairs, pack_keys, panel_len};
 use crate::flash::scores::all_finite;
 use crate::flash::simd::{KvElem, Simd};
 use crate::problem::Precision;
-use crate::sparse::{runs, TileBlocks};
+use crate::sparse::TileBlocks;
 use products::{accumulate_f32, accumulate_pairs, products, transpose_chunks};
 use score_grads::score_grads;
 
 /// Most bytes of a job's queries and output gradients transposed once for all its key blocks;
 /// larger heads are transposed tile by tile.
 const TRANSPOSED_BUDGET: usize = 8 << 20;
-/// Row stride of the `[TILE_ROWS, KEY_BLOCK]` tiles.
+/// Row stride of the `[MAX_TILE_ROWS, KEY_BLOCK]` tiles.
 const LDB: usize = KEY_BLOCK;
 
 /// A worker's buffers, reused from job to job.
@@ -54,7 +58,7 @@ pub struct BwdWork {
     dot: Vec<f32>,
     /// Scores `S`, probabilities `P` (and `P̄` under dropout), `dP` then `dS` then `dX`, the
     /// score modification's and the soft-cap's derivatives, the scaled products before the
-    /// modification: `[TILE_ROWS, LDB]`.
+    /// modification: `[MAX_TILE_ROWS, LDB]`.
     s: Vec<f32>,
     p: Vec<f32>,
     pd: Vec<f32>,
@@ -66,8 +70,9 @@ pub struct BwdWork {
     g: Vec<f32>,
     dtable: Vec<f32>,
     /// With bfloat16 products: the block's keys in pairs of keys (`pack::pack_key_pairs`), then
-    /// per tile `P̄` or `dX` paired two query rows at a time `[⌈TILE_ROWS/2⌉, LDB]` followed by
-    /// the tile's `dO` or `Q` rows paired alike, and `dX` paired per key panel `[TILE_ROWS, LDB/2]`.
+    /// per tile `P̄` or `dX` paired two query rows at a time `[⌈MAX_TILE_ROWS/2⌉, LDB]` followed
+    /// by the tile's `dO` or `Q` rows paired alike, and `dX` paired per key panel
+    /// `[MAX_TILE_ROWS, LDB/2]`.
     kk: Vec<f32>,
     rows2: Vec<f32>,
     keys2: Vec<f32>,
@@ -90,13 +95,14 @@ fn grow(v: &mut Vec<f32>, n: usize) {
     }
 }
 
-/// How a job multiplies (see the module header): its products' precision, and whether its
-/// heads' queries and output gradients are transposed once for all its key blocks (`whole`) or
-/// tile by tile.
+/// How a job multiplies (see the module header): its products' precision, whether its heads'
+/// queries and output gradients are transposed once for all its key blocks (`whole`) or tile by
+/// tile, and the rows its tiles start at multiples of (`unit`, see [`row_chunks`]).
 #[derive(Debug, Clone, Copy)]
 struct Form {
     whole: bool,
     bf16: bool,
+    unit: usize,
 }
 
 impl Form {
@@ -120,7 +126,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     let d = cx.pb.dims;
     let g = d.group();
     for v in [&mut w.s, &mut w.p, &mut w.pd, &mut w.dp, &mut w.dmod, &mut w.dcap, &mut w.x] {
-        grow(v, TILE_ROWS * LDB);
+        grow(v, MAX_TILE_ROWS * LDB);
     }
     grow(&mut w.g, LDB);
     let (rq, _) = rows_per_call::<S>();
@@ -129,12 +135,14 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         bf16: cx.pb.compute == Precision::Bf16
             && !cx.decode_scores
             && (0..d.lk).all(|j| all_finite(cx.k.row(job.b, job.kvh, j))),
+        unit: if cx.pb.elem.block.is_some() { SPARSE_TILE_ROWS } else { rq },
     };
+    let tile_rows = if cx.pb.elem.block.is_some() { SPARSE_TILE_ROWS } else { TILE_ROWS };
     if form.bf16 {
-        grow(&mut w.rows2, TILE_ROWS.div_ceil(2) * (LDB + d.dk.max(d.dv)));
-        grow(&mut w.keys2, TILE_ROWS * LDB / 2);
+        grow(&mut w.rows2, MAX_TILE_ROWS.div_ceil(2) * (LDB + d.dk.max(d.dv)));
+        grow(&mut w.keys2, MAX_TILE_ROWS * LDB / 2);
     }
-    let rows = if form.whole { g * d.lq } else { TILE_ROWS };
+    let rows = if form.whole { g * d.lq } else { MAX_TILE_ROWS };
     grow(&mut w.qt, rows * form.slots(d.dk));
     grow(&mut w.dot, rows * form.slots(d.dv));
     // SAFETY: CPU supports `S`.
@@ -164,7 +172,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
                 // the block.
                 None if ia < ib => w.spans.push((h, ia / TILE_ROWS * TILE_ROWS, ib.next_multiple_of(rq).min(d.lq))),
                 None => {}
-                Some(bm) => listed_rows(bm.q_blocks(job.b, h, j0 / KEY_BLOCK).0, ia, ib, rq, d.lq)
+                Some(bm) => listed_tiles(bm.q_blocks(job.b, h, j0 / KEY_BLOCK).0, ia, ib, d.lq)
                     .for_each(|(a, z)| w.spans.push((h, a, z))),
             }
         }
@@ -178,8 +186,8 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         w.dv.resize(n * d.dv, 0.0);
         for x in 0..w.spans.len() {
             let (h, ia, ib) = w.spans[x];
-            for i0 in (ia..ib).step_by(TILE_ROWS) {
-                let nr = TILE_ROWS.min(ib - i0);
+            for i0 in (ia..ib).step_by(tile_rows) {
+                let nr = tile_rows.min(ib - i0);
                 let dq_rows = &mut dq[((h - job.kvh * g) * d.lq + i0) * d.dk..][..nr * d.dk];
                 // SAFETY: forwarded from the caller; rows `i0..i0+nr` and keys `j0..j0+n` exist.
                 unsafe { tile::<S, E>(cx, job, w, form, TileAt { h, i0, nr, j0, n }, dq_rows) };
@@ -284,17 +292,23 @@ fn rows_seeing<E>(cx: &BwdCtx<E>, b: usize, j0: usize, n: usize) -> (usize, usiz
     (ia, ib.max(ia))
 }
 
-/// The query rows, within the band's `ia..ib`, of the runs of consecutive query blocks `listed`
-/// (sorted), each widened to multiples of `rq` (or `Lq`) so that the micro-kernel chunks of its
-/// tiles are those of the whole head; runs are a block apart, so widened spans never overlap.
-fn listed_rows(
-    listed: &[u32],
-    ia: usize,
-    ib: usize,
-    rq: usize,
-    lq: usize,
-) -> impl Iterator<Item = (usize, usize)> + '_ {
-    runs(listed, ia..ib).map(move |r| (r.start / rq * rq, r.end.next_multiple_of(rq).min(lq)))
+/// The rows of each query block in `listed` (sorted) that holds a row of the band's `ia..ib`:
+/// whole blocks (the last clamped to `Lq`), one tile each; their rows outside the band are masked
+/// like any other.
+fn listed_tiles(listed: &[u32], ia: usize, ib: usize, lq: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+    listed
+        .iter()
+        .map(move |&qb| (qb as usize * SPARSE_TILE_ROWS, ((qb as usize + 1) * SPARSE_TILE_ROWS).min(lq)))
+        .filter(move |&(a, z)| a < ib && ia < z)
+}
+
+/// The micro-kernel row chunks `(first row, rows)` of a tile of `rows` rows that starts at a
+/// multiple of `unit` (a head's rows from 0 included): each `unit` rows, the last possibly fewer,
+/// cut by `qk_chunks` into calls of at most `rq` near-equal rows. With `unit == rq` these are the
+/// multiples of `rq`; with a query block as `unit`, a block's chunks are the same in its tile as
+/// in its head's transposition (64 rows as 11, 11, 11, 11, 10, 10 for `rq` 12).
+fn row_chunks(rows: usize, unit: usize, rq: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..rows).step_by(unit).flat_map(move |u0| qk_chunks(unit.min(rows - u0), rq).map(move |(a, n)| (u0 + a, n)))
 }
 
 /// Where one tile sits: query rows `i0..i0+nr` of head `h` against keys `j0..j0+n` of the job's

@@ -6,7 +6,7 @@
 //! accumulations pair their reduction index — two query rows ([`pair_rows`]) for `dV` and `dK`, two
 //! keys of a panel ([`pair_keys`], against `pack::pack_key_pairs`) for `dQ`.
 
-use super::{BwdCtx, BwdJob, BwdWork, Form, TileAt, LDB};
+use super::{row_chunks, BwdCtx, BwdJob, BwdWork, Form, TileAt, LDB};
 use crate::flash::block::{head, rows_per_call, with_rows};
 use crate::flash::forward::accumulate::pv_block;
 use crate::flash::micro::{qk_panel, Bf16Pairs, Fma, Product};
@@ -14,21 +14,27 @@ use crate::flash::pairs::{pair_keys, pair_rows};
 use crate::flash::scores::decode_scores;
 use crate::flash::simd::{KvElem, Simd};
 
-/// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk of `rq` rows,
-/// in slots of `P` (pairs of the row's values for bfloat16 products): chunk `r0` is stored
-/// `[slots][nr]` at `out[r0·slots..]`, as `qk_panel` reads it.
-fn transpose_as<'a, P: Product>(rows: usize, d: usize, rq: usize, src: impl Fn(usize) -> &'a [f32], out: &mut [f32]) {
+/// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk `(r0, nr)` of
+/// `chunks`, in slots of `P` (pairs of the row's values for bfloat16 products): the chunk is
+/// stored `[slots][nr]` at `out[r0·slots..]`, as `qk_panel` reads it.
+fn transpose_as<'a, P: Product>(
+    chunks: impl Iterator<Item = (usize, usize)>,
+    d: usize,
+    src: impl Fn(usize) -> &'a [f32],
+    out: &mut [f32],
+) {
     let slots = d.div_ceil(P::PER_SLOT);
-    for r in 0..rows {
-        let r0 = r / rq * rq;
-        let nr = rq.min(rows - r0);
-        for (k, x) in src(r).chunks(P::PER_SLOT).enumerate() {
-            out[r0 * slots + k * nr + r - r0] = P::slot(x);
+    for (r0, nr) in chunks {
+        for r in r0..r0 + nr {
+            for (k, x) in src(r).chunks(P::PER_SLOT).enumerate() {
+                out[r0 * slots + k * nr + r - r0] = P::slot(x);
+            }
         }
     }
 }
 
-/// [`transpose_as`] in the form's slots.
+/// [`transpose_as`] of `rows` rows (from a multiple of the form's unit) in the form's slots and
+/// [`row_chunks`].
 pub(super) fn transpose_chunks<'a>(
     form: Form,
     rows: usize,
@@ -37,24 +43,28 @@ pub(super) fn transpose_chunks<'a>(
     src: impl Fn(usize) -> &'a [f32],
     out: &mut [f32],
 ) {
+    let chunks = row_chunks(rows, form.unit, rq);
     if form.bf16 {
-        transpose_as::<Bf16Pairs>(rows, d, rq, src, out)
+        transpose_as::<Bf16Pairs>(chunks, d, src, out)
     } else {
-        transpose_as::<Fma>(rows, d, rq, src, out)
+        transpose_as::<Fma>(chunks, d, src, out)
     }
 }
 
-/// `out[r][·] = scale · a_r · panels` for `rows` rows (transposed chunks `at`, `d` slots) against
-/// the `np` packed panels, multiplied as `P` multiplies.
+/// `out[r][·] = scale · a_r · panels` for `rows` rows (transposed in the chunks of
+/// [`row_chunks`] for `unit`: `at`, `d` slots) against the `np` packed panels, multiplied as `P`
+/// multiplies.
 ///
 /// # Safety
 /// CPU supports `S`; `at` holds `rows·d`, `panels` `np` panels of `d·2·W`, `out` `rows·LDB`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn panel_product<S: Simd, P: Product>(
     at: &[f32],
     panels: &[f32],
     d: usize,
     rows: usize,
+    unit: usize,
     np: usize,
     scale: f32,
     out: &mut [f32],
@@ -64,15 +74,12 @@ unsafe fn panel_product<S: Simd, P: Product>(
     let (ap, op) = (at.as_ptr(), out.as_mut_ptr());
     for pi in 0..np {
         let kp = panels[pi * d * pw..].as_ptr();
-        let mut r0 = 0;
-        while r0 < rows {
-            let nr = rq.min(rows - r0);
+        for (r0, nr) in row_chunks(rows, unit, rq) {
             // SAFETY: chunk `r0` holds `nr·d` floats; the panel `d·pw`; the output row block
             // `nr` rows of `LDB >= np·pw` columns.
             unsafe {
                 with_rows!(nr, qk_panel::<S, P; >(ap.add(r0 * d), kp, d, scale, op.add(r0 * LDB + pi * pw), LDB))
             };
-            r0 += nr;
         }
     }
 }
@@ -115,16 +122,16 @@ pub(super) unsafe fn products<S: Simd, E: KvElem>(
             let (qb, kb) = (qb.as_ptr().add(i0 * ldq), kb.as_ptr().add(j0 * ldk));
             decode_scores::<S, E>(qb, ldq, kb, ldk, n, d.dk, scale, nr, w.s.as_mut_ptr(), LDB);
         } else if form.bf16 {
-            panel_product::<S, Bf16Pairs>(&w.qt[qt..], &w.kp, dks, nr, np, scale, &mut w.s);
+            panel_product::<S, Bf16Pairs>(&w.qt[qt..], &w.kp, dks, nr, form.unit, np, scale, &mut w.s);
         } else {
-            panel_product::<S, Fma>(&w.qt[qt..], &w.kp, dks, nr, np, scale, &mut w.s);
+            panel_product::<S, Fma>(&w.qt[qt..], &w.kp, dks, nr, form.unit, np, scale, &mut w.s);
         }
         if form.bf16 {
             // The packed values are bfloat16: dropout's `c` scales the product instead.
             let c = cx.pb.dropout.map_or(1.0, |dr| dr.scale());
-            panel_product::<S, Bf16Pairs>(&w.dot[dot..], &w.vp, dvs, nr, np, c, &mut w.dp);
+            panel_product::<S, Bf16Pairs>(&w.dot[dot..], &w.vp, dvs, nr, form.unit, np, c, &mut w.dp);
         } else {
-            panel_product::<S, Fma>(&w.dot[dot..], &w.vp, dvs, nr, np, 1.0, &mut w.dp);
+            panel_product::<S, Fma>(&w.dot[dot..], &w.vp, dvs, nr, form.unit, np, 1.0, &mut w.dp);
         }
     }
 }
@@ -200,8 +207,8 @@ pub(super) unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
     let (TileAt { nr, n, .. }, half, width) = (t, t.nr.div_ceil(2), t.n.div_ceil(2 * S::W) * 2 * S::W);
     let [pd, (qb, ldq), (ob, ldo)] = tile_rows(cx, w, job.b, t);
     // SAFETY: `P̄` and `dX` hold `nr` rows of `LDB >= width` at stride `LDB`; Q and dO rows
-    // `i0..i0+nr` exist; `w.rows2` holds `⌈TILE_ROWS/2⌉` rows of `max(LDB, Dk, Dv)`, `w.keys2`
-    // `TILE_ROWS` rows of `LDB/2`, `w.kk` the block's keys in pairs (`width/2` rows of `Dk`); the
+    // `i0..i0+nr` exist; `w.rows2` holds `⌈MAX_TILE_ROWS/2⌉` rows of `max(LDB, Dk, Dv)`, `w.keys2`
+    // `MAX_TILE_ROWS` rows of `LDB/2`, `w.kk` the block's keys in pairs (`width/2` rows of `Dk`); the
     // accumulators hold `n` rows, `dq` `nr` rows.
     unsafe {
         let (pairs, values) = w.rows2.split_at_mut(half * LDB);
