@@ -25,6 +25,7 @@ pub mod linear;
 mod lse;
 pub mod mask;
 pub mod merge;
+mod prefetch;
 pub mod problem;
 pub mod reference;
 pub mod score_mod;

@@ -131,31 +131,6 @@ impl<'o> Rest<'o> {
     }
 }
 
-/// Asks the CPU to bring `row`'s cache lines into its L1 cache ahead of their use: a hint that
-/// changes no result (nothing off x86-64). A sparse job's queries are read once, transposed a
-/// column at a time, and their first touch came from memory a dozen lines at a time (4.6% of a
-/// BigBird forward's kernel samples in `perf annotate` waited on those loads); asked for all at
-/// once, the lines arrive together.
-#[inline(always)]
-pub(in crate::flash) fn prefetch_row<T>(row: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let p = row.as_ptr().cast::<u8>();
-        let skew = p as usize % 64;
-        for off in (0..std::mem::size_of_val(row) + skew).step_by(64) {
-            // SAFETY: SSE is part of x86-64; a prefetch never faults, and the lines asked for
-            // overlap `row`.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    p.wrapping_sub(skew).wrapping_add(off).cast(),
-                )
-            };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = row;
-}
-
 /// The most rows of any micro-kernel call ([`rows_per_call`], `with_rows!`).
 pub(in crate::flash) const MAX_ROWS_PER_CALL: usize = 12;
 

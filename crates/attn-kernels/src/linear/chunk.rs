@@ -141,23 +141,10 @@ pub(crate) fn ahead(rows: &std::ops::Range<usize>, t: usize, c: usize) -> usize 
 /// [`prefetch`] of the `n` rows from `t0` of `x` (row stride `ld`, `w` elements each), within `x`.
 #[inline(always)]
 pub(crate) fn prefetch_rows<T>(x: &[T], ld: usize, w: usize, t0: usize, n: usize) {
-    #[cfg(target_arch = "x86_64")]
     for i in t0..t0 + n {
         let Some(row) = x.get(i * ld..(i * ld + w).min(x.len())) else { break };
-        let p = row.as_ptr().cast::<u8>();
-        let skew = p as usize % 64;
-        for off in (0..std::mem::size_of_val(row) + skew).step_by(64) {
-            // SAFETY: SSE is part of x86-64; a prefetch never faults, and the lines asked for
-            // overlap `row`.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                    p.wrapping_sub(skew).wrapping_add(off).cast(),
-                )
-            };
-        }
+        crate::prefetch::lines::<{ crate::prefetch::L2 }, _>(row);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (x, ld, w, t0, n);
 }
 
 /// Runs `f` inside a function compiled for `isa` (which must be available), so that the
