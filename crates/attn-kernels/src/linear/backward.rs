@@ -29,6 +29,7 @@ use crate::error::Result;
 use crate::grad::AttnGrads;
 use crate::isa::Isa;
 use crate::reference::Real;
+use crate::stream;
 use crate::view::View4;
 
 mod causal;
@@ -109,17 +110,14 @@ struct Acc<'a, T> {
 }
 
 impl<T: Real> Acc<'_, T> {
-    /// Prefetches this head's `dq` rows (or with `keys`, its `dk` and `dv` rows) of the `n` rows
-    /// from `t0`, which a chunk loop is about to write or add to (see [`prefetch`](super::chunk::prefetch)).
+    /// Prefetches this head's `dk` and `dv` rows of the `n` rows from `t0`, which a chunk loop is
+    /// about to write or add to (see [`prefetch`](super::chunk::prefetch)); `dq` is streamed,
+    /// never read.
     #[inline(always)]
-    fn prefetch(&self, d: &LinearDims, (t0, n): (usize, usize), keys: bool) {
+    fn prefetch(&self, d: &LinearDims, (t0, n): (usize, usize)) {
         let t = t0.saturating_sub(self.base);
-        if keys {
-            prefetch_rows(self.dk, d.d, d.d, t, n);
-            prefetch_rows(self.dv, d.dv, d.dv, t, n);
-        } else {
-            prefetch_rows(self.dq, d.d, d.d, t, n);
-        }
+        prefetch_rows(self.dk, d.d, d.d, t, n);
+        prefetch_rows(self.dv, d.dv, d.dv, t, n);
     }
 
     /// With [`fresh`](Self::fresh), clears the `dk`, `dv` rows of `rows` at or beyond the
@@ -156,7 +154,8 @@ struct Work<T> {
     wsum: Vec<T>,
     /// The head's row statistics `[Lq, 2]`: each row's denominator `den_i` and `r_i`.
     stats: Vec<T>,
-    /// A chunk's key gradient before it is added, `[C, D]`.
+    /// A chunk's `dq` rows before they are streamed out, or its key gradient before it is added,
+    /// `[C, D]`.
     dx: Vec<T>,
 }
 
@@ -352,11 +351,14 @@ impl<T: Real> Work<T> {
         fq.chunks_exact(f).zip(&self.r[..n]).for_each(|(x, &ri)| axpy(&mut self.wsum, ri, x));
     }
 
-    /// `dq` of the chunk's `n` rows from `t0` through `φ`'s Jacobian, from `dφ(Q_c)` in `dfq`.
+    /// `dq` of the chunk's `n` rows from `t0` through `φ`'s Jacobian, from `dφ(Q_c)` in `dfq`:
+    /// made in `dx`, then streamed into `acc.dq` (non-temporal stores, which the caller orders
+    /// with [`stream::fence`] before it returns).
     #[inline(always)]
     fn query_vjp(&mut self, hd: &Head<T>, t0: usize, n: usize, acc: &mut Acc<T>) {
-        let (f, dq) = (hd.d.f, &mut acc.dq[(t0 - acc.base) * hd.d.d..]);
-        hd.rows.vjp(hd.isa, hd.p.map, t0, n, &self.fq[..n * f], &mut self.dfq[..n * f], dq);
+        let (f, dd) = (hd.d.f, hd.d.d);
+        hd.rows.vjp(hd.isa, hd.p.map, t0, n, &self.fq[..n * f], &mut self.dfq[..n * f], &mut self.dx);
+        stream::copy(hd.isa, &mut acc.dq[(t0 - acc.base) * dd..][..n * dd], &self.dx[..n * dd]);
     }
 }
 

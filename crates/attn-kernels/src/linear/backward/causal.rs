@@ -12,6 +12,7 @@ use crate::linear::chunk::{ahead, dot, sum, tril_products};
 use crate::linear::gemm::{gemm, Lhs, Part};
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
+use crate::stream;
 
 /// The chunk from `t0` (`n` rows, `nk` keys) of a causal head: `φ(Q_c)`, `φ(K_c)`, `P` into
 /// `w`, and the denominators `φ(Q_c)·z + rowsum(P) + ε` into the first column of the chunk's
@@ -94,16 +95,16 @@ pub(super) fn ascend<T: Real>(
         next(2);
         w.query_vjp(hd, t0, n, acc);
         next(4);
-        acc.prefetch(hd.d, (t0 + c, ahead(&rows, t0 + c, c)), false);
         if nk > 0 {
             key_grads(hd, sizes(t0), true, w, acc);
         }
-        acc.prefetch(hd.d, (t0 + c, ahead(&rows, t0 + c, c)), true);
+        acc.prefetch(hd.d, (t0 + c, ahead(&rows, t0 + c, c)));
         if totals {
             w.add_queries(hd, n);
         }
     }
     acc.clear_padded(rows, hd.keys.valid, hd.d);
+    stream::fence();
 }
 
 /// The descending pass over the rows `rows` of a causal head, from the query states `w.u`,
@@ -130,6 +131,6 @@ pub(super) fn descend<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<usize>
         }
         prev(4);
         w.add_queries(hd, n);
-        acc.prefetch(hd.d, if t0 >= rows.start + c { (t0 - c, c) } else { (0, 0) }, true);
+        acc.prefetch(hd.d, if t0 >= rows.start + c { (t0 - c, c) } else { (0, 0) });
     }
 }
