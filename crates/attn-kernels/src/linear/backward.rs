@@ -6,12 +6,17 @@
 //! `dφ(q_i) = Σ_j ds_ij φ(k_j)`, `dφ(k_j) = Σ_i ds_ij φ(q_i)`, `dv_j = Σ_i (φ(q_i)·φ(k_j)) dn_i`.
 //! Non-causal, through the states `Sᵀ = Vᵀφ(K)`, `z` and `U = φ(Q)ᵀ·dN`, `w = Σ_i r_i φ(q_i)`.
 //! Causal, in two passes over the chunks: ascending (state `Sᵀ`, `z`) for the denominators, `dN`,
-//! `r` and `dφ(Q)`, with the chunk's masked products `P = tril(φ(Q_c)φ(K_c)ᵀ)` and
-//! `M = tril(dN_c V_cᵀ + r)`; descending (state `U`, `w` of the later chunks) for `dφ(K)` and `dV`,
-//! the features, `dN`, `P` and `M` of each chunk made again from the denominators and `r` the first
-//! pass kept (cheaper than keeping `O(L·C)` of them; with `r` kept the second pass reads no `out`).
-//! Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through `φ`'s
-//! Jacobian at once. Memory: `O(L + C·(F + C + D) + F·Dv)` per rayon job besides the gradients.
+//! `r` and `dφ(Q)`, and the part of `dφ(K)`, `dV` the chunk's masked products
+//! `P = tril(φ(Q_c)φ(K_c)ᵀ)` and `M = tril(dN_c V_cᵀ + r)` give; descending (state `U`, `w` of the
+//! later chunks) for the rest of `dφ(K)` and `dV`, the features and `dN` made again from the
+//! denominators and `r` the first pass kept (no `out` read). The two passes run super-chunk by
+//! super-chunk, from the last (`causal`): a first pass over the keys keeps the key states
+//! before each super-chunk, so that each super-chunk's descending pass follows its ascending one
+//! while its rows are still in the L2 cache — the backward reads each input from memory once
+//! (and the keys and values twice). Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through `φ`'s Jacobian
+//! at once. The gradients are made in scratch and streamed out (non-temporal stores, `stream`):
+//! no line of them is read from memory. Memory: `O(L/(8·C)·F·Dv + C·(F + C + D) + F·Dv)` per
+//! rayon job besides the gradients.
 //! Causal with fewer (batch, key/value head) jobs than threads, the passes run over segments of
 //! each head's chunks in parallel (`segmented`).
 
@@ -152,8 +157,16 @@ struct Work<T> {
     u: Vec<T>,
     ut: Vec<T>,
     wsum: Vec<T>,
-    /// The head's row statistics `[Lq, 2]`: each row's denominator `den_i` and `r_i`.
+    /// The row statistics `[·, 2]` of a super-chunk (or of a chunk, non-causal): each row's
+    /// denominator `den_i` and `r_i`.
     stats: Vec<T>,
+    /// The causal backward's key states before each super-chunk (`[supers, F·Dv + F]`), query
+    /// states of the rows after the current one per query head (`[group, F·Dv + F]`), and the
+    /// super-chunk's `dk`, `dv` before they are streamed out (`[SC, D]`, `[SC, Dv]`).
+    snaps: Vec<T>,
+    run: Vec<T>,
+    dks: Vec<T>,
+    dvs: Vec<T>,
     /// A chunk's `dq` rows before they are streamed out, or its key gradient before it is added,
     /// `[C, D]`.
     dx: Vec<T>,
@@ -179,8 +192,12 @@ impl<T: Real> Work<T> {
             u: zeros(f * w),
             ut: zeros(w * f),
             wsum: zeros(f),
-            stats: zeros(2 * d.lq),
+            stats: zeros(2 * c),
             dx: zeros(c * d.d),
+            snaps: Vec::new(),
+            run: Vec::new(),
+            dks: Vec::new(),
+            dvs: Vec::new(),
         }
     }
 
@@ -283,13 +300,16 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
         |w, (bh, ((dq, dk), dvo))| {
             let (b, hk) = (bh / d.hkv, bh % d.hkv);
             let keys = Keys::new(isa, k, &v, p, d, (b, hk));
+            let head = |gi| Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
+            if p.causal {
+                return on_isa(isa, || causal(head, group, w, GradsMut { dq, dk, dv: dvo }));
+            }
             for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
-                let hd = Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
                 let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo, base: 0, fresh: gi == 0 };
                 on_isa(
                     isa,
                     #[inline(always)]
-                    || if p.causal { causal(&hd, w, acc) } else { global(&hd, w, acc) },
+                    || global(&head(gi), w, acc),
                 );
             }
         },
