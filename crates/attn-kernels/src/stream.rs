@@ -29,7 +29,7 @@ pub(crate) fn copy<T: Copy>(isa: crate::isa::Isa, dst: &mut [T], src: &[T]) {
         // when `size_of::<T>()` divides 64 (else the plain copy).
         let head = d.align_offset(LINE).min(bytes);
         let lines = (bytes - head) / LINE;
-        if lines > 0 && LINE % std::mem::size_of::<T>() == 0 && matches!(isa, Isa::Avx512 | Isa::Avx2) {
+        if lines > 0 && LINE.is_multiple_of(std::mem::size_of::<T>()) && matches!(isa, Isa::Avx512 | Isa::Avx2) {
             // SAFETY: `dst` and `src` are `bytes` long and do not overlap (one is borrowed
             // mutably); the lines `head .. head + lines·LINE` lie within both and are aligned to
             // 64 in `dst`; the caller's `isa` is available (`Isa::best`).

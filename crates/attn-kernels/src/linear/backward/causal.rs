@@ -112,7 +112,8 @@ pub(super) fn causal<'a, T: Real + 'a>(
             w.u.copy_from_slice(&state[..fdv]);
             w.wsum.copy_from_slice(&state[fdv..]);
             let dq = &mut g.dq[(gi * d.lq + rows.start) * d.d..][..n * d.d];
-            let mut acc = Acc { dq, dk: &mut dks[..n * d.d], dv: &mut dvs[..n * d.dv], base: rows.start, fresh: gi == 0 };
+            let mut acc =
+                Acc { dq, dk: &mut dks[..n * d.d], dv: &mut dvs[..n * d.dv], base: rows.start, fresh: gi == 0 };
             ascend(&hd, w, rows.clone(), &mut stats[..2 * n], &mut acc, false);
             acc.fresh = false;
             descend(&hd, w, rows.clone(), &stats[..2 * n], &mut acc);
