@@ -244,9 +244,11 @@ pub struct GradsMut<'a, T> {
 
 /// [`linear_attention_backward`] into the caller's buffers `g`, e.g. gradients a training loop
 /// keeps from one step to the next, so that no call maps and clears fresh pages. Every element is
-/// written: `dq` row by row, `dk` and `dv` chunk by chunk, each chunk written by its first query
-/// head's first product (the rows of padded keys cleared), the others added to it, so what the
-/// buffers held before (garbage, NaN) does not matter and they need no zero fill. A wrong
+/// written: `dq` chunk by chunk, streamed from scratch (non-temporal stores); `dk` and `dv` chunk
+/// by chunk, each chunk written by its first query head's first product (the rows of padded keys
+/// cleared), the others added to it — causal and unsegmented, in scratch a super-chunk at a time
+/// and then streamed — so what the buffers held before (garbage, NaN) does not matter and they
+/// need no zero fill. A wrong
 /// length is [`AttnError::Output`](crate::AttnError::Output) naming `dq`, `dk` or `dv`.
 pub fn linear_attention_backward_into<T: Real>(
     q: View4<T>,
