@@ -14,8 +14,8 @@
 //! before each super-chunk, so that each super-chunk's descending pass follows its ascending one
 //! while its rows are still in the L2 cache — the backward reads each input from memory once
 //! (and the keys and values twice). Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through `φ`'s Jacobian
-//! at once. The gradients are made in scratch and streamed out (non-temporal stores, `stream`):
-//! no line of them is read from memory. Memory: `O(L/(8·C)·F·Dv + C·(F + C + D) + F·Dv)` per
+//! at once. `dq` (and in `causal`, `dk` and `dv`) are made in scratch and streamed out
+//! (non-temporal stores, `stream`): no line of them is read from memory. Memory: `O((L/(8·C) + group)·F·Dv + C·(F + C + D))` per
 //! rayon job besides the gradients.
 //! Causal with fewer (batch, key/value head) jobs than threads, the passes run over segments of
 //! each head's chunks in parallel (`segmented`).
