@@ -30,7 +30,6 @@ pub mod problem;
 pub mod reference;
 pub mod score_mod;
 pub mod sparse;
-mod stream;
 // A workspace utility, not part of the kernels' interface: dropout keys its rows with
 // `splitmix64`; the other crates reach the generator as `attn::random::SplitMix64`.
 #[doc(hidden)]

@@ -80,21 +80,6 @@ fn the_segmented_paths_and_the_wide_micro_kernel() {
 }
 
 #[test]
-fn the_causal_backward_over_several_super_chunks() {
-    // Super-chunks of 8 chunks: 77 rows in chunks of 4 make three (the last partial), run from the
-    // last; entry 1's keys end inside the second; the two query heads of each group share its key
-    // states and keep their own query states across the super-chunks. One segment: the
-    // sequential path whatever the thread count.
-    for map in maps(8, 16) {
-        let mut c = Case::new([2, 4, 2, 77, 77, 8, 6], map, true, 4, 37);
-        c.segments = 1;
-        check_case(&c);
-        c.key_lens = Some(vec![77, 50]);
-        check_case(&c);
-    }
-}
-
-#[test]
 fn empty_sizes_write_zeros_over_garbage() {
     for dims in [[1, 1, 1, 3, 0, 2, 2], [1, 1, 1, 3, 3, 0, 2], [0, 1, 1, 4, 4, 2, 2]] {
         let c = Case::new(dims, FeatureMap::Elu, false, 2, 35);

@@ -6,17 +6,12 @@
 //! `dφ(q_i) = Σ_j ds_ij φ(k_j)`, `dφ(k_j) = Σ_i ds_ij φ(q_i)`, `dv_j = Σ_i (φ(q_i)·φ(k_j)) dn_i`.
 //! Non-causal, through the states `Sᵀ = Vᵀφ(K)`, `z` and `U = φ(Q)ᵀ·dN`, `w = Σ_i r_i φ(q_i)`.
 //! Causal, in two passes over the chunks: ascending (state `Sᵀ`, `z`) for the denominators, `dN`,
-//! `r` and `dφ(Q)`, and the part of `dφ(K)`, `dV` the chunk's masked products
-//! `P = tril(φ(Q_c)φ(K_c)ᵀ)` and `M = tril(dN_c V_cᵀ + r)` give; descending (state `U`, `w` of the
-//! later chunks) for the rest of `dφ(K)` and `dV`, the features and `dN` made again from the
-//! denominators and `r` the first pass kept (no `out` read). The two passes run super-chunk by
-//! super-chunk, from the last (`causal`): a first pass over the keys keeps the key states
-//! before each super-chunk, so that each super-chunk's descending pass follows its ascending one
-//! while its rows are still in the L2 cache — the backward reads each input from memory once
-//! (and the keys and values twice). Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through `φ`'s Jacobian
-//! at once. `dq` (and in `causal`, `dk` and `dv`) are made in scratch and streamed out
-//! (non-temporal stores, `stream`): no line of them is read from memory. Memory: `O((L/(8·C) + group)·F·Dv + C·(F + C + D))` per
-//! rayon job besides the gradients.
+//! `r` and `dφ(Q)`, with the chunk's masked products `P = tril(φ(Q_c)φ(K_c)ᵀ)` and
+//! `M = tril(dN_c V_cᵀ + r)`; descending (state `U`, `w` of the later chunks) for `dφ(K)` and `dV`,
+//! the features, `dN`, `P` and `M` of each chunk made again from the denominators and `r` the first
+//! pass kept (cheaper than keeping `O(L·C)` of them; with `r` kept the second pass reads no `out`).
+//! Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through `φ`'s
+//! Jacobian at once. Memory: `O(L + C·(F + C + D) + F·Dv)` per rayon job besides the gradients.
 //! Causal with fewer (batch, key/value head) jobs than threads, the passes run over segments of
 //! each head's chunks in parallel (`segmented`).
 
@@ -34,7 +29,6 @@ use crate::error::Result;
 use crate::grad::AttnGrads;
 use crate::isa::Isa;
 use crate::reference::Real;
-use crate::stream;
 use crate::view::View4;
 
 mod causal;
@@ -115,14 +109,17 @@ struct Acc<'a, T> {
 }
 
 impl<T: Real> Acc<'_, T> {
-    /// Prefetches this head's `dk` and `dv` rows of the `n` rows from `t0`, which a chunk loop is
-    /// about to write or add to (see [`prefetch`](super::chunk::prefetch)); `dq` is streamed,
-    /// never read.
+    /// Prefetches this head's `dq` rows (or with `keys`, its `dk` and `dv` rows) of the `n` rows
+    /// from `t0`, which a chunk loop is about to write or add to (see [`prefetch`](super::chunk::prefetch)).
     #[inline(always)]
-    fn prefetch(&self, d: &LinearDims, (t0, n): (usize, usize)) {
+    fn prefetch(&self, d: &LinearDims, (t0, n): (usize, usize), keys: bool) {
         let t = t0.saturating_sub(self.base);
-        prefetch_rows(self.dk, d.d, d.d, t, n);
-        prefetch_rows(self.dv, d.dv, d.dv, t, n);
+        if keys {
+            prefetch_rows(self.dk, d.d, d.d, t, n);
+            prefetch_rows(self.dv, d.dv, d.dv, t, n);
+        } else {
+            prefetch_rows(self.dq, d.d, d.d, t, n);
+        }
     }
 
     /// With [`fresh`](Self::fresh), clears the `dk`, `dv` rows of `rows` at or beyond the
@@ -157,18 +154,9 @@ struct Work<T> {
     u: Vec<T>,
     ut: Vec<T>,
     wsum: Vec<T>,
-    /// The row statistics `[·, 2]` of a super-chunk (or of a chunk, non-causal): each row's
-    /// denominator `den_i` and `r_i`.
+    /// The head's row statistics `[Lq, 2]`: each row's denominator `den_i` and `r_i`.
     stats: Vec<T>,
-    /// The causal backward's key states before each super-chunk (`[supers, F·Dv + F]`), query
-    /// states of the rows after the current one per query head (`[group, F·Dv + F]`), and the
-    /// super-chunk's `dk`, `dv` before they are streamed out (`[SC, D]`, `[SC, Dv]`).
-    snaps: Vec<T>,
-    run: Vec<T>,
-    dks: Vec<T>,
-    dvs: Vec<T>,
-    /// A chunk's `dq` rows before they are streamed out, or its key gradient before it is added,
-    /// `[C, D]`.
+    /// A chunk's key gradient before it is added, `[C, D]`.
     dx: Vec<T>,
 }
 
@@ -192,12 +180,8 @@ impl<T: Real> Work<T> {
             u: zeros(f * w),
             ut: zeros(w * f),
             wsum: zeros(f),
-            stats: zeros(2 * c),
+            stats: zeros(2 * d.lq),
             dx: zeros(c * d.d),
-            snaps: Vec::new(),
-            run: Vec::new(),
-            dks: Vec::new(),
-            dvs: Vec::new(),
         }
     }
 
@@ -244,11 +228,9 @@ pub struct GradsMut<'a, T> {
 
 /// [`linear_attention_backward`] into the caller's buffers `g`, e.g. gradients a training loop
 /// keeps from one step to the next, so that no call maps and clears fresh pages. Every element is
-/// written: `dq` chunk by chunk, streamed from scratch (non-temporal stores); `dk` and `dv` chunk
-/// by chunk, each chunk written by its first query head's first product (the rows of padded keys
-/// cleared), the others added to it — causal and unsegmented, in scratch a super-chunk at a time
-/// and then streamed — so what the buffers held before (garbage, NaN) does not matter and they
-/// need no zero fill. A wrong
+/// written: `dq` row by row, `dk` and `dv` chunk by chunk, each chunk written by its first query
+/// head's first product (the rows of padded keys cleared), the others added to it, so what the
+/// buffers held before (garbage, NaN) does not matter and they need no zero fill. A wrong
 /// length is [`AttnError::Output`](crate::AttnError::Output) naming `dq`, `dk` or `dv`.
 pub fn linear_attention_backward_into<T: Real>(
     q: View4<T>,
@@ -302,16 +284,13 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
         |w, (bh, ((dq, dk), dvo))| {
             let (b, hk) = (bh / d.hkv, bh % d.hkv);
             let keys = Keys::new(isa, k, &v, p, d, (b, hk));
-            let head = |gi| Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
-            if p.causal {
-                return on_isa(isa, || causal(head, group, w, GradsMut { dq, dk, dv: dvo }));
-            }
             for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
+                let hd = Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
                 let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo, base: 0, fresh: gi == 0 };
                 on_isa(
                     isa,
                     #[inline(always)]
-                    || global(&head(gi), w, acc),
+                    || if p.causal { causal(&hd, w, acc) } else { global(&hd, w, acc) },
                 );
             }
         },
@@ -373,14 +352,11 @@ impl<T: Real> Work<T> {
         fq.chunks_exact(f).zip(&self.r[..n]).for_each(|(x, &ri)| axpy(&mut self.wsum, ri, x));
     }
 
-    /// `dq` of the chunk's `n` rows from `t0` through `φ`'s Jacobian, from `dφ(Q_c)` in `dfq`:
-    /// made in `dx`, then streamed into `acc.dq` (non-temporal stores, which the caller orders
-    /// with [`stream::fence`] before it returns).
+    /// `dq` of the chunk's `n` rows from `t0` through `φ`'s Jacobian, from `dφ(Q_c)` in `dfq`.
     #[inline(always)]
     fn query_vjp(&mut self, hd: &Head<T>, t0: usize, n: usize, acc: &mut Acc<T>) {
-        let (f, dd) = (hd.d.f, hd.d.d);
-        hd.rows.vjp(hd.isa, hd.p.map, t0, n, &self.fq[..n * f], &mut self.dfq[..n * f], &mut self.dx);
-        stream::copy(hd.isa, &mut acc.dq[(t0 - acc.base) * dd..][..n * dd], &self.dx[..n * dd]);
+        let (f, dq) = (hd.d.f, &mut acc.dq[(t0 - acc.base) * hd.d.d..]);
+        hd.rows.vjp(hd.isa, hd.p.map, t0, n, &self.fq[..n * f], &mut self.dfq[..n * f], dq);
     }
 }
 

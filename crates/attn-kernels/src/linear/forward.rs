@@ -24,7 +24,6 @@ use crate::alloc;
 use crate::error::Result;
 use crate::isa::Isa;
 use crate::reference::Real;
-use crate::stream;
 use crate::view::View4;
 
 /// Linear attention of `q: [B, Hq, Lq, D]` over `k: [B, Hkv, Lk, D]`, `v: [B, Hkv, Lk, Dv]`:
@@ -39,9 +38,8 @@ pub fn linear_attention<T: Real>(q: View4<T>, k: View4<T>, v: View4<T>, p: &Line
 
 /// [`linear_attention`] into the caller's `out: [B, Hq, Lq, Dv]` (contiguous), e.g. a buffer a
 /// training loop keeps from one step to the next, so that no call maps and clears fresh pages.
-/// Every element of `out` is written, each chunk of rows made in a scratch buffer and then
-/// streamed into `out` (non-temporal stores: its lines are not read from memory before being
-/// written over): what `out` held before (garbage, NaN) does not matter and it needs no zero
+/// Every element of `out` is written, each chunk of rows by its first product (which writes
+/// rather than adds): what `out` held before (garbage, NaN) does not matter and it needs no zero
 /// fill. A wrong length is [`AttnError::Output`](crate::AttnError::Output) naming `out`.
 pub fn linear_attention_into<T: Real>(
     q: View4<T>,
@@ -138,8 +136,6 @@ struct Work<T> {
     /// `tril(φ(Q_c)φ(K_c)ᵀ)`: `[C, C]`, and the transposed keys `tril_products` makes.
     pm: Vec<T>,
     kt: Vec<T>,
-    /// The chunk's output rows before they are streamed into the output, `[C, Dv]`.
-    oc: Vec<T>,
     /// The chunk's denominators.
     den: Vec<T>,
     /// The state `(S, z)`: `S: [F, Dv]`, then `z: [F]`.
@@ -155,7 +151,6 @@ impl<T: Real> Work<T> {
             fk: zeros(c * d.f),
             pm: zeros(c * c),
             kt: Vec::new(),
-            oc: zeros(c * d.dv),
             den: zeros(c),
             st: zeros(d.f * d.dv + d.f),
         }
@@ -201,15 +196,13 @@ fn queries<T: Real>(
     let (s, z) = w.st.split_at(f * dv);
     for t0 in rows.clone().step_by(c) {
         let n = c.min(rows.end - t0);
-        let (fq, oc, den) = (&mut w.fq[..n * f], &mut w.oc[..n * dv], &mut w.den[..n]);
+        let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
         prefetch(hd.q, (hd.b, hd.h), t0 + c, ahead(&rows, t0 + c, c));
         gemm(isa, n, dv, f, Lhs::rows(fq, f).write(true), s, dv, oc, dv);
         den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
         divide(oc, dv, den);
-        stream::copy(isa, &mut o[(t0 - rows.start) * dv..][..n * dv], oc);
     }
-    stream::fence();
 }
 
 /// The rows `rows` (whole chunks from a chunk's start) of one head, causal, chunk by chunk from
@@ -229,7 +222,7 @@ fn causal<T: Real>(
     let (s, z) = w.st.split_at_mut(f * dv);
     for t0 in rows.clone().step_by(c) {
         let (n, nk) = (c.min(rows.end - t0), keys.count(t0, c.min(rows.end - t0)));
-        let (fq, oc, den) = (&mut w.fq[..n * f], &mut w.oc[..n * dv], &mut w.den[..n]);
+        let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
         let next = (t0 + c, ahead(&rows, t0 + c, c));
         prefetch(hd.q, (hd.b, hd.h), next.0, next.1);
@@ -247,7 +240,5 @@ fn causal<T: Real>(
             add_rows(z, fk, nk);
         }
         divide(oc, dv, den);
-        stream::copy(isa, &mut o[(t0 - rows.start) * dv..][..n * dv], oc);
     }
-    stream::fence();
 }

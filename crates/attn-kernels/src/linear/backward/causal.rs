@@ -3,18 +3,15 @@
 //! and `dv` each chunk's masked products `P`, `M` give; descending (the query states `U`, `w` of
 //! the later chunks) for the rest of `dk` and `dv`, each chunk's features and `dN` made again
 //! from the denominators and `r` the first pass kept (no `out` read, no masked product remade).
-//! [`ascend`] and [`descend`] run any range of whole chunks: [`causal`] runs them super-chunk by
-//! super-chunk (a few chunks, both passes while their rows are in the L2 cache), the segmented
-//! path over its segments.
+//! [`ascend`] and [`descend`] run any range of whole chunks, for the segmented path too.
 
 use std::ops::Range;
 
-use super::{key_grads, Acc, GradsMut, Head, Work};
+use super::{key_grads, Acc, Head, Work};
 use crate::linear::chunk::{ahead, dot, sum, tril_products};
 use crate::linear::gemm::{gemm, Lhs, Part};
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
-use crate::stream;
 
 /// The chunk from `t0` (`n` rows, `nk` keys) of a causal head: `φ(Q_c)`, `φ(K_c)`, `P` into
 /// `w`, and the denominators `φ(Q_c)·z + rowsum(P) + ε` into the first column of the chunk's
@@ -50,81 +47,17 @@ fn chunk_grads<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), stats:
     }
 }
 
-/// Chunks per super-chunk of [`causal`]: 512 rows at the default chunk of 64, whose inputs and
-/// gradients (`q`, `k`, `v`, `out`, `dO`, `dk`, `dv`: 7 × 128 KiB at `D = 64`) stay in the L2
-/// cache between the ascending pass over them and the descending one.
-const SUPER_CHUNKS: usize = 8;
-
-/// The causal backward of one key/value head and its `group` query heads (`head(gi)`: query head
-/// `gi` of the group): writes their `dq: [group, L, D]`, and `dk: [L, D]`, `dv: [L, Dv]` summed
-/// over them. One pass over the keys makes the key states `(Sᵀ, z)` before each super-chunk of
-/// [`SUPER_CHUNKS`] chunks; then super-chunk by super-chunk from the last, each query head in turn runs
-/// the ascending pass over it from its key state and the descending pass back over it from the
-/// query states `(U, w)` of the rows after it (kept per query head from the super-chunk before),
-/// so that the second pass finds the super-chunk's rows in the L2 cache rather than reading the
-/// head again from memory. The super-chunk's `dk`, `dv` are summed in scratch and streamed out
-/// (non-temporal stores), like `dq`: no gradient line is read from memory.
+/// One query head, causal, in two passes over the chunks: writes `acc.dq`, adds to (with
+/// [`Acc::fresh`], writes) `acc.dk`, `acc.dv`.
 #[inline(always)]
-pub(super) fn causal<'a, T: Real + 'a>(
-    head: impl Fn(usize) -> Head<'a, T>,
-    group: usize,
-    w: &mut Work<T>,
-    g: GradsMut<T>,
-) {
-    let h0 = head(0);
-    let (isa, d, c) = (h0.isa, h0.d, w.chunk());
-    let (f, fdv, sc) = (d.f, d.f * d.dv, SUPER_CHUNKS * c);
-    let (width, supers) = (fdv + d.f, d.lq.div_ceil(sc));
-    let span = |s: usize| s * sc..((s + 1) * sc).min(d.lq);
-    let [mut snaps, mut run, mut dks, mut dvs, mut stats] =
-        [&mut w.snaps, &mut w.run, &mut w.dks, &mut w.dvs, &mut w.stats].map(std::mem::take);
-    snaps.resize(supers * width, T::zero());
-    run.clear();
-    run.resize(group * width, T::zero());
-    dks.resize(sc * d.d, T::zero());
-    dvs.resize(sc * d.dv, T::zero());
-    stats.resize(2 * sc, T::zero());
-    // The key states before each super-chunk.
+pub(super) fn causal<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
+    let l = hd.d.lq;
+    let mut stats = std::mem::take(&mut w.stats);
     w.clear_states();
-    for (s, snap) in snaps.chunks_exact_mut(width).enumerate() {
-        snap[..fdv].copy_from_slice(&w.st);
-        snap[fdv..].copy_from_slice(&w.z);
-        let rows = if s + 1 < supers { span(s) } else { 0..0 };
-        for t0 in rows.clone().step_by(c) {
-            let nk = h0.keys.count(t0, c);
-            if nk == 0 {
-                break;
-            }
-            h0.keys.features(isa, h0.p.map, t0, nk, &mut w.fk[..nk * f]);
-            h0.keys.prefetch(t0 + c, ahead(&rows, t0 + c, c), false);
-            w.add_keys(&h0, t0, nk);
-            h0.keys.prefetch(t0 + c, ahead(&rows, t0 + c, c), true);
-        }
-    }
-    for s in (0..supers).rev() {
-        let rows = span(s);
-        let n = rows.len();
-        for (gi, state) in run.chunks_exact_mut(width).enumerate() {
-            let hd = head(gi);
-            let (st, z) = snaps[s * width..][..width].split_at(fdv);
-            w.st.copy_from_slice(st);
-            w.z.copy_from_slice(z);
-            w.u.copy_from_slice(&state[..fdv]);
-            w.wsum.copy_from_slice(&state[fdv..]);
-            let dq = &mut g.dq[(gi * d.lq + rows.start) * d.d..][..n * d.d];
-            let mut acc =
-                Acc { dq, dk: &mut dks[..n * d.d], dv: &mut dvs[..n * d.dv], base: rows.start, fresh: gi == 0 };
-            ascend(&hd, w, rows.clone(), &mut stats[..2 * n], &mut acc, false);
-            acc.fresh = false;
-            descend(&hd, w, rows.clone(), &stats[..2 * n], &mut acc);
-            state[..fdv].copy_from_slice(&w.u);
-            state[fdv..].copy_from_slice(&w.wsum);
-        }
-        stream::copy(isa, &mut g.dk[rows.start * d.d..][..n * d.d], &dks[..n * d.d]);
-        stream::copy(isa, &mut g.dv[rows.start * d.dv..][..n * d.dv], &dvs[..n * d.dv]);
-    }
-    stream::fence();
-    [w.snaps, w.run, w.dks, w.dvs, w.stats] = [snaps, run, dks, dvs, stats];
+    ascend(hd, w, 0..l, &mut stats, &mut acc, false);
+    acc.fresh = false;
+    descend(hd, w, 0..l, &stats, &mut acc);
+    w.stats = stats;
 }
 
 /// The ascending pass over the rows `rows` (whole chunks from a chunk's start) of a causal head,
@@ -161,16 +94,16 @@ pub(super) fn ascend<T: Real>(
         next(2);
         w.query_vjp(hd, t0, n, acc);
         next(4);
+        acc.prefetch(hd.d, (t0 + c, ahead(&rows, t0 + c, c)), false);
         if nk > 0 {
             key_grads(hd, sizes(t0), true, w, acc);
         }
-        acc.prefetch(hd.d, (t0 + c, ahead(&rows, t0 + c, c)));
+        acc.prefetch(hd.d, (t0 + c, ahead(&rows, t0 + c, c)), true);
         if totals {
             w.add_queries(hd, n);
         }
     }
     acc.clear_padded(rows, hd.keys.valid, hd.d);
-    stream::fence();
 }
 
 /// The descending pass over the rows `rows` of a causal head, from the query states `w.u`,
@@ -197,6 +130,6 @@ pub(super) fn descend<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<usize>
         }
         prev(4);
         w.add_queries(hd, n);
-        acc.prefetch(hd.d, if t0 >= rows.start + c { (t0 - c, c) } else { (0, 0) });
+        acc.prefetch(hd.d, if t0 >= rows.start + c { (t0 - c, c) } else { (0, 0) }, true);
     }
 }

@@ -8,7 +8,6 @@ use super::{key_grads, Acc, Head, Work};
 use crate::linear::chunk::{ahead, dot};
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
-use crate::stream;
 
 /// One query head, non-causal: writes `acc.dq`, adds to (with [`Acc::fresh`], writes) `acc.dk`,
 /// `acc.dv`.
@@ -48,7 +47,6 @@ pub(super) fn global_queries<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range
         w.add_queries(hd, n);
         w.query_vjp(hd, t0, n, acc);
     }
-    stream::fence();
 }
 
 /// The key rows `rows` of a non-causal head from the query states `w.u`, `w.wsum` of all its
