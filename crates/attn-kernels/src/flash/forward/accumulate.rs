@@ -8,6 +8,8 @@
 //! to bfloat16 pairs and multiplied into the packed value pairs; a tile with such value rows takes
 //! the f32 path instead.
 
+use std::ops::Range;
+
 use crate::flash::block::{rows_per_call, with_rows, Work, LDS};
 use crate::flash::micro::{pv, pv_scalar, Bf16Pairs, Fma, Product};
 use crate::flash::pairs::pair_keys;
@@ -131,14 +133,44 @@ pub(in crate::flash) unsafe fn pv_block<S: Simd, P: Product, E: KvElem>(
     dv: usize,
     rows: usize,
 ) {
+    // SAFETY: forwarded; every span is `0..n`.
+    unsafe { pv_spans::<S, P, E>(p, ldp, ldj, v, ldv, o, dv, rows, |_, _| 0..n) }
+}
+
+/// [`pv_block`] where each call's rows `r0..r0 + nr` (at most the pv rows per call) reduce over
+/// `span(r0, nr)` only, a part of `0..n` outside which their `p` is 0: the backward skips the
+/// keys (or query rows) a causal or window band hides from a tile's rows. Skipping `0·v` leaves
+/// every sum as it was (up to the sign of a zero), for finite `v`.
+///
+/// # Safety
+/// As [`pv_block`], for every `j` of every span.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(in crate::flash) unsafe fn pv_spans<S: Simd, P: Product, E: KvElem>(
+    p: *const f32,
+    ldp: usize,
+    ldj: usize,
+    v: *const E,
+    ldv: usize,
+    o: *mut f32,
+    dv: usize,
+    rows: usize,
+    span: impl Fn(usize, usize) -> Range<usize>,
+) {
     let (_, rp) = rows_per_call::<S>();
     let mut r0 = 0;
-    // SAFETY: the CPU supports `S` (the caller's contract); every call stays within `rows` rows
-    // and `dv` columns, which the caller guarantees valid.
+    // SAFETY: the CPU supports `S` (the caller's contract); every call stays within `rows` rows,
+    // `dv` columns and its span of `j`, which the caller guarantees valid.
     unsafe {
         while r0 < rows {
             let nr = rp.min(rows - r0);
-            let (pr, or) = (p.add(r0 * ldp), o.add(r0 * dv));
+            let js = span(r0, nr);
+            let (n, or) = (js.len(), o.add(r0 * dv));
+            if n == 0 {
+                r0 += nr;
+                continue;
+            }
+            let (pr, v) = (p.add(r0 * ldp + js.start * ldj), v.add(js.start * ldv));
             let mut c0 = 0;
             // Column blocks of 4 vectors on AVX-512, 2 on 8-lane ISAs (see `rows_per_call`).
             while S::W == 16 && c0 + 4 * S::W <= dv {

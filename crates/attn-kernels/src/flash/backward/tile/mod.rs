@@ -19,6 +19,12 @@
 //!    forward's `pv` micro-kernel; key rows holding a non-finite number are added one product
 //!    at a time, skipping the rows that mask them.
 //!
+//! Where a causal or window band cuts through a tile, the products skip what it hides: in step 1
+//! a micro-kernel row chunk's key panels outside the chunk's band (their scores and `dP̄` set to
+//! 0, masked in step 2), and in step 3 the rows a group of keys cannot see (`dV`, `dK`; pairs of
+//! rows with bfloat16 products) and, in f32, the keys a group of rows cannot see (`dQ`): their
+//! terms are `0·x`.
+//!
 //! The products of steps 1 and 3 ([`products`](mod@products)) are f32, or bfloat16 pairs with
 //! f32 accumulation for a job of a call with [`Precision::Bf16`] whose forward took the prefill
 //! path (so `S` is rounded bit for bit as the forward's) and whose keys are all finite (a pair of
@@ -85,6 +91,9 @@ pub struct BwdWork {
     bad_keys: Vec<usize>,
     /// The tiles' spans of the block: `(query head, first row, end row)`.
     spans: Vec<(usize, usize, usize)>,
+    /// Per row of the tile, the block's columns `a..z` its band allows (`a >= z`: none); both
+    /// ends grow with the row.
+    band: Vec<(usize, usize)>,
     /// A block mask's segments of the tile last masked.
     blocks: TileBlocks,
 }
@@ -167,10 +176,9 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         w.spans.clear();
         for h in job.kvh * g..(job.kvh + 1) * g {
             match cx.pb.elem.block {
-                // Tiles start at multiples of `TILE_ROWS` and end at a multiple of `rq` (or `Lq`), so
-                // their micro-kernel chunks are those of the whole head; the extra rows see none of
-                // the block.
-                None if ia < ib => w.spans.push((h, ia / TILE_ROWS * TILE_ROWS, ib.next_multiple_of(rq).min(d.lq))),
+                // Tiles start and end at multiples of `rq` (or `Lq`), so their micro-kernel chunks
+                // are those of the whole head; the extra rows see none of the block.
+                None if ia < ib => w.spans.push((h, ia / rq * rq, ib.next_multiple_of(rq).min(d.lq))),
                 None => {}
                 Some(bm) => listed_tiles(bm.q_blocks(job.b, h, j0 / KEY_BLOCK).0, ia, ib, d.lq)
                     .for_each(|(a, z)| w.spans.push((h, a, z))),
@@ -335,6 +343,12 @@ unsafe fn tile<S: Simd, E: KvElem>(
     t: TileAt,
     dq: &mut [f32],
 ) {
+    let band = (t.i0..t.i0 + t.nr).map(|i| {
+        let (lo, hi) = cx.pb.key_range(job.b, i);
+        (lo.clamp(t.j0, t.j0 + t.n) - t.j0, hi.clamp(t.j0, t.j0 + t.n) - t.j0)
+    });
+    w.band.clear();
+    w.band.extend(band);
     // SAFETY: forwarded from the caller.
     unsafe {
         products::<S, E>(cx, job, w, form, t);

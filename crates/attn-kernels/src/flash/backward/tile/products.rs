@@ -6,9 +6,11 @@
 //! accumulations pair their reduction index — two query rows ([`pair_rows`]) for `dV` and `dK`, two
 //! keys of a panel ([`pair_keys`], against `pack::pack_key_pairs`) for `dQ`.
 
+use std::ops::Range;
+
 use super::{row_chunks, BwdCtx, BwdJob, BwdWork, Form, TileAt, LDB};
 use crate::flash::block::{head, rows_per_call, with_rows};
-use crate::flash::forward::accumulate::pv_block;
+use crate::flash::forward::accumulate::{pv_block, pv_spans};
 use crate::flash::micro::{qk_panel, Bf16Pairs, Fma, Product};
 use crate::flash::pairs::{pair_keys, pair_rows};
 use crate::flash::scores::decode_scores;
@@ -53,10 +55,11 @@ pub(super) fn transpose_chunks<'a>(
 
 /// `out[r][·] = scale · a_r · panels` for `rows` rows (transposed in the chunks of
 /// [`row_chunks`] for `unit`: `at`, `d` slots) against the `np` packed panels, multiplied as `P`
-/// multiplies.
+/// multiplies; 0 where a panel lies outside every column `band` allows a chunk's rows.
 ///
 /// # Safety
-/// CPU supports `S`; `at` holds `rows·d`, `panels` `np` panels of `d·2·W`, `out` `rows·LDB`.
+/// CPU supports `S`; `at` holds `rows·d`, `panels` `np` panels of `d·2·W`, `out` `rows·LDB`,
+/// `band` `rows` entries.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn panel_product<S: Simd, P: Product>(
@@ -67,14 +70,23 @@ unsafe fn panel_product<S: Simd, P: Product>(
     unit: usize,
     np: usize,
     scale: f32,
+    band: &[(usize, usize)],
     out: &mut [f32],
 ) {
     let (rq, _) = rows_per_call::<S>();
     let pw = 2 * S::W;
-    let (ap, op) = (at.as_ptr(), out.as_mut_ptr());
     for pi in 0..np {
         let kp = panels[pi * d * pw..].as_ptr();
         for (r0, nr) in row_chunks(rows, unit, rq) {
+            // The band's ends grow with the row: the chunk's rows see columns `a..z` at most.
+            let (a, z) = (band[r0].0, band[r0 + nr - 1].1);
+            if z <= pi * pw || (pi + 1) * pw <= a {
+                for r in r0..r0 + nr {
+                    out[r * LDB + pi * pw..][..pw].fill(0.0);
+                }
+                continue;
+            }
+            let (ap, op) = (at.as_ptr(), out.as_mut_ptr());
             // SAFETY: chunk `r0` holds `nr·d` floats; the panel `d·pw`; the output row block
             // `nr` rows of `LDB >= np·pw` columns.
             unsafe {
@@ -122,16 +134,16 @@ pub(super) unsafe fn products<S: Simd, E: KvElem>(
             let (qb, kb) = (qb.as_ptr().add(i0 * ldq), kb.as_ptr().add(j0 * ldk));
             decode_scores::<S, E>(qb, ldq, kb, ldk, n, d.dk, scale, nr, w.s.as_mut_ptr(), LDB);
         } else if form.bf16 {
-            panel_product::<S, Bf16Pairs>(&w.qt[qt..], &w.kp, dks, nr, form.unit, np, scale, &mut w.s);
+            panel_product::<S, Bf16Pairs>(&w.qt[qt..], &w.kp, dks, nr, form.unit, np, scale, &w.band, &mut w.s);
         } else {
-            panel_product::<S, Fma>(&w.qt[qt..], &w.kp, dks, nr, form.unit, np, scale, &mut w.s);
+            panel_product::<S, Fma>(&w.qt[qt..], &w.kp, dks, nr, form.unit, np, scale, &w.band, &mut w.s);
         }
         if form.bf16 {
             // The packed values are bfloat16: dropout's `c` scales the product instead.
             let c = cx.pb.dropout.map_or(1.0, |dr| dr.scale());
-            panel_product::<S, Bf16Pairs>(&w.dot[dot..], &w.vp, dvs, nr, form.unit, np, c, &mut w.dp);
+            panel_product::<S, Bf16Pairs>(&w.dot[dot..], &w.vp, dvs, nr, form.unit, np, c, &w.band, &mut w.dp);
         } else {
-            panel_product::<S, Fma>(&w.dot[dot..], &w.vp, dvs, nr, form.unit, np, 1.0, &mut w.dp);
+            panel_product::<S, Fma>(&w.dot[dot..], &w.vp, dvs, nr, form.unit, np, 1.0, &w.band, &mut w.dp);
         }
     }
 }
@@ -154,17 +166,26 @@ pub(super) unsafe fn accumulate_f32<S: Simd, E: KvElem>(
     let [pd, (qb, ldq), (ob, ldo)] = tile_rows(cx, w, b, t);
     let (kb, ldk) = head(&cx.k, b, job.kvh);
     let kb = kb[j0 * ldk..].as_ptr();
-    // SAFETY: `P̄` and `dX` hold `nr` rows of `n` at stride `LDB`, read transposed for `dV`, `dK`;
-    // Q and dO rows `i0..i0+nr` and K rows `j0..j0+n` exist; the accumulators hold `n` rows,
-    // `dq` `nr` rows.
+    let band = &w.band[..nr];
+    let rows_seeing = |c0: usize, m: usize| rows_seeing(band, c0..c0 + m);
+    // The keys of `c..e` (as columns from `c`) that rows `r0..r0 + m` see.
+    let keys_seen = |c: usize, e: usize| {
+        move |r0: usize, m: usize| {
+            let (a, z) = (band[r0].0.clamp(c, e), band[r0 + m - 1].1.clamp(c, e));
+            a - c..z.max(a) - c
+        }
+    };
+    // SAFETY: `P̄` and `dX` hold `nr` rows of `n` at stride `LDB`, read transposed for `dV`, `dK`,
+    // and are 0 outside the band; Q and dO rows `i0..i0+nr` and K rows `j0..j0+n` exist; the
+    // accumulators hold `n` rows, `dq` `nr` rows; every span lies in its product's range.
     unsafe {
-        pv_block::<S, Fma, f32>(pd.0, 1, LDB, ob, ldo, nr, w.dv.as_mut_ptr(), d.dv, n);
-        pv_block::<S, Fma, f32>(w.dp.as_ptr(), 1, LDB, qb, ldq, nr, w.dk.as_mut_ptr(), d.dk, n);
+        pv_spans::<S, Fma, f32>(pd.0, 1, LDB, ob, ldo, w.dv.as_mut_ptr(), d.dv, n, rows_seeing);
+        pv_spans::<S, Fma, f32>(w.dp.as_ptr(), 1, LDB, qb, ldq, w.dk.as_mut_ptr(), d.dk, n, rows_seeing);
         let mut c = 0;
         for run_end in w.bad_keys.iter().copied().chain(std::iter::once(n)) {
             if run_end > c {
                 let (dx, k) = (w.dp.as_ptr().add(c), kb.add(c * ldk));
-                pv_block::<S, Fma, E>(dx, LDB, 1, k, ldk, run_end - c, dq.as_mut_ptr(), d.dk, nr);
+                pv_spans::<S, Fma, E>(dx, LDB, 1, k, ldk, dq.as_mut_ptr(), d.dk, nr, keys_seen(c, run_end));
             }
             c = run_end + 1;
         }
@@ -178,6 +199,12 @@ pub(super) unsafe fn accumulate_f32<S: Simd, E: KvElem>(
             }
         }
     }
+}
+
+/// The tile rows whose `band` (ends growing with the row) reaches a column of `cols`.
+fn rows_seeing(band: &[(usize, usize)], cols: Range<usize>) -> Range<usize> {
+    let first = band.partition_point(|&(_, z)| z <= cols.start);
+    first..band.partition_point(|&(a, _)| a < cols.end).max(first)
 }
 
 /// What both forms of step 3 read first, as pointers with their row strides: `P̄` (`P` without
@@ -206,7 +233,14 @@ pub(super) unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
     let d = cx.pb.dims;
     let (TileAt { nr, n, .. }, half, width) = (t, t.nr.div_ceil(2), t.n.div_ceil(2 * S::W) * 2 * S::W);
     let [pd, (qb, ldq), (ob, ldo)] = tile_rows(cx, w, job.b, t);
-    // SAFETY: `P̄` and `dX` hold `nr` rows of `LDB >= width` at stride `LDB`; Q and dO rows
+    let band = &w.band[..nr];
+    // The pairs of rows `(2p, 2p + 1)` that see a key of `c0..c0 + m`.
+    let pairs_seeing = |c0: usize, m: usize| {
+        let r = rows_seeing(band, c0..c0 + m);
+        r.start / 2..r.end.div_ceil(2)
+    };
+    // SAFETY: `P̄` and `dX` hold `nr` rows of `LDB >= width` at stride `LDB` (0 outside the band,
+    // and so are their pairs outside `pairs_seeing`); Q and dO rows
     // `i0..i0+nr` exist; `w.rows2` holds `⌈MAX_TILE_ROWS/2⌉` rows of `max(LDB, Dk, Dv)`, `w.keys2`
     // `MAX_TILE_ROWS` rows of `LDB/2`, `w.kk` the block's keys in pairs (`width/2` rows of `Dk`); the
     // accumulators hold `n` rows, `dq` `nr` rows.
@@ -214,10 +248,30 @@ pub(super) unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
         let (pairs, values) = w.rows2.split_at_mut(half * LDB);
         pair_rows::<S>(pd.0, LDB, nr, n, pairs.as_mut_ptr(), LDB);
         pair_rows::<S>(ob, ldo, nr, d.dv, values.as_mut_ptr(), d.dv);
-        pv_block::<S, Bf16Pairs, f32>(pairs.as_ptr(), 1, LDB, values.as_ptr(), d.dv, half, w.dv.as_mut_ptr(), d.dv, n);
+        pv_spans::<S, Bf16Pairs, f32>(
+            pairs.as_ptr(),
+            1,
+            LDB,
+            values.as_ptr(),
+            d.dv,
+            w.dv.as_mut_ptr(),
+            d.dv,
+            n,
+            pairs_seeing,
+        );
         pair_rows::<S>(w.dp.as_ptr(), LDB, nr, n, pairs.as_mut_ptr(), LDB);
         pair_rows::<S>(qb, ldq, nr, d.dk, values.as_mut_ptr(), d.dk);
-        pv_block::<S, Bf16Pairs, f32>(pairs.as_ptr(), 1, LDB, values.as_ptr(), d.dk, half, w.dk.as_mut_ptr(), d.dk, n);
+        pv_spans::<S, Bf16Pairs, f32>(
+            pairs.as_ptr(),
+            1,
+            LDB,
+            values.as_ptr(),
+            d.dk,
+            w.dk.as_mut_ptr(),
+            d.dk,
+            n,
+            pairs_seeing,
+        );
         pair_keys::<S>(w.dp.as_mut_ptr(), LDB, nr, n, width, w.keys2.as_mut_ptr(), LDB / 2);
         pv_block::<S, Bf16Pairs, f32>(
             w.keys2.as_ptr(),
