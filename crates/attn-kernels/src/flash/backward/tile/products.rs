@@ -246,32 +246,14 @@ pub(super) unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
     // accumulators hold `n` rows, `dq` `nr` rows.
     unsafe {
         let (pairs, values) = w.rows2.split_at_mut(half * LDB);
-        pair_rows::<S>(pd.0, LDB, nr, n, pairs.as_mut_ptr(), LDB);
-        pair_rows::<S>(ob, ldo, nr, d.dv, values.as_mut_ptr(), d.dv);
-        pv_spans::<S, Bf16Pairs, f32>(
-            pairs.as_ptr(),
-            1,
-            LDB,
-            values.as_ptr(),
-            d.dv,
-            w.dv.as_mut_ptr(),
-            d.dv,
-            n,
-            pairs_seeing,
-        );
-        pair_rows::<S>(w.dp.as_ptr(), LDB, nr, n, pairs.as_mut_ptr(), LDB);
-        pair_rows::<S>(qb, ldq, nr, d.dk, values.as_mut_ptr(), d.dk);
-        pv_spans::<S, Bf16Pairs, f32>(
-            pairs.as_ptr(),
-            1,
-            LDB,
-            values.as_ptr(),
-            d.dk,
-            w.dk.as_mut_ptr(),
-            d.dk,
-            n,
-            pairs_seeing,
-        );
+        // `dV += P̄ᵀ·dO`, then `dK += dXᵀ·Q`, the reduction over pairs of rows.
+        for (x, (rows, ld), dim, acc) in
+            [(pd.0, (ob, ldo), d.dv, w.dv.as_mut_ptr()), (w.dp.as_ptr(), (qb, ldq), d.dk, w.dk.as_mut_ptr())]
+        {
+            pair_rows::<S>(x, LDB, nr, n, pairs.as_mut_ptr(), LDB);
+            pair_rows::<S>(rows, ld, nr, dim, values.as_mut_ptr(), dim);
+            pv_spans::<S, Bf16Pairs, f32>(pairs.as_ptr(), 1, LDB, values.as_ptr(), dim, acc, dim, n, pairs_seeing);
+        }
         pair_keys::<S>(w.dp.as_mut_ptr(), LDB, nr, n, width, w.keys2.as_mut_ptr(), LDB / 2);
         pv_block::<S, Bf16Pairs, f32>(
             w.keys2.as_ptr(),
