@@ -78,9 +78,8 @@ unsafe fn panel_product<S: Simd, P: Product>(
     for pi in 0..np {
         let kp = panels[pi * d * pw..].as_ptr();
         for (r0, nr) in row_chunks(rows, unit, rq) {
-            // The band's ends grow with the row: the chunk's rows see columns `a..z` at most.
-            let (a, z) = (band[r0].0, band[r0 + nr - 1].1);
-            if z <= pi * pw || (pi + 1) * pw <= a {
+            let cols = keys_seen(band, r0..r0 + nr);
+            if cols.end <= pi * pw || (pi + 1) * pw <= cols.start {
                 for r in r0..r0 + nr {
                     out[r * LDB + pi * pw..][..pw].fill(0.0);
                 }
@@ -167,11 +166,12 @@ pub(super) unsafe fn accumulate_f32<S: Simd, E: KvElem>(
     let (kb, ldk) = head(&cx.k, b, job.kvh);
     let kb = kb[j0 * ldk..].as_ptr();
     let band = &w.band[..nr];
-    let rows_seeing = |c0: usize, m: usize| rows_seeing(band, c0..c0 + m);
+    let rows_of_keys = |c0: usize, m: usize| rows_seeing(band, c0..c0 + m);
     // The keys of `c..e` (as columns from `c`) that rows `r0..r0 + m` see.
-    let keys_seen = |c: usize, e: usize| {
+    let keys_of_rows = |c: usize, e: usize| {
         move |r0: usize, m: usize| {
-            let (a, z) = (band[r0].0.clamp(c, e), band[r0 + m - 1].1.clamp(c, e));
+            let cols = keys_seen(band, r0..r0 + m);
+            let (a, z) = (cols.start.clamp(c, e), cols.end.clamp(c, e));
             a - c..z.max(a) - c
         }
     };
@@ -179,13 +179,13 @@ pub(super) unsafe fn accumulate_f32<S: Simd, E: KvElem>(
     // and are 0 outside the band; Q and dO rows `i0..i0+nr` and K rows `j0..j0+n` exist; the
     // accumulators hold `n` rows, `dq` `nr` rows; every span lies in its product's range.
     unsafe {
-        pv_spans::<S, Fma, f32>(pd.0, 1, LDB, ob, ldo, w.dv.as_mut_ptr(), d.dv, n, rows_seeing);
-        pv_spans::<S, Fma, f32>(w.dp.as_ptr(), 1, LDB, qb, ldq, w.dk.as_mut_ptr(), d.dk, n, rows_seeing);
+        pv_spans::<S, Fma, f32>(pd.0, 1, LDB, ob, ldo, w.dv.as_mut_ptr(), d.dv, n, rows_of_keys);
+        pv_spans::<S, Fma, f32>(w.dp.as_ptr(), 1, LDB, qb, ldq, w.dk.as_mut_ptr(), d.dk, n, rows_of_keys);
         let mut c = 0;
         for run_end in w.bad_keys.iter().copied().chain(std::iter::once(n)) {
             if run_end > c {
                 let (dx, k) = (w.dp.as_ptr().add(c), kb.add(c * ldk));
-                pv_spans::<S, Fma, E>(dx, LDB, 1, k, ldk, dq.as_mut_ptr(), d.dk, nr, keys_seen(c, run_end));
+                pv_spans::<S, Fma, E>(dx, LDB, 1, k, ldk, dq.as_mut_ptr(), d.dk, nr, keys_of_rows(c, run_end));
             }
             c = run_end + 1;
         }
@@ -205,6 +205,12 @@ pub(super) unsafe fn accumulate_f32<S: Simd, E: KvElem>(
 fn rows_seeing(band: &[(usize, usize)], cols: Range<usize>) -> Range<usize> {
     let first = band.partition_point(|&(_, z)| z <= cols.start);
     first..band.partition_point(|&(a, _)| a < cols.end).max(first)
+}
+
+/// The columns that tile `rows` (non-empty) see at most: both ends of the `band` grow with the row,
+/// so from the first row's start to the last row's end (empty when they cross).
+fn keys_seen(band: &[(usize, usize)], rows: Range<usize>) -> Range<usize> {
+    band[rows.start].0..band[rows.end - 1].1
 }
 
 /// What both forms of step 3 read first, as pointers with their row strides: `P̄` (`P` without
