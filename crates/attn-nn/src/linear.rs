@@ -1,8 +1,10 @@
-//! PyTorch's `nn.Linear` (`weight: [out, in]`, optional `bias: [out]`) with the leading dimensions
-//! folded into one before the product. candle-nn's `Linear` broadcasts the weight over the batch
-//! instead: one product per batch entry, and in the backward a weight gradient per batch entry
-//! that is then summed. Folded, the forward is one matrix product and each gradient one more; the
-//! bias is added by [`crate::fused::add_bias`], whose gradient is one pass over the rows.
+//! PyTorch's `nn.Linear` (`weight: [out, in]`, optional `bias: [out]`) as one differentiable op,
+//! [`crate::fused::linear`]: the leading dimensions folded into rows, the forward one matrix
+//! product into rows that start as the bias, and each gradient one product (the bias's one pass
+//! over the rows), made only for the arguments that need it. candle-nn's `Linear` broadcasts the
+//! weight over the batch instead (a product and a weight gradient per batch entry, then summed),
+//! and its composition of reshapes, transpose, product and bias is five graph nodes whose
+//! gradients candle's backward each accumulates with a pass of its own.
 
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
@@ -43,17 +45,7 @@ impl Linear {
 
     /// `x: [.., in]` → `[.., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims();
-        let Some((&in_dim, lead)) = dims.split_last() else {
-            return Ok(x.matmul(&self.weight.t()?)?);
-        };
-        let rows = lead.iter().product::<usize>();
-        let y = x.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?; // [rows, out]
-        let y = match &self.bias {
-            Some(b) => crate::fused::add_bias(&y, b)?,
-            None => y,
-        };
-        Ok(y.reshape([lead, &[self.weight.dim(0)?]].concat())?)
+        Ok(crate::fused::linear(x, &self.weight, self.bias.as_ref())?)
     }
 }
 

@@ -1,9 +1,9 @@
 //! The fused operations against the same formulas composed from candle's differentiable ops, in
 //! `f64`: forward values and every gradient, plus ReLU's PyTorch semantics (zero gradient at 0,
-//! NaN kept) and the scheduling-independence of the sums over rows in LayerNorm's and the bias's
-//! gradients.
+//! NaN kept), the linear map's gradients for tracked arguments only, and the scheduling-independence
+//! of the sums over rows in LayerNorm's and the linear map's gradients.
 
-use attn_nn::fused::{add_bias, layer_norm, relu};
+use attn_nn::fused::{layer_norm, linear, relu};
 use attn_nn::Linear;
 use candle_core::{DType, Device, Tensor, Var, D};
 
@@ -73,29 +73,89 @@ fn sums_over_rows_do_not_depend_on_the_thread_count() {
     let (x, w, b, g) = (random(&[700, 32], 8), random(&[32], 9), random(&[32], 10), random(&[700, 32], 11));
     let args = [x, w, b];
     let norm = |t| with_threads(t, || grads(&args, &g, |a| layer_norm(&a[0], &a[1], &a[2], 1e-5).unwrap()).1);
-    let bias =
-        |t| with_threads(t, || grads(&[args[0].clone(), args[2].clone()], &g, |a| add_bias(&a[0], &a[1]).unwrap()).1);
-    for (one, four) in [(norm(1), norm(4)), (bias(1), bias(4))] {
+    let lin_args = [args[0].clone(), random(&[24, 32], 18), random(&[24], 19)];
+    let g24 = random(&[700, 24], 25);
+    let lin = |t| with_threads(t, || grads(&lin_args, &g24, |a| linear(&a[0], &a[1], Some(&a[2])).unwrap()).1);
+    for (one, four) in [(norm(1), norm(4)), (lin(1), lin(4))] {
         for (a, b) in one.iter().zip(&four) {
             assert_eq!(max_diff(a, b), 0.0);
         }
     }
 }
 
+/// `x·wᵀ + b` composed from candle's ops (differentiated by candle).
+fn composed_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
+    let (lead, inn) = x.dims().split_at(x.rank() - 1);
+    let y = x.reshape((lead.iter().product::<usize>(), inn[0])).unwrap().matmul(&w.t().unwrap()).unwrap();
+    let y = b.map_or(y.clone(), |b| y.broadcast_add(b).unwrap());
+    y.reshape([lead, &[w.dim(0).unwrap()]].concat()).unwrap()
+}
+
 #[test]
-fn add_bias_matches_broadcast_add_with_gradients() {
-    for shape in [vec![700, 32], vec![2, 3, 5], vec![1, 1]] {
-        let n = *shape.last().unwrap();
-        let (y, b, g) = (random(&shape, 20), random(&[n], 21), random(&shape, 22));
-        let args = [y, b];
-        let (out_f, d_f) = grads(&args, &g, |a| add_bias(&a[0], &a[1]).unwrap());
-        let (out_c, d_c) = grads(&args, &g, |a| a[0].broadcast_add(&a[1]).unwrap());
-        assert_eq!(max_diff(&out_f, &out_c), 0.0, "{shape:?} forward");
-        assert_eq!(max_diff(&d_f[0], &d_c[0]), 0.0, "{shape:?} dy");
-        assert!(max_diff(&d_f[1], &d_c[1]) < 1e-12, "{shape:?} dbias");
+fn linear_matches_the_composed_formula_with_gradients() {
+    // Shapes: leading dimensions folded, rows past one task and one gemm block, a single element.
+    for (x_shape, out) in [(vec![2, 3, 4, 5], 7), (vec![700, 32], 48), (vec![1, 1], 1), (vec![9], 3)] {
+        let inn = *x_shape.last().unwrap();
+        let (x, w, b) = (random(&x_shape, 20), random(&[out, inn], 21), random(&[out], 22));
+        let g = random(&[&x_shape[..x_shape.len() - 1], &[out]].concat(), 23);
+        let (y_f, d_f) = grads(&[x.clone(), w.clone(), b.clone()], &g, |a| linear(&a[0], &a[1], Some(&a[2])).unwrap());
+        let (y_c, d_c) = grads(&[x.clone(), w.clone(), b], &g, |a| composed_linear(&a[0], &a[1], Some(&a[2])));
+        assert!(max_diff(&y_f, &y_c) < 1e-12, "{x_shape:?} forward");
+        for (name, (f, c)) in ["dx", "dweight", "dbias"].iter().zip(d_f.iter().zip(&d_c)) {
+            assert!(max_diff(f, c) < 1e-12, "{x_shape:?} {name}: {}", max_diff(f, c));
+        }
+        let (y_f, d_f) = grads(&[x.clone(), w.clone()], &g, |a| linear(&a[0], &a[1], None).unwrap());
+        let (y_c, d_c) = grads(&[x, w], &g, |a| composed_linear(&a[0], &a[1], None));
+        assert!(max_diff(&y_f, &y_c) < 1e-12, "{x_shape:?} forward without bias");
+        for (f, c) in d_f.iter().zip(&d_c) {
+            assert!(max_diff(f, c) < 1e-12, "{x_shape:?} without bias");
+        }
     }
-    let err = add_bias(&random(&[3, 4], 23), &random(&[5], 24)).unwrap_err().to_string();
-    assert!(err.contains("bias [5] must be [4]"), "{err}");
+}
+
+#[test]
+fn linear_gives_no_gradient_to_a_constant_input() {
+    let (x, w, b, g) = (random(&[6, 5], 26), random(&[4, 5], 27), random(&[4], 28), random(&[6, 4], 29));
+    let (wv, bv) = (Var::from_tensor(&w).unwrap(), Var::from_tensor(&b).unwrap());
+    let store = linear(&x, wv.as_tensor(), Some(bv.as_tensor())).unwrap().mul(&g).unwrap().sum_all().unwrap();
+    let store = store.backward().unwrap();
+    assert!(store.get(&x).is_none(), "a constant input gets no gradient");
+    let want_dw = g.t().unwrap().matmul(&x).unwrap();
+    assert!(max_diff(store.get(wv.as_tensor()).unwrap(), &want_dw) < 1e-12);
+    assert!(max_diff(store.get(bv.as_tensor()).unwrap(), &g.sum(0).unwrap()) < 1e-12);
+}
+
+#[test]
+fn linear_reads_strided_f32_and_empty_inputs() {
+    let (w, b) = (random(&[3, 6], 30), random(&[3], 31));
+    let strided = random(&[6, 16], 32).t().unwrap(); // [16, 6], not contiguous
+    let want = composed_linear(&strided.contiguous().unwrap(), &w, Some(&b));
+    assert!(max_diff(&linear(&strided, &w, Some(&b)).unwrap(), &want) < 1e-12);
+    let f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let got = linear(&f32(&strided), &f32(&w), Some(&f32(&b))).unwrap();
+    assert_eq!(got.dtype(), DType::F32);
+    assert!(max_diff(&got.to_dtype(DType::F64).unwrap(), &want) < 1e-5);
+    // No rows: an empty output, and zero weight and bias gradients.
+    let (y, d) = grads(&[random(&[0, 6], 33), w.clone(), b.clone()], &random(&[0, 3], 34), |a| {
+        linear(&a[0], &a[1], Some(&a[2])).unwrap()
+    });
+    assert_eq!(y.dims(), [0, 3]);
+    assert_eq!(
+        (d[1].abs().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap(), d[1].dims()),
+        (0.0, &[3usize, 6][..])
+    );
+    assert_eq!(d[2].to_vec1::<f64>().unwrap(), [0.0; 3]);
+    // No input features: every row is the bias.
+    let y = linear(&random(&[2, 0], 35), &random(&[3, 0], 36), Some(&b)).unwrap();
+    assert_eq!(max_diff(&y, &b.unsqueeze(0).unwrap().repeat((2, 1)).unwrap()), 0.0);
+}
+
+#[test]
+fn linear_refuses_mismatched_shapes() {
+    let err = linear(&random(&[3, 4], 37), &random(&[2, 5], 38), None).unwrap_err().to_string();
+    assert!(err.contains("input [3, 4] against weight [2, 5]"), "{err}");
+    let err = linear(&random(&[3, 5], 37), &random(&[2, 5], 38), Some(&random(&[3], 39))).unwrap_err().to_string();
+    assert!(err.contains("bias [3]: expected [.., 5] and [2]"), "{err}");
 }
 
 #[test]

@@ -6,9 +6,8 @@
 //! - [`layer_norm`]: `y = (x − mean) / sqrt(var + eps) · weight + bias` over the last dimension,
 //!   with gradients for `x`, `weight` and `bias`;
 //! - [`relu`]: `max(x, 0)` with PyTorch's gradient (zero where the output is zero, NaN kept);
-//! - [`add_bias`]: `y + bias` over the last dimension, whose bias gradient (the column sums of
-//!   `dy`) is one pass over rows, where candle's broadcast gradient is its generic strided sum
-//!   (a sixth of a training step's time).
+//! - [`linear`]: `x·weightᵀ + bias` with the leading dimensions folded into rows, one node where
+//!   candle's composition is five, and gradients only for the tracked arguments;
 //!
 //! All run on CPU tensors in `f32` or `f64`, read contiguously (the wrappers make their inputs
 //! contiguous first), and split rows over rayon's threads. Other dtypes are computed in `f32`
@@ -33,15 +32,16 @@ macro_rules! per_float {
     };
 }
 
-mod bias;
 mod layer_norm;
+mod linear;
 mod relu;
 
-pub use bias::add_bias;
 pub use layer_norm::layer_norm;
+pub use linear::linear;
 pub use relu::relu;
 
 use candle_core::{CpuStorage, DType, Layout, Result, Tensor};
+use rayon::prelude::*;
 
 /// Elements per rayon task: enough work to pay for waking a thread (16 rows of a small model's
 /// width were not: a training step spent a quarter of its time in thread wake-ups).
@@ -68,6 +68,23 @@ fn add_partials<T: candle_core::WithDType>(partials: Vec<Vec<T>>, width: usize) 
         total.iter_mut().zip(p).for_each(|(t, &v)| *t += v);
     }
     total
+}
+
+/// `Σ_rows dy` for `dy: [rows·N]`, summed row by row in groups fixed by the shape (see
+/// [`group_len`]) and added in order: one pass over the rows, where candle's broadcast gradient is
+/// its generic strided sum (a sixth of a training step's time).
+fn column_sums<T: candle_core::WithDType>(dy: &[T], n: usize) -> Vec<T> {
+    let partials: Vec<Vec<T>> = dy
+        .par_chunks(group_len(dy.len(), n))
+        .map(|rows| {
+            let mut sums = vec![T::zero(); n];
+            for r in rows.chunks(n) {
+                sums.iter_mut().zip(r).for_each(|(s, &v)| *s += v);
+            }
+            sums
+        })
+        .collect();
+    add_partials(partials, n)
 }
 
 /// The contiguous values of `storage` under `layout`, as `T`.

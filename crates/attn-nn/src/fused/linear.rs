@@ -1,0 +1,199 @@
+//! `x·weightᵀ + bias` over the last dimension as one `CustomOp3` on `(x, weight, bias)`, the
+//! leading dimensions of `x` folded into rows. candle's own composition (reshape, transpose,
+//! matmul, bias, reshape) is five nodes of the autograd graph, and candle's backward accumulates
+//! each node's gradient into a fresh zero tensor with one more pass: four passes over the
+//! activations per layer where this op has one. The forward writes the bias into the output rows
+//! and adds the product there (`gemm` with `read_dst`); the backward makes `dx = dy·weight`,
+//! `dweight = dyᵀ·x` and `dbias = Σ_rows dy`, each only when its argument is tracked (a constant
+//! input gets no gradient and costs no product). The products are the `gemm` crate's, as candle's
+//! are, on the current rayon pool's threads.
+
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
+use gemm::{gemm, Parallelism};
+use rayon::prelude::*;
+
+use super::{column_sums, contiguous, prepared, rows_per_task, with_values};
+
+/// `x: [.., in]`, `weight: [out, in]`, `bias: [out]` (zero when `None`) → `[.., out]`;
+/// differentiable in all three.
+pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let x = prepared(x)?;
+    let weight = prepared(weight)?.to_dtype(x.dtype())?;
+    let out = weight.dim(0)?;
+    let bias = match bias {
+        Some(b) => prepared(b)?.to_dtype(x.dtype())?,
+        None => Tensor::zeros(out, x.dtype(), x.device())?,
+    };
+    x.apply_op3(&weight, &bias, LinearOp)
+}
+
+struct LinearOp;
+
+/// The element types the products here run in.
+trait Real: WithDType {}
+impl Real for f32 {}
+impl Real for f64 {}
+
+/// `rows × n` matrix stored with row stride `rs` and column stride `cs` (elements).
+#[derive(Clone, Copy)]
+struct Mat<T> {
+    ptr: *const T,
+    rs: isize,
+    cs: isize,
+}
+
+impl<T> Mat<T> {
+    /// `[rows, n]` stored row-major.
+    fn rows(s: &[T], n: usize) -> Self {
+        Self { ptr: s.as_ptr(), rs: n as isize, cs: 1 }
+    }
+
+    /// The transpose of `[rows, n]` stored row-major: `[n, rows]`.
+    fn transposed(s: &[T], n: usize) -> Self {
+        Self { ptr: s.as_ptr(), rs: 1, cs: n as isize }
+    }
+}
+
+/// `dst [m, n] (row-major) = keep·dst + lhs [m, k] · rhs [k, n]`, `keep` 0 (dst is only written)
+/// or 1.
+fn product<T: Real>(dst: &mut [T], (m, n, k): (usize, usize, usize), lhs: Mat<T>, rhs: Mat<T>, keep: bool) {
+    assert_eq!(dst.len(), m * n, "product: destination of {} elements for [{m}, {n}]", dst.len());
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
+    // SAFETY: `dst` holds `m·n` elements (asserted above), laid out with row stride `n` and column
+    // stride 1; `lhs` and `rhs` are built by the callers from slices of `m·k` and `k·n` elements
+    // with the strides of their layouts, so every index gemm forms stays inside them. `dst` is
+    // borrowed mutably and does not alias either input.
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            keep,
+            lhs.ptr,
+            lhs.cs,
+            lhs.rs,
+            rhs.ptr,
+            rhs.cs,
+            rhs.rs,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// `len` elements of rows of `n`, each row `row`, filled in parallel.
+fn rows_of<T: WithDType>(len: usize, row: &[T]) -> Vec<T> {
+    let n = row.len().max(1);
+    let mut out = vec![T::zero(); len];
+    out.par_chunks_mut(n * rows_per_task(n)).for_each(|rs| rs.chunks_mut(n).for_each(|r| r.copy_from_slice(row)));
+    out
+}
+
+/// `x: [rows·in]`, `w: [out·in]`, `b: [out]` → `[rows·out]`.
+fn forward<T: Real>(x: &[T], w: &[T], b: &[T], (rows, inn): (usize, usize)) -> Vec<T> {
+    let out = b.len();
+    let mut y = rows_of(rows * out, b);
+    if out > 0 {
+        product(&mut y, (rows, out, inn), Mat::rows(x, inn), Mat::transposed(w, inn), true);
+    }
+    y
+}
+
+/// A gradient shaped like `arg`, when `arg` is tracked: `[m, n]` made by `product` from `lhs` and
+/// the values of `with` as `rhs`.
+fn product_grad<T: Real>(
+    arg: &Tensor,
+    (m, n, k): (usize, usize, usize),
+    lhs: Mat<T>,
+    with: &Tensor,
+    rhs: impl FnOnce(&[T]) -> Mat<T>,
+) -> Result<Option<Tensor>> {
+    if !arg.track_op() {
+        return Ok(None);
+    }
+    let mut grad = vec![T::zero(); m * n];
+    with_values::<T, _>(with, |vals| {
+        product(&mut grad, (m, n, k), lhs, rhs(vals), false);
+        Ok(())
+    })?;
+    Ok(Some(Tensor::from_vec(grad, arg.shape(), arg.device())?))
+}
+
+/// The gradients the tracked arguments need, from `dy: [rows·out]`: `dx = dy·w`, `dw = dyᵀ·x`,
+/// `db = Σ_rows dy`.
+fn backward<T: Real>(x: &Tensor, w: &Tensor, b: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
+    let dy = dy.to_dtype(T::DTYPE)?.contiguous()?;
+    let (out, inn) = w.dims2()?;
+    let rows = x.dims()[..x.rank() - 1].iter().product::<usize>();
+    with_values::<T, _>(&dy, |dys| {
+        let dx = product_grad(x, (rows, inn, out), Mat::rows(dys, out), w, |ws| Mat::rows(ws, inn))?;
+        let dw = product_grad(w, (out, inn, rows), Mat::transposed(dys, out), x, |xs| Mat::rows(xs, inn))?;
+        let db = match b.track_op() {
+            true => Some(Tensor::from_vec(column_sums(dys, out), out, b.device())?),
+            false => None,
+        };
+        Ok([dx, dw, db])
+    })
+}
+
+impl CustomOp3 for LinearOp {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (out, inn) = l2.shape().dims2()?;
+        let Some((&x_in, lead)) = l1.dims().split_last() else {
+            return Err(candle_core::Error::Msg(format!(
+                "linear: input of shape {:?} has no feature dimension",
+                l1.dims()
+            )));
+        };
+        if x_in != inn || l3.dims() != [out] {
+            return Err(candle_core::Error::Msg(format!(
+                "linear: input {:?} against weight [{out}, {inn}] and bias {:?}: expected [.., {inn}] and [{out}]",
+                l1.dims(),
+                l3.dims()
+            )));
+        }
+        // `linear` gave weight and bias the input's dtype; `contiguous` refuses any other.
+        let y = per_float!(s1, "linear", |T| contiguous::<T>(s1, l1).and_then(|x| Ok(forward(
+            x,
+            contiguous(s2, l2)?,
+            contiguous(s3, l3)?,
+            (lead.iter().product(), inn)
+        ))));
+        Ok((y, [lead, &[out]].concat().into()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let [dx, dw, db] = match x.dtype() {
+            DType::F64 => backward::<f64>(x, w, b, dy)?,
+            _ => backward::<f32>(x, w, b, dy)?,
+        };
+        Ok((dx, dw, db))
+    }
+}
