@@ -22,6 +22,12 @@ impl SplitMix64 {
         Self(seed)
     }
 
+    /// The stream from `seed` after `index` draws: its values are those of `new(seed)` from the
+    /// `index`-th on, so parts of one stream can be drawn apart (in parallel) and agree with it.
+    pub fn at(seed: u64, index: u64) -> Self {
+        Self(seed.wrapping_add(index.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let z = splitmix64(self.0);
@@ -61,6 +67,18 @@ mod tests {
         let mut g = SplitMix64::new(1234567);
         let got: Vec<u64> = (0..3).map(|_| g.next_u64()).collect();
         assert_eq!(got, [6457827717110365317, 3203168211198807973, 9817491932198370423]);
+    }
+
+    #[test]
+    fn a_stream_from_an_index_continues_the_whole_stream() {
+        let whole: Vec<u64> = {
+            let mut g = SplitMix64::new(99);
+            (0..40).map(|_| g.next_u64()).collect()
+        };
+        for index in [0, 1, 17, 39] {
+            let mut g = SplitMix64::at(99, index);
+            assert_eq!(g.next_u64(), whole[index as usize], "draw {index}");
+        }
     }
 
     #[test]

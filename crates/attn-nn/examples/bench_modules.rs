@@ -9,7 +9,9 @@
 //! [`attn::random::uniform`] in `[-1, 1)`. `--warmup` untimed calls (at least one, which also checks
 //! that the backward reaches every parameter), then `--iters` timed ones.
 //!
-//! Threads: candle's matrix products and the attention kernels use `RAYON_NUM_THREADS` (default:
+//! Threads: the calls run on a rayon pool's thread ([`attn_nn::threads::on_workers`]), as the
+//! `attn` command runs its work; candle's matrix products and the attention kernels use
+//! `RAYON_NUM_THREADS` (default:
 //! all cores); candle's element-wise pool uses `CANDLE_NUM_THREADS`, 1 unless given, as in the
 //! `attn` binary (see [`attn_nn::threads`]). Freed buffers stay in the heap for reuse, as in the
 //! binary too ([`attn_nn::memory`]).
@@ -113,19 +115,23 @@ fn main() -> anyhow::Result<()> {
         Ok(vars.iter().filter(|v| grads.get(v.as_tensor()).is_some()).count())
     };
     let setup_s = setup.elapsed().as_secs_f64();
-    let reached = call()?;
-    if reached != vars.len() {
-        bail!("the backward reached {reached} of {} parameters", vars.len());
-    }
-    for _ in 1..a.warmup {
-        call()?;
-    }
-    let mut times = Vec::with_capacity(a.iters);
-    for _ in 0..a.iters {
-        let start = std::time::Instant::now();
-        call()?;
-        times.push(start.elapsed().as_secs_f64());
-    }
+    let timed = || -> anyhow::Result<Vec<f64>> {
+        let reached = call()?;
+        if reached != vars.len() {
+            bail!("the backward reached {reached} of {} parameters", vars.len());
+        }
+        for _ in 1..a.warmup {
+            call()?;
+        }
+        let mut times = Vec::with_capacity(a.iters);
+        for _ in 0..a.iters {
+            let start = std::time::Instant::now();
+            call()?;
+            times.push(start.elapsed().as_secs_f64());
+        }
+        Ok(times)
+    };
+    let times = attn_nn::threads::on_workers(timed)??;
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
     let n = sorted.len();

@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use attn::random::{splitmix64, SplitMix64};
+use attn::random::splitmix64;
 use candle_core::Tensor;
 
 use crate::error::Result;
@@ -79,16 +79,12 @@ impl Dropout {
         Self { p, seeds: SeedStream::new(seed, path) }
     }
 
-    /// `x: [..]` → the same shape; differentiable (a product with a constant mask).
+    /// `x: [..]` → the same shape; differentiable ([`crate::fused::dropout`]).
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let seed = match self.seeds.seed(mode) {
             Some(seed) if self.p > 0.0 => seed,
             _ => return Ok(x.clone()),
         };
-        let mut rng = SplitMix64::new(seed);
-        let scale = 1.0 / (1.0 - self.p);
-        let mask: Vec<f32> = (0..x.elem_count()).map(|_| if rng.unit_f32() >= self.p { scale } else { 0.0 }).collect();
-        let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
-        Ok((x * mask)?)
+        Ok(crate::fused::dropout(x, self.p, seed)?)
     }
 }

@@ -1,9 +1,10 @@
 //! The fused operations against the same formulas composed from candle's differentiable ops, in
 //! `f64`: forward values and every gradient, plus ReLU's PyTorch semantics (zero gradient at 0,
-//! NaN kept), the linear map's gradients for tracked arguments only, and the scheduling-independence
+//! NaN kept), dropout's mask equal to the serial stream's on any thread count, the linear map's gradients for tracked arguments only, and the scheduling-independence
 //! of the sums over rows in LayerNorm's and the linear map's gradients.
 
-use attn_nn::fused::{layer_norm, linear, relu};
+use attn::random::SplitMix64;
+use attn_nn::fused::{dropout, layer_norm, linear, relu};
 use attn_nn::Linear;
 use candle_core::{DType, Device, Tensor, Var, D};
 
@@ -194,5 +195,40 @@ fn linear_folds_leading_dimensions_with_the_same_gradients() {
     assert!(max_diff(&y_f, &y_c) < 1e-12);
     for (f, c) in d_f.iter().zip(&d_c) {
         assert!(max_diff(f, c) < 1e-12);
+    }
+}
+
+/// Dropout as a product with the mask drawn serially from the stream.
+fn serial_mask(n: usize, p: f32, seed: u64) -> Vec<f64> {
+    let mut rng = SplitMix64::new(seed);
+    (0..n).map(|_| if rng.unit_f32() >= p { f64::from(1.0 / (1.0 - p)) } else { 0.0 }).collect()
+}
+
+#[test]
+fn dropout_draws_the_serial_streams_mask_on_any_thread_count() {
+    // Sizes: within one task, and across several tasks with a ragged end.
+    for (n, p, seed) in [(37, 0.5f32, 3u64), (3 * 16384 + 5, 0.1, 4)] {
+        let (x, g) = (random(&[n], 40), random(&[n], 41));
+        let mask = Tensor::new(serial_mask(n, p, seed), &Device::Cpu).unwrap();
+        for threads in [1, 4] {
+            let (y, d) =
+                with_threads(threads, || grads(std::slice::from_ref(&x), &g, |a| dropout(&a[0], p, seed).unwrap()));
+            assert_eq!(max_diff(&y, &x.mul(&mask).unwrap()), 0.0, "n {n}, {threads} threads: forward");
+            assert_eq!(max_diff(&d[0], &g.mul(&mask).unwrap()), 0.0, "n {n}, {threads} threads: gradient");
+        }
+        let y32 = dropout(&x.to_dtype(DType::F32).unwrap(), p, seed).unwrap();
+        assert_eq!(y32.dtype(), DType::F32);
+        assert!(max_diff(&y32.to_dtype(DType::F64).unwrap(), &x.mul(&mask).unwrap()) < 1e-5);
+    }
+}
+
+#[test]
+fn dropout_keeps_nan_and_refuses_bad_probabilities() {
+    let x = Tensor::new(&[f64::NAN; 64], &Device::Cpu).unwrap();
+    let y = dropout(&x, 0.5, 9).unwrap().to_vec1::<f64>().unwrap();
+    assert!(y.iter().all(|v| v.is_nan()), "a dropped NaN stays NaN, as in a mask product");
+    for p in [1.0, -0.1, f32::NAN] {
+        let err = dropout(&x, p, 9).unwrap_err().to_string();
+        assert!(err.contains("outside [0, 1)"), "{p}: {err}");
     }
 }

@@ -12,7 +12,8 @@
 //!
 //! Threads: candle's matrix products and the attention kernels use `RAYON_NUM_THREADS` (default:
 //! all cores); candle's element-wise pool uses `CANDLE_NUM_THREADS`, 1 unless given, as in the
-//! `attn` binary (see [`attn_nn::threads`]). Freed buffers stay in the heap for reuse, as in the
+//! `attn` binary (see [`attn_nn::threads`]); the steps run on a rayon pool's thread, as `attn
+//! train` runs them ([`attn_nn::threads::on_workers`]). Freed buffers stay in the heap for reuse, as in the
 //! binary too ([`attn_nn::memory`]).
 //!
 //! ```sh
@@ -65,7 +66,9 @@ fn main() -> anyhow::Result<()> {
         export(&trainer, args.steps, path)?;
     }
     let setup_s = setup.elapsed().as_secs_f64();
-    let reports = (0..args.steps).map(|_| trainer.step()).collect::<Result<Vec<StepReport>, _>>()?;
+    let reports = attn_nn::threads::on_workers(|| {
+        (0..args.steps).map(|_| trainer.step()).collect::<Result<Vec<StepReport>, _>>()
+    })??;
     let timed: f64 = reports[args.warmup as usize..].iter().map(|r| r.seconds).sum();
     let m = trainer.manifest();
     let row = json!({

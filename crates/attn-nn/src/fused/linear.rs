@@ -15,8 +15,10 @@ use rayon::prelude::*;
 use super::{column_sums, contiguous, prepared, rows_per_task, with_values};
 
 /// `x: [.., in]`, `weight: [out, in]`, `bias: [out]` (zero when `None`) → `[.., out]`;
-/// differentiable in all three.
+/// differentiable in all three. Other dtypes than `f32`, `f64` are computed in `f32` and the
+/// result cast back to `x`'s.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let dtype = x.dtype();
     let x = prepared(x)?;
     let weight = prepared(weight)?.to_dtype(x.dtype())?;
     let out = weight.dim(0)?;
@@ -24,7 +26,7 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
         Some(b) => prepared(b)?.to_dtype(x.dtype())?,
         None => Tensor::zeros(out, x.dtype(), x.device())?,
     };
-    x.apply_op3(&weight, &bias, LinearOp)
+    x.apply_op3(&weight, &bias, LinearOp)?.to_dtype(dtype)
 }
 
 struct LinearOp;

@@ -6,6 +6,8 @@
 //! - [`layer_norm`]: `y = (x − mean) / sqrt(var + eps) · weight + bias` over the last dimension,
 //!   with gradients for `x`, `weight` and `bias`;
 //! - [`relu`]: `max(x, 0)` with PyTorch's gradient (zero where the output is zero, NaN kept);
+//! - [`dropout`]: `x · mask` with the mask drawn, in parallel, from a seed's SplitMix64 stream in
+//!   both passes (never stored), and no gradient made for a constant mask;
 //! - [`linear`]: `x·weightᵀ + bias` with the leading dimensions folded into rows, one node where
 //!   candle's composition is five, and gradients only for the tracked arguments;
 //!
@@ -32,10 +34,12 @@ macro_rules! per_float {
     };
 }
 
+mod dropout;
 mod layer_norm;
 mod linear;
 mod relu;
 
+pub use dropout::dropout;
 pub use layer_norm::layer_norm;
 pub use linear::linear;
 pub use relu::relu;
