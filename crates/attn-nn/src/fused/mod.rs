@@ -6,8 +6,8 @@
 //! - [`layer_norm`]: `y = (x − mean) / sqrt(var + eps) · weight + bias` over the last dimension,
 //!   with gradients for `x`, `weight` and `bias`;
 //! - [`relu`]: `max(x, 0)` with PyTorch's gradient (zero where the output is zero, NaN kept);
-//! - [`dropout`]: `x · mask` with the mask drawn, in parallel, from a seed's SplitMix64 stream in
-//!   both passes (never stored), and no gradient made for a constant mask;
+//! - [`dropout`]: `x · mask` with the mask drawn, in parallel, from a seed's SplitMix64 stream and
+//!   kept as bits for the backward, and no gradient made for a constant mask;
 //! - [`linear`]: `x·weightᵀ + bias` with the leading dimensions folded into rows, one node where
 //!   candle's composition is five, and gradients only for the tracked arguments;
 //!
