@@ -36,36 +36,43 @@ trait Real: WithDType {}
 impl Real for f32 {}
 impl Real for f64 {}
 
-/// `rows × n` matrix stored with row stride `rs` and column stride `cs` (elements).
+/// A matrix read from `data` with row stride `rs` and column stride `cs` (elements).
 #[derive(Clone, Copy)]
-struct Mat<T> {
-    ptr: *const T,
-    rs: isize,
-    cs: isize,
+struct Mat<'a, T> {
+    data: &'a [T],
+    rs: usize,
+    cs: usize,
 }
 
-impl<T> Mat<T> {
+impl<'a, T> Mat<'a, T> {
     /// `[rows, n]` stored row-major.
-    fn rows(s: &[T], n: usize) -> Self {
-        Self { ptr: s.as_ptr(), rs: n as isize, cs: 1 }
+    fn rows(data: &'a [T], n: usize) -> Self {
+        Self { data, rs: n, cs: 1 }
     }
 
     /// The transpose of `[rows, n]` stored row-major: `[n, rows]`.
-    fn transposed(s: &[T], n: usize) -> Self {
-        Self { ptr: s.as_ptr(), rs: 1, cs: n as isize }
+    fn transposed(data: &'a [T], n: usize) -> Self {
+        Self { data, rs: 1, cs: n }
+    }
+
+    /// Whether every element of a `rows × cols` matrix read this way lies inside `data`.
+    fn holds(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
     }
 }
 
 /// `dst [m, n] (row-major) = keep·dst + lhs [m, k] · rhs [k, n]`, `keep` 0 (dst is only written)
 /// or 1.
 fn product<T: Real>(dst: &mut [T], (m, n, k): (usize, usize, usize), lhs: Mat<T>, rhs: Mat<T>, keep: bool) {
-    assert_eq!(dst.len(), m * n, "product: destination of {} elements for [{m}, {n}]", dst.len());
+    assert!(
+        dst.len() == m * n && lhs.holds(m, k) && rhs.holds(k, n),
+        "product: operands too short for [{m}, {k}]·[{k}, {n}]"
+    );
     let threads = rayon::current_num_threads();
     let par = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
-    // SAFETY: `dst` holds `m·n` elements (asserted above), laid out with row stride `n` and column
-    // stride 1; `lhs` and `rhs` are built by the callers from slices of `m·k` and `k·n` elements
-    // with the strides of their layouts, so every index gemm forms stays inside them. `dst` is
-    // borrowed mutably and does not alias either input.
+    // SAFETY: checked above: `dst` holds the `m·n` elements of row stride `n` and column stride 1
+    // that gemm writes, and every element gemm reads of `lhs` (`m × k`) and `rhs` (`k × n`) at
+    // their strides lies inside their slices. `dst` is borrowed mutably, so it aliases neither.
     unsafe {
         gemm(
             m,
@@ -75,12 +82,12 @@ fn product<T: Real>(dst: &mut [T], (m, n, k): (usize, usize, usize), lhs: Mat<T>
             1,
             n as isize,
             keep,
-            lhs.ptr,
-            lhs.cs,
-            lhs.rs,
-            rhs.ptr,
-            rhs.cs,
-            rhs.rs,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
             T::one(),
             T::one(),
             false,
