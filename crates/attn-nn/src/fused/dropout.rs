@@ -2,8 +2,9 @@
 //! SplitMix64 stream from `seed` is at least `p` and 0 elsewhere, and `dx = dy · m`. The forward
 //! draws the stream in parallel, each task of [`PER_TASK`] elements from its own first index
 //! ([`SplitMix64::at`]), so the mask is the serial stream's whatever the thread count, and keeps
-//! its decisions as bits (1/32 of an `f32` tensor's size) for the backward, which draws nothing. candle's `x * mask` was a serial draw, a mask tensor and a product
-//! whose backward also made (and accumulated) a gradient for the constant mask.
+//! its decisions as bits (1/32 of an `f32` tensor's size) for the backward, which draws nothing.
+//! candle's `x * mask` was a serial draw, a mask tensor and a product whose backward also made
+//! (and accumulated) a gradient for the constant mask.
 
 use std::sync::OnceLock;
 
