@@ -2,7 +2,7 @@
 //! leading dimensions of `x` folded into rows. candle's own composition (reshape, transpose,
 //! matmul, bias, reshape) is five nodes of the autograd graph, and candle's backward accumulates
 //! each node's gradient into a fresh zero tensor with one more pass: four passes over the
-//! activations per layer where this op has one. The forward writes the bias into the output rows
+//! activations per layer where this op has one. The forward repeats the bias into the output rows
 //! and adds the product there (`gemm` with `read_dst`); the backward makes `dx = dy·weight`,
 //! `dweight = dyᵀ·x` and `dbias = Σ_rows dy`, each only when its argument is tracked (a constant
 //! input gets no gradient and costs no product). The products are the `gemm` crate's, as candle's
@@ -10,9 +10,8 @@
 
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
 use gemm::{gemm, Parallelism};
-use rayon::prelude::*;
 
-use super::{column_sums, contiguous, prepared, rows_per_task, with_values};
+use super::{column_sums, contiguous, prepared, with_values};
 
 /// `x: [.., in]`, `weight: [out, in]`, `bias: [out]` (zero when `None`) → `[.., out]`;
 /// differentiable in all three. Other dtypes than `f32`, `f64` are computed in `f32` and the
@@ -98,18 +97,10 @@ fn product<T: Real>(dst: &mut [T], (m, n, k): (usize, usize, usize), lhs: Mat<T>
     }
 }
 
-/// `len` elements of rows of `n`, each row `row`, filled in parallel.
-fn rows_of<T: WithDType>(len: usize, row: &[T]) -> Vec<T> {
-    let n = row.len().max(1);
-    let mut out = vec![T::zero(); len];
-    out.par_chunks_mut(n * rows_per_task(n)).for_each(|rs| rs.chunks_mut(n).for_each(|r| r.copy_from_slice(row)));
-    out
-}
-
 /// `x: [rows·in]`, `w: [out·in]`, `b: [out]` → `[rows·out]`.
 fn forward<T: Real>(x: &[T], w: &[T], b: &[T], (rows, inn): (usize, usize)) -> Vec<T> {
     let out = b.len();
-    let mut y = rows_of(rows * out, b);
+    let mut y = b.repeat(rows); // [rows, out], each row the bias
     if out > 0 {
         product(&mut y, (rows, out, inn), Mat::rows(x, inn), Mat::transposed(w, inn), true);
     }
