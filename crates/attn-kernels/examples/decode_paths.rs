@@ -45,7 +45,7 @@ fn main() {
     for _ in 0..rounds {
         for (times, &(_, path, compute)) in ms.iter_mut().zip(&ways) {
             let params = AttnParams { compute, ..Default::default() };
-            let tuning = Tuning { path: Some(path), shards: None };
+            let tuning = Tuning { path: Some(path), shards: None, ..Tuning::DEFAULT };
             let call = || attention_tuned(Kernel::Auto, tuning, &q, &k, &v, &params, false).expect("the call");
             call();
             for _ in 0..calls {

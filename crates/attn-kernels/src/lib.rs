@@ -15,6 +15,7 @@
 //!   into a [`Problem`] by every kernel.
 
 pub mod alloc;
+pub mod amx;
 pub mod dispatch;
 pub mod dropout;
 pub mod error;

@@ -6,7 +6,9 @@
 //! views, q holding bf16 values); the decode path computing in f32 whatever `compute` asks (bit for
 //! bit the f32 products' results). Every flash
 //! instruction set runs: AVX-512 with AVX512-BF16's `VDPBF16PS` where the CPU has it (the test of
-//! the native path is ignored, with the reason, where it lacks it), the emulation elsewhere.
+//! the native path is ignored, with the reason, where it lacks it), the emulation elsewhere; and
+//! the forward's products on AMX tiles, in the software model on every AVX-512 CPU and on the
+//! CPU's tiles where it has them.
 
 mod common;
 // The gradient suite's harness, of which this suite uses a part.
@@ -21,8 +23,10 @@ use attn_kernels::{
 use attn_testkit::oracle::{self, OUTPUT_FACTOR};
 use std::sync::Arc;
 
+use attn_kernels::amx::{self, Emulated, TileChoice};
 use attn_kernels::sparse::{BlockMask, BlockShape, SPARSE_BLOCK};
-use common::{dims, math_path_rounded, random_bias, random_keep, Case, Rng, Sparse};
+use attn_kernels::Isa;
+use common::{dims, math_path_rounded, random_bias, random_keep, Case, MathPath, Rng, Sparse};
 use half::bf16;
 use harness::{assert_grads, grads64, grads_kv, random_dout, terms, FORCED_PLANS};
 
@@ -64,10 +68,10 @@ fn grads_bf16(case: &Case, kernel: Kernel, plans: (Tuning, BackwardTuning), dout
 
 /// The plans a case runs under: automatic, prefill whole, prefill split into shards, decode.
 const PLANS: [Tuning; 4] = [
-    Tuning { path: None, shards: None },
-    Tuning { path: Some(Path::Prefill), shards: None },
-    Tuning { path: Some(Path::Prefill), shards: Some(3) },
-    Tuning { path: Some(Path::Decode), shards: None },
+    Tuning { path: None, shards: None, ..Tuning::DEFAULT },
+    Tuning { path: Some(Path::Prefill), shards: None, ..Tuning::DEFAULT },
+    Tuning { path: Some(Path::Prefill), shards: Some(3), ..Tuning::DEFAULT },
+    Tuning { path: Some(Path::Decode), shards: None, ..Tuning::DEFAULT },
 ];
 
 /// Checks `kernel`'s bfloat16 products on `case` (rounded to bf16) under every plan, forward
@@ -75,21 +79,27 @@ const PLANS: [Tuning; 4] = [
 fn check(kernel: Kernel, case: Case) {
     let case = in_bf16(case);
     let dout = random_dout(&case, 7);
-    let r64 = case.reference64(false).unwrap();
     let base = math_path_rounded::<f32>(&case, &dout, round);
-    for tuning in PLANS {
-        let res = run_bf16(&case, kernel, tuning);
-        let label = format!("{} {tuning:?} [{}]", kernel.name(), case.describe());
-        oracle::check("out", &res.out, &r64.out, &base.out, OUTPUT_FACTOR).unwrap_or_else(|e| panic!("{label}: {e}"));
-        oracle::check("lse", &res.lse, &r64.lse, &base.lse, OUTPUT_FACTOR).unwrap_or_else(|e| panic!("{label}: {e}"));
-    }
+    check_forward(kernel, &case, &base, PLANS);
     let (g64, terms) = (grads64(&case, &dout), terms(&case, &dout));
     let plans = FORCED_PLANS
         .into_iter()
-        .chain([(Tuning { path: Some(Path::Decode), shards: None }, BackwardTuning::default())]);
+        .chain([(Tuning { path: Some(Path::Decode), shards: None, ..Tuning::DEFAULT }, BackwardTuning::default())]);
     for plans in plans.chain([Default::default()]) {
         let g = grads_bf16(&case, kernel, plans, &dout);
         assert_grads(&format!("{} {plans:?} [{}]", kernel.name(), case.describe()), &g, &g64, &base.grads, &terms);
+    }
+}
+
+/// Checks `kernel`'s forward with bfloat16 products on `case` (already in bf16) under `plans`,
+/// with PyTorch's bf16 math path `base` as the baseline.
+fn check_forward(kernel: Kernel, case: &Case, base: &MathPath<f32>, plans: impl IntoIterator<Item = Tuning>) {
+    let r64 = case.reference64(false).unwrap();
+    for tuning in plans {
+        let res = run_bf16(case, kernel, tuning);
+        let label = format!("{} {tuning:?} [{}]", kernel.name(), case.describe());
+        oracle::check("out", &res.out, &r64.out, &base.out, OUTPUT_FACTOR).unwrap_or_else(|e| panic!("{label}: {e}"));
+        oracle::check("lse", &res.lse, &r64.lse, &base.lse, OUTPUT_FACTOR).unwrap_or_else(|e| panic!("{label}: {e}"));
     }
 }
 
@@ -112,19 +122,22 @@ fn check_shapes(kernel: Kernel) {
     }
 }
 
-fn check_masks(kernel: Kernel) {
+/// Every mask, on head dimensions of 32 (which the tiles take too).
+fn mask_cases() -> Vec<Case> {
     let d = dims(2, 4, 2, 70, 90, 32, 32);
     let mut rng = Rng::new(7);
     let base = || Case::new(d, 21);
-    check(kernel, Case { causal: true, ..base() });
-    check(kernel, Case { causal: true, align: attn_kernels::Align::BottomRight, ..base() });
-    check(kernel, Case { window: Some(Window { left: Some(9), right: Some(3) }), ..base() });
-    check(kernel, Case { key_lengths: Some(vec![0, 61]), ..base() });
-    check(kernel, Case { keep: Some(random_keep(&[d.b, 1, d.lq, d.lk], 0.7, &mut rng)), ..base() });
-    check(kernel, Case { bias: Some(random_bias(&[d.lq, d.lk], 2.0, 0.1, &mut rng)), ..base() });
-    check(kernel, Case { softcap: Some(5.0), scale: Some(0.9), ..base() });
-    check(kernel, Case { dropout: Some(Dropout { p: 0.2, seed: 3 }), causal: true, ..base() });
-    check(kernel, Case { sinks: Some(vec![0.5, -1.0, 2.0, 0.0]), ..base() });
+    let mut cases = vec![
+        Case { causal: true, ..base() },
+        Case { causal: true, align: attn_kernels::Align::BottomRight, ..base() },
+        Case { window: Some(Window { left: Some(9), right: Some(3) }), ..base() },
+        Case { key_lengths: Some(vec![0, 61]), ..base() },
+        Case { keep: Some(random_keep(&[d.b, 1, d.lq, d.lk], 0.7, &mut rng)), ..base() },
+        Case { bias: Some(random_bias(&[d.lq, d.lk], 2.0, 0.1, &mut rng)), ..base() },
+        Case { softcap: Some(5.0), scale: Some(0.9), ..base() },
+        Case { dropout: Some(Dropout { p: 0.2, seed: 3 }), causal: true, ..base() },
+        Case { sinks: Some(vec![0.5, -1.0, 2.0, 0.0]), ..base() },
+    ];
     // A block mask listing runs of key blocks with gaps, a key in five masked: the forward
     // gathers the runs into tiles of several segments, each multiplied into its own value pairs.
     let d = dims(1, 2, 1, 70, 400, 32, 32);
@@ -132,7 +145,7 @@ fn check_masks(kernel: Kernel) {
         |_: usize, h: usize, i: usize, j: usize| (j / SPARSE_BLOCK + i / SPARSE_BLOCK + h) % 3 != 1 && j % 5 != 2;
     let mask = BlockMask::build(BlockShape { batch: 1, heads: 2, lq: d.lq, lk: d.lk }, Arc::new(pred)).unwrap();
     let sparse = Sparse { keep: Arc::new(pred), mask: Arc::new(mask), name: "runs with gaps".into() };
-    check(kernel, Case { sparse: Some(sparse), ..Case::new(d, 23) });
+    cases.push(Case { sparse: Some(sparse), ..Case::new(d, 23) });
     // Query blocks listed with gaps for each key block, two query heads per key/value head, `Lq`
     // ending inside a block: the backward's tiles are the listed blocks, each its own micro-kernel
     // chunks, and its bfloat16 products pair their rows two at a time within the block.
@@ -140,8 +153,46 @@ fn check_masks(kernel: Kernel) {
     let pred = |_: usize, h: usize, i: usize, j: usize| (i / SPARSE_BLOCK + 2 * (j / SPARSE_BLOCK) + h) % 3 != 1;
     let mask = BlockMask::build(BlockShape { batch: 1, heads: 4, lq: d.lq, lk: d.lk }, Arc::new(pred)).unwrap();
     let sparse = Sparse { keep: Arc::new(pred), mask: Arc::new(mask), name: "gapped query blocks".into() };
-    check(kernel, Case { sparse: Some(sparse), causal: true, ..Case::new(d, 29) });
+    cases.push(Case { sparse: Some(sparse), causal: true, ..Case::new(d, 29) });
+    cases
 }
+
+fn check_masks(kernel: Kernel) {
+    mask_cases().into_iter().for_each(|case| check(kernel, case));
+}
+
+/// The forward's products on AMX tiles (`Tuning::tiles`): shapes the tiles take (head dimensions
+/// multiples of 32; rows and keys off the tiles' 16 and 32; GQA) and every mask, under each
+/// prefill plan, by the same rule; on the software model, which must count products for every
+/// call (so the tiles really ran).
+fn check_tiles(tiles: TileChoice) {
+    let kernel = Kernel::Flash(Isa::Avx512);
+    let shapes = [dims(1, 2, 2, 40, 40, 64, 64), dims(1, 3, 1, 100, 300, 64, 32), dims(1, 1, 1, 33, 200, 128, 64)];
+    let cases = shapes.into_iter().enumerate().map(|(n, d)| Case::new(d, 40 + n as u64)).chain(mask_cases());
+    for case in cases {
+        let case = in_bf16(case);
+        let base = math_path_rounded::<f32>(&case, &random_dout(&case, 7), round);
+        for plan in &PLANS[..3] {
+            let before = Emulated::products();
+            check_forward(kernel, &case, &base, [Tuning { tiles, ..*plan }]);
+            if tiles == TileChoice::Emulated {
+                assert!(Emulated::products() > before, "no tile products ran: {plan:?} [{}]", case.describe());
+            }
+        }
+    }
+}
+
+common::isa_test!([avx512] #[test]
+fn tiles_emulated() {
+    common::assert_available(Kernel::Flash(Isa::Avx512));
+    check_tiles(TileChoice::Emulated)
+});
+
+common::isa_test!([amx] #[test]
+fn tiles_native_amx() {
+    assert_eq!(amx::status(), amx::Status::Ready, "the tiles are not ready here");
+    check_tiles(TileChoice::Auto)
+});
 
 /// A masked key whose key and value rows are NaN must reach no output and no gradient (the
 /// forward's tile and the backward's job fall back to f32 products), and the unmasked rows keep
@@ -151,7 +202,7 @@ fn check_masked_nan_values(kernel: Kernel) {
     let mut case = Case { causal: true, ..Case::new(d, 5) };
     case.poison_key(0, 0, 40);
     let case = in_bf16(case);
-    let plans = (Tuning { path: Some(Path::Prefill), shards: None }, BackwardTuning::default());
+    let plans = (Tuning { path: Some(Path::Prefill), shards: None, ..Tuning::DEFAULT }, BackwardTuning::default());
     let res = run_bf16(&case, kernel, plans.0);
     let g = grads_bf16(&case, kernel, plans, &random_dout(&case, 3));
     for (r, (row, dq)) in res.out.chunks(d.dv).zip(g.dq.chunks(d.dk)).enumerate() {
@@ -191,7 +242,7 @@ fn check_decode_computes_in_f32(kernel: Kernel) {
         let f32_case = Case { compute: Precision::F32, ..case.clone() };
         let label =
             |what: &str, t: &dyn std::fmt::Debug| format!("{} {t:?} [{}]: {what}", kernel.name(), case.describe());
-        let decode = [None, Some(3)].map(|shards| Tuning { path: Some(Path::Decode), shards });
+        let decode = [None, Some(3)].map(|shards| Tuning { path: Some(Path::Decode), shards, ..Tuning::DEFAULT });
         for tuning in [Tuning::default()].into_iter().chain(decode) {
             let (bf, f) = (run_bf16(&case, kernel, tuning), run_bf16(&f32_case, kernel, tuning));
             assert_eq!(bf.path, Some(Path::Decode), "{}", label("path", &tuning));
@@ -204,7 +255,7 @@ fn check_decode_computes_in_f32(kernel: Kernel) {
                 assert!(same_bits(a, b), "{}", label(name, &plans));
             }
         }
-        let prefill = Tuning { path: Some(Path::Prefill), shards: None };
+        let prefill = Tuning { path: Some(Path::Prefill), shards: None, ..Tuning::DEFAULT };
         let (bf, f) = (run_bf16(&case, kernel, prefill), run_bf16(&f32_case, kernel, prefill));
         assert!(!same_bits(&bf.out, &f.out), "{}", label("prefill gave the f32 output", &prefill));
     }

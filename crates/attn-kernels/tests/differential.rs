@@ -135,7 +135,7 @@ fn verdict(kernel: Kernel, case: &Case) -> Result<(), String> {
         return Ok(());
     }
     // After a split-KV forward: the shards' log-sum-exps and residues merged.
-    let split = (Tuning { path: None, shards: Some(3) }, BackwardTuning::default());
+    let split = (Tuning { path: None, shards: Some(3), ..Tuning::DEFAULT }, BackwardTuning::default());
     let fast = grads_tuned(case, kernel, split, &dout).map_err(refused("backward after split-KV"))?;
     grads_verdict(&fast, &g64, &baseline, &terms).map_err(|e| format!("backward after split-KV: {e}"))
 }

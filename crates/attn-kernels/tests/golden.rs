@@ -52,11 +52,11 @@ fn to_f32(x: &[f64]) -> Vec<f32> {
 
 /// Every plan of the flash kernel: automatic, each path forced, and each with the keys split.
 const TUNINGS: [Tuning; 5] = [
-    Tuning { path: None, shards: None },
-    Tuning { path: Some(Path::Prefill), shards: None },
-    Tuning { path: Some(Path::Decode), shards: None },
-    Tuning { path: Some(Path::Prefill), shards: Some(3) },
-    Tuning { path: Some(Path::Decode), shards: Some(3) },
+    Tuning { path: None, shards: None, ..Tuning::DEFAULT },
+    Tuning { path: Some(Path::Prefill), shards: None, ..Tuning::DEFAULT },
+    Tuning { path: Some(Path::Decode), shards: None, ..Tuning::DEFAULT },
+    Tuning { path: Some(Path::Prefill), shards: Some(3), ..Tuning::DEFAULT },
+    Tuning { path: Some(Path::Decode), shards: Some(3), ..Tuning::DEFAULT },
 ];
 
 fn check_kernel(kernel: Kernel, fx: &Fixture) -> Result<(), String> {

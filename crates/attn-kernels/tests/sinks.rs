@@ -192,7 +192,7 @@ fn check_neg_inf_is_no_sink(kernel: Kernel) {
     assert_bit_identical(&label("with weights"), &none.run(kernel, true).unwrap(), &base.run(kernel, true).unwrap());
     for path in [Path::Prefill, Path::Decode] {
         for shards in [None, Some(3)] {
-            let t = Tuning { path: Some(path), shards };
+            let t = Tuning { path: Some(path), shards, ..Tuning::DEFAULT };
             let (a, b) = (none.run_tuned(kernel, t).unwrap(), base.run_tuned(kernel, t).unwrap());
             assert_bit_identical(&label(&format!("{t:?}")), &a, &b);
             assert_eq!(a.lse_residue, b.lse_residue, "{}", label("residues"));

@@ -12,6 +12,7 @@
 use std::ops::Range;
 
 use super::simd::Simd;
+use crate::amx::{Emulated, TileUnit};
 use crate::problem::Problem;
 use crate::sparse::TileBlocks;
 use crate::view::View4;
@@ -58,6 +59,8 @@ pub struct Ctx<'a, E> {
     /// non-finite number, sorted (`scores::nonfinite_rows`); `None` where the call did not list
     /// them (the decode path, which scans its tiles' value rows itself).
     pub bad_values: Option<Vec<Vec<usize>>>,
+    /// The tiles the bfloat16 prefill products run on (`tile_products`), if any.
+    pub tiles: Option<TileUnit>,
 }
 
 /// One unit of work: rows `(h0 + r / ni, i0 + r % ni)` of batch `b` over keys `keys`.
@@ -202,6 +205,22 @@ pub struct Work {
     pub(super) blocks: TileBlocks,
     /// Per segment of the tile last scored, the columns that no row masks (`scores::scores`).
     pub(super) clean: Vec<Range<usize>>,
+    /// On tiles: the queries as row-major bfloat16 pairs (`tile_products::prepare`), their
+    /// row stride, the accumulators' buffer, and the software tiles when emulated.
+    pub(super) tiles: TileWork,
+}
+
+/// A block's buffers for the products on tiles.
+#[derive(Default)]
+pub(super) struct TileWork {
+    /// Query pairs, `[rows rounded up to 32, Dk / 2]`.
+    pub(super) q: Vec<f32>,
+    /// The query pairs' row stride.
+    pub(super) ldq: usize,
+    /// Four accumulators stored (`tile_products::ACC_LEN` once used).
+    pub(super) acc: Vec<f32>,
+    /// The emulated tiles (made on first use).
+    pub(super) emulated: Option<Box<Emulated>>,
 }
 
 impl Work {

@@ -98,6 +98,7 @@ mod scores;
 pub(crate) mod simd;
 mod softcap;
 mod split;
+mod tile_products;
 mod workspace;
 
 use rayon::prelude::*;
@@ -148,6 +149,9 @@ pub(crate) fn forward<E: KvElem>(
     // non-finite rows once (one pass over the values, under 1% of the work then) spares every
     // masked tile a scan of its columns' rows. Listed per chunk once its packing is allocated, so
     // a call too large to pack is refused before any pass over its values.
+    // The bfloat16 prefill products on tiles where the choice resolves to some and the sizes fit.
+    let on_tiles = pb.compute == Precision::Bf16 && !plan.decode && tile_products::fits(d.dk, d.dv, w);
+    let tiles = tuning.tiles.resolve().filter(|_| on_tiles);
     let listed = !plan.decode && plan.jobs.len() >= 4 * d.b * d.hkv;
     let plen = plan.panel_len;
     let mut outs = Rest { o: &mut out, lse: &mut lse, residue: &mut lse_residue, w: weights.as_deref_mut() };
@@ -156,7 +160,7 @@ pub(crate) fn forward<E: KvElem>(
         let heads = if plan.decode { 0 } else { plan.heads_per_chunk.min(d.b * d.hkv - first) };
         let mut panels = workspace::take(&[heads, plen])?;
         let bad_values = listed.then(|| scores::nonfinite_rows(v, first..first + heads));
-        let cx = Ctx { pb, q: *q, k: *k, v: *v, bad_values };
+        let cx = Ctx { pb, q: *q, k: *k, v: *v, bad_values, tiles };
         panels.par_chunks_mut(plen.max(1)).enumerate().for_each(|(x, p)| {
             let hh = first + x;
             pack::pack_head(k, v, hh / d.hkv, hh % d.hkv, w, pb.compute, p);

@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use super::block::Job;
 use super::pack;
+use crate::amx::TileChoice;
 use crate::problem::{Dims, Precision};
 
 /// Query rows per prefill job when a head's keys and values fit in half of the L2 cache.
@@ -53,6 +54,13 @@ pub struct Tuning {
     pub path: Option<Path>,
     /// Force the number of key shards (split-KV); ignored when weights are asked for.
     pub shards: Option<usize>,
+    /// Which tiles the forward's bfloat16 products run on (AMX by default where it is ready).
+    pub tiles: TileChoice,
+}
+
+impl Tuning {
+    /// Everything automatic (as `Default`), usable in constants.
+    pub const DEFAULT: Tuning = Tuning { path: None, shards: None, tiles: TileChoice::Auto };
 }
 
 /// The work of one call.

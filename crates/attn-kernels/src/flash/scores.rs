@@ -4,8 +4,9 @@
 //! mask and the band, in the reference's order; and the scan for masked keys whose values are not
 //! finite, whose products must be skipped rather than multiplied by zero.
 //!
-//! The product takes one of two paths, chosen by whether the keys were packed: packed panels
-//! (prefill, `qk_panel` on queries stored transposed) or keys in place (decode, `qk_rows`). The
+//! The product takes one of three paths, chosen by whether the keys were packed and the call runs
+//! on tiles: packed panels (prefill, `qk_panel` on queries stored transposed, or with bfloat16
+//! products on AMX tiles `tile_products::qk`) or keys in place (decode, `qk_rows`). The
 //! soft-cap runs with vectors, the element masks as `row_masks` applies them; band edges are
 //! masked only on the tiles that cross them.
 
@@ -19,6 +20,7 @@ use super::micro::{qk_panel, qk_rows, Bf16Pairs, Fma};
 use super::row_masks::{add_bias, apply_keep, select_kept};
 use super::simd::{KvElem, Simd};
 use super::softcap::softcap_row;
+use super::tile_products::{on_unit, qk};
 use crate::problem::{Precision, Problem};
 use crate::sparse::{BlockMask, TileBlocks, SPARSE_BLOCK};
 use crate::view::View4;
@@ -84,8 +86,13 @@ pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
     // panels hold every panel of keys `< Lk`, and `k` the segments' rows. Segments before a tile's
     // last are whole panels (`key_tiles`), so each panel's columns are its keys'.
     unsafe {
-        match panels {
-            Some(p) => {
+        match (panels, cx.tiles.filter(|_| pb.compute == Precision::Bf16)) {
+            (Some(p), Some(unit)) => {
+                let tw = &mut w.tiles;
+                on_unit!(unit, tw.emulated, t => qk(t, &tw.q, tw.ldq, p, segs, scale, sp, LDS, rows, &mut tw.acc));
+                n.div_ceil(2 * S::W) * 2 * S::W
+            }
+            (Some(p), None) => {
                 let pw = 2 * S::W;
                 let bf16 = pb.compute == Precision::Bf16;
                 let slots = if bf16 { dk.div_ceil(2) } else { dk };
@@ -107,7 +114,7 @@ pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
                 }
                 n.div_ceil(pw) * pw
             }
-            None => {
+            (None, _) => {
                 for sg in segs {
                     let (kt, st) = (k.as_ptr().add(sg.j0 * ldk), sp.add(sg.col));
                     decode_scores::<S, E>(qp, dk, kt, ldk, sg.n, dk, scale, rows, st, LDS);

@@ -17,6 +17,10 @@ macro_rules! isa_test {
         #[cfg_attr(attn_lacks_avx512_bf16, ignore = "this CPU lacks AVX-512F with AVX512-BF16")]
         $item
     };
+    ([amx] $item:item) => {
+        #[cfg_attr(attn_lacks_amx, ignore = "this CPU lacks AMX-TILE with AMX-BF16 (or AVX-512F)")]
+        $item
+    };
     ([avx2] $item:item) => {
         #[cfg_attr(attn_lacks_avx2, ignore = "this CPU lacks AVX2, FMA or F16C")]
         $item

@@ -10,10 +10,10 @@ use super::case::Case;
 /// The flash kernel's plans that [`Case::check`] forces besides the automatic one: each path, and
 /// each with the keys split into shards merged through their log-sum-exps.
 const FORCED_PLANS: [Tuning; 4] = [
-    Tuning { path: Some(Path::Prefill), shards: None },
-    Tuning { path: Some(Path::Decode), shards: None },
-    Tuning { path: Some(Path::Prefill), shards: Some(3) },
-    Tuning { path: Some(Path::Decode), shards: Some(3) },
+    Tuning { path: Some(Path::Prefill), shards: None, ..Tuning::DEFAULT },
+    Tuning { path: Some(Path::Decode), shards: None, ..Tuning::DEFAULT },
+    Tuning { path: Some(Path::Prefill), shards: Some(3), ..Tuning::DEFAULT },
+    Tuning { path: Some(Path::Decode), shards: Some(3), ..Tuning::DEFAULT },
 ];
 
 /// The `f64` and `f32` reference results of one case (weights included).

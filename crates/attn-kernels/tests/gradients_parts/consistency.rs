@@ -23,7 +23,7 @@ fn rms(x: &[f32], r: &[f64]) -> f64 {
 /// the backward scored the other path's way).
 pub fn check_forward_path_consistency(kernel: Kernel) {
     for path in [Path::Decode, Path::Prefill] {
-        let tuning = (Tuning { path: Some(path), shards: None }, BackwardTuning::default());
+        let tuning = (Tuning { path: Some(path), shards: None, ..Tuning::DEFAULT }, BackwardTuning::default());
         let mut sums = [[0.0f64; 2]; 3];
         for seed in 0..8 {
             let d = dims(2, 2, 1, 5, 7, 8, 8);

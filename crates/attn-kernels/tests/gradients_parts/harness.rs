@@ -44,10 +44,19 @@ pub fn out_dims(case: &Case) -> [usize; 4] {
 /// tile; and the backward after a split-KV forward (shards merged with their log-sum-exp
 /// residues).
 pub const FORCED_PLANS: [(Tuning, BackwardTuning); 4] = [
-    (Tuning { path: None, shards: None }, BackwardTuning { shards: Some(1), whole_heads: Some(true) }),
-    (Tuning { path: None, shards: None }, BackwardTuning { shards: Some(3), whole_heads: Some(false) }),
-    (Tuning { path: None, shards: None }, BackwardTuning { shards: Some(2), whole_heads: Some(true) }),
-    (Tuning { path: None, shards: Some(3) }, BackwardTuning { shards: None, whole_heads: None }),
+    (
+        Tuning { path: None, shards: None, ..Tuning::DEFAULT },
+        BackwardTuning { shards: Some(1), whole_heads: Some(true) },
+    ),
+    (
+        Tuning { path: None, shards: None, ..Tuning::DEFAULT },
+        BackwardTuning { shards: Some(3), whole_heads: Some(false) },
+    ),
+    (
+        Tuning { path: None, shards: None, ..Tuning::DEFAULT },
+        BackwardTuning { shards: Some(2), whole_heads: Some(true) },
+    ),
+    (Tuning { path: None, shards: Some(3), ..Tuning::DEFAULT }, BackwardTuning { shards: None, whole_heads: None }),
 ];
 
 /// `kernel`'s forward then backward on `f32` K/V (the reference kernel is naive32).

@@ -10,11 +10,13 @@
 
 use std::ops::Range;
 
+use crate::amx::TileUnit;
 use crate::flash::block::{rows_per_call, with_rows, Work, LDS};
 use crate::flash::micro::{pv, pv_scalar, Bf16Pairs, Fma, Product};
 use crate::flash::pairs::pair_keys;
 use crate::flash::scores::BadColumn;
 use crate::flash::simd::{KvElem, Simd};
+use crate::flash::tile_products::{self, on_unit};
 
 use super::tiles::{tile_columns, Seg};
 
@@ -24,14 +26,16 @@ const LDP: usize = LDS / 2;
 /// `o: [rows, dv] += P · V` for the tile `segs` with bfloat16 products: `P` the probabilities in
 /// `w.s` (columns from the tile's end on are set to 0 here), rounded to bfloat16 pairs in `w.p2`,
 /// each segment's times its keys' pairs in `vpairs`, the head's value pairs as `pack::pack_head`
-/// lays them out.
+/// lays them out; on `tiles` when given (`tile_products::pv`), else the `pv` micro-kernel.
 ///
 /// # Safety
 /// The CPU supports `S`'s instruction set; every segment starts (in keys and in columns) at a
 /// multiple of `2·S::W` and every one but the last spans whole multiples of it; `vpairs` holds the
 /// pairs of keys `0..j0 + n` rounded up to `2·S::W` keys, `dv` slots each, for each segment's
-/// `j0..j0 + n`; `o` holds `rows` rows of `dv`.
+/// `j0..j0 + n`; `o` holds `rows` rows of `dv`; with `tiles`, they are configured on this thread
+/// and the call fits them (`tile_products::fits`).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn accumulate_bf16<S: Simd>(
     w: &mut Work,
     rows: usize,
@@ -39,16 +43,28 @@ pub(super) unsafe fn accumulate_bf16<S: Simd>(
     segs: &[Seg],
     dv: usize,
     o: &mut [f32],
+    tiles: Option<TileUnit>,
 ) {
     let pw = 2 * S::W;
     let n = tile_columns(segs);
     let width = n.div_ceil(pw) * pw;
-    if w.p2.len() < rows * LDP {
-        w.p2.resize(rows * LDP, 0.0);
+    // Tiles read whole blocks of 32 rows (the rows past `rows` only make rows that are dropped).
+    let room = if tiles.is_some() { rows.div_ceil(32) * 32 } else { rows } * LDP;
+    if w.p2.len() < room {
+        w.p2.resize(room, 0.0);
     }
     // SAFETY: the CPU supports `S` (the caller's contract); `w.s` holds `rows` rows of `LDS >=
     // width` floats and `w.p2` `rows` rows of `LDP >= width / 2`.
     unsafe { pair_keys::<S>(w.s.as_mut_ptr(), LDS, rows, n, width, w.p2.as_mut_ptr(), LDP) };
+    if let Some(unit) = tiles {
+        let tw = &mut w.tiles;
+        // SAFETY: the tiles are configured by the caller (`forward::run`); `w.p2` holds `room`
+        // rows, `vpairs` and `o` as the caller guarantees, `dv` a multiple of 32 (`fits`).
+        unsafe {
+            on_unit!(unit, tw.emulated, t => tile_products::pv(t, &w.p2, LDP, vpairs, segs, dv, o, rows, &mut tw.acc))
+        };
+        return;
+    }
     for sg in segs {
         let pairs = sg.n.div_ceil(pw) * pw / 2;
         // SAFETY: the CPU supports `S`; `w.p2` holds `rows` rows of `width / 2` pairs at stride

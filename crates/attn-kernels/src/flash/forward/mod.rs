@@ -11,7 +11,9 @@
 //! several segments ([`tiles`](mod@tiles)). The path is chosen by whether
 //! `panels` is given: packed keys (prefill, queries stored transposed per micro-kernel call, tiles
 //! aligned to the panel width) or keys read in place (decode). With bfloat16 products (prefill
-//! only) the queries are stored as bfloat16 pairs and `P·V` takes `accumulate_bf16`.
+//! only) the queries are stored as bfloat16 pairs and `P·V` takes `accumulate_bf16`; on AMX tiles
+//! (`Ctx::tiles`) the rows are stored row-major for them (`tile_products::prepare`) and the tiles
+//! stay configured for the block's run.
 
 pub(super) mod accumulate;
 pub(super) mod softmax;
@@ -21,6 +23,8 @@ use super::block::{head, qk_chunks, rows_per_call, tile_keys, Ctx, Job, Outs, Wo
 use super::pack::{pair, values_at};
 use super::scores::{bad_columns, scores};
 use super::simd::{KvElem, Simd};
+use super::tile_products::prepare;
+use crate::amx::{Hardware, TileUnit, Tiles};
 use crate::lse::lse_parts;
 use crate::prefetch;
 use crate::problem::Precision;
@@ -45,6 +49,9 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     w.reset(rows, d.dk);
     let (rq, _) = rows_per_call::<S>();
     let bf16 = pb.compute == Precision::Bf16 && panels.is_some();
+    let on_tiles = cx.tiles.filter(|_| bf16);
+    // SAFETY: a unit is resolved to the hardware only when `amx::status` is ready.
+    let _configured = unsafe { on_tiles.filter(|u| *u == TileUnit::Hardware).and_then(|_| Hardware.configure()) };
     if panels.is_some() {
         // The job's query rows are read once, transposed a column at a time below; their lines
         // asked for all at once arrive together instead of a dozen at a time from memory (4.6% of
@@ -53,8 +60,16 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
             let (h, i) = job.head_query(r);
             prefetch::lines::<{ prefetch::L1 }, _>(cx.q.row(job.b, h, i));
         }
-        // Each chunk of rows that one `qk_panel` call takes, stored transposed.
-        for (r0, nr) in qk_chunks(rows, rq) {
+        if on_tiles.is_some() {
+            let row = |r| {
+                let (h, i) = job.head_query(r);
+                cx.q.row(job.b, h, i)
+            };
+            prepare(&mut w.tiles, rows, row, d.dk);
+        }
+        // Each chunk of rows that one `qk_panel` call takes, stored transposed (not on tiles,
+        // which read the rows `prepare` stored).
+        for (r0, nr) in qk_chunks(rows, rq).filter(|_| on_tiles.is_none()) {
             let mut src: [&[f32]; MAX_ROWS_PER_CALL] = [&[]; MAX_ROWS_PER_CALL];
             for (r, q) in src[..nr].iter_mut().enumerate() {
                 let (h, i) = job.head_query(r0 + r);
@@ -104,7 +119,7 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
         match panels.filter(|_| bf16 && bad.is_empty()) {
             // SAFETY: the CPU supports `S`; segments start at multiples of the panel width and
             // the head's packing holds the value pairs of every key from `values_at` on.
-            Some(p) => unsafe { accumulate_bf16::<S>(w, rows, &p[values_at(&d, S::W)..], t, d.dv, outs.o) },
+            Some(p) => unsafe { accumulate_bf16::<S>(w, rows, &p[values_at(&d, S::W)..], t, d.dv, outs.o, on_tiles) },
             // SAFETY: as above; the segments' value rows exist, each `Dv` long.
             None => unsafe { accumulate::<S, E>(w, rows, vhead.as_ptr(), ldv, t, d.dv, outs.o, &bad) },
         }
