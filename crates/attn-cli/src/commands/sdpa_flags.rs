@@ -102,7 +102,11 @@ impl SdpaFlags {
     /// except on the decode path, which computes in f32.
     pub fn products(&self, calls: &[Dims]) -> Products {
         let decoding = calls.iter().filter(|d| attn_kernels::flash::decodes(d)).count();
-        Products { asked: self.compute, calls: calls.len(), decoding }
+        let on_amx = match self.kernel.flash_isa() {
+            Ok(Some(isa)) => calls.iter().filter(|d| attn_kernels::flash::runs_on_amx(isa, self.compute, d)).count(),
+            _ => 0,
+        };
+        Products { asked: self.compute, calls: calls.len(), decoding, on_amx }
     }
 
     /// Dropout as reported, `dropout 0.1, seed 7`, with `(default)` after a seed not given;
@@ -180,6 +184,8 @@ pub struct Products {
     pub calls: usize,
     /// Of those, the calls on the decode path.
     pub decoding: usize,
+    /// Of those, the calls whose forward products run on AMX tiles.
+    pub on_amx: usize,
 }
 
 impl Products {
@@ -192,13 +198,22 @@ impl Products {
         }
     }
 
-    /// What follows the kernel's name: nothing for f32 products, else `+bf16`, and when some of
-    /// several calls decode in f32, how many: `+bf16 (f32: 3 of 16 decode-length sequences)`.
+    /// What follows the kernel's name: nothing for f32 products, else `+bf16`, `+amx` after it when
+    /// the forward's products run on AMX tiles (`+amx 3 of 16` when only some calls do), and when
+    /// some of several calls decode in f32, how many: `+bf16 (f32: 3 of 16 decode-length sequences)`.
     pub fn text(&self) -> String {
+        let amx = match self.on_amx {
+            0 => String::new(),
+            n if n == self.calls => "+amx".to_string(),
+            n => format!("+amx {n} of {}", self.calls),
+        };
         match self.precision() {
             Precision::F32 => String::new(),
-            p if self.decoding == 0 => format!("+{}", precision_name(p)),
-            p => format!("+{} (f32: {} of {} decode-length sequences)", precision_name(p), self.decoding, self.calls),
+            p if self.decoding == 0 => format!("+{}{amx}", precision_name(p)),
+            p => {
+                let (name, d, n) = (precision_name(p), self.decoding, self.calls);
+                format!("+{name}{amx} (f32: {d} of {n} decode-length sequences)")
+            }
         }
     }
 }
@@ -362,5 +377,16 @@ mod tests {
         assert_eq!(e.to_string(), "--sink-tokens: the prefix-lm pattern does not take it");
         let unnamed = attn::AttnError::Param { field: "block_mask", reason: "too many keys".into() };
         assert_eq!(super::super::pattern_flags::pattern_error(unnamed).to_string(), "block_mask: too many keys");
+    }
+
+    #[test]
+    fn products_name_the_amx_tiles_and_the_calls_decoding_in_f32() {
+        let p = |calls, decoding, on_amx| Products { asked: Precision::Bf16, calls, decoding, on_amx }.text();
+        assert_eq!(p(1, 0, 0), "+bf16");
+        assert_eq!(p(1, 0, 1), "+bf16+amx");
+        assert_eq!(p(3, 0, 2), "+bf16+amx 2 of 3");
+        assert_eq!(p(3, 1, 2), "+bf16+amx 2 of 3 (f32: 1 of 3 decode-length sequences)");
+        assert_eq!(p(2, 2, 0), "");
+        assert_eq!(Products { asked: Precision::F32, calls: 1, decoding: 0, on_amx: 0 }.text(), "");
     }
 }

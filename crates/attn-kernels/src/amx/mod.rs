@@ -116,6 +116,39 @@ impl TileChoice {
     }
 }
 
+/// FLOPs of one round of [`spin`]: four tile products of 16 × 16 × 32 multiply-adds.
+pub const SPIN_FLOPS: f64 = (4 * TILE_ROWS * TILE_SLOTS * 32 * 2) as f64;
+
+/// Runs `iters` rounds of four independent tile products (`TDPBF16PS` into four accumulators, the
+/// operands zero) on the CPU's tiles, for a peak measurement ([`SPIN_FLOPS`] per round); `false`,
+/// running nothing, unless [`status`] is [`Status::Ready`].
+pub fn spin(iters: u64) -> bool {
+    if status() != Status::Ready {
+        return false;
+    }
+    let t = &mut Hardware;
+    // SAFETY: the status is ready, so the CPU has the tiles and the process may use them; they
+    // are configured while `_configured` lives.
+    unsafe {
+        let _configured = t.configure();
+        t.zero::<0>();
+        t.zero::<1>();
+        t.zero::<2>();
+        t.zero::<3>();
+        t.zero::<4>();
+        t.zero::<5>();
+        t.zero::<6>();
+        t.zero::<7>();
+        for _ in 0..iters {
+            t.dot::<0, 4, 6>();
+            t.dot::<1, 4, 7>();
+            t.dot::<2, 5, 6>();
+            t.dot::<3, 5, 7>();
+        }
+    }
+    true
+}
+
 /// One product `[16 × 32] · [32 × 16]` of small integers (exact in f32 whatever the order of the
 /// sums) and one accumulated onto it, through `T`, as bits.
 fn self_test<T: Tiles>(t: &mut T) -> Vec<u32> {
@@ -189,5 +222,6 @@ mod tests {
         assert_eq!(TileChoice::Auto.resolve().is_some(), s == Status::Ready);
         assert_eq!(TileChoice::Emulated.resolve(), Some(TileUnit::Emulated));
         assert_eq!(TileChoice::Off.resolve(), None);
+        assert_eq!(spin(3), s == Status::Ready);
     }
 }

@@ -103,10 +103,11 @@ mod workspace;
 
 use rayon::prelude::*;
 
+use crate::amx::{TileChoice, TileUnit};
 use crate::error::Result;
 use crate::isa::Isa;
 use crate::merge::{fold_sink_rows, SinkRows};
-use crate::problem::{Precision, Problem};
+use crate::problem::{Dims, Precision, Problem};
 use crate::reference::AttnOutput;
 use crate::view::View4;
 pub(crate) use backward::backward;
@@ -149,9 +150,7 @@ pub(crate) fn forward<E: KvElem>(
     // non-finite rows once (one pass over the values, under 1% of the work then) spares every
     // masked tile a scan of its columns' rows. Listed per chunk once its packing is allocated, so
     // a call too large to pack is refused before any pass over its values.
-    // The bfloat16 prefill products on tiles where the choice resolves to some and the sizes fit.
-    let on_tiles = pb.compute == Precision::Bf16 && !plan.decode && tile_products::fits(d.dk, d.dv, w);
-    let tiles = tuning.tiles.resolve().filter(|_| on_tiles);
+    let tiles = tile_unit(tuning.tiles, pb.compute, plan.decode, &d, w);
     let listed = !plan.decode && plan.jobs.len() >= 4 * d.b * d.hkv;
     let plen = plan.panel_len;
     let mut outs = Rest { o: &mut out, lse: &mut lse, residue: &mut lse_residue, w: weights.as_deref_mut() };
@@ -184,6 +183,20 @@ pub(crate) fn forward<E: KvElem>(
         fold_sink_rows(sinks, d.lq, rows);
     }
     Ok(AttnOutput { out, lse, lse_residue, weights, path })
+}
+
+/// The tiles a call's forward products run on: the bfloat16 prefill products, where `choice`
+/// resolves to a unit and the sizes fit the tiles (`tile_products::fits` for vector width `w`).
+fn tile_unit(choice: TileChoice, compute: Precision, decode: bool, d: &Dims, w: usize) -> Option<TileUnit> {
+    let fit = compute == Precision::Bf16 && !decode && tile_products::fits(d.dk, d.dv, w);
+    choice.resolve().filter(|_| fit)
+}
+
+/// Whether a call of sizes `d` with `compute` products, on the flash kernel of `isa` and its
+/// automatic plan, runs its forward products on the CPU's AMX tiles (what `attn bench` reports).
+pub fn runs_on_amx(isa: Isa, compute: Precision, d: &Dims) -> bool {
+    let w = if isa == Isa::Avx512 { 16 } else { 8 };
+    tile_unit(TileChoice::Auto, compute, decodes(d), d, w) == Some(TileUnit::Hardware)
 }
 
 isa_entries!(run(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work));

@@ -2,18 +2,19 @@
 //! on every thread at once, so benchmark results can be stated as a fraction of what the cores
 //! can do. The loop uses the instructions of the kernel being benchmarked: AVX2 when
 //! `flash-avx2` is forced (on an AVX-512 CPU its share of peak is then of AVX2's), otherwise the
-//! widest of AVX-512 and AVX2 detected at run time; with `--compute bf16` on a CPU with
-//! AVX512-BF16, `VDPBF16PS` (two bfloat16 products per f32 lane, the peak of bf16 products). Other
-//! CPUs report the peak as unknown.
+//! widest of AVX-512 and AVX2 detected at run time; with `--compute bf16`, on a CPU whose AMX tiles
+//! are ready (`attn_kernels::amx::status`) four independent `TDPBF16PS` tile products, else on a
+//! CPU with AVX512-BF16 `VDPBF16PS` (two bfloat16 products per f32 lane): the peak of the bf16
+//! products the forward runs. Other CPUs report the peak as unknown.
 
 use std::time::Instant;
 
-use attn_kernels::{Isa, Kernel, Precision};
+use attn_kernels::{amx, Isa, Kernel, Precision};
 
 /// Measured `f32` FMA peak.
 #[derive(Debug, Clone, Copy)]
 pub struct Peak {
-    /// Instruction set of the loop: `"avx512"`, `"avx512-bf16"` or `"avx2"`.
+    /// Instruction set of the loop: `"avx512"`, `"avx512-bf16"`, `"amx-bf16"` or `"avx2"`.
     pub isa: &'static str,
     /// GFLOP/s of one thread.
     pub single_gflops: f64,
@@ -33,6 +34,7 @@ const MIN_SECONDS: f64 = 0.05;
 enum FmaIsa {
     Avx512,
     Avx512Bf16,
+    AmxBf16,
     Avx2,
 }
 
@@ -54,16 +56,18 @@ impl FmaIsa {
         match self {
             FmaIsa::Avx512 => "avx512",
             FmaIsa::Avx512Bf16 => "avx512-bf16",
+            FmaIsa::AmxBf16 => "amx-bf16",
             FmaIsa::Avx2 => "avx2",
         }
     }
 
     /// FLOPs of one loop iteration: every accumulator does one FMA (2 FLOPs per lane), or one
-    /// `VDPBF16PS` (two products and two sums per lane).
+    /// `VDPBF16PS` (two products and two sums per lane); for the tiles, `amx::SPIN_FLOPS`.
     fn flops_per_iter(self) -> f64 {
         let lanes = match self {
             FmaIsa::Avx512 => 16,
             FmaIsa::Avx512Bf16 => 32,
+            FmaIsa::AmxBf16 => return attn_kernels::amx::SPIN_FLOPS,
             FmaIsa::Avx2 => 8,
         };
         (ACC * lanes * 2) as f64
@@ -79,6 +83,8 @@ impl FmaIsa {
             // SAFETY: `measure` picks Avx512Bf16 only after `Isa::has_avx512_bf16`.
             #[cfg(target_arch = "x86_64")]
             FmaIsa::Avx512Bf16 => unsafe { dot_avx512_bf16(iters) },
+            // `measure` picks the tiles only when they are ready; `spin` checks again.
+            FmaIsa::AmxBf16 => f32::from(u8::from(attn_kernels::amx::spin(iters))),
             // SAFETY: `detect` returned Avx2 only after checking that the CPU has AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
             FmaIsa::Avx2 => unsafe { fma_avx2(iters) },
@@ -154,6 +160,9 @@ pub fn measure(threads: usize, kernel: Kernel, compute: Precision) -> Option<Pea
     let isa = match kernel.resolve() {
         // `resolve` refuses a flash kernel whose instructions this CPU lacks.
         Ok(Kernel::Flash(Isa::Avx2)) => FmaIsa::Avx2,
+        Ok(Kernel::Flash(Isa::Avx512)) if compute == Precision::Bf16 && amx::status() == amx::Status::Ready => {
+            FmaIsa::AmxBf16
+        }
         Ok(Kernel::Flash(Isa::Avx512)) if compute == Precision::Bf16 && Isa::has_avx512_bf16() => FmaIsa::Avx512Bf16,
         _ => FmaIsa::detect()?,
     };

@@ -138,6 +138,7 @@ pub(super) fn json_row(args: &Args, threads: usize, row: &Row, peak_all: Option<
         "kv_dtype": args.kv_dtype.as_str(),
         "compute": precision_name(products.precision()),
         "decode_f32_calls": products.decoding,
+        "amx_calls": products.on_amx,
         "causal": args.sdpa.causal,
         "align": align_name(args.sdpa.align),
         "window": args.sdpa.options().window.map(|w| [w.left, w.right]),
