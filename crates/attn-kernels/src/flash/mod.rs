@@ -200,3 +200,30 @@ pub fn runs_on_amx(isa: Isa, compute: Precision, d: &Dims) -> bool {
 }
 
 isa_entries!(run(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_take_the_bf16_prefill_products_of_head_sizes_in_32s_at_width_16() {
+        let d = |lq, dk, dv| Dims { b: 1, hq: 2, hkv: 2, lq, lk: 100, dk, dv };
+        let unit = |choice, compute, dims: Dims, w| tile_unit(choice, compute, decodes(&dims), &dims, w);
+        let (bf16, emulated) = (Precision::Bf16, TileChoice::Emulated);
+        assert_eq!(unit(emulated, bf16, d(64, 64, 64), 16), Some(TileUnit::Emulated));
+        assert_eq!(unit(emulated, bf16, d(64, 128, 32), 16), Some(TileUnit::Emulated));
+        // f32 products, the decode path, head sizes off 32, the 8-lane packing, tiles off.
+        assert_eq!(unit(emulated, Precision::F32, d(64, 64, 64), 16), None);
+        assert_eq!(unit(emulated, bf16, d(4, 64, 64), 16), None);
+        for (dk, dv) in [(48, 64), (64, 48), (16, 16), (0, 32)] {
+            assert_eq!(unit(emulated, bf16, d(64, dk, dv), 16), None, "dk {dk}, dv {dv}");
+        }
+        assert_eq!(unit(emulated, bf16, d(64, 64, 64), 8), None);
+        assert_eq!(unit(TileChoice::Off, bf16, d(64, 64, 64), 16), None);
+        // The hardware only where its tiles are ready.
+        let ready = crate::amx::status() == crate::amx::Status::Ready;
+        assert_eq!(unit(TileChoice::Auto, bf16, d(64, 64, 64), 16).is_some(), ready);
+        assert_eq!(runs_on_amx(Isa::Avx512, bf16, &d(64, 64, 64)), ready);
+        assert!(!runs_on_amx(Isa::Avx2, bf16, &d(64, 64, 64)));
+    }
+}
