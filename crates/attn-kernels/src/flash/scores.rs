@@ -86,7 +86,8 @@ pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
     // panels hold every panel of keys `< Lk`, and `k` the segments' rows. Segments before a tile's
     // last are whole panels (`key_tiles`), so each panel's columns are its keys'.
     unsafe {
-        match (panels, cx.tiles.filter(|_| pb.compute == Precision::Bf16)) {
+        // `cx.tiles` is set only for bfloat16 prefill calls (`flash::tile_unit`).
+        match (panels, cx.tiles) {
             (Some(p), Some(unit)) => {
                 let tw = &mut w.tiles;
                 on_unit!(unit, tw.emulated, t => qk(t, &tw.q, tw.ldq, p, segs, scale, sp, LDS, rows, &mut tw.acc));
