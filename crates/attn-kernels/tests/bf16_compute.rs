@@ -161,23 +161,45 @@ fn check_masks(kernel: Kernel) {
     mask_cases().into_iter().for_each(|case| check(kernel, case));
 }
 
-/// The forward's products on AMX tiles (`Tuning::tiles`): shapes the tiles take (head dimensions
-/// multiples of 32; rows and keys off the tiles' 16 and 32; GQA) and every mask, under each
-/// prefill plan, by the same rule; on the software model, which must count products for every
-/// call (so the tiles really ran).
+/// The products on AMX tiles (`Tuning::tiles` and `BackwardTuning::tiles`: the forward's two,
+/// the backward's `S`, `dV`, `dK` and `dQ`): shapes the tiles take (head dimensions multiples of 32; rows and
+/// keys off the tiles' 16 and 32; GQA) and every mask, under each prefill plan, forward and
+/// gradients by the same rule; on the software model, which must count products for every call
+/// (so the tiles really ran).
 fn check_tiles(tiles: TileChoice) {
     let kernel = Kernel::Flash(Isa::Avx512);
     let shapes = [dims(1, 2, 2, 40, 40, 64, 64), dims(1, 3, 1, 100, 300, 64, 32), dims(1, 1, 1, 33, 200, 128, 64)];
     let cases = shapes.into_iter().enumerate().map(|(n, d)| Case::new(d, 40 + n as u64)).chain(mask_cases());
+    let ran = |before: u64, what: &dyn std::fmt::Display| {
+        if tiles == TileChoice::Emulated {
+            assert!(Emulated::products() > before, "no tile products ran: {what}");
+        }
+    };
     for case in cases {
         let case = in_bf16(case);
-        let base = math_path_rounded::<f32>(&case, &random_dout(&case, 7), round);
+        let dout = random_dout(&case, 7);
+        let base = math_path_rounded::<f32>(&case, &dout, round);
         for plan in &PLANS[..3] {
             let before = Emulated::products();
             check_forward(kernel, &case, &base, [Tuning { tiles, ..*plan }]);
+            ran(before, &format!("{plan:?} [{}]", case.describe()));
+        }
+        let (g64, terms) = (grads64(&case, &dout), terms(&case, &dout));
+        let products_of = |plans| {
+            let before = Emulated::products();
+            (grads_bf16(&case, kernel, plans, &dout), Emulated::products() - before)
+        };
+        // The forward's products alone, to see that the backward's ran on tiles too.
+        let forward_only = (Tuning { tiles, ..Tuning::DEFAULT }, BackwardTuning { tiles: TileChoice::Off, ..Default::default() });
+        let (_, forward_products) = products_of(forward_only);
+        for (fwd, bwd) in FORCED_PLANS.into_iter().chain([Default::default()]) {
+            let plans = (Tuning { tiles, ..fwd }, BackwardTuning { tiles, ..bwd });
+            let label = format!("{} {plans:?} [{}]", kernel.name(), case.describe());
+            let (g, products) = products_of(plans);
             if tiles == TileChoice::Emulated {
-                assert!(Emulated::products() > before, "no tile products ran: {plan:?} [{}]", case.describe());
+                assert!(products > forward_products, "the backward ran no tile products: {label}");
             }
+            assert_grads(&label, &g, &g64, &base.grads, &terms);
         }
     }
 }
@@ -249,7 +271,7 @@ fn check_decode_computes_in_f32(kernel: Kernel) {
             assert!(same_bits(&bf.out, &f.out) && same_bits(&bf.lse, &f.lse), "{}", label("forward", &tuning));
         }
         let dout = random_dout(&case, 4);
-        for plans in [Default::default(), (decode[1], BackwardTuning { shards: Some(2), whole_heads: Some(false) })] {
+        for plans in [Default::default(), (decode[1], BackwardTuning { shards: Some(2), whole_heads: Some(false), ..BackwardTuning::DEFAULT })] {
             let (bf, f) = (grads_bf16(&case, kernel, plans, &dout), grads_bf16(&f32_case, kernel, plans, &dout));
             for (name, a, b) in [("dq", &bf.dq, &f.dq), ("dk", &bf.dk, &f.dk), ("dv", &bf.dv, &f.dv)] {
                 assert!(same_bits(a, b), "{}", label(name, &plans));

@@ -40,10 +40,12 @@ impl Tiles for Emulated {
         None
     }
 
+    #[inline(never)]
     unsafe fn zero<const T: u8>(&mut self) {
         self.tiles[T as usize] = [[0; TILE_SLOTS]; TILE_ROWS];
     }
 
+    #[inline(never)]
     unsafe fn load<const T: u8>(&mut self, p: *const f32, stride: usize) {
         for (r, row) in self.tiles[T as usize].iter_mut().enumerate() {
             // SAFETY: row `r` is valid to read (the caller's contract).
@@ -52,6 +54,7 @@ impl Tiles for Emulated {
         }
     }
 
+    #[inline(never)]
     unsafe fn store<const T: u8>(&mut self, p: *mut f32, stride: usize) {
         for (r, row) in self.tiles[T as usize].iter().enumerate() {
             // SAFETY: row `r` is valid to write (the caller's contract).
@@ -60,6 +63,7 @@ impl Tiles for Emulated {
         }
     }
 
+    #[inline(never)]
     unsafe fn dot<const C: u8, const A: u8, const B: u8>(&mut self) {
         PRODUCTS.fetch_add(1, Ordering::Relaxed);
         let (a, b) = (self.tiles[A as usize], self.tiles[B as usize]);

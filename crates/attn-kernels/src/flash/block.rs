@@ -212,15 +212,15 @@ pub struct Work {
 
 /// A block's buffers for the products on tiles.
 #[derive(Default)]
-pub(super) struct TileWork {
+pub(in crate::flash) struct TileWork {
     /// Query pairs, `[rows rounded up to 32, Dk / 2]`.
-    pub(super) q: Vec<f32>,
+    pub(in crate::flash) q: Vec<f32>,
     /// The query pairs' row stride.
-    pub(super) ldq: usize,
+    pub(in crate::flash) ldq: usize,
     /// Four accumulators stored (`tile_products::ACC_LEN` once used).
-    pub(super) acc: Vec<f32>,
+    pub(in crate::flash) acc: Vec<f32>,
     /// The emulated tiles (made on first use).
-    pub(super) emulated: Option<Box<Emulated>>,
+    pub(in crate::flash) emulated: Option<Box<Emulated>>,
 }
 
 impl Work {

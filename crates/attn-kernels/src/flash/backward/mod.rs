@@ -42,6 +42,7 @@ use rayon::prelude::*;
 use super::plan::{self, Path};
 use super::simd::KvElem;
 use crate::alloc::{self, AllocError};
+use crate::amx::{TileChoice, TileUnit};
 use crate::grad::{AttnGrads, Saved, SideGrads};
 use crate::problem::{Precision, Problem};
 use crate::view::View4;
@@ -123,6 +124,8 @@ pub(super) struct BwdCtx<'a, E> {
     /// forward's and `P = exp(S − lse)` matches its log-sum-exp. A score rounded differently by
     /// one ulp of `|S|` shifts a whole row's `P` by that much relative (`|S|·ε`, several ulp).
     pub decode_scores: bool,
+    /// The tiles of the bfloat16 products `S`, `dV`, `dK` and `dQ`, if any (`tile_products`).
+    pub tiles: Option<TileUnit>,
 }
 
 /// One job: key/value head `(b, kvh)`, key blocks `shard, shard + S, shard + 2S, …`.
@@ -142,6 +145,15 @@ pub struct BackwardTuning {
     /// Force transposing each job's queries and output gradients once for all its key blocks
     /// (`true`) or tile by tile (`false`).
     pub whole_heads: Option<bool>,
+    /// Which tiles the bfloat16 products `S = Q·Kᵀ`, `dV += P̄ᵀ·dO`, `dK += dXᵀ·Q` and
+    /// `dQ += dX·K` run on (AMX by default where it is ready; give the forward's choice, so that
+    /// `S` is scored as the forward scored it).
+    pub tiles: TileChoice,
+}
+
+impl BackwardTuning {
+    /// Everything automatic (as `Default`), usable in constants.
+    pub const DEFAULT: BackwardTuning = BackwardTuning { shards: None, whole_heads: None, tiles: TileChoice::Auto };
 }
 
 /// Gradients with instruction set `isa` (which must be available) of the call validated into
@@ -158,7 +170,7 @@ pub(crate) fn backward<E: KvElem>(
     tuning: BackwardTuning,
 ) -> Result<AttnGrads<f32>, AllocError> {
     assert!(isa.is_available(), "flash backward entered without {isa:?} support");
-    let (run, _) = entry::of::<E>(isa, pb.compute);
+    let (run, lanes) = entry::of::<E>(isa, pb.compute);
     let d = pb.dims;
     let bias_len = pb.elem.bias.filter(|_| want_dbias).map(|b| b.data.len());
     let mut g = AttnGrads::zeros(&d, bias_len, pb.sinks.is_some(), pb.score_mod.map(|f| f.table.len()))?;
@@ -186,6 +198,7 @@ pub(crate) fn backward<E: KvElem>(
     let mut partials = alloc::filled("dq partials of key shards", &partial_shape, 0.0f32)?;
     let dq_target: &mut [f32] = if shards > 1 { &mut partials } else { &mut g.dq };
     {
+        let decode_scores = saved.forward_path.map_or(plan::decodes(&d), |p| p == Path::Decode);
         let cx = BwdCtx {
             pb,
             q: *q,
@@ -203,7 +216,8 @@ pub(crate) fn backward<E: KvElem>(
             dtable: g.dtable.as_deref_mut().map(Mutex::new),
             shards,
             whole_heads: tuning.whole_heads,
-            decode_scores: saved.forward_path.map_or(plan::decodes(&d), |p| p == Path::Decode),
+            decode_scores,
+            tiles: super::tile_unit(tuning.tiles, pb.compute, decode_scores, &d, lanes),
         };
         let jobs: Vec<BwdJob> = (0..shards)
             .flat_map(|shard| (0..units).map(move |u| BwdJob { b: u / d.hkv, kvh: u % d.hkv, shard }))

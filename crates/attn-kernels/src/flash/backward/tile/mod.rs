@@ -29,14 +29,20 @@
 //! f32 accumulation for a job of a call with [`Precision::Bf16`] whose forward took the prefill
 //! path (so `S` is rounded bit for bit as the forward's) and whose keys are all finite (a pair of
 //! keys would carry a masked key's NaN into its neighbour's `dQ`): its [`Form`]. Step 2 is f32
-//! either way.
+//! either way. With bfloat16 products on AMX tiles (`BwdCtx::tiles`, as the forward ran), four of
+//! the five products run on the tiles (`tile_products`), configured for the job's run: `S` by the
+//! forward's own function (so still bit for bit), `dQ += dX·K` on the same pairs of keys as the
+//! vectors', and `dV`, `dK` transposed (`dVᵀ = dOᵀ·P̄`) over every pair of rows that sees a key of
+//! the tile. `dP̄ = dO·Vᵀ` stays on the vectors: `Δ` is rounded as they round it, so that a row
+//! seeing one key gets `dS = 0` exactly.
 
 mod products;
 mod score_grads;
 
 use super::rows::dot_as_panel;
 use super::{BwdCtx, BwdJob, KEY_BLOCK, MAX_TILE_ROWS, SPARSE_TILE_ROWS, TILE_ROWS};
-use crate::flash::block::{qk_chunks, rows_per_call};
+use crate::amx::{Hardware, TileUnit, Tiles};
+use crate::flash::block::{qk_chunks, rows_per_call, TileWork};
 use crate::flash::micro::{Bf16Pairs, Fma};
 use crate::flash::pack::{key_pairs_len, pack_dim_pairs, pack_key_pairs, pack_keys, panel_len};
 use crate::flash::scores::all_finite;
@@ -96,6 +102,9 @@ pub struct BwdWork {
     band: Vec<(usize, usize)>,
     /// A block mask's segments of the tile last masked.
     blocks: TileBlocks,
+    /// On tiles: the tile's query rows (or, for `dV` and `dK`, the columns of its `dO` or `Q` rows) as
+    /// bfloat16 pairs, the accumulators, the emulated tiles.
+    tiles: TileWork,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -147,6 +156,8 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         unit: if cx.pb.elem.block.is_some() { SPARSE_TILE_ROWS } else { rq },
     };
     let tile_rows = if cx.pb.elem.block.is_some() { SPARSE_TILE_ROWS } else { TILE_ROWS };
+    // SAFETY: a unit is resolved to the hardware only when `amx::status` is ready.
+    let _configured = unsafe { cx.tiles.filter(|u| form.bf16 && *u == TileUnit::Hardware).and_then(|_| Hardware.configure()) };
     if form.bf16 {
         grow(&mut w.rows2, MAX_TILE_ROWS.div_ceil(2) * (LDB + d.dk.max(d.dv)));
         grow(&mut w.keys2, MAX_TILE_ROWS * LDB / 2);

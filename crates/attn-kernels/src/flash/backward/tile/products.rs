@@ -15,6 +15,9 @@ use crate::flash::micro::{qk_panel, Bf16Pairs, Fma, Product};
 use crate::flash::pairs::{pair_keys, pair_rows};
 use crate::flash::scores::decode_scores;
 use crate::flash::simd::{KvElem, Simd};
+use crate::flash::forward::tiles::Seg;
+use crate::amx::TILE_SLOTS;
+use crate::flash::tile_products::{self, on_unit, prepare, prepare_columns};
 
 /// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk `(r0, nr)` of
 /// `chunks`, in slots of `P` (pairs of the row's values for bfloat16 products): the chunk is
@@ -132,6 +135,12 @@ pub(super) unsafe fn products<S: Simd, E: KvElem>(
             let (kb, ldk) = head(&cx.k, b, job.kvh);
             let (qb, kb) = (qb.as_ptr().add(i0 * ldq), kb.as_ptr().add(j0 * ldk));
             decode_scores::<S, E>(qb, ldq, kb, ldk, n, d.dk, scale, nr, w.s.as_mut_ptr(), LDB);
+        } else if let (true, Some(unit)) = (form.bf16, cx.tiles) {
+            // The forward's tile product on the same pairs: `S` bit for bit as the forward's.
+            let tw = &mut w.tiles;
+            prepare(tw, nr, |r| cx.q.row(b, h, i0 + r), d.dk);
+            let seg = [Seg { col: 0, j0: 0, n }];
+            on_unit!(unit, tw.emulated, t => tile_products::qk(t, &tw.q, tw.ldq, &w.kp, &seg, scale, w.s.as_mut_ptr(), LDB, nr, &mut tw.acc));
         } else if form.bf16 {
             panel_product::<S, Bf16Pairs>(&w.qt[qt..], &w.kp, dks, nr, form.unit, np, scale, &w.band, &mut w.s);
         } else {
@@ -251,6 +260,24 @@ pub(super) unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
     // `MAX_TILE_ROWS` rows of `LDB/2`, `w.kk` the block's keys in pairs (`width/2` rows of `Dk`); the
     // accumulators hold `n` rows, `dq` `nr` rows.
     unsafe {
+        if let Some(unit) = cx.tiles {
+            // The pairs of `P̄` and `dX` in `rows2`, its pair rows up to the next 16 zero for the
+            // tiles (`MAX_TILE_ROWS / 2` is a multiple of 16).
+            w.rows2[half * LDB..half.div_ceil(TILE_SLOTS) * TILE_SLOTS * LDB].fill(0.0);
+            let (pairs, tw) = (w.rows2.as_mut_ptr(), &mut w.tiles);
+            let seeing = pairs_seeing(0, n);
+            for (x, (rows, ld), dim, acc) in [(pd.0, (ob, ldo), d.dv, &mut w.dv), (w.dp.as_ptr(), (qb, ldq), d.dk, &mut w.dk)] {
+                pair_rows::<S>(x, LDB, nr, n, pairs, LDB);
+                let row = |r: usize| std::slice::from_raw_parts(rows.add(r * ld), dim);
+                let lda = prepare_columns(&mut tw.q, nr, row, dim, seeing.clone());
+                on_unit!(unit, tw.emulated, t => tile_products::reduce_rows(t, &tw.q, lda, pairs, LDB, dim, n, acc, &mut tw.acc));
+            }
+            pair_keys::<S>(w.dp.as_mut_ptr(), LDB, nr, n, width, w.keys2.as_mut_ptr(), LDB / 2);
+            // `keys2` holds `MAX_TILE_ROWS` (a multiple of 32) rows: the padding rows the tiles read.
+            let seg = [Seg { col: 0, j0: 0, n }];
+            on_unit!(unit, tw.emulated, t => tile_products::pv(t, &w.keys2, LDB / 2, &w.kk, &seg, d.dk, dq, nr, &mut tw.acc));
+            return;
+        }
         let (pairs, values) = w.rows2.split_at_mut(half * LDB);
         // `dV += P̄ᵀ·dO`, then `dK += dXᵀ·Q`, the reduction over pairs of rows.
         for (x, (rows, ld), dim, acc) in
