@@ -190,7 +190,8 @@ fn check_tiles(tiles: TileChoice) {
             (grads_bf16(&case, kernel, plans, &dout), Emulated::products() - before)
         };
         // The forward's products alone, to see that the backward's ran on tiles too.
-        let forward_only = (Tuning { tiles, ..Tuning::DEFAULT }, BackwardTuning { tiles: TileChoice::Off, ..Default::default() });
+        let forward_only =
+            (Tuning { tiles, ..Tuning::DEFAULT }, BackwardTuning { tiles: TileChoice::Off, ..Default::default() });
         let (_, forward_products) = products_of(forward_only);
         for (fwd, bwd) in FORCED_PLANS.into_iter().chain([Default::default()]) {
             let plans = (Tuning { tiles, ..fwd }, BackwardTuning { tiles, ..bwd });
@@ -271,7 +272,10 @@ fn check_decode_computes_in_f32(kernel: Kernel) {
             assert!(same_bits(&bf.out, &f.out) && same_bits(&bf.lse, &f.lse), "{}", label("forward", &tuning));
         }
         let dout = random_dout(&case, 4);
-        for plans in [Default::default(), (decode[1], BackwardTuning { shards: Some(2), whole_heads: Some(false), ..BackwardTuning::DEFAULT })] {
+        for plans in [
+            Default::default(),
+            (decode[1], BackwardTuning { shards: Some(2), whole_heads: Some(false), ..BackwardTuning::DEFAULT }),
+        ] {
             let (bf, f) = (grads_bf16(&case, kernel, plans, &dout), grads_bf16(&f32_case, kernel, plans, &dout));
             for (name, a, b) in [("dq", &bf.dq, &f.dq), ("dk", &bf.dk, &f.dk), ("dv", &bf.dv, &f.dv)] {
                 assert!(same_bits(a, b), "{}", label(name, &plans));

@@ -137,7 +137,8 @@ pub(super) unsafe fn pv<T: Tiles>(
     for r0 in (0..rows).step_by(BLOCK) {
         for c0 in (0..dv).step_by(BLOCK) {
             let steps = segs.iter().flat_map(|sg| {
-                (0..sg.n.div_ceil(2 * TILE_SLOTS)).map(move |g| (sg.col / 2 + g * TILE_SLOTS, sg.j0 / 2 + g * TILE_SLOTS))
+                (0..sg.n.div_ceil(2 * TILE_SLOTS))
+                    .map(move |g| (sg.col / 2 + g * TILE_SLOTS, sg.j0 / 2 + g * TILE_SLOTS))
             });
             // SAFETY: the tiles are configured; every row and slot read lies in `p` and `vpairs`
             // (the caller's contract): a segment's slots are its columns' halves, rounded to 16.

@@ -56,7 +56,10 @@ pub const FORCED_PLANS: [(Tuning, BackwardTuning); 4] = [
         Tuning { path: None, shards: None, ..Tuning::DEFAULT },
         BackwardTuning { shards: Some(2), whole_heads: Some(true), ..BackwardTuning::DEFAULT },
     ),
-    (Tuning { path: None, shards: Some(3), ..Tuning::DEFAULT }, BackwardTuning { shards: None, whole_heads: None, ..BackwardTuning::DEFAULT }),
+    (
+        Tuning { path: None, shards: Some(3), ..Tuning::DEFAULT },
+        BackwardTuning { shards: None, whole_heads: None, ..BackwardTuning::DEFAULT },
+    ),
 ];
 
 /// `kernel`'s forward then backward on `f32` K/V (the reference kernel is naive32).

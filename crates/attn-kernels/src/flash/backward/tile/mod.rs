@@ -157,7 +157,8 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     };
     let tile_rows = if cx.pb.elem.block.is_some() { SPARSE_TILE_ROWS } else { TILE_ROWS };
     // SAFETY: a unit is resolved to the hardware only when `amx::status` is ready.
-    let _configured = unsafe { cx.tiles.filter(|u| form.bf16 && *u == TileUnit::Hardware).and_then(|_| Hardware.configure()) };
+    let _configured =
+        unsafe { cx.tiles.filter(|u| form.bf16 && *u == TileUnit::Hardware).and_then(|_| Hardware.configure()) };
     if form.bf16 {
         grow(&mut w.rows2, MAX_TILE_ROWS.div_ceil(2) * (LDB + d.dk.max(d.dv)));
         grow(&mut w.keys2, MAX_TILE_ROWS * LDB / 2);

@@ -9,14 +9,14 @@
 use std::ops::Range;
 
 use super::{row_chunks, BwdCtx, BwdJob, BwdWork, Form, TileAt, LDB};
+use crate::amx::TILE_SLOTS;
 use crate::flash::block::{head, rows_per_call, with_rows};
 use crate::flash::forward::accumulate::{pv_block, pv_spans};
+use crate::flash::forward::tiles::Seg;
 use crate::flash::micro::{qk_panel, Bf16Pairs, Fma, Product};
 use crate::flash::pairs::{pair_keys, pair_rows};
 use crate::flash::scores::decode_scores;
 use crate::flash::simd::{KvElem, Simd};
-use crate::flash::forward::tiles::Seg;
-use crate::amx::TILE_SLOTS;
 use crate::flash::tile_products::{self, on_unit, prepare, prepare_columns};
 
 /// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk `(r0, nr)` of
@@ -266,7 +266,9 @@ pub(super) unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
             w.rows2[half * LDB..half.div_ceil(TILE_SLOTS) * TILE_SLOTS * LDB].fill(0.0);
             let (pairs, tw) = (w.rows2.as_mut_ptr(), &mut w.tiles);
             let seeing = pairs_seeing(0, n);
-            for (x, (rows, ld), dim, acc) in [(pd.0, (ob, ldo), d.dv, &mut w.dv), (w.dp.as_ptr(), (qb, ldq), d.dk, &mut w.dk)] {
+            for (x, (rows, ld), dim, acc) in
+                [(pd.0, (ob, ldo), d.dv, &mut w.dv), (w.dp.as_ptr(), (qb, ldq), d.dk, &mut w.dk)]
+            {
                 pair_rows::<S>(x, LDB, nr, n, pairs, LDB);
                 let row = |r: usize| std::slice::from_raw_parts(rows.add(r * ld), dim);
                 let lda = prepare_columns(&mut tw.q, nr, row, dim, seeing.clone());
