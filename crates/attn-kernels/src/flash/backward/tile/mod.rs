@@ -44,8 +44,8 @@ use super::{BwdCtx, BwdJob, KEY_BLOCK, MAX_TILE_ROWS, SPARSE_TILE_ROWS, TILE_ROW
 use crate::amx::{Hardware, TileUnit, Tiles};
 use crate::flash::block::{qk_chunks, rows_per_call, TileWork};
 use crate::flash::micro::{Bf16Pairs, Fma};
+use crate::flash::nonfinite::all_finite;
 use crate::flash::pack::{key_pairs_len, pack_dim_pairs, pack_key_pairs, pack_keys, panel_len};
-use crate::flash::scores::all_finite;
 use crate::flash::simd::{KvElem, Simd};
 use crate::problem::Precision;
 use crate::sparse::TileBlocks;
@@ -172,7 +172,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         let (dks, dvs) = (form.slots(d.dk), form.slots(d.dv));
         for x in 0..g {
             let h = job.kvh * g + x;
-            if !cx.decode_scores {
+            if transposes_queries(cx, form) {
                 transpose_chunks(form, d.lq, d.dk, rq, |r| cx.q.row(job.b, h, r), &mut w.qt[x * d.lq * dks..]);
             }
             transpose_chunks(form, d.lq, d.dv, rq, |r| cx.dout.row(job.b, h, r), &mut w.dot[x * d.lq * dvs..]);
@@ -220,6 +220,13 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         // SAFETY: as above.
         unsafe { cx.dv.part(at, n * d.dv) }.copy_from_slice(&w.dv);
     }
+}
+
+/// Whether step 1's `S` reads the queries transposed per micro-kernel chunk (`qk_panel`): not
+/// after a decode-path forward (`decode_scores` reads them in place) nor on AMX tiles
+/// (`tile_products::prepare` stores them row-major).
+fn transposes_queries<E>(cx: &BwdCtx<E>, form: Form) -> bool {
+    !cx.decode_scores && !(form.bf16 && cx.tiles.is_some())
 }
 
 /// `Δ_i = dO_i·O_i` of the job's rows into `w.delta`, rounded as the form's `dO·Vᵀ` rounds, plus

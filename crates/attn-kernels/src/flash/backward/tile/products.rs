@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use super::{row_chunks, BwdCtx, BwdJob, BwdWork, Form, TileAt, LDB};
+use super::{row_chunks, transposes_queries, BwdCtx, BwdJob, BwdWork, Form, TileAt, LDB};
 use crate::amx::TILE_SLOTS;
 use crate::flash::block::{head, rows_per_call, with_rows};
 use crate::flash::forward::accumulate::{pv_block, pv_spans};
@@ -120,7 +120,7 @@ pub(super) unsafe fn products<S: Simd, E: KvElem>(
         let x = (h - job.kvh * d.group()) * d.lq + i0;
         (x * dks, x * dvs)
     } else {
-        if !cx.decode_scores {
+        if transposes_queries(cx, form) {
             transpose_chunks(form, nr, d.dk, rq, |r| cx.q.row(b, h, i0 + r), &mut w.qt);
         }
         transpose_chunks(form, nr, d.dv, rq, |r| cx.dout.row(b, h, i0 + r), &mut w.dot);
