@@ -56,7 +56,7 @@ pub struct Ctx<'a, E> {
     /// `v: [B, Hkv, Lk, Dv]`.
     pub v: View4<'a, E>,
     /// For each key/value head `(b, kvh)` (at `b·Hkv + kvh`), the keys whose value row holds a
-    /// non-finite number, sorted (`scores::nonfinite_rows`); `None` where the call did not list
+    /// non-finite number, sorted (`nonfinite::nonfinite_rows`); `None` where the call did not list
     /// them (the decode path, which scans its tiles' value rows itself).
     pub bad_values: Option<Vec<Vec<usize>>>,
     /// The tiles the bfloat16 prefill products run on (`tile_products`), if any.

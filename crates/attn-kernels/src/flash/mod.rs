@@ -90,6 +90,7 @@ mod block;
 pub mod cache;
 mod forward;
 mod micro;
+mod nonfinite;
 mod pack;
 mod pairs;
 mod plan;
@@ -158,7 +159,7 @@ pub(crate) fn forward<E: KvElem>(
         let first = chunk[0].b * d.hkv + chunk[0].kvh;
         let heads = if plan.decode { 0 } else { plan.heads_per_chunk.min(d.b * d.hkv - first) };
         let mut panels = workspace::take(&[heads, plen])?;
-        let bad_values = listed.then(|| scores::nonfinite_rows(v, first..first + heads));
+        let bad_values = listed.then(|| nonfinite::nonfinite_rows(v, first..first + heads));
         let cx = Ctx { pb, q: *q, k: *k, v: *v, bad_values, tiles };
         panels.par_chunks_mut(plen.max(1)).enumerate().for_each(|(x, p)| {
             let hh = first + x;

@@ -1,18 +1,14 @@
 //! The score tile of a block and everything that masks it, shared by every pass that recomputes
 //! scores (the forward, and its weights sweep): `S = scale · Q·Kᵀ` for the block's rows against
 //! one tile of keys, then the score modification, the soft-cap, the bias, the keep-mask, the block
-//! mask and the band, in the reference's order; and the scan for masked keys whose values are not
-//! finite, whose products must be skipped rather than multiplied by zero.
+//! mask and the band, in the reference's order (the scan for masked keys whose values are not
+//! finite is [`nonfinite`](super::nonfinite)'s).
 //!
 //! The product takes one of three paths, chosen by whether the keys were packed and the call runs
 //! on tiles: packed panels (prefill, `qk_panel` on queries stored transposed, or with bfloat16
 //! products on AMX tiles `tile_products::qk`) or keys in place (decode, `qk_rows`). The
 //! soft-cap runs with vectors, the element masks as `row_masks` applies them; band edges are
 //! masked only on the tiles that cross them.
-
-use std::ops::Range;
-
-use rayon::prelude::*;
 
 use super::block::{qk_chunks, rows_per_call, with_rows, Ctx, Job, Work, LDS};
 use super::forward::tiles::{tile_columns, Seg};
@@ -23,7 +19,6 @@ use super::softcap::softcap_row;
 use super::tile_products::{on_unit, qk};
 use crate::problem::{Precision, Problem};
 use crate::sparse::{BlockMask, TileBlocks, SPARSE_BLOCK};
-use crate::view::View4;
 
 /// Scaled (and soft-capped, biased) scores of every row of `job` against the keys of the tile
 /// `segs` (each segment's keys in its columns), written to `w.s` (`[rows, LDS]`), masked (−∞)
@@ -328,82 +323,4 @@ pub(in crate::flash) unsafe fn mask_row<S: Simd>(
         row[z..].fill(f32::NEG_INFINITY);
     }
     RowMasked { elementwise, a, z, empty }
-}
-
-/// Keys of the tile `segs` outside each segment's clean columns (`w.clean`, as [`scores`] left
-/// them) whose value row holds a non-finite number, as `(tile column, key, the block rows for
-/// which it is masked)` (read from the scores in `w.s`), in column order: those products must be
-/// skipped, not multiplied by zero. `v` is the value head from its first row on, at row stride
-/// `ldv`, rows `dv` long; `listed`, when given, its non-finite rows ([`nonfinite_rows`]), which
-/// spares the scan of the tile's.
-#[inline(always)]
-pub(super) fn bad_columns<E: KvElem>(
-    v: &[E],
-    ldv: usize,
-    dv: usize,
-    segs: &[Seg],
-    listed: Option<&[usize]>,
-    w: &Work,
-    rows: usize,
-) -> Vec<BadColumn> {
-    let mut out = Vec::new();
-    for (sg, clean) in segs.iter().zip(&w.clean) {
-        let (j0, n) = (sg.j0, sg.n);
-        let columns: Vec<usize> = match listed {
-            Some(keys) => {
-                let from = keys.partition_point(|&j| j < j0);
-                keys[from..]
-                    .iter()
-                    .take_while(|&&j| j < j0 + n)
-                    .map(|&j| j - j0)
-                    .filter(|c| !clean.contains(c))
-                    .collect()
-            }
-            // A value row of `Dv = 0` is empty (so finite) whatever its stride.
-            None => (0..clean.start)
-                .chain(clean.end..n)
-                .filter(|&c| dv > 0 && !all_finite(&v[(j0 + c) * ldv..][..dv]))
-                .collect(),
-        };
-        out.extend(columns.into_iter().map(|c| {
-            let col = sg.col + c;
-            (col, j0 + c, (0..rows).map(|r| w.s[r * LDS + col] == f32::NEG_INFINITY).collect())
-        }));
-    }
-    out
-}
-
-/// A tile column whose value row is not finite: `(tile column, key, whether each block row masks
-/// it)`.
-pub(super) type BadColumn = (usize, usize, Vec<bool>);
-
-/// The keys of each key/value head of `v: [B, Hkv, Lk, Dv]` in `heads` (indices `b·Hkv + kvh`)
-/// whose value row holds a non-finite number, sorted, one list per head at `b·Hkv + kvh` (empty
-/// for the heads outside `heads`).
-pub(super) fn nonfinite_rows<E: KvElem>(v: &View4<E>, heads: Range<usize>) -> Vec<Vec<usize>> {
-    let [b, h, l, _] = v.dims();
-    (0..b * h)
-        .into_par_iter()
-        .map(|bh| {
-            if !heads.contains(&bh) {
-                return Vec::new();
-            }
-            (0..l).filter(|&j| !all_finite(v.row(bh / h, bh % h, j))).collect()
-        })
-        .collect()
-}
-
-/// Whether every element is finite: `x·0` is 0 for finite `x` and NaN otherwise, summed in
-/// independent lanes so the loop vectorises.
-#[inline(always)]
-pub(in crate::flash) fn all_finite<E: KvElem>(row: &[E]) -> bool {
-    let mut acc = [0.0f32; 16];
-    let chunks = row.chunks_exact(16);
-    let tail = chunks.remainder().iter().fold(0.0, |a, x| a + x.to_f32() * 0.0);
-    for c in chunks {
-        for (a, x) in acc.iter_mut().zip(c) {
-            *a += x.to_f32() * 0.0;
-        }
-    }
-    (acc.iter().sum::<f32>() + tail) == 0.0
 }

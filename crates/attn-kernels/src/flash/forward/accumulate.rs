@@ -2,7 +2,7 @@
 //! value rows of the tile's segments (runs of keys gathered side by side, `tiles`), through the
 //! `pv` micro-kernel (`R` rows × four or one vectors of `Dv` per call) with a scalar tail for the
 //! columns of `Dv` beyond the last whole vector. The path per column run is chosen by
-//! `flash::scores::bad_columns`: value rows holding a non-finite number are added one product at
+//! `flash::nonfinite::bad_columns`: value rows holding a non-finite number are added one product at
 //! a time, skipping the rows that mask them; every other run of columns goes through the
 //! micro-kernel. With bfloat16 products ([`accumulate_bf16`]) the tile's probabilities are rounded
 //! to bfloat16 pairs and multiplied into the packed value pairs; a tile with such value rows takes
@@ -13,8 +13,8 @@ use std::ops::Range;
 use crate::amx::TileUnit;
 use crate::flash::block::{rows_per_call, with_rows, Work, LDS};
 use crate::flash::micro::{pv, pv_scalar, Bf16Pairs, Fma, Product};
+use crate::flash::nonfinite::BadColumn;
 use crate::flash::pairs::pair_keys;
-use crate::flash::scores::BadColumn;
 use crate::flash::simd::{KvElem, Simd};
 use crate::flash::tile_products::{self, on_unit};
 

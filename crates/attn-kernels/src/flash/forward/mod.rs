@@ -20,8 +20,9 @@ pub(super) mod softmax;
 pub(super) mod tiles;
 
 use super::block::{head, qk_chunks, rows_per_call, tile_keys, Ctx, Job, Outs, Work, MAX_ROWS_PER_CALL};
+use super::nonfinite::bad_columns;
 use super::pack::{pair, values_at};
-use super::scores::{bad_columns, scores};
+use super::scores::scores;
 use super::simd::{KvElem, Simd};
 use super::tile_products::prepare;
 use crate::amx::{Hardware, TileUnit, Tiles};
