@@ -2,7 +2,7 @@
 //! `O = A·B`, [`Lhs::write`]: no clearing pass before it) with `A` read either row-major (`[m, k]`)
 //! or transposed (`[k, m]`), where `A` may be triangular (its zeros skipped) or only the lower
 //! triangle of `O` wanted ([`Part`]). `f32` on AVX-512F or AVX2
-//! runs the vector micro-kernel (`micro`: 4 rows × up to 64 columns in registers); `f64` and the
+//! runs the vector micro-kernel (`micro`: 6 rows × up to 64 columns in registers); `f64` and the
 //! portable path run plain loops over 4 × 32 register blocks that the compiler vectorises.
 
 use std::any::TypeId;
@@ -140,14 +140,14 @@ pub(crate) fn gemm<T: Real>(
     }
 }
 
-/// The `f32` micro-kernel on `S`, `NV` vectors per tile, in passes of [`KB`] products.
+/// The `f32` micro-kernel on `S`, `RB` rows × `NV` vectors per tile, in passes of [`KB`] products.
 ///
 /// # Safety
 /// The CPU has `S`'s instruction set; the operands hold the sizes (as [`gemm`] checks).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn f32_body<S: crate::flash::simd::Simd, const NV: usize>(
+unsafe fn f32_body<S: crate::flash::simd::Simd, const RB: usize, const NV: usize>(
     m: usize,
     n: usize,
     k: usize,
@@ -161,11 +161,11 @@ unsafe fn f32_body<S: crate::flash::simd::Simd, const NV: usize>(
     for p0 in (0..k).step_by(KB) {
         let (ap, bp, op) = ((a.a.as_ptr(), a.row, a.col), (b.as_ptr(), ldb), (o.as_mut_ptr(), ldo));
         // SAFETY: forwarded from the caller; the spans stay within `m × n × k`.
-        unsafe { gemm_f32::<S, NV>(m, (p0, KB.min(k - p0)), span, a.write, ap, bp, op) };
+        unsafe { gemm_f32::<S, RB, NV>(m, (p0, KB.min(k - p0)), span, a.write, ap, bp, op) };
     }
 }
 
-/// [`f32_body`] on AVX-512F, tiles of up to 64 columns.
+/// [`f32_body`] on AVX-512F, tiles of 6 rows × up to 64 columns (24 accumulators of the 32 registers).
 ///
 /// # Safety
 /// The CPU has AVX-512F; the operands hold the sizes.
@@ -174,10 +174,11 @@ unsafe fn f32_body<S: crate::flash::simd::Simd, const NV: usize>(
 #[allow(clippy::too_many_arguments)]
 unsafe fn f32_avx512(m: usize, n: usize, k: usize, a: Lhs<f32>, b: &[f32], ldb: usize, o: &mut [f32], ldo: usize) {
     // SAFETY: forwarded from the caller.
-    unsafe { f32_body::<crate::flash::simd::Avx512, 4>(m, n, k, a, b, ldb, o, ldo) }
+    unsafe { f32_body::<crate::flash::simd::Avx512, 6, 4>(m, n, k, a, b, ldb, o, ldo) }
 }
 
-/// [`f32_body`] on AVX2 with FMA, tiles of up to 16 columns (8 accumulators of the 16 registers).
+/// [`f32_body`] on AVX2 with FMA, tiles of 6 rows × up to 16 columns (12 accumulators of the 16
+/// registers).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; the operands hold the sizes.
@@ -186,7 +187,7 @@ unsafe fn f32_avx512(m: usize, n: usize, k: usize, a: Lhs<f32>, b: &[f32], ldb: 
 #[allow(clippy::too_many_arguments)]
 unsafe fn f32_avx2(m: usize, n: usize, k: usize, a: Lhs<f32>, b: &[f32], ldb: usize, o: &mut [f32], ldo: usize) {
     // SAFETY: forwarded from the caller.
-    unsafe { f32_body::<crate::flash::simd::Avx2, 2>(m, n, k, a, b, ldb, o, ldo) }
+    unsafe { f32_body::<crate::flash::simd::Avx2, 6, 2>(m, n, k, a, b, ldb, o, ldo) }
 }
 
 /// [`body`] compiled for AVX-512F.
