@@ -2,7 +2,8 @@
 //! a slice into a chosen level ahead of its use. A hint changes no result; off x86-64 it does
 //! nothing. The flash forward asks for a sparse job's query rows in [`L1`] (read once, transposed
 //! right after); linear attention's chunk loops ask for the next chunk's rows in [`L2`] (read a
-//! chunk later, between other products).
+//! chunk later, between other products), except on Intel CPUs, where that measured slower
+//! (`linear::chunk`).
 
 /// Into the L1 cache (x86's `_MM_HINT_T0`).
 pub(crate) const L1: i32 = 3;
