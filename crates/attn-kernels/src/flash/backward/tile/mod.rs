@@ -226,7 +226,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
 /// after a decode-path forward (`decode_scores` reads them in place) nor on AMX tiles
 /// (`tile_products::prepare` stores them row-major).
 fn transposes_queries<E>(cx: &BwdCtx<E>, form: Form) -> bool {
-    !cx.decode_scores && !(form.bf16 && cx.tiles.is_some())
+    !(cx.decode_scores || (form.bf16 && cx.tiles.is_some()))
 }
 
 /// `Δ_i = dO_i·O_i` of the job's rows into `w.delta`, rounded as the form's `dO·Vᵀ` rounds, plus
