@@ -260,46 +260,50 @@ pub(super) unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
     // `MAX_TILE_ROWS` rows of `LDB/2`, `w.kk` the block's keys in pairs (`width/2` rows of `Dk`); the
     // accumulators hold `n` rows, `dq` `nr` rows.
     unsafe {
-        if let Some(unit) = cx.tiles {
-            // The pairs of `P̄` and `dX` in `rows2`, its pair rows up to the next 16 zero for the
-            // tiles (`MAX_TILE_ROWS / 2` is a multiple of 16).
-            w.rows2[half * LDB..half.div_ceil(TILE_SLOTS) * TILE_SLOTS * LDB].fill(0.0);
-            let (pairs, tw) = (w.rows2.as_mut_ptr(), &mut w.tiles);
-            let seeing = pairs_seeing(0, n);
-            for (x, (rows, ld), dim, acc) in
-                [(pd.0, (ob, ldo), d.dv, &mut w.dv), (w.dp.as_ptr(), (qb, ldq), d.dk, &mut w.dk)]
-            {
-                pair_rows::<S>(x, LDB, nr, n, pairs, LDB);
-                let row = |r: usize| std::slice::from_raw_parts(rows.add(r * ld), dim);
-                let lda = prepare_columns(&mut tw.q, nr, row, dim, seeing.clone());
-                on_unit!(unit, tw.emulated, t => tile_products::reduce_rows(t, &tw.q, lda, pairs, LDB, dim, n, acc, &mut tw.acc));
-            }
-            pair_keys::<S>(w.dp.as_mut_ptr(), LDB, nr, n, width, w.keys2.as_mut_ptr(), LDB / 2);
-            // `keys2` holds `MAX_TILE_ROWS` (a multiple of 32) rows: the padding rows the tiles read.
-            let seg = [Seg { col: 0, j0: 0, n }];
-            on_unit!(unit, tw.emulated, t => tile_products::pv(t, &w.keys2, LDB / 2, &w.kk, &seg, d.dk, dq, nr, &mut tw.acc));
-            return;
+        // The pairs of `P̄` or `dX` in `rows2`'s first rows, up to the next 16 (zero for the tiles;
+        // `MAX_TILE_ROWS / 2` is a multiple of 16), the vectors' pairs of `dO` or `Q` after them.
+        let padded = half.div_ceil(TILE_SLOTS) * TILE_SLOTS;
+        let (pairs, values) = w.rows2.split_at_mut(padded * LDB);
+        if cx.tiles.is_some() {
+            pairs[half * LDB..].fill(0.0);
         }
-        let (pairs, values) = w.rows2.split_at_mut(half * LDB);
+        let (tw, seeing) = (&mut w.tiles, pairs_seeing(0, n));
         // `dV += P̄ᵀ·dO`, then `dK += dXᵀ·Q`, the reduction over pairs of rows.
         for (x, (rows, ld), dim, acc) in
-            [(pd.0, (ob, ldo), d.dv, w.dv.as_mut_ptr()), (w.dp.as_ptr(), (qb, ldq), d.dk, w.dk.as_mut_ptr())]
+            [(pd.0, (ob, ldo), d.dv, &mut w.dv), (w.dp.as_ptr(), (qb, ldq), d.dk, &mut w.dk)]
         {
             pair_rows::<S>(x, LDB, nr, n, pairs.as_mut_ptr(), LDB);
-            pair_rows::<S>(rows, ld, nr, dim, values.as_mut_ptr(), dim);
-            pv_spans::<S, Bf16Pairs, f32>(pairs.as_ptr(), 1, LDB, values.as_ptr(), dim, acc, dim, n, pairs_seeing);
+            match cx.tiles {
+                Some(unit) => {
+                    let row = |r: usize| std::slice::from_raw_parts(rows.add(r * ld), dim);
+                    let lda = prepare_columns(&mut tw.q, nr, row, dim, seeing.clone());
+                    on_unit!(unit, tw.emulated, t => tile_products::reduce_rows(t, &tw.q, lda, pairs.as_ptr(), LDB, dim, n, acc, &mut tw.acc));
+                }
+                None => {
+                    pair_rows::<S>(rows, ld, nr, dim, values.as_mut_ptr(), dim);
+                    let (p, v) = (pairs.as_ptr(), values.as_ptr());
+                    pv_spans::<S, Bf16Pairs, f32>(p, 1, LDB, v, dim, acc.as_mut_ptr(), dim, n, pairs_seeing);
+                }
+            }
         }
         pair_keys::<S>(w.dp.as_mut_ptr(), LDB, nr, n, width, w.keys2.as_mut_ptr(), LDB / 2);
-        pv_block::<S, Bf16Pairs, f32>(
-            w.keys2.as_ptr(),
-            LDB / 2,
-            1,
-            w.kk.as_ptr(),
-            d.dk,
-            width / 2,
-            dq.as_mut_ptr(),
-            d.dk,
-            nr,
-        );
+        match cx.tiles {
+            // `keys2` holds `MAX_TILE_ROWS` (a multiple of 32) rows: the padding rows the tiles read.
+            Some(unit) => {
+                let seg = [Seg { col: 0, j0: 0, n }];
+                on_unit!(unit, tw.emulated, t => tile_products::pv(t, &w.keys2, LDB / 2, &w.kk, &seg, d.dk, dq, nr, &mut tw.acc));
+            }
+            None => pv_block::<S, Bf16Pairs, f32>(
+                w.keys2.as_ptr(),
+                LDB / 2,
+                1,
+                w.kk.as_ptr(),
+                d.dk,
+                width / 2,
+                dq.as_mut_ptr(),
+                d.dk,
+                nr,
+            ),
+        }
     }
 }
