@@ -5,8 +5,8 @@
 //!
 //! A block is `nh` query heads of one key/value head group × `ni` consecutive queries (decode
 //! stacks all heads of a group so each key/value row is read once for all of them). Two tile
-//! geometries exist, chosen by whether the keys were packed: packed (prefill) tiles hold about an
-//! L1 data cache of keys ([`tile_floats`]), a multiple of the panel width; unpacked (decode) tiles
+//! geometries exist, chosen by whether the keys were packed: packed (prefill) tiles hold about two
+//! L1 data caches of keys ([`tile_floats`]), a multiple of the panel width; unpacked (decode) tiles
 //! hold [`DECODE_TILE_KEYS`] keys.
 
 use std::ops::Range;
@@ -17,13 +17,17 @@ use crate::problem::Problem;
 use crate::sparse::TileBlocks;
 use crate::view::View4;
 
-/// Floats of packed keys per prefill tile (`keys × Dk`): as many as this CPU's L1 data cache
-/// holds (8192 for 32 KiB, 12288 for the 48 KiB of a Zen 5), the tile then streaming through L1
-/// with the values and scores it meets. On the Zen 5 the larger tile (and the L2 threshold of
-/// `plan` at half its 1 MiB) measured within the noise of the constants they replace (8192 floats,
-/// 1 MiB), six interleaved rounds of three shapes.
+/// Floats of packed keys per prefill tile (`keys × Dk`): twice what this CPU's L1 data cache
+/// holds (16384 for 32 KiB, 24576 for 48 KiB), at most [`MAX_TILE_KEYS`] keys. A tile need not
+/// fit in L1: the scores run one key panel at a time over all the block's rows, and `P·V` one
+/// chunk of value rows at a time (`forward::accumulate::pv_spans`), so the tile's size sets only
+/// how many keys each row's softmax step, rescaling and output pass serve. On an Ice Lake Xeon
+/// (48 KiB L1) twice L1 measured 1.05× at `Dk` 128 (192 keys a tile rather than 96; full and
+/// causal, one and two threads, 11–15 alternated pairs in one process each) and 1.02× at 64 (256
+/// rather than 192); 256 keys at 128 gained no more. (On the Zen 5, L1's worth replaced 8192
+/// floats within the noise, before the value chunks.)
 pub fn tile_floats() -> usize {
-    (super::cache::caches().l1d / 4).clamp(4096, 16384)
+    (super::cache::caches().l1d / 2).clamp(8192, 32768)
 }
 /// Keys per tile in the decode path.
 pub const DECODE_TILE_KEYS: usize = 256;
