@@ -310,8 +310,10 @@ mod tests {
         assert_eq!((plan.segs, plan.parts), (2, 2));
         assert_eq!(pool.install(|| Plan::choose(8, 65536, &causal)), None);
         assert_eq!(pool.install(|| Plan::choose(1, 65536, &LinearParams::new(&map))), None);
-        // Non-causal: queries and keys in as many segments, keys of their own length.
-        let (queries, keys) = pool.install(|| Plan::global(1, 1000, 300, &LinearParams::new(&map))).unwrap();
+        // Non-causal: queries and keys in as many segments, keys of their own length (chunks of 64:
+        // 16 of queries, 5 of keys).
+        let global = LinearParams { chunk: 64, ..LinearParams::new(&map) };
+        let (queries, keys) = pool.install(|| Plan::global(1, 1000, 300, &global)).unwrap();
         assert_eq!((queries.segs, keys.segs, queries.rows(1), keys.rows(1)), (2, 2, 512..1000, 128..300));
         // Forced: at most one segment per chunk.
         let forced = LinearParams { segments: 9, ..causal };
