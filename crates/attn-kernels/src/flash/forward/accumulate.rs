@@ -228,5 +228,5 @@ pub(in crate::flash) unsafe fn pv_spans<S: Simd, P: Product, E: KvElem>(
 /// L1: 48 keys at `Dv` 128, 96 at 64) this measured 1.05–1.1× on the forward against whole tiles
 /// per row group (alternated in one process, 11–15 pairs per shape); a quarter of L1 gained less.
 fn value_chunk<E>(row: usize) -> usize {
-    (super::super::cache::caches().l1d / 2 / (row * std::mem::size_of::<E>()).max(1)).max(16)
+    (crate::flash::cache::caches().l1d / 2 / (row * std::mem::size_of::<E>()).max(1)).max(16)
 }
