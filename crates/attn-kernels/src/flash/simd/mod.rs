@@ -161,16 +161,18 @@ pub trait Simd: Copy + Send + Sync + 'static {
         unsafe { [Self::reduce_sum(v[0]), Self::reduce_sum(v[1]), Self::reduce_sum(v[2]), Self::reduce_sum(v[3])] }
     }
 
-    /// The first `d` values of each of the `n = rows.len()` rows (at most 16) transposed:
-    /// `out[k·n + r] = rows[r][k]` for `k < d`, a chunk of queries as `qk_panel` reads them. This
-    /// default copies a value at a time; AVX-512 transposes blocks of 16 × 16 in registers.
+    /// The first `d` values of each of the `n = rows.len()` rows (at most 16) transposed into
+    /// slots `ld ≥ n` apart: `out[k·ld + r] = rows[r][k]` for `k < d`, nothing else written; with
+    /// `ld = n` a chunk of queries as `qk_panel` reads them, with `ld = 2·W` half of a key panel
+    /// (`pack::pack_keys`). This default copies a value at a time; AVX-512 transposes blocks of
+    /// 16 × 16 in registers.
     ///
     /// # Safety
     /// The CPU has `Self`'s instruction set; every row holds at least `d` values.
     #[inline(always)]
-    unsafe fn transpose_rows(rows: &[&[f32]], d: usize, out: &mut [f32]) {
-        for (k, slot) in out[..rows.len() * d].chunks_exact_mut(rows.len().max(1)).enumerate() {
-            for (x, q) in slot.iter_mut().zip(rows) {
+    unsafe fn transpose_rows(rows: &[&[f32]], d: usize, out: &mut [f32], ld: usize) {
+        for k in 0..d {
+            for (x, q) in out[k * ld..][..rows.len()].iter_mut().zip(rows) {
                 *x = q[k];
             }
         }
@@ -212,6 +214,11 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
     /// One element rounded to bfloat16 (to nearest, ties to even), its bits.
     fn bf16_bits(self) -> u16;
+    /// `row` itself when the type is `f32` (so it can be moved without widening), else `None`.
+    fn as_f32(row: &[Self]) -> Option<&[f32]> {
+        let _ = row;
+        None
+    }
 }
 
 impl KvElem for f32 {
@@ -227,6 +234,10 @@ impl KvElem for f32 {
     #[inline(always)]
     fn bf16_bits(self) -> u16 {
         bf16::from_f32(self).to_bits()
+    }
+    #[inline(always)]
+    fn as_f32(row: &[f32]) -> Option<&[f32]> {
+        Some(row)
     }
 }
 

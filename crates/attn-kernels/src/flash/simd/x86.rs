@@ -172,13 +172,14 @@ impl<const NATIVE_BF16: bool> Simd for Avx512<NATIVE_BF16> {
         }
     }
     #[inline(always)]
-    unsafe fn transpose_rows(rows: &[&[f32]], d: usize, out: &mut [f32]) {
+    unsafe fn transpose_rows(rows: &[&[f32]], d: usize, out: &mut [f32], ld: usize) {
         let n = rows.len();
-        assert!(n <= 16 && out.len() >= n * d && rows.iter().all(|r| r.len() >= d), "transpose_rows: sizes");
+        let fits = d == 0 || out.len() >= (d - 1) * ld + n;
+        assert!(n <= 16 && n <= ld && fits && rows.iter().all(|r| r.len() >= d), "transpose_rows: sizes");
         let keep = |lanes: usize| if lanes >= 16 { u16::MAX } else { (1u16 << lanes) - 1 };
         // SAFETY: AVX-512F is present (the caller's contract); the masked loads read lanes
         // `k0..k0 + m` of rows holding `d` values, the masked stores lanes `..n` of slots
-        // `k0 + c < d` of `out` (asserted above).
+        // `k0 + c < d`, `ld` apart, of `out` (asserted above).
         unsafe {
             let mut v = [_mm512_setzero_ps(); 16];
             for k0 in (0..d).step_by(16) {
@@ -188,7 +189,7 @@ impl<const NATIVE_BF16: bool> Simd for Avx512<NATIVE_BF16> {
                 }
                 let t = transpose16(v);
                 for (c, x) in t.iter().enumerate().take(m) {
-                    _mm512_mask_storeu_ps(out.as_mut_ptr().add((k0 + c) * n), keep(n), *x);
+                    _mm512_mask_storeu_ps(out.as_mut_ptr().add((k0 + c) * ld), keep(n), *x);
                 }
             }
         }
@@ -375,7 +376,8 @@ mod tests {
     use crate::isa::Isa;
 
     /// AVX-512's register transpose writes what the one-value-at-a-time default writes, for every
-    /// row count of a chunk and head dimensions around the 16-lane blocks, and nothing beyond.
+    /// row count of a chunk, slots packed or further apart (a key panel's half), and head
+    /// dimensions around the 16-lane blocks, and nothing between the slots or beyond.
     #[test]
     fn transposed_rows_match_the_default() {
         if !Isa::Avx512.is_available() {
@@ -384,16 +386,20 @@ mod tests {
         for d in [1, 7, 15, 16, 17, 33, 64, 100] {
             let data: Vec<f32> = (0..16 * d).map(|x| x as f32 + 0.5).collect();
             let rows: Vec<&[f32]> = data.chunks(d).collect();
-            for n in 1..=16 {
-                let (mut a, mut b) = (vec![-1.0f32; n * d + 20], vec![-1.0f32; n * d + 20]);
+            for (n, ld) in (1..=16).map(|n| (n, n)).chain([(16, 32), (5, 32), (3, 7)]) {
+                let len = (d - 1) * ld + n;
+                let (mut a, mut b) = (vec![-1.0f32; len + 20], vec![-1.0f32; len + 20]);
                 // SAFETY: AVX-512F is present (checked); the default runs on any CPU.
                 unsafe {
-                    Avx512::<false>::transpose_rows(&rows[..n], d, &mut a);
-                    Portable::transpose_rows(&rows[..n], d, &mut b);
+                    Avx512::<false>::transpose_rows(&rows[..n], d, &mut a, ld);
+                    Portable::transpose_rows(&rows[..n], d, &mut b, ld);
                 }
-                assert_eq!(a, b, "{n} rows of {d}");
-                assert!(b[..n * d].iter().enumerate().all(|(x, &v)| v == rows[x % n][x / n]), "{n} rows of {d}");
-                assert!(a[n * d..].iter().all(|&v| v == -1.0), "{n} rows of {d}: written beyond");
+                assert_eq!(a, b, "{n} rows of {d}, slots {ld} apart");
+                for (x, &v) in b.iter().enumerate() {
+                    let (k, r) = (x / ld, x % ld);
+                    let want = if k < d && r < n { rows[r][k] } else { -1.0 };
+                    assert_eq!(v, want, "{n} rows of {d}, slots {ld} apart: element {x}");
+                }
             }
         }
     }
