@@ -56,9 +56,10 @@ fn pack_each<E: KvElem>(k: &View4<E>, b: usize, h: usize, keys: Range<usize>, w:
     }
 }
 
-/// [`pack_keys`] of `f32` keys into panels of 32 (AVX-512's `2·W`), each half of a panel (16 keys,
-/// rows of zeros beyond `keys.end`) transposed 16 × 16 values at a time (`Simd::transpose_rows`
-/// with its slots 32 apart); the same values in the same places as the loop.
+/// [`pack_keys`] of `f32` keys into panels of 32 (AVX-512's `2·W`), each half of a panel (16 keys)
+/// transposed 16 × 16 values at a time (`Simd::transpose_rows` with its slots 32 apart), the slots
+/// of keys beyond `keys.end` (in the last panel only) set to zero; the same values in the same
+/// places as the loop.
 ///
 /// # Safety
 /// The CPU supports AVX-512F; `E` is `f32` (`KvElem::as_f32` gives its rows); `Dk > 0`.
@@ -68,19 +69,21 @@ unsafe fn pack_f32_avx512<E: KvElem>(k: &View4<E>, b: usize, h: usize, keys: Ran
     use super::simd::{Avx512, Simd};
     const HALF: usize = 16;
     let dk = k.dims()[3];
-    let zeros = vec![0.0f32; dk];
     for (p, panel) in out.chunks_exact_mut(2 * HALF * dk).enumerate() {
         for half in 0..2 {
-            let mut rows = [&zeros[..]; HALF];
-            for (c, row) in rows.iter_mut().enumerate() {
-                let j = keys.start + (2 * p + half) * HALF + c;
-                if j < keys.end {
-                    *row = E::as_f32(k.row(b, h, j)).expect("f32 keys (the caller's contract)");
-                }
+            let j0 = keys.start + (2 * p + half) * HALF;
+            let n = keys.end.saturating_sub(j0).min(HALF);
+            let mut rows: [&[f32]; HALF] = [&[]; HALF];
+            for (c, row) in rows[..n].iter_mut().enumerate() {
+                *row = E::as_f32(k.row(b, h, j0 + c)).expect("f32 keys (the caller's contract)");
             }
-            // SAFETY: AVX-512F is present (the caller's contract); 16 rows of `Dk` values each,
-            // slots 32 apart from the half's first column inside the panel of `32·Dk`.
-            unsafe { Avx512::<false>::transpose_rows(&rows, dk, &mut panel[half * HALF..], 2 * HALF) };
+            let slots = &mut panel[half * HALF..];
+            // SAFETY: AVX-512F is present (the caller's contract); `n ≤ 16` rows of `Dk` values
+            // each, slots 32 apart from the half's first column inside the panel of `32·Dk`.
+            unsafe { Avx512::<false>::transpose_rows(&rows[..n], dk, slots, 2 * HALF) };
+            if n < HALF {
+                (0..dk).for_each(|t| slots[t * 2 * HALF + n..][..HALF - n].fill(0.0));
+            }
         }
     }
 }

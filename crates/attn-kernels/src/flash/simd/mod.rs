@@ -18,6 +18,8 @@ mod portable;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_bf16;
+#[cfg(target_arch = "x86_64")]
+mod x86_transpose;
 
 use half::{bf16, f16};
 

@@ -1,0 +1,79 @@
+//! The 16 × 16 register transpose of the AVX-512 implementation (`Simd::transpose_rows`: a chunk
+//! of queries for `qk_panel`, half of a key panel for `pack::pack_keys`), and its test against the
+//! portable one-value-at-a-time default. Called only from `x86`, whose callers guarantee AVX-512F.
+
+use std::arch::x86_64::*;
+
+/// The 16 × 16 transpose of `v` (`out[c]` lane `r` = `v[r]` lane `c`): pairs of 32-bit lanes,
+/// then of 64-bit lanes, then two rounds of 128-bit lanes.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline(always)]
+pub(super) unsafe fn transpose16(v: [__m512; 16]) -> [__m512; 16] {
+    // SAFETY: AVX-512F is present (the caller's contract).
+    unsafe {
+        let mut t = [_mm512_setzero_ps(); 16];
+        for p in 0..8 {
+            t[2 * p] = _mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]);
+            t[2 * p + 1] = _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1]);
+        }
+        // `u[4g + c]`, 128-bit lane `L`: rows `4g..4g + 4` of column `4L + c`.
+        let mut u = [_mm512_setzero_ps(); 16];
+        let pd = _mm512_castps_pd;
+        for g in 0..4 {
+            let (a0, a1, b0, b1) = (pd(t[4 * g]), pd(t[4 * g + 1]), pd(t[4 * g + 2]), pd(t[4 * g + 3]));
+            u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, b0));
+            u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, b0));
+            u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, b1));
+            u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, b1));
+        }
+        let mut out = [_mm512_setzero_ps(); 16];
+        for c in 0..4 {
+            let (lo, hi) = (_mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]), _mm512_shuffle_f32x4::<0xDD>(u[c], u[4 + c]));
+            let (lo2, hi2) =
+                (_mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]), _mm512_shuffle_f32x4::<0xDD>(u[8 + c], u[12 + c]));
+            out[c] = _mm512_shuffle_f32x4::<0x88>(lo, lo2);
+            out[8 + c] = _mm512_shuffle_f32x4::<0xDD>(lo, lo2);
+            out[4 + c] = _mm512_shuffle_f32x4::<0x88>(hi, hi2);
+            out[12 + c] = _mm512_shuffle_f32x4::<0xDD>(hi, hi2);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::flash::simd::Avx512;
+    use crate::flash::simd::{Portable, Simd};
+    use crate::isa::Isa;
+
+    /// AVX-512's register transpose writes what the one-value-at-a-time default writes, for every
+    /// row count of a chunk, slots packed or further apart (a key panel's half), and head
+    /// dimensions around the 16-lane blocks, and nothing between the slots or beyond.
+    #[test]
+    fn transposed_rows_match_the_default() {
+        if !Isa::Avx512.is_available() {
+            return;
+        }
+        for d in [1, 7, 15, 16, 17, 33, 64, 100] {
+            let data: Vec<f32> = (0..16 * d).map(|x| x as f32 + 0.5).collect();
+            let rows: Vec<&[f32]> = data.chunks(d).collect();
+            for (n, ld) in (1..=16).map(|n| (n, n)).chain([(16, 32), (5, 32), (3, 7)]) {
+                let len = (d - 1) * ld + n;
+                let (mut a, mut b) = (vec![-1.0f32; len + 20], vec![-1.0f32; len + 20]);
+                // SAFETY: AVX-512F is present (checked); the default runs on any CPU.
+                unsafe {
+                    Avx512::<false>::transpose_rows(&rows[..n], d, &mut a, ld);
+                    Portable::transpose_rows(&rows[..n], d, &mut b, ld);
+                }
+                assert_eq!(a, b, "{n} rows of {d}, slots {ld} apart");
+                for (x, &v) in b.iter().enumerate() {
+                    let (k, r) = (x / ld, x % ld);
+                    let want = if k < d && r < n { rows[r][k] } else { -1.0 };
+                    assert_eq!(v, want, "{n} rows of {d}, slots {ld} apart: element {x}");
+                }
+            }
+        }
+    }
+}
