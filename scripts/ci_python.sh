@@ -7,6 +7,8 @@
 #
 #   scripts/ci_python.sh                       # cache in ${ATTN_PY_CACHE:-~/.cache/attn-python-ci}
 #   ATTN_PY_CACHE=/path scripts/ci_python.sh   # elsewhere
+#   scripts/ci_python.sh --prepare             # only the cached environment (scripts/test.sh runs
+#                                              # this beside the Rust tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 req=python/requirements-test.txt
@@ -20,6 +22,9 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv.partial"
   "$venv.partial/bin/python" -m pip install --quiet -r "$req"
   mv "$venv.partial" "$venv"
+fi
+if [ "${1:-}" = "--prepare" ]; then
+  exit 0
 fi
 "$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps ./python
 "$venv/bin/python" -m pytest -q python/tests
