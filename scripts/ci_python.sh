@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # The Python suite as CI runs it: a virtual environment with PyTorch, transformers and pytest,
 # cached outside the clone and keyed by the hash of python/requirements-test.txt (so only a changed
-# requirements file pays for the install), then `pip install ./python` (maturin builds the
-# extension from this clone) and pytest on python/tests. Needs python3 (>= 3.9, with venv), a Rust
-# toolchain and PyPI.
+# requirements file pays for the install); then the extension module as the workspace's test build
+# makes it, and pytest on python/tests with the package staged from python/attn and that module.
+#
+# The extension (python/, a workspace member) is built by `cargo build --workspace --lib --tests`:
+# the same dependency features as `cargo test --workspace`, so after scripts/test.sh's Rust tests
+# it compiles only pyo3, numpy and the bindings and reuses their attn-kernels (`pip install
+# ./python`, a release build with the extension's own features, compiled attn-kernels again: ~9 of
+# CI's 30 minutes). maturin's packaging itself is what `pip install ./python` checks by hand.
+# Needs python3 (>= 3.9, with venv), a Rust toolchain and PyPI.
 #
 #   scripts/ci_python.sh                       # cache in ${ATTN_PY_CACHE:-~/.cache/attn-python-ci}
 #   ATTN_PY_CACHE=/path scripts/ci_python.sh   # elsewhere
@@ -26,5 +32,20 @@ fi
 if [ "${1:-}" = "--prepare" ]; then
   exit 0
 fi
-"$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps ./python
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+# The cdylib's path from cargo's artifact messages (its name differs by platform).
+lib=$(cargo build --workspace --lib --tests --message-format=json-render-diagnostics |
+  "$venv/bin/python" -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "_attn":
+        print(next(f for f in m["filenames"] if f.endswith((".so", ".dylib"))))')
+[ -n "$lib" ] || { echo "scripts/ci_python.sh: cargo built no _attn extension module" >&2; exit 1; }
+mkdir "$stage/attn"
+cp python/attn/*.py "$stage/attn/"
+cp "$lib" "$stage/attn/_attn.abi3.so"
+export PYTHONPATH="$stage"
+"$venv/bin/python" -c 'import attn, sys; assert attn.__file__.startswith(sys.argv[1]), attn.__file__' "$stage"
 "$venv/bin/python" -m pytest -q python/tests
