@@ -81,9 +81,28 @@ pub fn with_capacity<T: Elem>(what: &'static str, shape: &[usize]) -> Result<Vec
 /// memory), or returns the error for `what` with `v` unchanged.
 pub fn resize<T: Elem>(v: &mut Vec<T>, what: &'static str, shape: &[usize], value: T) -> Result<(), AllocError> {
     let n = count::<T>(what, shape)?;
-    v.try_reserve_exact(n.saturating_sub(v.len())).map_err(|_| error::<T>(what, shape, false))?;
+    reserve_total(v, n, what, shape)?;
     v.resize(n, value);
     Ok(())
+}
+
+/// Room for `total` elements in `v` (its length unchanged), or the error for a buffer `what` of
+/// `shape` (`total` may exceed the shape's count, e.g. by padding).
+pub(crate) fn reserve_total<T: Elem>(
+    v: &mut Vec<T>,
+    total: usize,
+    what: &'static str,
+    shape: &[usize],
+) -> Result<(), AllocError> {
+    if total.checked_mul(std::mem::size_of::<T>()).is_none_or(|b| b > isize::MAX as usize) {
+        return Err(too_large::<T>(what, shape));
+    }
+    v.try_reserve_exact(total.saturating_sub(v.len())).map_err(|_| error::<T>(what, shape, false))
+}
+
+/// The error for a buffer `what` of `shape` larger than one allocation may hold.
+pub(crate) fn too_large<T: Elem>(what: &'static str, shape: &[usize]) -> AllocError {
+    error::<T>(what, shape, true)
 }
 
 /// A vector of the elements of `shape`, all `value`, or the error for `what`.

@@ -23,6 +23,7 @@ pub mod flash;
 pub mod grad;
 pub mod isa;
 pub mod linear;
+mod lines;
 mod lse;
 pub mod mask;
 pub mod merge;

@@ -13,6 +13,7 @@ use std::ops::Range;
 
 use super::simd::Simd;
 use crate::amx::{Emulated, TileUnit};
+use crate::lines::Lines;
 use crate::problem::Problem;
 use crate::sparse::TileBlocks;
 use crate::view::View4;
@@ -194,11 +195,11 @@ pub struct Work {
     /// Queries: `[rows, Dk]` in the decode path; in the prefill path each chunk of `R` rows
     /// that one `qk_panel` call takes is stored transposed, `[Dk, R]` (`[⌈Dk/2⌉, R]` bfloat16
     /// pairs with bfloat16 products).
-    pub(super) q: Vec<f32>,
+    pub(super) q: Lines<f32>,
     /// Scores / probabilities `[rows, LDS]`.
-    pub(super) s: Vec<f32>,
+    pub(super) s: Lines<f32>,
     /// Probabilities rounded to bfloat16 pairs, `[rows, LDS / 2]` (bfloat16 products only).
-    pub(super) p2: Vec<f32>,
+    pub(super) p2: Lines<f32>,
     /// Running maximum per row.
     pub(super) m: Vec<f32>,
     /// Running denominator per row.

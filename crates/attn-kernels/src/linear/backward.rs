@@ -28,6 +28,7 @@ use crate::alloc;
 use crate::error::Result;
 use crate::grad::AttnGrads;
 use crate::isa::Isa;
+use crate::lines::Lines;
 use crate::reference::Real;
 use crate::view::View4;
 
@@ -137,33 +138,33 @@ impl<T: Real> Acc<'_, T> {
 /// row statistics of a head.
 struct Work<T> {
     /// `[C, F]` each.
-    fq: Vec<T>,
-    fk: Vec<T>,
-    dfq: Vec<T>,
-    dfk: Vec<T>,
+    fq: Lines<T>,
+    fk: Lines<T>,
+    dfq: Lines<T>,
+    dfk: Lines<T>,
     /// `dN_c: [C, Dv]`, `r_c: [C]`.
-    dn: Vec<T>,
-    r: Vec<T>,
+    dn: Lines<T>,
+    r: Lines<T>,
     /// `P`, `M`: `[C, C]`, and the transposed operand `tril_products` makes.
-    pm: Vec<T>,
-    mm: Vec<T>,
-    bt: Vec<T>,
+    pm: Lines<T>,
+    mm: Lines<T>,
+    bt: Lines<T>,
     /// The states `Sᵀ: [Dv, F]`, `z: [F]`, `U: [F, Dv]` (and `Uᵀ`), `w: [F]`.
-    st: Vec<T>,
-    z: Vec<T>,
-    u: Vec<T>,
-    ut: Vec<T>,
-    wsum: Vec<T>,
+    st: Lines<T>,
+    z: Lines<T>,
+    u: Lines<T>,
+    ut: Lines<T>,
+    wsum: Lines<T>,
     /// The head's row statistics `[Lq, 2]`: each row's denominator `den_i` and `r_i`.
-    stats: Vec<T>,
+    stats: Lines<T>,
     /// A chunk's key gradient before it is added, `[C, D]`.
-    dx: Vec<T>,
+    dx: Lines<T>,
 }
 
 impl<T: Real> Work<T> {
     fn new(d: &LinearDims, c: usize) -> Self {
         let c = c.min(d.lq.max(d.lk));
-        let zeros = |n| vec![T::zero(); n];
+        let zeros = |n| Lines::filled(n, T::zero());
         let (f, w) = (d.f, d.dv);
         Work {
             fq: zeros(c * f),
@@ -174,7 +175,7 @@ impl<T: Real> Work<T> {
             r: zeros(c),
             pm: zeros(c * c),
             mm: zeros(c * c),
-            bt: Vec::new(),
+            bt: Lines::default(),
             st: zeros(w * f),
             z: zeros(f),
             u: zeros(f * w),

@@ -6,6 +6,7 @@ use super::gemm::{gemm, Lhs, Part};
 use super::transpose::transpose;
 use super::{head, FeatureMap, LinearDims, LinearParams};
 use crate::isa::Isa;
+use crate::lines::Lines;
 use crate::reference::Real;
 use crate::view::View4;
 
@@ -108,7 +109,7 @@ pub(crate) fn tril_products<T: Real>(
     lda: usize,
     b: &[T],
     ldb: usize,
-    bt: &mut Vec<T>,
+    bt: &mut Lines<T>,
     out: &mut [T],
     ldo: usize,
 ) {

@@ -23,6 +23,7 @@ use super::{check_len, validate, LinearDims, LinearParams};
 use crate::alloc;
 use crate::error::Result;
 use crate::isa::Isa;
+use crate::lines::Lines;
 use crate::reference::Real;
 use crate::view::View4;
 
@@ -131,26 +132,26 @@ struct Head<'a, T> {
 /// One job's scratch.
 struct Work<T> {
     /// `φ(Q_c)`, `φ(K_c)`: `[C, F]`.
-    fq: Vec<T>,
-    fk: Vec<T>,
+    fq: Lines<T>,
+    fk: Lines<T>,
     /// `tril(φ(Q_c)φ(K_c)ᵀ)`: `[C, C]`, and the transposed keys `tril_products` makes.
-    pm: Vec<T>,
-    kt: Vec<T>,
+    pm: Lines<T>,
+    kt: Lines<T>,
     /// The chunk's denominators.
-    den: Vec<T>,
+    den: Lines<T>,
     /// The state `(S, z)`: `S: [F, Dv]`, then `z: [F]`.
-    st: Vec<T>,
+    st: Lines<T>,
 }
 
 impl<T: Real> Work<T> {
     fn new(d: &LinearDims, c: usize) -> Self {
         let c = c.min(d.lq.max(d.lk));
-        let zeros = |n| vec![T::zero(); n];
+        let zeros = |n| Lines::filled(n, T::zero());
         Work {
             fq: zeros(c * d.f),
             fk: zeros(c * d.f),
             pm: zeros(c * c),
-            kt: Vec::new(),
+            kt: Lines::default(),
             den: zeros(c),
             st: zeros(d.f * d.dv + d.f),
         }

@@ -47,6 +47,7 @@ use crate::flash::micro::{Bf16Pairs, Fma};
 use crate::flash::nonfinite::all_finite;
 use crate::flash::pack::{key_pairs_len, pack_dim_pairs, pack_key_pairs, pack_keys, panel_len};
 use crate::flash::simd::{KvElem, Simd};
+use crate::lines::Lines;
 use crate::problem::Precision;
 use crate::sparse::TileBlocks;
 use products::{accumulate_f32, accumulate_pairs, products, transpose_chunks};
@@ -62,35 +63,35 @@ const LDB: usize = KEY_BLOCK;
 #[derive(Default)]
 pub struct BwdWork {
     /// Packed keys and values of the block, `[D][2·W]` panels.
-    kp: Vec<f32>,
-    vp: Vec<f32>,
+    kp: Lines<f32>,
+    vp: Lines<f32>,
     /// Queries and output gradients transposed per micro-kernel row chunk: of the job's heads
     /// when they fit [`TRANSPOSED_BUDGET`], else of the tile.
-    qt: Vec<f32>,
-    dot: Vec<f32>,
+    qt: Lines<f32>,
+    dot: Lines<f32>,
     /// Scores `S`, probabilities `P` (and `P̄` under dropout), `dP` then `dS` then `dX`, the
     /// score modification's and the soft-cap's derivatives, the scaled products before the
     /// modification: `[MAX_TILE_ROWS, LDB]`.
-    s: Vec<f32>,
-    p: Vec<f32>,
-    pd: Vec<f32>,
-    dp: Vec<f32>,
-    dmod: Vec<f32>,
-    dcap: Vec<f32>,
-    x: Vec<f32>,
+    s: Lines<f32>,
+    p: Lines<f32>,
+    pd: Lines<f32>,
+    dp: Lines<f32>,
+    dmod: Lines<f32>,
+    dcap: Lines<f32>,
+    x: Lines<f32>,
     /// One row's gradient of the modified score, `[LDB]`, and the tile's table gradient.
-    g: Vec<f32>,
-    dtable: Vec<f32>,
+    g: Lines<f32>,
+    dtable: Lines<f32>,
     /// With bfloat16 products: the block's keys in pairs of keys (`pack::pack_key_pairs`), then
     /// per tile `P̄` or `dX` paired two query rows at a time `[⌈MAX_TILE_ROWS/2⌉, LDB]` followed
     /// by the tile's `dO` or `Q` rows paired alike, and `dX` paired per key panel
     /// `[MAX_TILE_ROWS, LDB/2]`.
-    kk: Vec<f32>,
-    rows2: Vec<f32>,
-    keys2: Vec<f32>,
+    kk: Lines<f32>,
+    rows2: Lines<f32>,
+    keys2: Lines<f32>,
     /// The block's `dK` `[KEY_BLOCK, Dk]` and `dV` `[KEY_BLOCK, Dv]`.
-    dk: Vec<f32>,
-    dv: Vec<f32>,
+    dk: Lines<f32>,
+    dv: Lines<f32>,
     /// `Δ_i = dO_i·O_i` of the job's rows, `[Hq/Hkv, Lq]`.
     delta: Vec<f32>,
     /// Block columns whose key row holds a non-finite number.
@@ -107,7 +108,7 @@ pub struct BwdWork {
     tiles: TileWork,
 }
 
-fn grow(v: &mut Vec<f32>, n: usize) {
+fn grow(v: &mut Lines<f32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0.0);
     }
