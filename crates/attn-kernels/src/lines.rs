@@ -1,6 +1,6 @@
 //! [`Lines`]: a growable buffer whose elements start on a cache line (64 bytes), for the kernels'
-//! working memory (packed keys, score tiles, chunk features and products), which their vector
-//! loops read and write 64 bytes at a time.
+//! working memory (packed keys, score tiles, chunk features and products, a packed call's gathered
+//! sequences), which their vector loops read and write 64 bytes at a time.
 //!
 //! A `Vec<f32>` starts where the allocator puts it: glibc's `malloc` returns 16-byte alignment
 //! (and a large buffer, mapped afresh, sits 16 bytes into its page), so an AVX-512 load or store
@@ -81,6 +81,11 @@ impl<T: Copy> Lines<T> {
         let kept = old.len();
         self.buf[start + kept..start + n].fill(value);
         (self.start, self.len) = (start, n);
+    }
+
+    /// Bytes of memory the buffer holds (its capacity, the padding included).
+    pub fn held_bytes(&self) -> usize {
+        self.buf.capacity() * std::mem::size_of::<T>()
     }
 
     /// No elements (the memory is kept).

@@ -12,6 +12,7 @@ use crate::alloc;
 use crate::dispatch::{attention_backward, Kernel};
 use crate::error::{AttnError, Result};
 use crate::grad::{AttnGrads, Saved, SideGrads};
+use crate::lines::Lines;
 use crate::problem::AttnParams;
 
 /// What the packed backward needs from its forward, and the gradient arriving at the output.
@@ -68,15 +69,17 @@ struct Bufs {
     lse: Vec<f32>,
     residue: Vec<f32>,
     dlse: Vec<f32>,
-    q: Vec<f32>,
-    dout: Vec<f32>,
+    q: Lines<f32>,
+    dout: Lines<f32>,
     k: KvBuf,
     v: KvBuf,
 }
 
 impl Held for Bufs {
     fn held(&self) -> usize {
-        [&self.lse, &self.residue, &self.dlse, &self.q, &self.dout].iter().map(|v| v.held()).sum::<usize>()
+        [&self.lse, &self.residue, &self.dlse].iter().map(|v| v.held()).sum::<usize>()
+            + self.q.held()
+            + self.dout.held()
             + self.k.held()
             + self.v.held()
     }

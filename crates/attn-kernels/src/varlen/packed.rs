@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use super::pool::Held;
 use crate::dispatch::KvView;
 use crate::error::{AttnError, Result};
+use crate::lines::Lines;
 use crate::view::View4;
 
 /// A packed tensor `[total, H, D]` over `data`: element `[t, h, d]` is `data[t·s_t + h·s_h + d]`
@@ -68,7 +69,7 @@ impl<T: Copy + Default + Send + Sync> Packed<'_, T> {
         &self,
         name: &'static str,
         rows: Range<usize>,
-        buf: &'b mut Vec<T>,
+        buf: &'b mut Lines<T>,
     ) -> Result<View4<'b, T>> {
         let [_, h, d] = self.dims;
         let len = rows.len();
@@ -143,9 +144,9 @@ impl<'a> PackedKv<'a> {
 /// Reused buffers for one sequence's keys or values, one per storage type.
 #[derive(Debug, Default)]
 pub(super) struct KvBuf {
-    f32: Vec<f32>,
-    f16: Vec<f16>,
-    bf16: Vec<bf16>,
+    f32: Lines<f32>,
+    f16: Lines<f16>,
+    bf16: Lines<bf16>,
 }
 
 impl Held for KvBuf {

@@ -6,6 +6,8 @@
 
 use std::sync::Mutex;
 
+use crate::lines::Lines;
+
 /// Buffers kept between uses.
 pub(super) const KEPT: usize = 4;
 /// Most bytes one kept buffer holds; larger ones are dropped when given back.
@@ -48,6 +50,12 @@ impl<T: Held> Pool<T> {
 impl<T> Held for Vec<T> {
     fn held(&self) -> usize {
         self.capacity() * std::mem::size_of::<T>()
+    }
+}
+
+impl<T: Copy + Default> Held for Lines<T> {
+    fn held(&self) -> usize {
+        self.held_bytes()
     }
 }
 
