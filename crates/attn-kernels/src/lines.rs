@@ -25,8 +25,9 @@ use crate::alloc::{self, AllocError, Elem};
 /// Bytes of a cache line, the alignment of a [`Lines`] buffer's first element.
 pub const LINE: usize = 64;
 
-/// A buffer of `T` whose first element lies on a cache line; see [the module](self).
-#[derive(Debug, Clone, Default)]
+/// A buffer of `T` whose first element lies on a cache line; see [the module](self). Not `Clone`:
+/// a copy of the vector would keep the offset of a line in other memory.
+#[derive(Debug, Default)]
 pub struct Lines<T> {
     buf: Vec<T>,
     /// Index in `buf` of the first element.
