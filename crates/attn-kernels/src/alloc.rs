@@ -87,16 +87,14 @@ pub fn resize<T: Elem>(v: &mut Vec<T>, what: &'static str, shape: &[usize], valu
 }
 
 /// Room for `total` elements in `v` (its length unchanged), or the error for a buffer `what` of
-/// `shape` (`total` may exceed the shape's count, e.g. by padding).
+/// `shape`; `total` (the shape's count, or more, e.g. with padding) was checked to fit one
+/// allocation by the caller.
 pub(crate) fn reserve_total<T: Elem>(
     v: &mut Vec<T>,
     total: usize,
     what: &'static str,
     shape: &[usize],
 ) -> Result<(), AllocError> {
-    if total.checked_mul(std::mem::size_of::<T>()).is_none_or(|b| b > isize::MAX as usize) {
-        return Err(too_large::<T>(what, shape));
-    }
     v.try_reserve_exact(total.saturating_sub(v.len())).map_err(|_| error::<T>(what, shape, false))
 }
 

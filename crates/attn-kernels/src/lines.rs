@@ -62,7 +62,10 @@ impl<T: Copy> Lines<T> {
         T: Elem,
     {
         let n = alloc::count::<T>(what, shape)?;
-        let total = n.checked_add(Self::pad()).ok_or_else(|| alloc::too_large::<T>(what, shape))?;
+        let total = n
+            .checked_add(Self::pad())
+            .filter(|t| t.checked_mul(std::mem::size_of::<T>()).is_some_and(|b| b <= isize::MAX as usize))
+            .ok_or_else(|| alloc::too_large::<T>(what, shape))?;
         alloc::reserve_total(&mut self.buf, total, what, shape)?;
         self.place(n, value);
         Ok(())
