@@ -130,8 +130,11 @@ pub(super) unsafe fn accumulate<S: Simd, E: KvElem>(
 
 /// `o[rows, dv] += p[rows, n] · v[n, dv]` (`p[r][j]` at `p[r·ldp + j·ldj]`, so `P` is read
 /// row-major or, with `ldp = 1`, transposed; row strides `ldv`, `dv`) with the vector
-/// micro-kernel and a scalar column tail, multiplied as `P` multiplies. The backward's three
-/// products use it too.
+/// micro-kernel and a scalar column tail, multiplied as `P` multiplies. The keys go chunk by
+/// chunk of [`value_chunk`] keys, every row group over a chunk before the next ([`pv_spans`]
+/// for each), so that a chunk's value rows stay in L1 for all the rows, where a whole tile of them
+/// read once per row group came from L2 every time; the sums per output element still run over
+/// `j` in ascending order. The forward's products and the backward's bfloat16 `dQ` use it.
 ///
 /// # Safety
 /// The CPU supports `S`'s instruction set; `p` valid for `rows` rows of `n` at those strides, `v`
@@ -149,8 +152,12 @@ pub(in crate::flash) unsafe fn pv_block<S: Simd, P: Product, E: KvElem>(
     dv: usize,
     rows: usize,
 ) {
-    // SAFETY: forwarded; every span is `0..n`.
-    unsafe { pv_spans::<S, P, E>(p, ldp, ldj, v, ldv, o, dv, rows, |_, _| 0..n) }
+    let kc = value_chunk::<E>(ldv.max(dv));
+    for j0 in (0..n).step_by(kc) {
+        let m = kc.min(n - j0);
+        // SAFETY: forwarded; the chunk's keys `j0..j0 + m` lie within `0..n`.
+        unsafe { pv_spans::<S, P, E>(p.add(j0 * ldj), ldp, ldj, v.add(j0 * ldv), ldv, o, dv, rows, |_, _| 0..m) }
+    }
 }
 
 /// [`pv_block`] where each call's rows `r0..r0 + nr` (at most the pv rows per call) reduce over
@@ -158,12 +165,11 @@ pub(in crate::flash) unsafe fn pv_block<S: Simd, P: Product, E: KvElem>(
 /// keys (or query rows) a causal or window band hides from a tile's rows. Skipping `0·v` leaves
 /// every sum as it was (up to the sign of a zero), for finite `v`.
 ///
-/// The loops run column block by column block of `V` (four vectors on AVX-512, two on 8-lane
-/// ISAs, then single vectors, then a scalar tail), and within one, chunk by chunk of
-/// [`value_chunk`] keys, every row group over that chunk before the next: the chunk's value rows
-/// stay in L1 for all the rows, where a whole tile of them (as much as L1 holds) read once per
-/// row group came from L2 every time. The sums per output element run over `j` in the same
-/// order as before.
+/// The calls go row group by row group over the whole span, each over the columns of `V` in
+/// blocks of four vectors on AVX-512 (two on 8-lane ISAs), then single vectors, then a scalar
+/// tail. (The backward's products, at most a tile of 64 keys or 48 rows each, run here
+/// directly: cutting them into chunks as [`pv_block`] does, with the chunk loop outside or
+/// inside the row groups, made the backward 1.1–1.2× slower on an AMD Zen 5, 2026-11-29.)
 ///
 /// # Safety
 /// As [`pv_block`], for every `j` of every span.
@@ -181,52 +187,47 @@ pub(in crate::flash) unsafe fn pv_spans<S: Simd, P: Product, E: KvElem>(
     span: impl Fn(usize, usize) -> Range<usize>,
 ) {
     let (_, rp) = rows_per_call::<S>();
-    // Column blocks of 4 vectors on AVX-512, 2 on 8-lane ISAs (see `rows_per_call`).
-    let wide = if S::W == 16 { 4 } else { 2 };
-    let groups = || (0..rows).step_by(rp).map(|r0| (r0, rp.min(rows - r0)));
-    let end = groups().map(|(r0, nr)| span(r0, nr).end).max().unwrap_or(0);
-    let kc = value_chunk::<E>(ldv.max(wide * S::W));
-    let mut c0 = 0;
+    let mut r0 = 0;
     // SAFETY: the CPU supports `S` (the caller's contract); every call stays within `rows` rows,
     // `dv` columns and its span of `j`, which the caller guarantees valid.
     unsafe {
-        while c0 + S::W <= dv {
-            let nv = if c0 + wide * S::W <= dv { wide } else { 1 };
-            for j0 in (0..end).step_by(kc) {
-                for (r0, nr) in groups() {
-                    let js = span(r0, nr);
-                    let (a, b) = (js.start.max(j0), js.end.min(j0 + kc));
-                    if a >= b {
-                        continue;
-                    }
-                    let (pr, vr, or) = (p.add(r0 * ldp + a * ldj), v.add(a * ldv), o.add(r0 * dv));
-                    match nv {
-                        4 => with_rows!(nr, pv::<S, P, E; 4>(pr, ldp, ldj, vr, ldv, b - a, or, dv, c0)),
-                        2 => with_rows!(nr, pv::<S, P, E; 2>(pr, ldp, ldj, vr, ldv, b - a, or, dv, c0)),
-                        _ => with_rows!(nr, pv::<S, P, E; 1>(pr, ldp, ldj, vr, ldv, b - a, or, dv, c0)),
-                    }
-                }
+        while r0 < rows {
+            let nr = rp.min(rows - r0);
+            let js = span(r0, nr);
+            let (n, or) = (js.len(), o.add(r0 * dv));
+            if n == 0 {
+                r0 += nr;
+                continue;
             }
-            c0 += nv * S::W;
-        }
-        if c0 < dv {
-            for (r0, nr) in groups() {
-                let js = span(r0, nr);
-                if !js.is_empty() {
-                    let (pr, vr) = (p.add(r0 * ldp + js.start * ldj), v.add(js.start * ldv));
-                    pv_scalar::<P, E>(pr, ldp, ldj, vr, ldv, js.len(), o.add(r0 * dv), dv, nr, c0..dv);
-                }
+            let (pr, v) = (p.add(r0 * ldp + js.start * ldj), v.add(js.start * ldv));
+            let mut c0 = 0;
+            // Column blocks of 4 vectors on AVX-512, 2 on 8-lane ISAs (see `rows_per_call`).
+            while S::W == 16 && c0 + 4 * S::W <= dv {
+                with_rows!(nr, pv::<S, P, E; 4>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
+                c0 += 4 * S::W;
             }
+            while S::W != 16 && c0 + 2 * S::W <= dv {
+                with_rows!(nr, pv::<S, P, E; 2>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
+                c0 += 2 * S::W;
+            }
+            while c0 + S::W <= dv {
+                with_rows!(nr, pv::<S, P, E; 1>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
+                c0 += S::W;
+            }
+            if c0 < dv {
+                pv_scalar::<P, E>(pr, ldp, ldj, v, ldv, n, or, dv, nr, c0..dv);
+            }
+            r0 += nr;
         }
     }
 }
 
-/// Keys per chunk of [`pv_spans`]: as many value rows of `row` elements (the row stride, or the
-/// column block when the rows are packed tighter) as fill half of this CPU's L1 data cache, at
-/// least 16. Half, so that the rows of any column block, wherever their stride puts them in the
-/// cache's sets, leave ways for the probabilities and output rows. On an Ice Lake Xeon (48 KiB
-/// L1: 48 keys at `Dv` 128, 96 at 64) this measured 1.05–1.1× on the forward against whole tiles
-/// per row group (alternated in one process, 11–15 pairs per shape); a quarter of L1 gained less.
+/// Keys per chunk of [`pv_block`]: as many value rows of `row` elements (the row stride, or the
+/// row when the rows are packed tighter) as fill half of this CPU's L1 data cache, at least 16.
+/// Half, so that the chunk's rows, wherever their stride puts them in the cache's sets, leave
+/// ways for the probabilities and output rows. On an Ice Lake Xeon (48 KiB L1: 48 keys at `Dv`
+/// 128, 96 at 64) chunks measured 1.05–1.1× on the forward against whole tiles per row group
+/// (alternated in one process, 11–15 pairs per shape); a quarter of L1 gained less.
 fn value_chunk<E>(row: usize) -> usize {
     (crate::flash::cache::caches().l1d / 2 / (row * std::mem::size_of::<E>()).max(1)).max(16)
 }
