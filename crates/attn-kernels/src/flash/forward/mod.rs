@@ -21,7 +21,8 @@ pub(super) mod tiles;
 
 use super::block::{head, qk_chunks, rows_per_call, tile_keys, Ctx, Job, Outs, Work, MAX_ROWS_PER_CALL};
 use super::nonfinite::bad_columns;
-use super::pack::{pair, values_at};
+use super::pack::values_at;
+use super::pairs::transpose_pairs;
 use super::scores::scores;
 use super::simd::{KvElem, Simd};
 use super::tile_products::prepare;
@@ -79,14 +80,12 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
             // Slot `k` of the chunk's rows is `chunk[k·nr..][..nr]`, written in order (a store per
             // element in a row's order became a scatter).
             let chunk = &mut w.q[r0 * d.dk..][..nr * d.dk];
-            if !bf16 {
-                // SAFETY: the CPU supports `S`; each row holds `Dk` values.
-                unsafe { S::transpose_rows(&src[..nr], d.dk, chunk, nr) };
-                continue;
-            }
-            for (k, slot) in chunk.chunks_exact_mut(nr).take(d.dk.div_ceil(2)).enumerate() {
-                for (x, q) in slot.iter_mut().zip(&src[..nr]) {
-                    *x = pair(q[2 * k].bf16_bits(), q.get(2 * k + 1).map_or(0, |x| x.bf16_bits()));
+            // SAFETY: the CPU supports `S`; each row holds `Dk` values.
+            unsafe {
+                if bf16 {
+                    transpose_pairs::<S>(&src[..nr], d.dk, chunk, nr);
+                } else {
+                    S::transpose_rows(&src[..nr], d.dk, chunk, nr);
                 }
             }
         }

@@ -173,10 +173,13 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         let (dks, dvs) = (form.slots(d.dk), form.slots(d.dv));
         for x in 0..g {
             let h = job.kvh * g + x;
-            if transposes_queries(cx, form) {
-                transpose_chunks(form, d.lq, d.dk, rq, |r| cx.q.row(job.b, h, r), &mut w.qt[x * d.lq * dks..]);
+            // SAFETY: the CPU supports `S` (the caller's contract).
+            unsafe {
+                if transposes_queries(cx, form) {
+                    transpose_chunks::<S>(form, d.lq, d.dk, rq, |r| cx.q.row(job.b, h, r), &mut w.qt[x * d.lq * dks..]);
+                }
+                transpose_chunks::<S>(form, d.lq, d.dv, rq, |r| cx.dout.row(job.b, h, r), &mut w.dot[x * d.lq * dvs..]);
             }
-            transpose_chunks(form, d.lq, d.dv, rq, |r| cx.dout.row(job.b, h, r), &mut w.dot[x * d.lq * dvs..]);
         }
     }
     let unit = job.b * d.hkv + job.kvh;

@@ -10,37 +10,26 @@ use std::ops::Range;
 
 use super::{row_chunks, transposes_queries, BwdCtx, BwdJob, BwdWork, Form, TileAt, LDB};
 use crate::amx::TILE_SLOTS;
-use crate::flash::block::{head, rows_per_call, with_rows};
+use crate::flash::block::{head, rows_per_call, with_rows, MAX_ROWS_PER_CALL};
 use crate::flash::forward::accumulate::{pv_block, pv_spans};
 use crate::flash::forward::tiles::Seg;
 use crate::flash::micro::{qk_panel, Bf16Pairs, Fma, Product};
-use crate::flash::pairs::{pair_keys, pair_rows};
+use crate::flash::pairs::{pair_keys, pair_rows, transpose_pairs};
 use crate::flash::scores::decode_scores;
-use crate::flash::simd::{KvElem, Simd};
+use crate::flash::simd::{KvElem, Portable, Simd};
 use crate::flash::tile_products::{self, on_unit, prepare, prepare_columns};
 
-/// Copies rows `r` of `src(r)` (each `d` long) transposed per micro-kernel chunk `(r0, nr)` of
-/// `chunks`, in slots of `P` (pairs of the row's values for bfloat16 products): the chunk is
-/// stored `[slots][nr]` at `out[r0·slots..]`, as `qk_panel` reads it.
-fn transpose_as<'a, P: Product>(
-    chunks: impl Iterator<Item = (usize, usize)>,
-    d: usize,
-    src: impl Fn(usize) -> &'a [f32],
-    out: &mut [f32],
-) {
-    let slots = d.div_ceil(P::PER_SLOT);
-    for (r0, nr) in chunks {
-        for r in r0..r0 + nr {
-            for (k, x) in src(r).chunks(P::PER_SLOT).enumerate() {
-                out[r0 * slots + k * nr + r - r0] = P::slot(x);
-            }
-        }
-    }
-}
-
-/// [`transpose_as`] of `rows` rows (from a multiple of the form's unit) in the form's slots and
-/// [`row_chunks`].
-pub(super) fn transpose_chunks<'a>(
+/// Copies `rows` rows (from a multiple of the form's unit), row `r` read as `src(r)` (`d` values),
+/// transposed per micro-kernel chunk `(r0, nr)` of [`row_chunks`] for `unit` in the form's slots
+/// (pairs of neighbouring values for bfloat16 products, `transpose_pairs`): the chunk is stored
+/// `[slots][nr]` at `out[r0·slots..]`, as `qk_panel` reads it. In f32 a value at a time: AVX-512's
+/// register transposes made the backward 3–4% slower here (AMD Zen 5, 2026-11-29), where the
+/// pairs' vector rounding made the bfloat16 forward + backward 1.07–1.10× faster.
+///
+/// # Safety
+/// The CPU supports `S`'s instruction set.
+#[inline(always)]
+pub(super) unsafe fn transpose_chunks<'a, S: Simd>(
     form: Form,
     rows: usize,
     d: usize,
@@ -48,11 +37,21 @@ pub(super) fn transpose_chunks<'a>(
     src: impl Fn(usize) -> &'a [f32],
     out: &mut [f32],
 ) {
-    let chunks = row_chunks(rows, form.unit, rq);
-    if form.bf16 {
-        transpose_as::<Bf16Pairs>(chunks, d, src, out)
-    } else {
-        transpose_as::<Fma>(chunks, d, src, out)
+    let slots = form.slots(d);
+    let mut rs: [&[f32]; MAX_ROWS_PER_CALL] = [&[]; MAX_ROWS_PER_CALL];
+    for (r0, nr) in row_chunks(rows, form.unit, rq) {
+        for (r, x) in rs[..nr].iter_mut().enumerate() {
+            *x = src(r0 + r);
+        }
+        let chunk = &mut out[r0 * slots..][..nr * slots];
+        // SAFETY: the CPU supports `S` (the caller's contract); each row holds `d` values.
+        unsafe {
+            if form.bf16 {
+                transpose_pairs::<S>(&rs[..nr], d, chunk, nr);
+            } else {
+                Portable::transpose_rows(&rs[..nr], d, chunk, nr);
+            }
+        }
     }
 }
 
@@ -120,10 +119,13 @@ pub(super) unsafe fn products<S: Simd, E: KvElem>(
         let x = (h - job.kvh * d.group()) * d.lq + i0;
         (x * dks, x * dvs)
     } else {
-        if transposes_queries(cx, form) {
-            transpose_chunks(form, nr, d.dk, rq, |r| cx.q.row(b, h, i0 + r), &mut w.qt);
+        // SAFETY: the CPU supports `S` (the caller's contract).
+        unsafe {
+            if transposes_queries(cx, form) {
+                transpose_chunks::<S>(form, nr, d.dk, rq, |r| cx.q.row(b, h, i0 + r), &mut w.qt);
+            }
+            transpose_chunks::<S>(form, nr, d.dv, rq, |r| cx.dout.row(b, h, i0 + r), &mut w.dot);
         }
-        transpose_chunks(form, nr, d.dv, rq, |r| cx.dout.row(b, h, i0 + r), &mut w.dot);
         (0, 0)
     };
     let scale = cx.pb.scale as f32;
