@@ -130,8 +130,16 @@ mod tests {
     /// even, NaN, infinities, values past `d` in the rows ignored), for row counts up to 16,
     /// packed or spaced slots, and head sizes around the 32-value blocks; nothing else written.
     fn matches_the_rule<S: Simd>() {
-        let special =
-            [0.0f32, -0.0, f32::NAN, f32::INFINITY, -f32::INFINITY, 1.0 + f32::EPSILON * 64.0, 1.00390625, 3.0e-39];
+        let special = [
+            0.0f32,
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            -f32::INFINITY,
+            1.0 + f32::EPSILON * 64.0,
+            1.00390625,
+            f32::MIN_POSITIVE / 3.0,
+        ];
         for d in [1, 2, 15, 31, 32, 33, 64, 65, 100] {
             let data: Vec<f32> = (0..16 * (d + 3))
                 .map(|x| if x % 11 == 0 { special[x / 11 % special.len()] } else { (x as f32 * 0.37).sin() * 7.1 })
