@@ -137,7 +137,7 @@ mod tests {
             f32::INFINITY,
             -f32::INFINITY,
             1.0 + f32::EPSILON * 64.0,
-            1.00390625,
+            1.0 + 1.0 / 256.0,
             f32::MIN_POSITIVE / 3.0,
         ];
         for d in [1, 2, 15, 31, 32, 33, 64, 65, 100] {
