@@ -129,7 +129,10 @@ mod tests {
     /// Every vector path pairs and transposes bit for bit as the value-at-a-time rule (ties to
     /// even, NaN, infinities, values past `d` in the rows ignored), for row counts up to 16,
     /// packed or spaced slots, and head sizes around the 32-value blocks; nothing else written.
-    fn matches_the_rule<S: Simd>() {
+    ///
+    /// # Safety
+    /// The CPU supports `S`'s instruction set.
+    unsafe fn matches_the_rule<S: Simd>() {
         let special = [
             0.0f32,
             -0.0,
@@ -149,7 +152,7 @@ mod tests {
             for (n, ld) in (1..=16).map(|n| (n, n)).chain([(12, 16), (3, 7)]) {
                 let len = (d.div_ceil(2) - 1) * ld + n;
                 let (mut got, mut want) = (vec![-1.0f32; len + 9], vec![-1.0f32; len + 9]);
-                // SAFETY: the caller checked that the CPU supports `S`.
+                // SAFETY: the CPU supports `S` (this function's contract).
                 unsafe { transpose_pairs::<S>(&rows[..n], d, &mut got, ld) };
                 each(&rows[..n], d, &mut want, ld);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -160,16 +163,19 @@ mod tests {
 
     #[test]
     fn transposed_pairs_match_the_rule() {
-        matches_the_rule::<Portable>();
-        #[cfg(target_arch = "x86_64")]
-        {
-            use crate::flash::simd::{Avx2, Avx512};
-            use crate::isa::Isa;
-            if Isa::Avx2.is_available() {
-                matches_the_rule::<Avx2>();
-            }
-            if Isa::Avx512.is_available() {
-                matches_the_rule::<Avx512<false>>();
+        // SAFETY: each ISA runs only where the CPU has it (the portable one everywhere).
+        unsafe {
+            matches_the_rule::<Portable>();
+            #[cfg(target_arch = "x86_64")]
+            {
+                use crate::flash::simd::{Avx2, Avx512};
+                use crate::isa::Isa;
+                if Isa::Avx2.is_available() {
+                    matches_the_rule::<Avx2>();
+                }
+                if Isa::Avx512.is_available() {
+                    matches_the_rule::<Avx512<false>>();
+                }
             }
         }
     }
