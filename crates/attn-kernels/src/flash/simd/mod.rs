@@ -233,9 +233,14 @@ impl KvElem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    /// `half::bf16::from_f32`'s bits (to nearest, ties to even; a NaN made quiet), without its
+    /// branches: the lane rule of `pack_bf16`, so that the scalar paths that round a value at a
+    /// time (`Δ`'s dot products, packing, tails) cost a few integer operations.
     #[inline(always)]
     fn bf16_bits(self) -> u16 {
-        bf16::from_f32(self).to_bits()
+        let i = self.to_bits();
+        let rounded = if self.is_nan() { i | 0x0040_0000 } else { i + 0x7FFF + ((i >> 16) & 1) };
+        (rounded >> 16) as u16
     }
     #[inline(always)]
     fn as_f32(row: &[f32]) -> Option<&[f32]> {

@@ -161,6 +161,14 @@ mod tests {
     }
 
     #[test]
+    fn scalar_rounding_is_halfs() {
+        use crate::flash::simd::KvElem;
+        for x in inputs() {
+            assert_eq!(x.bf16_bits(), half::bf16::from_f32(x).to_bits(), "{x:e} ({:#010x})", x.to_bits());
+        }
+    }
+
+    #[test]
     fn vector_pairs_round_as_half_does() {
         // SAFETY: the portable implementation runs on any CPU.
         let portable = unsafe { round_trip::<Portable>() };
