@@ -260,7 +260,7 @@ impl KvElem for f16 {
     }
     #[inline(always)]
     fn bf16_bits(self) -> u16 {
-        bf16::from_f32(self.to_f32()).to_bits()
+        self.to_f32().bf16_bits()
     }
 }
 
