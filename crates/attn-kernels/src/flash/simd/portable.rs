@@ -4,7 +4,7 @@
 
 use half::{bf16, f16};
 
-use super::Simd;
+use super::{KvElem, Simd};
 
 /// Plain Rust lanes; LLVM vectorises what it can for the baseline target.
 #[derive(Clone, Copy)]
@@ -100,7 +100,7 @@ impl Simd for Portable {
     }
     #[inline(always)]
     unsafe fn pack_bf16(lo: Self::V, hi: Self::V) -> Self::V {
-        let bits = |x: f32| u32::from(bf16::from_f32(x).to_bits());
+        let bits = |x: f32| u32::from(x.bf16_bits());
         std::array::from_fn(|i| f32::from_bits(bits(lo[i]) | bits(hi[i]) << 16))
     }
     #[inline(always)]
