@@ -18,7 +18,7 @@ use super::simd::{KvElem, Simd};
 use super::softcap::softcap_row;
 use super::tile_products::{on_unit, qk};
 use crate::problem::{Precision, Problem};
-use crate::sparse::{BlockMask, TileBlocks, SPARSE_BLOCK};
+use crate::sparse::{BlockMask, TileBlocks, TileSeg, SPARSE_BLOCK};
 
 /// Scaled (and soft-capped, biased) scores of every row of `job` against the keys of the tile
 /// `segs` (each segment's keys in its columns), written to `w.s` (`[rows, LDS]`), masked (−∞)
@@ -198,6 +198,12 @@ pub(super) unsafe fn mask_tile<S: Simd>(
                 for r in 0..job.rows() {
                     w.s[r * LDS + sg.col + at + len..r * LDS + stop].fill(f32::NEG_INFINITY);
                 }
+            } else if let Some(bm) = skippable.filter(|_| listed_only(band, sg.j0 + at, len)) {
+                // SAFETY: the CPU supports `S` (the caller's contract); the piece starts on a block
+                // edge inside every row's band, its columns up to `stop` whole vectors.
+                if unsafe { select_listed::<S>(bm, job, w, (sg.col + at, sg.j0 + at, len), stop) } {
+                    (masked, clean) = (true, 0..0);
+                }
             } else {
                 for r in 0..job.rows() {
                     let (h, i) = job.head_query(r);
@@ -220,6 +226,67 @@ pub(super) unsafe fn mask_tile<S: Simd>(
             at += len;
         }
         w.clean.push(clean.start..clean.end.max(clean.start));
+    }
+    masked
+}
+
+/// Whether [`select_listed`] may mask the piece of keys `j0..j0 + len` (the job's rows needing
+/// nothing but the block mask): it starts on a block edge and lies inside every row's band.
+fn listed_only(band: (usize, usize), j0: usize, len: usize) -> bool {
+    j0.is_multiple_of(SPARSE_BLOCK) && band.0 <= j0 && j0 + len <= band.1
+}
+
+/// [`mask_row`] on every row of a job inside one query block, for a piece of keys `j0..j0 + len`
+/// (scored in the tile's columns `col..`) where the call has no mask but the block mask and the
+/// piece passes [`listed_only`]: the piece's blocks found once for all rows
+/// ([`BlockMask::segments`]), then per row nothing for a full block, and for a partial (or empty)
+/// one a vector select per `W` columns straight from the row's word of the block; the columns
+/// from the piece's end to `stop` become −∞. The same scores as `mask_row` (its band and element
+/// masks do nothing here), without its per-row search and assembly of the tile's words, which
+/// held 11% of a Longformer forward's tile time (AMD Zen 5, `[1, 8, 16384, 64]`, window 128,
+/// 16 global tokens: 0.48 → 0.17 cycles per score). Returns whether a key of the piece was masked.
+///
+/// # Safety
+/// The CPU supports `S`'s instruction set; the piece's columns from `col` to `stop` are whole
+/// vectors of `w.s` (every piece of a tile but its last ends on a block edge; the last runs to the
+/// padded width).
+#[inline(always)]
+unsafe fn select_listed<S: Simd>(
+    bm: &BlockMask,
+    job: &Job,
+    w: &mut Work,
+    (col, j0, len): (usize, usize, usize),
+    stop: usize,
+) -> bool {
+    let segs = bm.segments(job.b, job.h0, job.i0 / SPARSE_BLOCK, j0, len, &mut w.blocks);
+    let lanes = (1u32 << S::W) - 1;
+    let mut masked = false;
+    for r in 0..job.rows() {
+        // [keys]: the row's columns from the piece's start to `stop`.
+        let row = &mut w.s[r * LDS + col..r * LDS + stop];
+        for &(at, n, seg) in segs {
+            let word = match seg {
+                TileSeg::Full => continue,
+                TileSeg::Empty => 0,
+                TileSeg::Partial(entry) => bm.block_word(entry, job.i0 + r),
+            };
+            for c in (0..n).step_by(S::W) {
+                // `W` divides a block, so a vector's bits lie in the block's word.
+                let bits = (word >> c) as u32 & lanes;
+                let valid = if n - c >= S::W { lanes } else { (1u32 << (n - c)) - 1 };
+                if bits & valid != valid {
+                    masked = true;
+                    debug_assert!(at + c + S::W <= row.len());
+                    // SAFETY: the CPU supports `S`; columns `at + c..at + c + W` lie in `row`
+                    // (whole vectors, the caller's contract).
+                    unsafe {
+                        let p = row.as_mut_ptr().add(at + c);
+                        S::store(p, S::select_bits(bits, S::load(p), S::splat(f32::NEG_INFINITY)));
+                    }
+                }
+            }
+        }
+        row[len..].fill(f32::NEG_INFINITY);
     }
     masked
 }

@@ -33,7 +33,7 @@ pub use block_mask::{BlockMask, BlockShape};
 pub use combine::{And, MaskModExt, Or};
 pub use named::Pattern;
 pub use parts::{PatternParts, PATTERN_NAMES};
-pub(crate) use tile::{TileBlocks, TileWords, TILE_BITS};
+pub(crate) use tile::{Seg as TileSeg, TileBlocks, TileWords, TILE_BITS};
 
 use std::ops::Range;
 

@@ -8,7 +8,9 @@
 //! share their query block (a flash job lies inside one), so the segments are kept in a
 //! [`TileBlocks`] and searched again only when the query block, head group or tile changes. A row
 //! then costs one shift per segment: empty segments stay 0, full ones all ones, partial ones take
-//! the row's word from the mask's build.
+//! the row's word from the mask's build. A kernel whose rows need nothing but the block mask may
+//! read the segments themselves ([`BlockMask::segments`], [`BlockMask::block_word`]) and select
+//! a block's vectors straight from its word.
 
 use std::ops::Range;
 
@@ -21,11 +23,11 @@ pub(crate) const TILE_BITS: usize = 256;
 pub(crate) type TileWords = [u64; TILE_BITS / 64];
 
 /// What a tile's segment holds.
-#[derive(Debug, Clone, Copy)]
-enum Seg {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Seg {
     Empty,
     Full,
-    /// A partial block: its list entry.
+    /// A partial block: its list entry (see [`BlockMask::block_word`]).
     Partial(usize),
 }
 
@@ -63,7 +65,36 @@ impl BlockMask {
         tb: &mut TileBlocks,
     ) -> TileWords {
         debug_assert!(n <= TILE_BITS, "a tile of {n} keys is more than {TILE_BITS}");
-        let (r, first, blocks, full) = self.kv_row(b, h, i / SPARSE_BLOCK);
+        let mut words = [0u64; TILE_BITS / 64];
+        for &(at, len, seg) in self.segments(b, h, i / SPARSE_BLOCK, j0, n, tb) {
+            let v = match seg {
+                Seg::Empty => continue,
+                Seg::Full => ones(len),
+                Seg::Partial(entry) => (self.block_word(entry, i) >> ((j0 + at) % SPARSE_BLOCK)) & ones(len),
+            };
+            let (w, sh) = (at / 64, at % 64);
+            words[w] |= v << sh;
+            if sh > 0 && w + 1 < words.len() {
+                words[w + 1] |= v >> (64 - sh);
+            }
+        }
+        words
+    }
+
+    /// The keys `j0..j0 + n` cut at block edges as query block `qb` of `(b, h)` sees them:
+    /// `(first column, columns, class)` in key order, kept in `tb` and searched again only when
+    /// the block's list row or the keys change.
+    #[inline(always)]
+    pub(crate) fn segments<'t>(
+        &self,
+        b: usize,
+        h: usize,
+        qb: usize,
+        j0: usize,
+        n: usize,
+        tb: &'t mut TileBlocks,
+    ) -> &'t [(usize, usize, Seg)] {
+        let (r, first, blocks, full) = self.kv_row(b, h, qb);
         if tb.key != Some((r, j0, n)) {
             tb.key = Some((r, j0, n));
             tb.segs.clear();
@@ -87,20 +118,14 @@ impl BlockMask {
                 j = seg_end;
             }
         }
-        let mut words = [0u64; TILE_BITS / 64];
-        for &(at, len, seg) in &tb.segs {
-            let v = match seg {
-                Seg::Empty => continue,
-                Seg::Full => ones(len),
-                Seg::Partial(entry) => (self.word(entry, i % SPARSE_BLOCK) >> ((j0 + at) % SPARSE_BLOCK)) & ones(len),
-            };
-            let (w, sh) = (at / 64, at % 64);
-            words[w] |= v << sh;
-            if sh > 0 && w + 1 < words.len() {
-                words[w + 1] |= v >> (64 - sh);
-            }
-        }
-        words
+        &tb.segs
+    }
+
+    /// The keep bits of query `i` over the whole block of the partial list entry `entry` (a
+    /// [`Seg::Partial`] of a row of `i`'s query block): bit `c` for the block's key `c`.
+    #[inline(always)]
+    pub(crate) fn block_word(&self, entry: usize, i: usize) -> u64 {
+        self.word(entry, i % SPARSE_BLOCK)
     }
 
     /// Whether every key of `j0..j0 + n` lies in a block listed as full for query block `qb` of

@@ -29,6 +29,8 @@ pub use portable::Portable;
 pub use x86::Avx512Bf16;
 #[cfg(target_arch = "x86_64")]
 pub use x86::{Avx2, Avx512};
+#[cfg(target_arch = "x86_64")]
+pub(in crate::flash) use x86_transpose::transpose_rows_streaming;
 
 /// A vector of `W` f32 lanes. Every method may only be called on a CPU with the implementation's
 /// instruction set, and pointer arguments must be valid for `W` elements.

@@ -42,6 +42,35 @@ pub(super) unsafe fn transpose16(v: [__m512; 16]) -> [__m512; 16] {
     }
 }
 
+/// Sixteen rows of `d` values (`d` a multiple of 16) transposed into `d` slots of 16 values,
+/// `ld` apart from `out`, as `Simd::transpose_rows` writes them, but by streaming stores, which
+/// write each slot's line without reading it first and leave it out of the caches: for a buffer
+/// written once and read much later (the forward's packed heads, megabytes each, which the CPU
+/// would otherwise read in from memory line by line before overwriting). Orders nothing: the
+/// caller fences (`_mm_sfence`) before another thread may read `out`.
+///
+/// # Safety
+/// The CPU has AVX-512F; every row holds `d` values; `out` and `ld` are multiples of 16 floats
+/// (64 bytes) and `out` is valid for `(d − 1)·ld + 16` floats.
+#[inline(always)]
+pub(in crate::flash) unsafe fn transpose_rows_streaming(rows: &[&[f32]; 16], d: usize, out: *mut f32, ld: usize) {
+    debug_assert!(d.is_multiple_of(16) && ld.is_multiple_of(16) && (out as usize).is_multiple_of(64));
+    debug_assert!(rows.iter().all(|r| r.len() >= d));
+    // SAFETY: AVX-512F is present and the loads and stores stay within the rows and slots
+    // (the caller's contract); the slots are 64-byte aligned, as streaming stores need.
+    unsafe {
+        for k0 in (0..d).step_by(16) {
+            let mut v = [_mm512_setzero_ps(); 16];
+            for (x, row) in v.iter_mut().zip(rows) {
+                *x = _mm512_loadu_ps(row.as_ptr().add(k0));
+            }
+            for (c, x) in transpose16(v).into_iter().enumerate() {
+                _mm512_stream_ps(out.add((k0 + c) * ld), x);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::flash::simd::Avx512;
@@ -68,6 +97,16 @@ mod tests {
                     Portable::transpose_rows(&rows[..n], d, &mut b, ld);
                 }
                 assert_eq!(a, b, "{n} rows of {d}, slots {ld} apart");
+                if n == 16 && d % 16 == 0 && ld % 16 == 0 {
+                    let mut c = crate::lines::Lines::filled(len + 20, -1.0f32);
+                    let full: [&[f32]; 16] = std::array::from_fn(|r| rows[r]);
+                    // SAFETY: as above; `Lines` starts on a cache line and `ld` is 16 floats apart.
+                    unsafe {
+                        super::transpose_rows_streaming(&full, d, c.as_mut_ptr(), ld);
+                        std::arch::x86_64::_mm_sfence();
+                    }
+                    assert_eq!(&c[..], &b[..], "streaming: {n} rows of {d}, slots {ld} apart");
+                }
                 for (x, &v) in b.iter().enumerate() {
                     let (k, r) = (x / ld, x % ld);
                     let want = if k < d && r < n { rows[r][k] } else { -1.0 };
