@@ -55,6 +55,19 @@ impl<T: Copy> Lines<T> {
         self.place(n, value);
     }
 
+    /// `n` elements for a caller that writes every one before reading any: their values are
+    /// unspecified (initialised: what earlier use left, or `value` where the buffer never reached).
+    /// Shrinking keeps the memory initialised, so a buffer reused for sizes up and down (a packed
+    /// call's gathered sequences, one after another) fills only what it never held rather than
+    /// every growth ([`Lines::resize`] fills the new elements, as `Vec::resize` does).
+    pub fn resize_for_overwrite(&mut self, n: usize, value: T) {
+        if self.start + n <= self.buf.len() {
+            self.len = n;
+        } else {
+            self.resize(n, value);
+        }
+    }
+
     /// [`Lines::resize`] to the elements of `shape`, allocating fallibly: on failure the error
     /// for `what` and the buffer unchanged.
     pub fn try_resize(&mut self, what: &'static str, shape: &[usize], value: T) -> Result<(), AllocError>
@@ -143,6 +156,24 @@ mod tests {
         v.clear();
         assert!(v.is_empty());
         assert_eq!((&v).into_iter().count(), 0);
+    }
+
+    /// Down and up within the memory it held: no move, no fill (the values written before are
+    /// still there); past it: on a line, the kept elements kept and the new ones `value`.
+    #[test]
+    fn resizing_for_overwrite_fills_only_memory_never_held() {
+        let mut v = Lines::filled(1000, 1.0f32);
+        v.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
+        let at = v.as_ptr();
+        v.resize_for_overwrite(10, 9.0);
+        assert_eq!(&v[..], &(0..10).map(|i| i as f32).collect::<Vec<_>>()[..]);
+        v.resize_for_overwrite(900, 9.0);
+        assert_eq!(v.as_ptr(), at, "no move within the memory held");
+        assert!(v.iter().enumerate().all(|(i, &x)| x == i as f32), "no fill within the memory held");
+        v.resize_for_overwrite(50_000, 9.0);
+        assert_eq!((v.len(), v.as_ptr() as usize % LINE), (50_000, 0));
+        assert!(v[..900].iter().enumerate().all(|(i, &x)| x == i as f32));
+        assert!(v[1000..].iter().all(|&x| x == 9.0), "memory never held is filled");
     }
 
     #[test]

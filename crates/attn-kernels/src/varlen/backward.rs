@@ -1,11 +1,12 @@
 //! The backward of packed sequences: each sequence (a rayon task, as in the forward) through the
-//! dense backward on its inputs,
-//! output and output gradient gathered head-major (and its log-sum-exp rows from the head-major
-//! `[Hq, total_q]`), its gradients copied into the packed layout.
+//! dense backward on its queries and output gradient gathered head-major (read tile after tile),
+//! its keys, values and output read in place (once per key block into the kernel's packed blocks,
+//! once per row for `Δ`), its log-sum-exp rows gathered from the head-major `[Hq, total_q]`, and
+//! its gradients copied into the packed layout.
 
 use rayon::prelude::*;
 
-use super::packed::{scatter_rows, CuSeqlens, KvBuf, Packed, PackedKv};
+use super::packed::{scatter_rows, CuSeqlens, Packed, PackedKv};
 use super::pool::{Held, Pool};
 use super::{split_rows, Call, VarlenOutput};
 use crate::alloc;
@@ -63,7 +64,7 @@ impl<'a> VarlenSaved<'a> {
 }
 
 /// One sequence's buffers: its log-sum-exp rows, residues and gradients, and its gathered
-/// queries, output gradients, keys and values.
+/// queries and output gradients.
 #[derive(Default)]
 struct Bufs {
     lse: Vec<f32>,
@@ -71,8 +72,6 @@ struct Bufs {
     dlse: Vec<f32>,
     q: Lines<f32>,
     dout: Lines<f32>,
-    k: KvBuf,
-    v: KvBuf,
 }
 
 impl Held for Bufs {
@@ -80,8 +79,6 @@ impl Held for Bufs {
         [&self.lse, &self.residue, &self.dlse].iter().map(|v| v.held()).sum::<usize>()
             + self.q.held()
             + self.dout.held()
-            + self.k.held()
-            + self.v.held()
     }
 }
 
@@ -145,7 +142,8 @@ pub fn attention_varlen_backward(
             side: SideGrads { dlse: saved.dlse.map(|_| &b.dlse[..]), dweights: None },
         };
         let qv = q.gather("q", qr.clone(), &mut b.q)?;
-        let (kv, vv) = (k.gather("k", kr.clone(), &mut b.k)?, v.gather("v", kr.clone(), &mut b.v)?);
+        // Read once per key block, into the kernel's packed blocks: no gather.
+        let (kv, vv) = (k.view("k", kr.clone())?, v.view("v", kr.clone())?);
         let sg = attention_backward(kernel, &qv, &kv, &vv, &seq_saved, &c.params(params, s), false)?;
         BUFS.give(std::mem::take(b));
         scatter_rows(&sg.dq, gq, hq, dk);

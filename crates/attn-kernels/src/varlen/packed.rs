@@ -73,8 +73,8 @@ impl<T: Copy + Default + Send + Sync> Packed<'_, T> {
     ) -> Result<View4<'b, T>> {
         let [_, h, d] = self.dims;
         let len = rows.len();
-        // Every element is written below: only the growth is initialised first.
-        buf.resize(h * len * d, T::default());
+        // Every element is written below.
+        buf.resize_for_overwrite(h * len * d, T::default());
         if len * d > 0 {
             buf.par_chunks_mut(len * d).enumerate().for_each(|(hi, head)| {
                 for (i, dst) in head.chunks_exact_mut(d).enumerate() {
