@@ -259,6 +259,8 @@ unsafe fn select_listed<S: Simd>(
     stop: usize,
 ) -> bool {
     let segs = bm.segments(job.b, job.h0, job.i0 / SPARSE_BLOCK, j0, len, &mut w.blocks);
+    // Every vector the selects below touch lies in each row's `stop − col` columns.
+    assert!(segs.iter().all(|&(at, n, _)| at + n.next_multiple_of(S::W) <= stop - col), "select_listed: piece");
     let lanes = (1u32 << S::W) - 1;
     let mut masked = false;
     for r in 0..job.rows() {
@@ -276,9 +278,8 @@ unsafe fn select_listed<S: Simd>(
                 let valid = if n - c >= S::W { lanes } else { (1u32 << (n - c)) - 1 };
                 if bits & valid != valid {
                     masked = true;
-                    debug_assert!(at + c + S::W <= row.len());
                     // SAFETY: the CPU supports `S`; columns `at + c..at + c + W` lie in `row`
-                    // (whole vectors, the caller's contract).
+                    // (asserted above).
                     unsafe {
                         let p = row.as_mut_ptr().add(at + c);
                         S::store(p, S::select_bits(bits, S::load(p), S::splat(f32::NEG_INFINITY)));
