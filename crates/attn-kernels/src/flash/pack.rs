@@ -50,6 +50,7 @@ fn pack_panels<E: KvElem>(
         // SAFETY: AVX-512F is present (checked).
         return unsafe { pack_f32_avx512(k, b, h, keys, out, streaming) };
     }
+    // Only the AVX-512 panels stream; the loop stores as it always did.
     let _ = streaming;
     pack_each(k, b, h, keys, w, out);
 }
