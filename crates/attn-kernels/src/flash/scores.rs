@@ -261,7 +261,6 @@ unsafe fn select_listed<S: Simd>(
     let segs = bm.segments(job.b, job.h0, job.i0 / SPARSE_BLOCK, j0, len, &mut w.blocks);
     // Every vector the selects below touch lies in each row's `stop − col` columns.
     assert!(segs.iter().all(|&(at, n, _)| at + n.next_multiple_of(S::W) <= stop - col), "select_listed: piece");
-    let lanes = (1u32 << S::W) - 1;
     let mut masked = false;
     for r in 0..job.rows() {
         // [keys]: the row's columns from the piece's start to `stop`.
@@ -272,20 +271,9 @@ unsafe fn select_listed<S: Simd>(
                 TileSeg::Empty => 0,
                 TileSeg::Partial(entry) => bm.block_word(entry, job.i0 + r),
             };
-            for c in (0..n).step_by(S::W) {
-                // `W` divides a block, so a vector's bits lie in the block's word.
-                let bits = (word >> c) as u32 & lanes;
-                let valid = if n - c >= S::W { lanes } else { (1u32 << (n - c)) - 1 };
-                if bits & valid != valid {
-                    masked = true;
-                    // SAFETY: the CPU supports `S`; columns `at + c..at + c + W` lie in `row`
-                    // (asserted above).
-                    unsafe {
-                        let p = row.as_mut_ptr().add(at + c);
-                        S::store(p, S::select_bits(bits, S::load(p), S::splat(f32::NEG_INFINITY)));
-                    }
-                }
-            }
+            // SAFETY: the CPU supports `S`; the segment's vectors lie in `row` (asserted above),
+            // and a segment lies in one block, so its bits are the first word's.
+            masked |= unsafe { select_kept::<S>(&mut row[at..], &[word, 0, 0, 0], n) };
         }
         row[len..].fill(f32::NEG_INFINITY);
     }
