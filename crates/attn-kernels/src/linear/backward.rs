@@ -5,21 +5,23 @@
 //! gradient is `ds_ij = dn_i·v_j + r_i` on the allowed pairs, and
 //! `dφ(q_i) = Σ_j ds_ij φ(k_j)`, `dφ(k_j) = Σ_i ds_ij φ(q_i)`, `dv_j = Σ_i (φ(q_i)·φ(k_j)) dn_i`.
 //! Non-causal, through the states `Sᵀ = Vᵀφ(K)`, `z` and `U = φ(Q)ᵀ·dN`, `w = Σ_i r_i φ(q_i)`.
-//! Causal, in two passes over the chunks: ascending (state `Sᵀ`, `z`) for the denominators, `dN`,
-//! `r` and `dφ(Q)`, with the chunk's masked products `P = tril(φ(Q_c)φ(K_c)ᵀ)` and
-//! `M = tril(dN_c V_cᵀ + r)`; descending (state `U`, `w` of the later chunks) for `dφ(K)` and `dV`,
-//! the features, `dN`, `P` and `M` of each chunk made again from the denominators and `r` the first
-//! pass kept (cheaper than keeping `O(L·C)` of them; with `r` kept the second pass reads no `out`).
-//! Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through `φ`'s
-//! Jacobian at once. Memory: `O(L + C·(F + C + D) + F·Dv)` per rayon job besides the gradients.
-//! Causal with fewer (batch, key/value head) jobs than threads, the passes run over segments of
-//! each head's chunks in parallel (`segmented`).
+//! Causal, each chunk's pairs through its masked products `P = tril(φ(Q_c)φ(K_c)ᵀ)` and
+//! `M = tril(dN_c V_cᵀ + r)`, the earlier keys through their state `Sᵀ`, `z` and the later
+//! queries through theirs, `U`, `w`: the key states before every chunk are kept first (one
+//! ascending pass over the keys and values, once per key/value head), then one descending pass
+//! over the chunks makes each chunk's features, denominators, `dN`, `r`, `P` and `M` once and
+//! writes its `dq`, `dk` and `dv` whole (`causal`). Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through
+//! `φ`'s Jacobian at once. Memory: `O(C·(F + C + D) + F·Dv)` per rayon job besides the
+//! gradients, and causal the kept key states, `⌈L/C⌉·(F·Dv + F)`.
+//! Causal with fewer (batch, key/value head) jobs than threads, the chunks are cut into segments
+//! run in parallel (`segmented`), each in two passes (ascending for `dq` and the chunks' own part
+//! of `dk`, `dv`; descending from the later segments' `U`, `w` for the rest).
 
 use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, axpy, dot, on_isa, prefetch, prefetch_rows, Keys};
+use super::chunk::{axpy, dot, on_isa, prefetch, prefetch_rows, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
 use super::segment::Plan;
@@ -28,16 +30,17 @@ use crate::alloc;
 use crate::error::Result;
 use crate::grad::AttnGrads;
 use crate::isa::Isa;
-use crate::lines::Lines;
 use crate::reference::Real;
 use crate::view::View4;
 
 mod causal;
 mod non_causal;
 mod segmented;
+mod work;
 
-use causal::{ascend, causal, descend};
+use causal::{ascend, causal, descend, key_states};
 use non_causal::global;
+use work::{KeyState, Work};
 
 /// The inputs of a backward call: `q`, `k`, `v`, the forward's `out` and its gradient `dout`.
 type Inputs<'a, T> = [View4<'a, T>; 5];
@@ -134,64 +137,6 @@ impl<T: Real> Acc<'_, T> {
     }
 }
 
-/// One job's scratch: a chunk's features, gradients and masked products, the states, and the
-/// row statistics of a head.
-struct Work<T> {
-    /// `[C, F]` each.
-    fq: Lines<T>,
-    fk: Lines<T>,
-    dfq: Lines<T>,
-    dfk: Lines<T>,
-    /// `dN_c: [C, Dv]`, `r_c: [C]`.
-    dn: Lines<T>,
-    r: Lines<T>,
-    /// `P`, `M`: `[C, C]`, and the transposed operand `tril_products` makes.
-    pm: Lines<T>,
-    mm: Lines<T>,
-    bt: Lines<T>,
-    /// The states `Sᵀ: [Dv, F]`, `z: [F]`, `U: [F, Dv]` (and `Uᵀ`), `w: [F]`.
-    st: Lines<T>,
-    z: Lines<T>,
-    u: Lines<T>,
-    ut: Lines<T>,
-    wsum: Lines<T>,
-    /// The head's row statistics `[Lq, 2]`: each row's denominator `den_i` and `r_i`.
-    stats: Lines<T>,
-    /// A chunk's key gradient before it is added, `[C, D]`.
-    dx: Lines<T>,
-}
-
-impl<T: Real> Work<T> {
-    fn new(d: &LinearDims, c: usize) -> Self {
-        let c = c.min(d.lq.max(d.lk));
-        let zeros = |n| Lines::filled(n, T::zero());
-        let (f, w) = (d.f, d.dv);
-        Work {
-            fq: zeros(c * f),
-            fk: zeros(c * f),
-            dfq: zeros(c * f),
-            dfk: zeros(c * f),
-            dn: zeros(c * w),
-            r: zeros(c),
-            pm: zeros(c * c),
-            mm: zeros(c * c),
-            bt: Lines::default(),
-            st: zeros(w * f),
-            z: zeros(f),
-            u: zeros(f * w),
-            ut: zeros(w * f),
-            wsum: zeros(f),
-            stats: zeros(2 * d.lq),
-            dx: zeros(c * d.d),
-        }
-    }
-
-    /// The chunk length.
-    fn chunk(&self) -> usize {
-        self.r.len()
-    }
-}
-
 /// Gradients of [`linear_attention`](super::linear_attention) for the output gradient
 /// `dout: [B, Hq, Lq, Dv]`, given the forward's `out: [B, Hq, Lq, Dv]`: `dq: [B, Hq, Lq, D]`, and
 /// `dk: [B, Hkv, Lk, D]`, `dv: [B, Hkv, Lk, Dv]` summed over each key/value head's query heads
@@ -279,14 +224,24 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
     }
     let [q, k, v, out, dout] = inputs;
     let group = d.group();
+    // Causal, each job's key states `[⌈L/C⌉, Dv·F + F]`: refused before any gradient is written.
+    let states = [d.lq.div_ceil(p.chunk.min(d.lq.max(d.lk))), d.f * d.dv + d.f];
+    if p.causal {
+        alloc::count::<T>("linear attention key states", &states)?;
+    }
     let tasks = g.dq.par_chunks_mut(group * d.lq * d.d).zip(g.dk.par_chunks_mut(d.lk * d.d));
-    tasks.zip(g.dv.par_chunks_mut(d.lk * d.dv)).enumerate().for_each_init(
+    tasks.zip(g.dv.par_chunks_mut(d.lk * d.dv)).enumerate().try_for_each_init(
         || Work::new(d, p.chunk),
         |w, (bh, ((dq, dk), dvo))| {
             let (b, hk) = (bh / d.hkv, bh % d.hkv);
             let keys = Keys::new(isa, k, &v, p, d, (b, hk));
+            let head = |gi: usize| Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
+            if p.causal {
+                w.states.try_resize("linear attention key states", &states, T::zero())?;
+                on_isa(isa, || key_states(&head(0), w));
+            }
             for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
-                let hd = Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
+                let hd = head(gi);
                 let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo, base: 0, fresh: gi == 0 };
                 on_isa(
                     isa,
@@ -294,9 +249,9 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
                     || if p.causal { causal(&hd, w, acc) } else { global(&hd, w, acc) },
                 );
             }
+            Ok(())
         },
-    );
-    Ok(())
+    )
 }
 
 /// One query head of a backward call and its key/value head.
@@ -319,72 +274,39 @@ impl<T: Real> Head<'_, T> {
     }
 }
 
-impl<T: Real> Work<T> {
-    /// The states `Sᵀ`, `z`, `U`, `w` cleared for a new head.
-    fn clear_states(&mut self) {
-        let states = self.st.iter_mut().chain(self.z.iter_mut()).chain(self.u.iter_mut());
-        states.chain(self.wsum.iter_mut()).for_each(|x| *x = T::zero());
-    }
-
-    /// `Sᵀ += V_cᵀ·φ(K_c)`, `z += Σ φ(K_c)` for the `nk` keys from `t0` (their features in `fk`).
-    #[inline(always)]
-    fn add_keys(&mut self, hd: &Head<T>, t0: usize, nk: usize) {
-        let (f, wd, keys) = (hd.d.f, hd.d.dv, &hd.keys);
-        let fk = &self.fk[..nk * f];
-        gemm(hd.isa, wd, f, nk, Lhs::transposed(keys.values(t0), keys.ldv), fk, f, &mut self.st, f);
-        add_rows(&mut self.z, fk, nk);
-    }
-
-    /// `dφ(Q_c) = dN_c·Sᵀ + r·zᵀ` into `dfq` for the chunk's `n` rows (`dN_c`, `r_c` in `dn`, `r`).
-    #[inline(always)]
-    fn query_grads(&mut self, hd: &Head<T>, n: usize) {
-        let (f, wd) = (hd.d.f, hd.d.dv);
-        let dfq = &mut self.dfq[..n * f];
-        gemm(hd.isa, n, f, wd, Lhs::rows(&self.dn[..n * wd], wd).write(true), &self.st, f, dfq, f);
-        dfq.chunks_exact_mut(f).zip(&self.r[..n]).for_each(|(row, &ri)| axpy(row, ri, &self.z));
-    }
-
-    /// `U += φ(Q_c)ᵀ·dN_c`, `w += Σ_i r_i φ(q_i)` for the chunk's `n` rows.
-    #[inline(always)]
-    fn add_queries(&mut self, hd: &Head<T>, n: usize) {
-        let (f, wd) = (hd.d.f, hd.d.dv);
-        let fq = &self.fq[..n * f];
-        gemm(hd.isa, f, wd, n, Lhs::transposed(fq, f), &self.dn[..n * wd], wd, &mut self.u, wd);
-        fq.chunks_exact(f).zip(&self.r[..n]).for_each(|(x, &ri)| axpy(&mut self.wsum, ri, x));
-    }
-
-    /// `dq` of the chunk's `n` rows from `t0` through `φ`'s Jacobian, from `dφ(Q_c)` in `dfq`.
-    #[inline(always)]
-    fn query_vjp(&mut self, hd: &Head<T>, t0: usize, n: usize, acc: &mut Acc<T>) {
-        let (f, dq) = (hd.d.f, &mut acc.dq[(t0 - acc.base) * hd.d.d..]);
-        hd.rows.vjp(hd.isa, hd.p.map, t0, n, &self.fq[..n * f], &mut self.dfq[..n * f], dq);
-    }
+/// The terms [`key_grads`] sums into a chunk's key gradients: from the chunk's own queries
+/// (its masked products `P`, `M`) and from the query states `U`, `w` of the queries after it.
+#[derive(Debug, Clone, Copy)]
+struct KeyTerms {
+    own: bool,
+    later: bool,
 }
 
-/// The `nk` keys from `t0`: from the query states, `dφ(K_c) = V_c·Uᵀ + w` and `dV_c += φ(K_c)·U`
-/// (`w.u`, `w.ut`, `w.wsum` set); or with `masked`, from the chunk's own `n` queries,
-/// `dφ(K_c) = Mᵀ·φ(Q_c)` and `dV_c += Pᵀ·dN_c` (`w.fq`, `w.dn`, `w.pm`, `w.mm` set); then `dk`
-/// through `φ`'s Jacobian (`w.fk` set). `dk`, `dv` are written rather than added with
-/// [`Acc::fresh`].
+/// The `nk` keys from `t0`: with `terms.own`, from the chunk's own `n` queries,
+/// `dφ(K_c) = Mᵀ·φ(Q_c)` and `dV_c += Pᵀ·dN_c` (`w.fq`, `w.dn`, `w.pm`, `w.mm` set); with
+/// `terms.later`, from the query states, `dφ(K_c) += V_c·Uᵀ + w` and `dV_c += φ(K_c)·U`
+/// (`w.u`, `w.ut`, `w.wsum` set); then `dk` through `φ`'s Jacobian (`w.fk` set). `dk`, `dv` are
+/// written rather than added with [`Acc::fresh`].
 #[inline(always)]
 fn key_grads<T: Real>(
     hd: &Head<T>,
     (t0, n, nk): (usize, usize, usize),
-    masked: bool,
+    terms: KeyTerms,
     w: &mut Work<T>,
     acc: &mut Acc<T>,
 ) {
     let (isa, f, wd, c, keys) = (hd.isa, hd.d.f, hd.d.dv, w.chunk(), &hd.keys);
     let (vc, fk, dfk) = (keys.values(t0), &w.fk[..nk * f], &mut w.dfk[..nk * f]);
     let dvc = &mut acc.dv[(t0 - acc.base) * wd..][..nk * wd];
-    if masked {
+    if terms.own {
         let (mt, pt) = (Lhs::transposed(&w.mm, c).part(Part::UpperA), Lhs::transposed(&w.pm, c).part(Part::UpperA));
         gemm(isa, nk, f, n, mt.write(true), &w.fq[..n * f], f, dfk, f);
         gemm(isa, nk, wd, n, pt.write(acc.fresh), &w.dn[..n * wd], wd, dvc, wd);
-    } else {
-        gemm(isa, nk, f, wd, Lhs::rows(vc, keys.ldv).write(true), &w.ut, f, dfk, f);
+    }
+    if terms.later {
+        gemm(isa, nk, f, wd, Lhs::rows(vc, keys.ldv).write(!terms.own), &w.ut, f, dfk, f);
         dfk.chunks_exact_mut(f).for_each(|row| axpy(row, T::one(), &w.wsum));
-        gemm(isa, nk, wd, f, Lhs::rows(fk, f).write(acc.fresh), &w.u, wd, dvc, wd);
+        gemm(isa, nk, wd, f, Lhs::rows(fk, f).write(acc.fresh && !terms.own), &w.u, wd, dvc, wd);
     }
     let dk = &mut acc.dk[(t0 - acc.base) * hd.d.d..];
     keys.vjp(isa, hd.p.map, (t0, nk), fk, dfk, (!acc.fresh).then_some(&mut w.dx[..]), dk);

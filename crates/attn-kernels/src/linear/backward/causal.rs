@@ -1,23 +1,32 @@
-//! The causal backward of one head in two passes over its chunks: ascending (the key states
-//! `Sᵀ`, `z` of the earlier chunks) for the denominators, `dN`, `r` and `dq`, and the part of `dk`
-//! and `dv` each chunk's masked products `P`, `M` give; descending (the query states `U`, `w` of
-//! the later chunks) for the rest of `dk` and `dv`, each chunk's features and `dN` made again
-//! from the denominators and `r` the first pass kept (no `out` read, no masked product remade).
-//! [`ascend`] and [`descend`] run any range of whole chunks, for the segmented path too.
+//! The causal backward of one head. The sequential path ([`causal`]) runs one descending pass over
+//! the chunks from the key states before each chunk, which [`key_states`] keeps once per
+//! key/value head: each chunk's features, denominators, `dN`, `r` and masked products `P`, `M`
+//! are made once, and its `dq`, `dk`, `dv` written whole (the key gradients from the chunk's own
+//! queries and from the query states `U`, `w` of the later chunks together). The segmented path
+//! runs two passes over any range of whole chunks: [`ascend`] (the running key states `Sᵀ`, `z`)
+//! for the denominators, `dN`, `r`, `dq` and the chunks' own part of `dk`, `dv`; [`descend`] (the
+//! query states of the later chunks) for the rest, each chunk's features and `dN` made again from
+//! the denominators and `r` the first pass kept.
 
 use std::ops::Range;
 
-use super::{key_grads, Acc, Head, Work};
+use super::{key_grads, Acc, Head, KeyState, KeyTerms, Work};
 use crate::linear::chunk::{ahead, dot, sum, tril_products};
 use crate::linear::gemm::{gemm, Lhs, Part};
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
 
 /// The chunk from `t0` (`n` rows, `nk` keys) of a causal head: `φ(Q_c)`, `φ(K_c)`, `P` into
-/// `w`, and the denominators `φ(Q_c)·z + rowsum(P) + ε` into the first column of the chunk's
-/// statistics `stats: [n, 2]`.
+/// `w`, and the denominators `φ(Q_c)·z + rowsum(P) + ε` (`z` of the key states `at` names) into
+/// the first column of the chunk's statistics `stats: [n, 2]`.
 #[inline(always)]
-fn chunk_products<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), w: &mut Work<T>, stats: &mut [T]) {
+fn chunk_products<T: Real>(
+    hd: &Head<T>,
+    (t0, n, nk): (usize, usize, usize),
+    at: KeyState,
+    w: &mut Work<T>,
+    stats: &mut [T],
+) {
     let (isa, f, c, map) = (hd.isa, hd.d.f, w.chunk(), hd.p.map);
     let (fq, fk) = (&mut w.fq[..n * f], &mut w.fk[..nk * f]);
     hd.rows.features(isa, map, t0, n, fq);
@@ -26,9 +35,10 @@ fn chunk_products<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), w: 
         tril_products(isa, n, nk, f, fq, f, fk, f, &mut w.bt, &mut w.pm, c);
     }
     let eps = T::from_f64(hd.p.eps).expect("finite");
+    let (_, z) = at.of(hd.d, &w.st, &w.z, &w.states);
     for (i, (s, x)) in stats.chunks_exact_mut(2).zip(fq.chunks_exact(f)).enumerate() {
         let masked = if nk > 0 { sum(&w.pm[i * c..][..nk]) } else { T::zero() };
-        s[0] = dot(x, &w.z) + masked + eps;
+        s[0] = dot(x, z) + masked + eps;
     }
 }
 
@@ -47,16 +57,65 @@ fn chunk_grads<T: Real>(hd: &Head<T>, (t0, n, nk): (usize, usize, usize), stats:
     }
 }
 
-/// One query head, causal, in two passes over the chunks: writes `acc.dq`, adds to (with
-/// [`Acc::fresh`], writes) `acc.dk`, `acc.dv`.
+/// The key states before each chunk of a causal head's keys, `Sᵀ_{<c}` then `z_{<c}`, into
+/// `w.states` (`[⌈L/C⌉, Dv·F + F]`, sized by the caller): one ascending pass over the keys and
+/// values, which every query head of the group then reads.
+#[inline(always)]
+pub(super) fn key_states<T: Real>(hd: &Head<T>, w: &mut Work<T>) {
+    let (isa, keys, f, c, l) = (hd.isa, &hd.keys, hd.d.f, w.chunk(), hd.d.lq);
+    let fdv = f * hd.d.dv;
+    w.clear_states();
+    for (i, t0) in (0..l).step_by(c).enumerate() {
+        let state = &mut w.states[i * (fdv + f)..][..fdv + f];
+        state[..fdv].copy_from_slice(&w.st);
+        state[fdv..].copy_from_slice(&w.z);
+        let nk = keys.count(t0, c.min(l - t0));
+        if nk > 0 {
+            keys.prefetch(t0 + c, ahead(&(0..l), t0 + c, c), false);
+            keys.features(isa, hd.p.map, t0, nk, &mut w.fk[..nk * f]);
+            keys.prefetch(t0 + c, ahead(&(0..l), t0 + c, c), true);
+            w.add_keys(hd, t0, nk);
+        }
+    }
+}
+
+/// One query head, causal, in one descending pass over its chunks from the key states
+/// [`key_states`] kept: writes `acc.dq`, adds to (with [`Acc::fresh`], writes) `acc.dk`, `acc.dv`.
 #[inline(always)]
 pub(super) fn causal<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
-    let l = hd.d.lq;
+    let (isa, f, wd, c, l) = (hd.isa, hd.d.f, hd.d.dv, w.chunk(), hd.d.lq);
+    let chunks = l.div_ceil(c);
     let mut stats = std::mem::take(&mut w.stats);
-    w.clear_states();
-    ascend(hd, w, 0..l, &mut stats, &mut acc, false);
-    acc.fresh = false;
-    descend(hd, w, 0..l, &stats, &mut acc);
+    w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
+    for i in (0..chunks).rev() {
+        let t0 = i * c;
+        let (n, at) = (c.min(l - t0), KeyState::Kept(i));
+        let sizes = (t0, n, hd.keys.count(t0, n));
+        let stats = &mut stats[..2 * n];
+        // The previous chunk's inputs, one between each two steps.
+        let before = if i > 0 { (t0 - c, c) } else { (0, 0) };
+        let prev = |j| hd.prefetch(before, j);
+        chunk_products(hd, sizes, at, w, stats);
+        prev(0);
+        chunk_grads(hd, sizes, stats, w);
+        prev(3);
+        w.query_grads(hd, n, at);
+        prev(1);
+        if sizes.2 > 0 {
+            gemm(isa, n, f, sizes.2, Lhs::rows(&w.mm, c).part(Part::LowerA), &w.fk[..sizes.2 * f], f, &mut w.dfq, f);
+        }
+        prev(2);
+        w.query_vjp(hd, t0, n, &mut acc);
+        prev(4);
+        acc.prefetch(hd.d, before, false);
+        if sizes.2 > 0 {
+            key_grads(hd, sizes, KeyTerms { own: true, later: i + 1 < chunks }, w, &mut acc);
+        }
+        acc.prefetch(hd.d, before, true);
+        w.add_queries(hd, n);
+        transpose(isa, &w.u, wd, f, wd, &mut w.ut, f);
+    }
+    acc.clear_padded(0..l, hd.keys.valid, hd.d);
     w.stats = stats;
 }
 
@@ -81,11 +140,11 @@ pub(super) fn ascend<T: Real>(
         let stats = &mut stats[2 * (t0 - rows.start)..][..2 * n];
         // The next chunk's inputs, one between each two steps.
         let next = |i| hd.prefetch((t0 + c, ahead(&rows, t0 + c, c)), i);
-        chunk_products(hd, sizes(t0), w, stats);
+        chunk_products(hd, sizes(t0), KeyState::Running, w, stats);
         next(0);
         chunk_grads(hd, sizes(t0), stats, w);
         next(3);
-        w.query_grads(hd, n);
+        w.query_grads(hd, n, KeyState::Running);
         next(1);
         if nk > 0 {
             gemm(hd.isa, n, f, nk, Lhs::rows(&w.mm, c).part(Part::LowerA), &w.fk[..nk * f], f, &mut w.dfq, f);
@@ -96,7 +155,7 @@ pub(super) fn ascend<T: Real>(
         next(4);
         acc.prefetch(hd.d, (t0 + c, ahead(&rows, t0 + c, c)), false);
         if nk > 0 {
-            key_grads(hd, sizes(t0), true, w, acc);
+            key_grads(hd, sizes(t0), KeyTerms { own: true, later: false }, w, acc);
         }
         acc.prefetch(hd.d, (t0 + c, ahead(&rows, t0 + c, c)), true);
         if totals {
@@ -126,7 +185,7 @@ pub(super) fn descend<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<usize>
             hd.keys.features(isa, map, t0, nk, &mut w.fk[..nk * f]);
             prev(3);
             transpose(isa, &w.u, wd, f, wd, &mut w.ut, f);
-            key_grads(hd, sizes(t0), false, w, acc);
+            key_grads(hd, sizes(t0), KeyTerms { own: false, later: true }, w, acc);
         }
         prev(4);
         w.add_queries(hd, n);

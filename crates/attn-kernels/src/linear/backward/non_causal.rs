@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use super::{key_grads, Acc, Head, Work};
+use super::{key_grads, Acc, Head, KeyState, KeyTerms, Work};
 use crate::linear::chunk::{ahead, dot};
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
@@ -42,7 +42,7 @@ pub(super) fn global_queries<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range
         stats.chunks_exact_mut(2).zip(fq.chunks_exact(f)).for_each(|(s, x)| s[0] = dot(x, &w.z) + eps);
         hd.rows.grads(t0, stats, dn, r);
         next(1);
-        w.query_grads(hd, n);
+        w.query_grads(hd, n, KeyState::Running);
         next(2);
         w.add_queries(hd, n);
         w.query_vjp(hd, t0, n, acc);
@@ -62,7 +62,7 @@ pub(super) fn global_keys<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range<us
         }
         keys.features(isa, p.map, t0, nk, &mut w.fk[..nk * f]);
         keys.prefetch(t0 + c, ahead(&rows, t0 + c, c), false);
-        key_grads(hd, (t0, 0, nk), false, w, acc);
+        key_grads(hd, (t0, 0, nk), KeyTerms { own: false, later: true }, w, acc);
         keys.prefetch(t0 + c, ahead(&rows, t0 + c, c), true);
     }
     acc.clear_padded(rows, keys.valid, hd.d);
