@@ -84,10 +84,27 @@ impl<T: Copy> Lines<T> {
         Ok(())
     }
 
+    /// [`Lines::resize_for_overwrite`] to the elements of `shape`, allocating fallibly as
+    /// [`Lines::try_resize`] does.
+    pub fn try_resize_for_overwrite(&mut self, what: &'static str, shape: &[usize], value: T) -> Result<(), AllocError>
+    where
+        T: Elem,
+    {
+        let n = alloc::count::<T>(what, shape)?;
+        if self.start + n <= self.buf.len() {
+            self.len = n;
+            Ok(())
+        } else {
+            self.try_resize(what, shape, value)
+        }
+    }
+
     /// Sets the length to `n` within the reserved memory (`buf`'s capacity holds `n` plus the
-    /// padding): moves the kept elements to the first line boundary and fills the new ones.
+    /// padding): moves the kept elements to the first line boundary and fills the new ones
+    /// (those `buf` grows by are filled as it grows, not a second time).
     fn place(&mut self, n: usize, value: T) {
         let old = self.start..self.start + self.len.min(n);
+        let held = self.buf.len();
         self.buf.resize(n + Self::pad(), value);
         let start = self.buf.as_ptr().align_offset(LINE);
         // `align_offset` may decline (`usize::MAX`); the buffer then works unaligned.
@@ -96,7 +113,8 @@ impl<T: Copy> Lines<T> {
             self.buf.copy_within(old.clone(), start);
         }
         let kept = old.len();
-        self.buf[start + kept..start + n].fill(value);
+        let filled = held.clamp(start + kept, start + n);
+        self.buf[start + kept..filled].fill(value);
         (self.start, self.len) = (start, n);
     }
 
@@ -186,5 +204,14 @@ mod tests {
         v.try_resize("packed keys", &[2, 3], 1.0).unwrap();
         assert_eq!(&v[..], &[7.0, 7.0, 7.0, 7.0, 1.0, 1.0]);
         assert_eq!(v.as_ptr() as usize % LINE, 0);
+        // For overwrite: the same refusal, no fill within the memory held, `value` past it.
+        let e = v.try_resize_for_overwrite("key states", &[usize::MAX / 4, 3], 0.0).unwrap_err();
+        assert_eq!((e.what, e.too_large, v.len()), ("key states", true, 6));
+        v.try_resize_for_overwrite("key states", &[2], 5.0).unwrap();
+        v.try_resize_for_overwrite("key states", &[5], 5.0).unwrap();
+        assert_eq!(&v[..], &[7.0, 7.0, 7.0, 7.0, 1.0]);
+        v.try_resize_for_overwrite("key states", &[4000], 5.0).unwrap();
+        assert_eq!((&v[..5], v.as_ptr() as usize % LINE), (&[7.0, 7.0, 7.0, 7.0, 1.0][..], 0));
+        assert!(v[6..].iter().all(|&x| x == 5.0), "memory never held is filled");
     }
 }

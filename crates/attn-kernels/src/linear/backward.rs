@@ -18,6 +18,7 @@
 //! of `dk`, `dv`; descending from the later segments' `U`, `w` for the rest).
 
 use std::ops::Range;
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 
@@ -30,6 +31,7 @@ use crate::alloc;
 use crate::error::Result;
 use crate::grad::AttnGrads;
 use crate::isa::Isa;
+use crate::lines::Lines;
 use crate::reference::Real;
 use crate::view::View4;
 
@@ -224,11 +226,14 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
     }
     let [q, k, v, out, dout] = inputs;
     let group = d.group();
-    // Causal, each job's key states `[⌈L/C⌉, Dv·F + F]`: refused before any gradient is written.
+    // Causal, each job's key states `[⌈L/C⌉, Dv·F + F]`, refused before any gradient is written,
+    // and handed from job to job: rayon makes a `Work` per split of the tasks, not per thread, and
+    // a buffer this large made afresh for each faults in and clears new pages every time.
     let states = [d.lq.div_ceil(p.chunk.min(d.lq.max(d.lk))), d.f * d.dv + d.f];
     if p.causal {
         alloc::count::<T>("linear attention key states", &states)?;
     }
+    let kept = Mutex::new(Vec::<Lines<T>>::new());
     let tasks = g.dq.par_chunks_mut(group * d.lq * d.d).zip(g.dk.par_chunks_mut(d.lk * d.d));
     tasks.zip(g.dv.par_chunks_mut(d.lk * d.dv)).enumerate().try_for_each_init(
         || Work::new(d, p.chunk),
@@ -237,7 +242,8 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
             let keys = Keys::new(isa, k, &v, p, d, (b, hk));
             let head = |gi: usize| Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
             if p.causal {
-                w.states.try_resize("linear attention key states", &states, T::zero())?;
+                w.states = kept.lock().ok().and_then(|mut k| k.pop()).unwrap_or_default();
+                w.states.try_resize_for_overwrite("linear attention key states", &states, T::zero())?;
                 on_isa(isa, || key_states(&head(0), w));
             }
             for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
@@ -248,6 +254,9 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
                     #[inline(always)]
                     || if p.causal { causal(&hd, w, acc) } else { global(&hd, w, acc) },
                 );
+            }
+            if let (true, Ok(mut k)) = (p.causal, kept.lock()) {
+                k.push(std::mem::take(&mut w.states));
             }
             Ok(())
         },
