@@ -11,7 +11,7 @@
 use std::ops::Range;
 
 use super::{key_grads, Acc, Head, KeyState, KeyTerms, Work};
-use crate::linear::chunk::{ahead, dot, sum, tril_products};
+use crate::linear::chunk::{ahead, dot, prefetch_rows, sum, tril_products};
 use crate::linear::gemm::{gemm, Lhs, Part};
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
@@ -92,13 +92,14 @@ pub(super) fn causal<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
         let (n, at) = (c.min(l - t0), KeyState::Kept(i));
         let sizes = (t0, n, hd.keys.count(t0, n));
         let stats = &mut stats[..2 * n];
-        // The previous chunk's inputs, one between each two steps.
+        // The previous chunk's inputs and key states, one between each two steps.
         let before = if i > 0 { (t0 - c, c) } else { (0, 0) };
         let prev = |j| hd.prefetch(before, j);
         chunk_products(hd, sizes, at, w, stats);
         prev(0);
         chunk_grads(hd, sizes, stats, w);
         prev(3);
+        prefetch_rows(&w.states, f * wd + f, f * wd + f, i.saturating_sub(1), usize::from(i > 0));
         w.query_grads(hd, n, at);
         prev(1);
         if sizes.2 > 0 {
