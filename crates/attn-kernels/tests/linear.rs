@@ -53,10 +53,14 @@ fn the_vector_micro_kernel_at_edge_sizes() {
     }
 }
 
+/// On one thread each job runs the query heads of a key/value head together (sharing its key
+/// features and state); on eight, with 4 key/value heads for 12 query heads, one query head
+/// each.
 #[test]
 fn grouped_query_heads_sum_their_key_gradients() {
-    for causal in [false, true] {
-        Case::new([2, 6, 2, 10, 10, 4, 5], FeatureMap::Elu, causal, 3, 4).assert_oracle(true);
+    for (causal, threads) in [false, true].into_iter().flat_map(|c| [(c, 1), (c, 8)]) {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| Case::new([2, 6, 2, 10, 10, 4, 5], FeatureMap::Elu, causal, 3, 4).assert_oracle(true));
     }
 }
 

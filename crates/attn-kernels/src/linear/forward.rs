@@ -1,6 +1,9 @@
-//! The fast forward of linear attention, parallel over (batch, query head) — and, with fewer
-//! heads than threads, over segments of each head's chunks (`segment`: causal from their prefix
-//! states, non-causal from the state of all the keys) — chunk by chunk of `C` rows, the features `φ(Q_c)`, `φ(K_c)` made for each chunk as it is reached:
+//! The fast forward of linear attention, parallel over (batch, key/value head) when there are
+//! jobs enough for every thread — each job running the query heads of its group together, so that
+//! each chunk's key features and state update are made once for all of them — else over (batch,
+//! query head), and with fewer query heads than threads over segments of each head's chunks
+//! (`segment`: causal from their prefix states, non-causal from the state of all the keys); chunk
+//! by chunk of `C` rows, the features `φ(Q_c)`, `φ(K_c)` made for each chunk as it is reached:
 //! - non-causal: the state `S = φ(K)ᵀV: [F, Dv]`, `z = Σ_j φ(k_j)` over the key chunks, then
 //!   `out_c = φ(Q_c)·S / (φ(Q_c)·z + ε)`;
 //! - causal: `out_c = φ(Q_c)·S + tril(φ(Q_c)φ(K_c)ᵀ)·V_c` (the state holds the earlier chunks),
@@ -68,18 +71,21 @@ fn forward<T: Real>(d: &LinearDims, p: &LinearParams, (q, k, v): (View4<T>, View
     if let Some((qp, kp)) = Plan::global(d.b * d.hq, d.lq, d.lk, p) {
         return segmented(isa, d, p, (&q, k, v), &qp, Some(&kp), out);
     }
-    let heads = out.par_chunks_mut(d.lq * d.dv).enumerate();
-    heads.for_each_init(
+    // The query heads of a key/value head in one job, sharing its key features and state chunk by
+    // chunk, when there are jobs enough for every thread; else a query head per job.
+    let per_job = if d.b * d.hkv >= rayon::current_num_threads() { d.group() } else { 1 };
+    let jobs = out.par_chunks_mut(per_job * d.lq * d.dv).enumerate();
+    jobs.for_each_init(
         || Work::new(d, p.chunk),
-        |w, (bh, o)| {
-            let (b, h) = (bh / d.hq, bh % d.hq);
+        |w, (j, o)| {
+            let (b, h) = (j * per_job / d.hq, j * per_job % d.hq);
             let keys = Keys::new(isa, k, &v, p, d, (b, h / d.group()));
-            let head = Head { q: &q, b, h, keys };
+            let heads: Vec<_> = (h..h + per_job).map(|h| Head { q: &q, b, h, keys }).collect();
             w.clear_state();
             on_isa(
                 isa,
                 #[inline(always)]
-                || if p.causal { causal(isa, d, p, head, w, 0..d.lq, o) } else { global(isa, d, p, head, w, o) },
+                || if p.causal { causal(isa, d, p, &heads, w, 0..d.lq, o) } else { global(isa, d, p, &heads, w, o) },
             );
         },
     );
@@ -115,13 +121,14 @@ fn segmented<T: Real>(
             if key_plan.is_some() {
                 on_isa(isa, || queries(isa, d, p, head, w, plan.rows(s), o));
             } else {
-                on_isa(isa, || causal(isa, d, p, head, w, plan.rows(s), o));
+                on_isa(isa, || causal(isa, d, p, &[head], w, plan.rows(s), o));
             }
         },
     );
 }
 
 /// One query head and its key/value head.
+#[derive(Clone, Copy)]
 struct Head<'a, T> {
     q: &'a View4<'a, T>,
     b: usize,
@@ -172,12 +179,15 @@ fn divide<T: Real>(o: &mut [T], dv: usize, den: &[T]) {
     });
 }
 
-/// One head, non-causal: `o: [Lq, Dv]`.
+/// Query heads `heads` of one key/value head, non-causal, from the state of all its keys (made
+/// once): `o: [heads, Lq, Dv]`.
 #[inline(always)]
-fn global<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, hd: Head<T>, w: &mut Work<T>, o: &mut [T]) {
-    let (c, keys) = (w.den.len(), hd.keys);
+fn global<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, heads: &[Head<T>], w: &mut Work<T>, o: &mut [T]) {
+    let (c, keys) = (w.den.len(), heads[0].keys);
     key_state(isa, p.map, d, &keys, 0..keys.valid, c, &mut w.fk, &mut w.st);
-    queries(isa, d, p, hd, w, 0..d.lq, o);
+    for (&hd, o) in heads.iter().zip(o.chunks_exact_mut(d.lq * d.dv)) {
+        queries(isa, d, p, hd, w, 0..d.lq, o);
+    }
 }
 
 /// The query rows `rows` of one head, non-causal, from the state of all its keys in `w.st`:
@@ -206,40 +216,49 @@ fn queries<T: Real>(
     }
 }
 
-/// The rows `rows` (whole chunks from a chunk's start) of one head, causal, chunk by chunk from
-/// the state in `w.st` (of the rows before them): `o: [rows.len(), Dv]`.
+/// The rows `rows` (whole chunks from a chunk's start) of query heads `heads` of one key/value
+/// head, causal, chunk by chunk from the state in `w.st` (of the rows before them), each chunk's
+/// key features and state update made once for all of them: `o: [heads, rows.len(), Dv]`.
 #[inline(always)]
 fn causal<T: Real>(
     isa: Isa,
     d: &LinearDims,
     p: &LinearParams,
-    hd: Head<T>,
+    heads: &[Head<T>],
     w: &mut Work<T>,
     rows: Range<usize>,
     o: &mut [T],
 ) {
-    let (f, dv, c, keys) = (d.f, d.dv, w.den.len(), hd.keys);
+    let (f, dv, c, keys) = (d.f, d.dv, w.den.len(), heads[0].keys);
     let eps = T::from_f64(p.eps).expect("finite");
+    let ho = o.len() / heads.len();
     let (s, z) = w.st.split_at_mut(f * dv);
     for t0 in rows.clone().step_by(c) {
         let (n, nk) = (c.min(rows.end - t0), keys.count(t0, c.min(rows.end - t0)));
-        let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
-        p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
         let next = (t0 + c, ahead(&rows, t0 + c, c));
-        prefetch(hd.q, (hd.b, hd.h), next.0, next.1);
-        gemm(isa, n, dv, f, Lhs::rows(fq, f).write(true), s, dv, oc, dv);
-        keys.prefetch(next.0, next.1, false);
-        den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
+        let (fk, vc) = (&mut w.fk[..nk * f], keys.values(t0));
         if nk > 0 {
-            let (fk, vc) = (&mut w.fk[..nk * f], keys.values(t0));
             keys.features(isa, p.map, t0, nk, fk);
-            tril_products(isa, n, nk, f, fq, f, fk, f, &mut w.kt, &mut w.pm, c);
-            keys.prefetch(next.0, next.1, true);
-            den.iter_mut().zip(w.pm.chunks(c)).for_each(|(di, row)| *di = *di + sum(&row[..nk]));
-            gemm(isa, n, dv, nk, Lhs::rows(&w.pm, c).part(Part::LowerA), vc, keys.ldv, oc, dv);
+        }
+        keys.prefetch(next.0, next.1, false);
+        for (x, hd) in heads.iter().enumerate() {
+            let (fq, oc, den) =
+                (&mut w.fq[..n * f], &mut o[x * ho + (t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
+            p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
+            prefetch(hd.q, (hd.b, hd.h), next.0, next.1);
+            gemm(isa, n, dv, f, Lhs::rows(fq, f).write(true), s, dv, oc, dv);
+            den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
+            if nk > 0 {
+                tril_products(isa, n, nk, f, fq, f, fk, f, &mut w.kt, &mut w.pm, c);
+                den.iter_mut().zip(w.pm.chunks(c)).for_each(|(di, row)| *di = *di + sum(&row[..nk]));
+                gemm(isa, n, dv, nk, Lhs::rows(&w.pm, c).part(Part::LowerA), vc, keys.ldv, oc, dv);
+            }
+            divide(oc, dv, den);
+        }
+        keys.prefetch(next.0, next.1, true);
+        if nk > 0 {
             gemm(isa, f, dv, nk, Lhs::transposed(fk, f), vc, keys.ldv, s, dv);
             add_rows(z, fk, nk);
         }
-        divide(oc, dv, den);
     }
 }
