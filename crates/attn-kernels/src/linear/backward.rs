@@ -41,7 +41,7 @@ mod segmented;
 mod work;
 
 use causal::{ascend, causal, descend, key_states};
-use non_causal::global;
+use non_causal::{all_keys, global};
 use work::{KeyState, Work};
 
 /// The inputs of a backward call: `q`, `k`, `v`, the forward's `out` and its gradient `dout`.
@@ -245,6 +245,8 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
                 w.states = kept.lock().ok().and_then(|mut k| k.pop()).unwrap_or_default();
                 w.states.try_resize_for_overwrite("linear attention key states", &states, T::zero())?;
                 on_isa(isa, || key_states(&head(0), w));
+            } else {
+                on_isa(isa, || all_keys(&head(0), w));
             }
             for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
                 let hd = head(gi);

@@ -1,6 +1,7 @@
-//! The backward of one non-causal head, through the states of all its keys (`Sᵀ`, `z`) and then
-//! of all its queries (`U`, `w`): the whole head in one task ([`global`]), or its query rows and
-//! its key rows one range at a time ([`global_queries`], [`global_keys`]) for the segmented path.
+//! The backward of one non-causal head, through the states of all its keys (`Sᵀ`, `z`; made once
+//! per key/value head, [`all_keys`]) and then of all its queries (`U`, `w`): the whole head in
+//! one task ([`global`]), or its query rows and its key rows one range at a time
+//! ([`global_queries`], [`global_keys`]) for the segmented path.
 
 use std::ops::Range;
 
@@ -9,10 +10,10 @@ use crate::linear::chunk::{ahead, dot};
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
 
-/// One query head, non-causal: writes `acc.dq`, adds to (with [`Acc::fresh`], writes) `acc.dk`,
-/// `acc.dv`.
+/// The state of all the keys of a non-causal head's key/value head, `Sᵀ`, `z`, into `w.st`,
+/// `w.z`: once per key/value head, for every query head of its group.
 #[inline(always)]
-pub(super) fn global<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
+pub(super) fn all_keys<T: Real>(hd: &Head<T>, w: &mut Work<T>) {
     let (isa, p, keys, f, c) = (hd.isa, hd.p, &hd.keys, hd.d.f, w.chunk());
     w.clear_states();
     for t0 in (0..keys.valid).step_by(c) {
@@ -20,6 +21,13 @@ pub(super) fn global<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
         keys.features(isa, p.map, t0, nk, &mut w.fk[..nk * f]);
         w.add_keys(hd, t0, nk);
     }
+}
+
+/// One query head, non-causal, from the state of all the keys ([`all_keys`]): writes `acc.dq`,
+/// adds to (with [`Acc::fresh`], writes) `acc.dk`, `acc.dv`.
+#[inline(always)]
+pub(super) fn global<T: Real>(hd: &Head<T>, w: &mut Work<T>, mut acc: Acc<T>) {
+    w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
     global_queries(hd, w, 0..hd.d.lq, &mut acc);
     global_keys(hd, w, 0..hd.d.lk, &mut acc);
 }
