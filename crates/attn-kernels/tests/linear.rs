@@ -53,9 +53,9 @@ fn the_vector_micro_kernel_at_edge_sizes() {
     }
 }
 
-/// On one thread each job runs the query heads of a key/value head together (sharing its key
-/// features and state); on eight, with 4 key/value heads for 12 query heads, one query head
-/// each.
+/// The query heads of a key/value head run together (sharing its key features and state): on one
+/// thread, and on eight, more threads than the 4 key/value heads (a call may then cut the heads'
+/// chunks into segments).
 #[test]
 fn grouped_query_heads_sum_their_key_gradients() {
     for (causal, threads) in [false, true].into_iter().flat_map(|c| [(c, 1), (c, 8)]) {

@@ -16,7 +16,7 @@ use crate::view::View4;
 pub(crate) struct Keys<'a, T> {
     k: View4<'a, T>,
     /// `(batch, key/value head)`.
-    bh: (usize, usize),
+    pub bh: (usize, usize),
     /// FAVOR+'s stabiliser over the head's valid keys.
     stab: Stab<T>,
     /// `V` from its first row, row stride `ldv`, `dv` values per row.

@@ -1,8 +1,9 @@
-//! The fast forward of linear attention, parallel over (batch, key/value head) when there are
-//! jobs enough for every thread — each job running the query heads of its group together, so that
-//! each chunk's key features and state update are made once for all of them — else over (batch,
-//! query head), and with fewer query heads than threads over segments of each head's chunks
-//! (`segment`: causal from their prefix states, non-causal from the state of all the keys); chunk
+//! The fast forward of linear attention, parallel over (batch, key/value head), each job running
+//! the query heads of its group together so that each chunk's key features and state update (or,
+//! non-causal, the state of all the keys) are made once for all of them; with fewer key/value
+//! heads than threads, over segments of each head's chunks (`segment`: causal per (key/value
+//! head, segment), its query heads together from the segment's prefix state; non-causal per
+//! (query head, segment) from the state of all the keys, summed once per key/value head). Chunk
 //! by chunk of `C` rows, the features `φ(Q_c)`, `φ(K_c)` made for each chunk as it is reached:
 //! - non-causal: the state `S = φ(K)ᵀV: [F, Dv]`, `z = Σ_j φ(k_j)` over the key chunks, then
 //!   `out_c = φ(Q_c)·S / (φ(Q_c)·z + ε)`;
@@ -65,30 +66,50 @@ fn forward<T: Real>(d: &LinearDims, p: &LinearParams, (q, k, v): (View4<T>, View
         return;
     }
     let isa = Isa::best();
-    if let Some(plan) = Plan::choose(d.b * d.hq, d.lq, p) {
+    if let Some(plan) = Plan::choose(d.b * d.hkv, d.lq, p) {
         return segmented(isa, d, p, (&q, k, v), &plan, None, out);
     }
-    if let Some((qp, kp)) = Plan::global(d.b * d.hq, d.lq, d.lk, p) {
+    if let Some((qp, kp)) = Plan::global(d.b * d.hkv, d.lq, d.lk, p) {
         return segmented(isa, d, p, (&q, k, v), &qp, Some(&kp), out);
     }
-    // The query heads of a key/value head in one job, sharing its key features and state chunk by
-    // chunk, when there are jobs enough for every thread; else a query head per job.
-    let per_job = if d.b * d.hkv >= rayon::current_num_threads() { d.group() } else { 1 };
-    let jobs = out.par_chunks_mut(per_job * d.lq * d.dv).enumerate();
-    jobs.for_each_init(
+    // A job per key/value head, its query heads sharing its key features and state chunk by chunk.
+    let (group, keys) = (d.group(), all_keys(isa, d, p, k, v));
+    out.par_chunks_mut(group * d.lq * d.dv).zip(keys).for_each_init(
         || Work::new(d, p.chunk),
-        |w, (j, o)| {
-            let (b, h) = (j * per_job / d.hq, j * per_job % d.hq);
-            let keys = Keys::new(isa, k, &v, p, d, (b, h / d.group()));
-            let heads: Vec<_> = (h..h + per_job).map(|h| Head { q: &q, b, h, keys }).collect();
+        |w, (o, keys)| {
+            let mut outs: Vec<_> = o.chunks_exact_mut(d.lq * d.dv).collect();
+            let heads = heads_of(&q, keys, group);
             w.clear_state();
             on_isa(
                 isa,
                 #[inline(always)]
-                || if p.causal { causal(isa, d, p, &heads, w, 0..d.lq, o) } else { global(isa, d, p, &heads, w, o) },
+                || {
+                    if p.causal {
+                        causal(isa, d, p, &heads, w, 0..d.lq, &mut outs)
+                    } else {
+                        global(isa, d, p, &heads, w, &mut outs)
+                    }
+                },
             );
         },
     );
+}
+
+/// Every key/value head's keys, in `[B, Hkv]` order.
+fn all_keys<'a, T: Real>(
+    isa: Isa,
+    d: &LinearDims,
+    p: &LinearParams,
+    k: View4<'a, T>,
+    v: View4<'a, T>,
+) -> Vec<Keys<'a, T>> {
+    (0..d.b * d.hkv).map(|i| Keys::new(isa, k, &v, p, d, (i / d.hkv, i % d.hkv))).collect()
+}
+
+/// The `group` query heads of the key/value head `keys` reads.
+fn heads_of<'a, T: Copy>(q: &'a View4<'a, T>, keys: Keys<'a, T>, group: usize) -> Vec<Head<'a, T>> {
+    let (b, hk) = keys.bh;
+    (hk * group..(hk + 1) * group).map(|h| Head { q, b, h, keys }).collect()
 }
 
 /// The forward in segments of each head's rows ([`Plan`]), causal: the key states before each
@@ -103,26 +124,30 @@ fn segmented<T: Real>(
     key_plan: Option<&Plan>,
     out: &mut [T],
 ) {
-    let keys: Vec<_> = (0..d.b * d.hkv).map(|i| Keys::new(isa, k, &v, p, d, (i / d.hkv, i % d.hkv))).collect();
-    let width = d.f * d.dv + d.f;
-    // The initial state of segment `s` of key/value head `kh`, at `(kh·P + s)·width` (causal) or
-    // `kh·width` (non-causal).
-    let (init, per_head) = match key_plan {
-        None => (key_prefixes(isa, plan, p, d, &keys), plan.segs),
-        Some(kp) => (key_totals(isa, kp, p, d, &keys), 1),
+    let (keys, width, group) = (all_keys(isa, d, p, k, v), d.f * d.dv + d.f, d.group());
+    let Some(kp) = key_plan else {
+        // Causal: per (key/value head, segment), its query heads together from the segment's
+        // prefix state, at `(kh·P + s)·width`.
+        let init = key_prefixes(isa, plan, p, d, &keys);
+        plan.by_job(out, d.dv, group).into_par_iter().enumerate().for_each_init(
+            || Work::new(d, p.chunk),
+            |w, (i, mut outs)| {
+                w.st.copy_from_slice(&init[i * width..][..width]);
+                let heads = heads_of(q, keys[i / plan.segs], group);
+                on_isa(isa, || causal(isa, d, p, &heads, w, plan.rows(i % plan.segs), &mut outs));
+            },
+        );
+        return;
     };
+    // Non-causal: per (query head, segment), from the state of all the keys of its key/value head.
+    let init = key_totals(isa, kp, p, d, &keys);
     plan.split(out, d.dv).into_par_iter().for_each_init(
         || Work::new(d, p.chunk),
         |w, (bh, s, o)| {
             let (b, h) = (bh / d.hq, bh % d.hq);
-            let kh = b * d.hkv + h / d.group();
-            w.st.copy_from_slice(&init[(kh * per_head + s % per_head) * width..][..width]);
-            let head = Head { q, b, h, keys: keys[kh] };
-            if key_plan.is_some() {
-                on_isa(isa, || queries(isa, d, p, head, w, plan.rows(s), o));
-            } else {
-                on_isa(isa, || causal(isa, d, p, &[head], w, plan.rows(s), o));
-            }
+            let kh = b * d.hkv + h / group;
+            w.st.copy_from_slice(&init[kh * width..][..width]);
+            on_isa(isa, || queries(isa, d, p, Head { q, b, h, keys: keys[kh] }, w, plan.rows(s), o));
         },
     );
 }
@@ -180,12 +205,19 @@ fn divide<T: Real>(o: &mut [T], dv: usize, den: &[T]) {
 }
 
 /// Query heads `heads` of one key/value head, non-causal, from the state of all its keys (made
-/// once): `o: [heads, Lq, Dv]`.
+/// once): `outs` one `[Lq, Dv]` per head.
 #[inline(always)]
-fn global<T: Real>(isa: Isa, d: &LinearDims, p: &LinearParams, heads: &[Head<T>], w: &mut Work<T>, o: &mut [T]) {
+fn global<T: Real>(
+    isa: Isa,
+    d: &LinearDims,
+    p: &LinearParams,
+    heads: &[Head<T>],
+    w: &mut Work<T>,
+    outs: &mut [&mut [T]],
+) {
     let (c, keys) = (w.den.len(), heads[0].keys);
     key_state(isa, p.map, d, &keys, 0..keys.valid, c, &mut w.fk, &mut w.st);
-    for (&hd, o) in heads.iter().zip(o.chunks_exact_mut(d.lq * d.dv)) {
+    for (&hd, o) in heads.iter().zip(outs) {
         queries(isa, d, p, hd, w, 0..d.lq, o);
     }
 }
@@ -218,7 +250,8 @@ fn queries<T: Real>(
 
 /// The rows `rows` (whole chunks from a chunk's start) of query heads `heads` of one key/value
 /// head, causal, chunk by chunk from the state in `w.st` (of the rows before them), each chunk's
-/// key features and state update made once for all of them: `o: [heads, rows.len(), Dv]`.
+/// key features and state update made once for all of them: `outs` one `[rows.len(), Dv]` per
+/// head.
 #[inline(always)]
 fn causal<T: Real>(
     isa: Isa,
@@ -227,11 +260,10 @@ fn causal<T: Real>(
     heads: &[Head<T>],
     w: &mut Work<T>,
     rows: Range<usize>,
-    o: &mut [T],
+    outs: &mut [&mut [T]],
 ) {
     let (f, dv, c, keys) = (d.f, d.dv, w.den.len(), heads[0].keys);
     let eps = T::from_f64(p.eps).expect("finite");
-    let ho = o.len() / heads.len();
     let (s, z) = w.st.split_at_mut(f * dv);
     for t0 in rows.clone().step_by(c) {
         let (n, nk) = (c.min(rows.end - t0), keys.count(t0, c.min(rows.end - t0)));
@@ -241,9 +273,8 @@ fn causal<T: Real>(
             keys.features(isa, p.map, t0, nk, fk);
         }
         keys.prefetch(next.0, next.1, false);
-        for (x, hd) in heads.iter().enumerate() {
-            let (fq, oc, den) =
-                (&mut w.fq[..n * f], &mut o[x * ho + (t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
+        for (hd, o) in heads.iter().zip(outs.iter_mut()) {
+            let (fq, oc, den) = (&mut w.fq[..n * f], &mut o[(t0 - rows.start) * dv..][..n * dv], &mut w.den[..n]);
             p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
             prefetch(hd.q, (hd.b, hd.h), next.0, next.1);
             gemm(isa, n, dv, f, Lhs::rows(fq, f).write(true), s, dv, oc, dv);

@@ -83,11 +83,6 @@ impl Plan {
         (segs > 1).then(|| Plan { l, c: p.chunk, chunks, segs, parts: parts(heads, threads, segs, chunks) })
     }
 
-    /// Rows per head.
-    pub fn l(&self) -> usize {
-        self.l
-    }
-
     /// The rows of chunks `lo .. hi`.
     fn chunk_rows(&self, lo: usize, hi: usize) -> Range<usize> {
         lo * self.c..(hi * self.c).min(self.l)
@@ -102,6 +97,17 @@ impl Plan {
     fn block(&self, s: usize, j: usize) -> Range<usize> {
         let (lo, n) = (s * self.chunks / self.segs, (s + 1) * self.chunks / self.segs - s * self.chunks / self.segs);
         self.chunk_rows(lo + j * n / self.parts, lo + (j + 1) * n / self.parts)
+    }
+
+    /// The rows of `x: [B, Hq, L, w]` for each job (key/value head, segment), in that order: one
+    /// slice per query head of the group of `group`.
+    pub fn by_job<'a, T>(&self, x: &'a mut [T], w: usize, group: usize) -> Vec<Vec<&'a mut [T]>> {
+        let mut jobs = Vec::new();
+        jobs.resize_with(x.len() / (self.l * w * group) * self.segs, Vec::new);
+        for (h, s, rows) in self.split(x, w) {
+            jobs[h / group * self.segs + s].push(rows);
+        }
+        jobs
     }
 
     /// The rows of every segment of every head of `x: [heads, L, w]`, as `(head, segment, rows)`

@@ -27,17 +27,6 @@ use crate::linear::transpose::transpose;
 use crate::linear::{LinearDims, LinearParams};
 use crate::reference::Real;
 
-/// The rows of `x: [B, Hq, L, w]` for each job (key/value head, segment of `plan`), in that
-/// order: one slice per query head of the group.
-fn by_job<'a, T>(plan: &Plan, x: &'a mut [T], w: usize, group: usize) -> Vec<Vec<&'a mut [T]>> {
-    let mut jobs = Vec::new();
-    jobs.resize_with(x.len() / (plan.l() * w * group) * plan.segs, Vec::new);
-    for (h, s, rows) in plan.split(x, w) {
-        jobs[h / group * plan.segs + s].push(rows);
-    }
-    jobs
-}
-
 /// Writes the gradients `g` of a causal call in the segments of `plan`.
 pub(super) fn backward<T: Real>(
     isa: Isa,
@@ -58,9 +47,10 @@ pub(super) fn backward<T: Real>(
     // Phase 3: jobs (key/value head, segment), each with its query heads' `dq` and statistics,
     // and its rows of `dk`, `dv` (written by the group's first query head, added to by the others).
     let mut stats = alloc::filled("linear attention row statistics", &[d.b, d.hq, d.lq, 2], T::zero())?;
-    let dens = by_job(plan, &mut stats, 2, group);
-    let keyed = by_job(plan, &mut *g.dk, d.d, 1).into_iter().zip(by_job(plan, &mut *g.dv, d.dv, 1));
-    let totals: Vec<Vec<T>> = by_job(plan, g.dq, d.d, group)
+    let dens = plan.by_job(&mut stats, 2, group);
+    let keyed = plan.by_job(&mut *g.dk, d.d, 1).into_iter().zip(plan.by_job(&mut *g.dv, d.dv, 1));
+    let totals: Vec<Vec<T>> = plan
+        .by_job(g.dq, d.d, group)
         .into_iter()
         .zip(dens)
         .zip(keyed)
@@ -138,7 +128,8 @@ pub(super) fn global<T: Real>(
         let (b, hk) = (kh / d.hkv, kh % d.hkv);
         Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys: keys[kh] }
     };
-    let parts: Vec<Vec<T>> = by_job(&queries, g.dq, d.d, group)
+    let parts: Vec<Vec<T>> = queries
+        .by_job(g.dq, d.d, group)
         .into_par_iter()
         .enumerate()
         .map_init(
