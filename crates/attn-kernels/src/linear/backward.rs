@@ -10,7 +10,9 @@
 //! queries through theirs, `U`, `w`: the key states before every chunk are kept first (one
 //! ascending pass over the keys and values, once per key/value head), then one descending pass
 //! over the chunks makes each chunk's features, denominators, `dN`, `r`, `P` and `M` once and
-//! writes its `dq`, `dk` and `dv` whole (`causal`). Each chunk's `dφ(Q_c)`, `dφ(K_c)` go through
+//! writes its `dq`, `dk` and `dv` whole (`causal`); a head whose kept key states would pass
+//! [`KEPT_STATES_BUDGET`] runs the segmented path's two passes as one segment. Each chunk's
+//! `dφ(Q_c)`, `dφ(K_c)` go through
 //! `φ`'s Jacobian at once. Memory: `O(C·(F + C + D) + F·Dv)` per rayon job besides the
 //! gradients, and causal the kept key states, `⌈L/C⌉·(F·Dv + F)`.
 //! Causal with fewer (batch, key/value head) jobs than threads, the chunks are cut into segments
@@ -38,6 +40,8 @@ use crate::view::View4;
 mod causal;
 mod non_causal;
 mod segmented;
+#[cfg(test)]
+mod tests;
 mod work;
 
 use causal::{ascend, causal, descend, key_states};
@@ -210,6 +214,12 @@ fn grad_shapes(d: &LinearDims) -> [[usize; 4]; 3] {
     [[d.b, d.hq, d.lq, d.d], [d.b, d.hkv, d.lk, d.d], [d.b, d.hkv, d.lk, d.dv]]
 }
 
+/// Most bytes of one job's kept key states in the causal backward's one pass: a longer head (or
+/// more features: 256 FAVOR+ features need 5.4× a head's queries) runs the segmented path's two
+/// passes as one segment instead, `O(L)` per job. Reached at `L ≈ 185 000` with
+/// `D = F = Dv = 64`.
+const KEPT_STATES_BUDGET: usize = 64 << 20;
+
 /// Writes every element of `g` (the call validated as `d`).
 fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: GradsMut<T>) -> Result<()> {
     if d.is_empty() {
@@ -224,15 +234,16 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
         segmented::global(isa, d, p, inputs, plans, g);
         return Ok(());
     }
-    let [q, k, v, out, dout] = inputs;
-    let group = d.group();
     // Causal, each job's key states `[⌈L/C⌉, Dv·F + F]`, refused before any gradient is written,
     // and handed from job to job: rayon makes a `Work` per split of the tasks, not per thread, and
-    // a buffer this large made afresh for each faults in and clears new pages every time.
+    // a buffer this large made afresh for each faults in and clears new pages every time. Past
+    // [`KEPT_STATES_BUDGET`], the segmented path's two passes over each head as one segment.
     let states = [d.lq.div_ceil(p.chunk.min(d.lq.max(d.lk))), d.f * d.dv + d.f];
-    if p.causal {
-        alloc::count::<T>("linear attention key states", &states)?;
+    if p.causal && alloc::count::<T>("linear attention key states", &states)? * size_of::<T>() > KEPT_STATES_BUDGET {
+        return segmented::backward(isa, d, p, inputs, &Plan::whole(d.lq, p.chunk), g);
     }
+    let [q, k, v, out, dout] = inputs;
+    let group = d.group();
     let kept = Mutex::new(Vec::<Lines<T>>::new());
     let tasks = g.dq.par_chunks_mut(group * d.lq * d.d).zip(g.dk.par_chunks_mut(d.lk * d.d));
     tasks.zip(g.dv.par_chunks_mut(d.lk * d.dv)).enumerate().try_for_each_init(

@@ -83,6 +83,12 @@ impl Plan {
         (segs > 1).then(|| Plan { l, c: p.chunk, chunks, segs, parts: parts(heads, threads, segs, chunks) })
     }
 
+    /// One segment of all `l` rows in chunks of `c`: the segmented backward's two passes over a
+    /// whole head, for heads whose one-pass key states would be too large.
+    pub fn whole(l: usize, c: usize) -> Plan {
+        Plan { l, c, chunks: l.div_ceil(c), segs: 1, parts: 1 }
+    }
+
     /// The rows of chunks `lo .. hi`.
     fn chunk_rows(&self, lo: usize, hi: usize) -> Range<usize> {
         lo * self.c..(hi * self.c).min(self.l)
@@ -197,6 +203,10 @@ pub(crate) fn key_prefixes<T: Real>(
     keys: &[Keys<T>],
 ) -> Vec<T> {
     let (width, segs, parts) = (d.f * d.dv + d.f, plan.segs, plan.parts);
+    if segs == 1 {
+        // One segment ([`Plan::whole`]): it starts from no keys.
+        return vec![T::zero(); keys.len() * width];
+    }
     let mut blocks = vec![T::zero(); keys.len() * (segs - 1) * parts * width];
     blocks.par_chunks_mut(width).enumerate().for_each_init(
         || vec![T::zero(); p.chunk * d.f],
