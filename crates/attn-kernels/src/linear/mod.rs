@@ -20,7 +20,7 @@
 //!   one chunk's features and products per thread (and `O(threads)` segment states), and in the
 //!   causal backward the key states before each chunk, `⌈L/C⌉·(F·Dv + F)` per thread (1.35× one
 //!   head's queries at `D = F = Dv = 64`, `C = 48`; 5.4× with 256 FAVOR+ features), made once per
-//!   key/value head. The products
+//!   key/value head; past 64 MiB per job, two passes with `O(L)` instead. The products
 //!   run through a register-blocked micro-kernel (`gemm`, `micro`) on the flash kernels' vector
 //!   layer.
 //! - [`linear_reference`] / [`linear_reference_backward`]: the naive `O(L²)` oracle
