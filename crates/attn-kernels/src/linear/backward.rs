@@ -12,9 +12,9 @@
 //! over the chunks makes each chunk's features, denominators, `dN`, `r`, `P` and `M` once and
 //! writes its `dq`, `dk` and `dv` whole (`causal`); a head whose kept key states would pass
 //! [`KEPT_STATES_BUDGET`] runs the segmented path's two passes as one segment. Each chunk's
-//! `dφ(Q_c)`, `dφ(K_c)` go through
-//! `φ`'s Jacobian at once. Memory: `O(C·(F + C + D) + F·Dv)` per rayon job besides the
-//! gradients, and causal the kept key states, `⌈L/C⌉·(F·Dv + F)`.
+//! `dφ(Q_c)`, `dφ(K_c)` go through `φ`'s Jacobian at once. Memory: `O(C·(F + C + D) + F·Dv)` per
+//! rayon job besides the gradients, and causal the kept key states, `⌈L/C⌉·(F·Dv + F)` (at most
+//! [`KEPT_STATES_BUDGET`] bytes; else the two passes' row statistics, `O(L)`).
 //! Causal with fewer (batch, key/value head) jobs than threads, the chunks are cut into segments
 //! run in parallel (`segmented`), each in two passes (ascending for `dq` and the chunks' own part
 //! of `dk`, `dv`; descending from the later segments' `U`, `w` for the rest).
