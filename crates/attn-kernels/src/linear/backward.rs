@@ -220,6 +220,9 @@ fn grad_shapes(d: &LinearDims) -> [[usize; 4]; 3] {
 /// `D = F = Dv = 64`.
 const KEPT_STATES_BUDGET: usize = 64 << 20;
 
+/// What a refused buffer of kept key states is called.
+const STATES: &str = "linear attention key states";
+
 /// Writes every element of `g` (the call validated as `d`).
 fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: GradsMut<T>) -> Result<()> {
     if d.is_empty() {
@@ -239,7 +242,7 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
     // a buffer this large made afresh for each faults in and clears new pages every time. Past
     // [`KEPT_STATES_BUDGET`], the segmented path's two passes over each head as one segment.
     let states = [d.lq.div_ceil(p.chunk.min(d.lq.max(d.lk))), d.f * d.dv + d.f];
-    if p.causal && alloc::count::<T>("linear attention key states", &states)? * size_of::<T>() > KEPT_STATES_BUDGET {
+    if p.causal && alloc::count::<T>(STATES, &states)? * size_of::<T>() > KEPT_STATES_BUDGET {
         return segmented::backward(isa, d, p, inputs, &Plan::whole(d.lq, p.chunk), g);
     }
     let [q, k, v, out, dout] = inputs;
@@ -254,7 +257,7 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
             let head = |gi: usize| Head { isa, d, p, rows: Rows { q, out, dout, b, h: hk * group + gi }, keys };
             if p.causal {
                 w.states = kept.lock().ok().and_then(|mut k| k.pop()).unwrap_or_default();
-                w.states.try_resize_for_overwrite("linear attention key states", &states, T::zero())?;
+                w.states.try_resize_for_overwrite(STATES, &states, T::zero())?;
                 on_isa(isa, || key_states(&head(0), w));
             } else {
                 on_isa(isa, || all_keys(&head(0), w));

@@ -42,6 +42,11 @@ impl<'a, T: Real> Keys<'a, T> {
         Keys { k, bh: (b, hk), stab: p.map.key_stab(isa, &k, (b, hk), valid), v, ldv, dv: d.dv, valid }
     }
 
+    /// Every key/value head's keys, in `[B, Hkv]` order.
+    pub fn every(isa: Isa, k: View4<'a, T>, v: &View4<'a, T>, p: &LinearParams, d: &LinearDims) -> Vec<Self> {
+        (0..d.b * d.hkv).map(|i| Self::new(isa, k, v, p, d, (i / d.hkv, i % d.hkv))).collect()
+    }
+
     /// The keys of the chunk from `t0` that count (at most `n`).
     pub fn count(&self, t0: usize, n: usize) -> usize {
         n.min(self.valid.saturating_sub(t0))

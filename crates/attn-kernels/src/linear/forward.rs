@@ -73,7 +73,7 @@ fn forward<T: Real>(d: &LinearDims, p: &LinearParams, (q, k, v): (View4<T>, View
         return segmented(isa, d, p, (&q, k, v), &qp, Some(&kp), out);
     }
     // A job per key/value head, its query heads sharing its key features and state chunk by chunk.
-    let (group, keys) = (d.group(), all_keys(isa, d, p, k, v));
+    let (group, keys) = (d.group(), Keys::every(isa, k, &v, p, d));
     out.par_chunks_mut(group * d.lq * d.dv).zip(keys).for_each_init(
         || Work::new(d, p.chunk),
         |w, (o, keys)| {
@@ -95,17 +95,6 @@ fn forward<T: Real>(d: &LinearDims, p: &LinearParams, (q, k, v): (View4<T>, View
     );
 }
 
-/// Every key/value head's keys, in `[B, Hkv]` order.
-fn all_keys<'a, T: Real>(
-    isa: Isa,
-    d: &LinearDims,
-    p: &LinearParams,
-    k: View4<'a, T>,
-    v: View4<'a, T>,
-) -> Vec<Keys<'a, T>> {
-    (0..d.b * d.hkv).map(|i| Keys::new(isa, k, &v, p, d, (i / d.hkv, i % d.hkv))).collect()
-}
-
 /// The `group` query heads of the key/value head `keys` reads.
 fn heads_of<'a, T: Copy>(q: &'a View4<'a, T>, keys: Keys<'a, T>, group: usize) -> Vec<Head<'a, T>> {
     let (b, hk) = keys.bh;
@@ -124,7 +113,7 @@ fn segmented<T: Real>(
     key_plan: Option<&Plan>,
     out: &mut [T],
 ) {
-    let (keys, width, group) = (all_keys(isa, d, p, k, v), d.f * d.dv + d.f, d.group());
+    let (keys, width, group) = (Keys::every(isa, k, &v, p, d), d.f * d.dv + d.f, d.group());
     let Some(kp) = key_plan else {
         // Causal: per (key/value head, segment), its query heads together from the segment's
         // prefix state, at `(kh·P + s)·width`.

@@ -38,7 +38,7 @@ pub(super) fn backward<T: Real>(
 ) -> Result<()> {
     let (group, segs, fdv) = (d.group(), plan.segs, d.f * d.dv);
     let width = fdv + d.f;
-    let keys: Vec<_> = (0..d.b * d.hkv).map(|i| Keys::new(isa, k, &v, p, d, (i / d.hkv, i % d.hkv))).collect();
+    let keys = Keys::every(isa, k, &v, p, d);
     let init = key_prefixes(isa, plan, p, d, &keys);
     let head = |kh: usize, gi: usize| {
         let (b, hk) = (kh / d.hkv, kh % d.hkv);
@@ -122,7 +122,7 @@ pub(super) fn global<T: Real>(
 ) {
     let (group, segs, fdv) = (d.group(), queries.segs, d.f * d.dv);
     let width = fdv + d.f;
-    let keys: Vec<_> = (0..d.b * d.hkv).map(|i| Keys::new(isa, k, &v, p, d, (i / d.hkv, i % d.hkv))).collect();
+    let keys = Keys::every(isa, k, &v, p, d);
     let total = key_totals(isa, &key_plan, p, d, &keys);
     let head = |kh: usize, gi: usize| {
         let (b, hk) = (kh / d.hkv, kh % d.hkv);
