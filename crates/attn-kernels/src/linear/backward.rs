@@ -34,6 +34,7 @@ use crate::error::Result;
 use crate::grad::AttnGrads;
 use crate::isa::Isa;
 use crate::lines::Lines;
+use crate::prefetch::Spread;
 use crate::reference::Real;
 use crate::view::View4;
 
@@ -258,14 +259,14 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
             if p.causal {
                 w.states = kept.lock().ok().and_then(|mut k| k.pop()).unwrap_or_default();
                 w.states.try_resize_for_overwrite(STATES, &states, T::zero())?;
-                on_isa(isa, || key_states(&head(0), w));
+                spread_on(isa, || key_states(&head(0), w));
             } else {
-                on_isa(isa, || all_keys(&head(0), w));
+                spread_on(isa, || all_keys(&head(0), w));
             }
             for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
                 let hd = head(gi);
                 let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo, base: 0, fresh: gi == 0 };
-                on_isa(
+                spread_on(
                     isa,
                     #[inline(always)]
                     || if p.causal { causal(&hd, w, acc) } else { global(&hd, w, acc) },
@@ -277,6 +278,14 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
             Ok(())
         },
     )
+}
+
+/// `f` compiled for `isa` ([`on_isa`]), the rows its chunk loops prefetch for their next chunk
+/// asked for one line per step of the products rather than in bursts ([`Spread`]).
+#[inline(always)]
+fn spread_on<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+    let _spread = Spread::start();
+    on_isa(isa, f)
 }
 
 /// One query head of a backward call and its key/value head.

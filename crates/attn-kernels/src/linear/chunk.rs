@@ -153,7 +153,7 @@ pub(crate) fn prefetch_rows<T>(x: &[T], ld: usize, w: usize, t0: usize, n: usize
     }
     for i in t0..t0 + n {
         let Some(row) = x.get(i * ld..(i * ld + w).min(x.len())) else { break };
-        crate::prefetch::lines::<{ crate::prefetch::L2 }, _>(row);
+        crate::prefetch::later(row);
     }
 }
 

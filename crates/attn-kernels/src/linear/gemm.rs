@@ -285,6 +285,7 @@ fn block<T: Real, const FMA: bool, const RB: usize>(
         // Every index the loop below reads, checked once here.
         assert!(b.len() >= (k - 1) * ldb + c + W && a.a.len() > (i0 + RB - 1) * a.row + (k - 1) * a.col);
         for p in 0..k {
+            crate::prefetch::one();
             // SAFETY: `p < k` and `c + W <= n`, within the bounds asserted above.
             let bv: &[T; W] = unsafe { &*b.as_ptr().add(p * ldb + c).cast::<[T; W]>() };
             for (r, x) in acc.iter_mut().enumerate() {

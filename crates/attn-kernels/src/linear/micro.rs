@@ -133,6 +133,7 @@ unsafe fn tile<S: Simd, const RB: usize, const V: usize>(op: Op) {
             }
         }
         for p in 0..op.k {
+            crate::prefetch::one();
             let bp = op.b.add(p * op.ldb);
             let mut bv = [S::splat(0.0); V];
             for (v, x) in bv.iter_mut().enumerate() {
