@@ -130,8 +130,10 @@ pub(crate) fn tril_products<T: Real>(
 /// of their use: the chunk loops call it for their next chunk's inputs, one input at a time
 /// between their products (a burst of them all waits for the CPU's miss buffers), so that reading
 /// them from memory overlaps the current chunk's work rather than stalling the next chunk's first
-/// loads (`perf annotate` put half of `elu(x)+1`'s samples on its first load of `q`, `k`). A hint
-/// that changes no result; nothing off x86-64 nor on Intel CPUs ([`prefetches`]).
+/// loads (`perf annotate` put half of `elu(x)+1`'s samples on its first load of `q`, `k`). In the
+/// backward's jobs the lines are queued and asked for one per step of the products instead
+/// ([`Spread`](crate::prefetch::Spread)). A hint that changes no result; nothing off x86-64 nor on
+/// Intel CPUs ([`prefetches`]).
 #[inline(always)]
 pub(crate) fn prefetch<T>(x: &View4<T>, (b, h): (usize, usize), t0: usize, n: usize) {
     let (rows, ld) = head(x, b, h);
