@@ -61,11 +61,19 @@ impl<T: Copy> Lines<T> {
     /// call's gathered sequences, one after another) fills only what it never held rather than
     /// every growth ([`Lines::resize`] fills the new elements, as `Vec::resize` does).
     pub fn resize_for_overwrite(&mut self, n: usize, value: T) {
-        if self.start + n <= self.buf.len() {
-            self.len = n;
-        } else {
+        if !self.within_held(n) {
             self.resize(n, value);
         }
+    }
+
+    /// Sets the length to `n` when the memory already held and initialised reaches it; whether it
+    /// did.
+    fn within_held(&mut self, n: usize) -> bool {
+        let fits = self.start + n <= self.buf.len();
+        if fits {
+            self.len = n;
+        }
+        fits
     }
 
     /// [`Lines::resize`] to the elements of `shape`, allocating fallibly: on failure the error
@@ -90,9 +98,7 @@ impl<T: Copy> Lines<T> {
     where
         T: Elem,
     {
-        let n = alloc::count::<T>(what, shape)?;
-        if self.start + n <= self.buf.len() {
-            self.len = n;
+        if self.within_held(alloc::count::<T>(what, shape)?) {
             Ok(())
         } else {
             self.try_resize(what, shape, value)

@@ -69,7 +69,7 @@ fn with_queue<R>(f: impl FnOnce(&mut Queue) -> R) -> R {
 /// A burst of a chunk's rows (a few hundred lines) fills the CPU's miss buffers, and every
 /// prefetch after the first dozen then waits for one to free: on an AMD Zen 5 those waits held
 /// ~13% of linear attention's backward samples, and spreading the same lines over the products'
-/// steps made the causal forward + backward 1.08–1.10× faster. The forward keeps its bursts (it
+/// steps made the causal forward + backward 1.07× faster. The forward keeps its bursts (it
 /// has fewer product steps per chunk to spread them over, and measured 1–10% slower spread).
 pub(crate) struct Spread(());
 
