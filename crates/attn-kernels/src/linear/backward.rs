@@ -34,7 +34,6 @@ use crate::error::Result;
 use crate::grad::AttnGrads;
 use crate::isa::Isa;
 use crate::lines::Lines;
-use crate::prefetch::Spread;
 use crate::reference::Real;
 use crate::view::View4;
 
@@ -63,6 +62,7 @@ struct Rows<'a, T> {
 
 impl<T: Real> Rows<'_, T> {
     /// `φ(Q)` of the `n` rows from `t0` into `out: [n, F]`.
+    #[inline(always)]
     fn features(&self, isa: Isa, map: &FeatureMap, t0: usize, n: usize, out: &mut [T]) {
         map.apply_rows(isa, &self.q, (self.b, self.h), t0, n, out, Stab::Row);
     }
@@ -99,6 +99,7 @@ impl<T: Real> Rows<'_, T> {
     }
 
     /// `dq: [n, D]` of the `n` rows from `t0` from `g = ∂L/∂φ(Q_c)`.
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn vjp(&self, isa: Isa, map: &FeatureMap, t0: usize, n: usize, fq: &[T], g: &mut [T], dq: &mut [T]) {
         let ((qs, ld), dd) = (head(&self.q, self.b, self.h), self.q.dims()[3]);
@@ -259,14 +260,22 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
             if p.causal {
                 w.states = kept.lock().ok().and_then(|mut k| k.pop()).unwrap_or_default();
                 w.states.try_resize_for_overwrite(STATES, &states, T::zero())?;
-                spread_on(isa, || key_states(&head(0), w));
+                on_isa(
+                    isa,
+                    #[inline(always)]
+                    || key_states(&head(0), w),
+                );
             } else {
-                spread_on(isa, || all_keys(&head(0), w));
+                on_isa(
+                    isa,
+                    #[inline(always)]
+                    || all_keys(&head(0), w),
+                );
             }
             for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
                 let hd = head(gi);
                 let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo, base: 0, fresh: gi == 0 };
-                spread_on(
+                on_isa(
                     isa,
                     #[inline(always)]
                     || if p.causal { causal(&hd, w, acc) } else { global(&hd, w, acc) },
@@ -278,14 +287,6 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
             Ok(())
         },
     )
-}
-
-/// `f` compiled for `isa` ([`on_isa`]), the rows its chunk loops prefetch for their next chunk
-/// asked for one line per step of the products rather than in bursts ([`Spread`]).
-#[inline(always)]
-fn spread_on<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
-    let _spread = Spread::start();
-    on_isa(isa, f)
 }
 
 /// One query head of a backward call and its key/value head.

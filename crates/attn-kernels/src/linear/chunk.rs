@@ -53,6 +53,7 @@ impl<'a, T: Real> Keys<'a, T> {
     }
 
     /// `φ(K)` of the `nk` keys from `t0` (all valid) into `out: [nk, F]`.
+    #[inline(always)]
     pub fn features(&self, isa: Isa, map: &FeatureMap, t0: usize, nk: usize, out: &mut [T]) {
         map.apply_rows(isa, &self.k, self.bh, t0, nk, out, self.stab);
     }
@@ -60,6 +61,7 @@ impl<'a, T: Real> Keys<'a, T> {
     /// `dk[i] = (∂φ/∂k)(k_{t0 + i})ᵀ·g_i` for the `nk` keys from `t0`, or with scratch `add`
     /// (`[nk, D]`) `dk[i] +=` it, given their features `fk` and `g = ∂L/∂φ(K_c)` (`[nk, F]`,
     /// overwritten for FAVOR+); `dk: [nk, D]` the keys' gradient rows.
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub fn vjp(
         &self,
@@ -130,8 +132,8 @@ pub(crate) fn tril_products<T: Real>(
 /// of their use: the chunk loops call it for their next chunk's inputs, one input at a time
 /// between their products (a burst of them all waits for the CPU's miss buffers), so that reading
 /// them from memory overlaps the current chunk's work rather than stalling the next chunk's first
-/// loads (`perf annotate` put half of `elu(x)+1`'s samples on its first load of `q`, `k`). In the
-/// backward's jobs the lines are queued and asked for one per step of the products instead
+/// loads (`perf annotate` put half of `elu(x)+1`'s samples on its first load of `q`, `k`). Inside
+/// [`on_isa`] the lines are queued and asked for one per step of the products
 /// ([`Spread`](crate::prefetch::Spread)). A hint that changes no result; nothing off x86-64 nor on
 /// Intel CPUs ([`prefetches`]).
 #[inline(always)]
@@ -150,12 +152,8 @@ pub(crate) fn ahead(rows: &std::ops::Range<usize>, t: usize, c: usize) -> usize 
 /// nothing where [`prefetches`] says not to.
 #[inline(always)]
 pub(crate) fn prefetch_rows<T>(x: &[T], ld: usize, w: usize, t0: usize, n: usize) {
-    if !prefetches() {
-        return;
-    }
-    for i in t0..t0 + n {
-        let Some(row) = x.get(i * ld..(i * ld + w).min(x.len())) else { break };
-        crate::prefetch::later(row);
+    if prefetches() {
+        crate::prefetch::later_rows(x, ld, w, t0..t0 + n);
     }
 }
 
@@ -180,9 +178,14 @@ fn prefetches() -> bool {
 
 /// Runs `f` inside a function compiled for `isa` (which must be available), so that the
 /// element-wise work `f` inlines around the products (features, denominators, states, gradient
-/// rows) is vectorised as widely as they are.
+/// rows) is vectorised as widely as they are, with the rows its chunk loops prefetch queued and
+/// asked for one line per step of the products ([`Spread`](crate::prefetch::Spread)). Give `f`
+/// as an `#[inline(always)]` closure: one the compiler keeps as a function of its own is compiled
+/// for the baseline instruction set, with all it inlines (the backward's key-state pass and
+/// feature-map Jacobians ran on 4-lane SSE so).
 #[inline(always)]
 pub(crate) fn on_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+    let _spread = crate::prefetch::Spread::start();
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller chose `isa` among the available ones (`Isa::best`).

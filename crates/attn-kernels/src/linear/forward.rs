@@ -123,7 +123,11 @@ fn segmented<T: Real>(
             |w, (i, mut outs)| {
                 w.st.copy_from_slice(&init[i * width..][..width]);
                 let heads = heads_of(q, keys[i / plan.segs], group);
-                on_isa(isa, || causal(isa, d, p, &heads, w, plan.rows(i % plan.segs), &mut outs));
+                on_isa(
+                    isa,
+                    #[inline(always)]
+                    || causal(isa, d, p, &heads, w, plan.rows(i % plan.segs), &mut outs),
+                );
             },
         );
         return;
@@ -136,7 +140,11 @@ fn segmented<T: Real>(
             let (b, h) = (bh / d.hq, bh % d.hq);
             let kh = b * d.hkv + h / group;
             w.st.copy_from_slice(&init[kh * width..][..width]);
-            on_isa(isa, || queries(isa, d, p, Head { q, b, h, keys: keys[kh] }, w, plan.rows(s), o));
+            on_isa(
+                isa,
+                #[inline(always)]
+                || queries(isa, d, p, Head { q, b, h, keys: keys[kh] }, w, plan.rows(s), o),
+            );
         },
     );
 }

@@ -213,7 +213,11 @@ pub(crate) fn key_prefixes<T: Real>(
         |fk, (i, st)| {
             let (kh, s, j) = (i / ((segs - 1) * parts), i / parts % (segs - 1), i % parts);
             let rows = plan.block(s, j);
-            on_isa(isa, || key_state(isa, p.map, d, &keys[kh], rows, p.chunk, fk, st));
+            on_isa(
+                isa,
+                #[inline(always)]
+                || key_state(isa, p.map, d, &keys[kh], rows, p.chunk, fk, st),
+            );
         },
     );
     let mut init = vec![T::zero(); keys.len() * segs * width];
@@ -233,7 +237,13 @@ pub(crate) fn key_totals<T: Real>(isa: Isa, plan: &Plan, p: &LinearParams, d: &L
     let mut parts = vec![T::zero(); keys.len() * segs * width];
     parts.par_chunks_mut(width).enumerate().for_each_init(
         || vec![T::zero(); p.chunk * d.f],
-        |fk, (i, st)| on_isa(isa, || key_state(isa, p.map, d, &keys[i / segs], plan.rows(i % segs), p.chunk, fk, st)),
+        |fk, (i, st)| {
+            on_isa(
+                isa,
+                #[inline(always)]
+                || key_state(isa, p.map, d, &keys[i / segs], plan.rows(i % segs), p.chunk, fk, st),
+            )
+        },
     );
     let mut total = vec![T::zero(); keys.len() * width];
     for (t, head) in total.chunks_exact_mut(width).zip(parts.chunks_exact(segs * width)) {

@@ -18,12 +18,11 @@ use rayon::prelude::*;
 
 use super::super::segment::{exclusive_scan, key_prefixes, key_totals, Plan};
 use super::non_causal::{global_keys, global_queries};
-use super::spread_on;
 use super::{ascend, descend, Acc, GradsMut, Head, Inputs, Rows, Work};
 use crate::alloc;
 use crate::error::Result;
 use crate::isa::Isa;
-use crate::linear::chunk::Keys;
+use crate::linear::chunk::{on_isa, Keys};
 use crate::linear::transpose::transpose;
 use crate::linear::{LinearDims, LinearParams};
 use crate::reference::Real;
@@ -71,7 +70,11 @@ pub(super) fn backward<T: Real>(
                     w.z.copy_from_slice(z);
                     w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
                     (acc.dq, acc.fresh) = (dq, gi == 0);
-                    spread_on(isa, || ascend(&head(kh, gi), w, rows.clone(), den, &mut acc, s > 0));
+                    on_isa(
+                        isa,
+                        #[inline(always)]
+                        || ascend(&head(kh, gi), w, rows.clone(), den, &mut acc, s > 0),
+                    );
                     t[..fdv].copy_from_slice(&w.u);
                     t[fdv..].copy_from_slice(&w.wsum);
                 }
@@ -102,7 +105,11 @@ pub(super) fn backward<T: Real>(
                 w.u.copy_from_slice(u);
                 w.wsum.copy_from_slice(ws);
                 let kept = &stats[2 * (h * d.lq + rows.start)..][..2 * rows.len()];
-                spread_on(isa, || descend(&head(kh, gi), w, rows.clone(), kept, &mut acc));
+                on_isa(
+                    isa,
+                    #[inline(always)]
+                    || descend(&head(kh, gi), w, rows.clone(), kept, &mut acc),
+                );
             }
         },
     );
@@ -144,7 +151,11 @@ pub(super) fn global<T: Real>(
                     w.z.copy_from_slice(z);
                     w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
                     let mut acc = Acc { dq, dk: &mut [], dv: &mut [], base: rows.start, fresh: false };
-                    spread_on(isa, || global_queries(&head(kh, gi), w, rows.clone(), &mut acc));
+                    on_isa(
+                        isa,
+                        #[inline(always)]
+                        || global_queries(&head(kh, gi), w, rows.clone(), &mut acc),
+                    );
                     t[..fdv].copy_from_slice(&w.u);
                     t[fdv..].copy_from_slice(&w.wsum);
                 }
@@ -171,7 +182,11 @@ pub(super) fn global<T: Real>(
                 let (u, ws) = sums[(kh * group + gi) * width..][..width].split_at(fdv);
                 w.u.copy_from_slice(u);
                 w.wsum.copy_from_slice(ws);
-                spread_on(isa, || global_keys(&head(kh, gi), w, rows.clone(), &mut acc));
+                on_isa(
+                    isa,
+                    #[inline(always)]
+                    || global_keys(&head(kh, gi), w, rows.clone(), &mut acc),
+                );
             }
         },
     );
