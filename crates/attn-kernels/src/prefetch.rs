@@ -60,12 +60,16 @@ thread_local! {
     static QUEUE: UnsafeCell<Queue> = const { UnsafeCell::new(Queue { lines: Vec::new(), at: 0, spreads: 0 }) };
 }
 
-/// `f` on this thread's queue.
+/// `f` on this thread's queue, run in the caller's code (`LocalKey::with` only fetches the
+/// queue's address: a closure run inside it, where the compiler kept it out of line, was compiled
+/// for the baseline instruction set).
 #[inline(always)]
 fn with_queue<R>(f: impl FnOnce(&mut Queue) -> R) -> R {
-    // SAFETY: the queue is this thread's own, and no function given here calls `with_queue`
-    // again, so this is the only reference to it while `f` runs.
-    QUEUE.with(|q| f(unsafe { &mut *q.get() }))
+    let q = QUEUE.with(UnsafeCell::get);
+    // SAFETY: the queue is this thread's own and lives as long as the thread (the pointer is used
+    // on it, now), and no function given here calls `with_queue` again, so this is the only
+    // reference to it while `f` runs.
+    f(unsafe { &mut *q })
 }
 
 /// While it lives, [`later_rows`] on this thread queues its lines and the products' micro-kernels
