@@ -240,7 +240,9 @@ fn queries<T: Real>(
         p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
         prefetch(hd.q, (hd.b, hd.h), t0 + c, ahead(&rows, t0 + c, c));
         gemm(isa, n, dv, f, Lhs::rows(fq, f).write(true), s, dv, oc, dv);
-        den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
+        for (di, x) in den.iter_mut().zip(fq.chunks_exact(f)) {
+            *di = dot(x, z) + eps;
+        }
         divide(oc, dv, den);
     }
 }
@@ -275,10 +277,14 @@ fn causal<T: Real>(
             p.map.apply_rows(isa, hd.q, (hd.b, hd.h), t0, n, fq, Stab::Row);
             prefetch(hd.q, (hd.b, hd.h), next.0, next.1);
             gemm(isa, n, dv, f, Lhs::rows(fq, f).write(true), s, dv, oc, dv);
-            den.iter_mut().zip(fq.chunks_exact(f)).for_each(|(di, x)| *di = dot(x, z) + eps);
+            for (di, x) in den.iter_mut().zip(fq.chunks_exact(f)) {
+                *di = dot(x, z) + eps;
+            }
             if nk > 0 {
                 tril_products(isa, n, nk, f, fq, f, fk, f, &mut w.kt, &mut w.pm, c);
-                den.iter_mut().zip(w.pm.chunks(c)).for_each(|(di, row)| *di = *di + sum(&row[..nk]));
+                for (di, row) in den.iter_mut().zip(w.pm.chunks(c)) {
+                    *di = *di + sum(&row[..nk]);
+                }
                 gemm(isa, n, dv, nk, Lhs::rows(&w.pm, c).part(Part::LowerA), vc, keys.ldv, oc, dv);
             }
             divide(oc, dv, den);

@@ -47,7 +47,9 @@ pub(super) fn global_queries<T: Real>(hd: &Head<T>, w: &mut Work<T>, rows: Range
         let next = |i| hd.prefetch((t0 + c, ahead(&rows, t0 + c, c)), i);
         hd.rows.features(isa, p.map, t0, n, fq);
         next(0);
-        stats.chunks_exact_mut(2).zip(fq.chunks_exact(f)).for_each(|(s, x)| s[0] = dot(x, &w.z) + eps);
+        for (s, x) in stats.chunks_exact_mut(2).zip(fq.chunks_exact(f)) {
+            s[0] = dot(x, &w.z) + eps;
+        }
         hd.rows.grads(t0, stats, dn, r);
         next(1);
         w.query_grads(hd, n, KeyState::Running);
