@@ -3,7 +3,9 @@
 //! the norm of an independent Gaussian vector, so that `E[φ(x)·φ(y)] = exp(x·y)` with
 //! `φ(x)_r = exp(w_r·x − |x|²/2) / √m`. Seeded and redrawable.
 
+use super::gemm::cast;
 use crate::error::{AttnError, Result};
+use crate::reference::Real;
 use crate::rng::SplitMix64;
 
 /// A drawn FAVOR+ projection.
@@ -11,9 +13,28 @@ use crate::rng::SplitMix64;
 pub struct FavorFeatures {
     /// `W: [m, D]`, row-major.
     w: Vec<f64>,
+    /// `W` and `Wᵀ` in the types the kernels compute in, made once per draw (not per chunk).
+    f64: Projection<f64>,
+    f32: Projection<f32>,
     d: usize,
     m: usize,
     seed: u64,
+}
+
+/// `W: [m, D]` and `Wᵀ: [D, m]` in one type.
+#[derive(Debug, Clone, PartialEq)]
+struct Projection<T> {
+    w: Vec<T>,
+    wt: Vec<T>,
+}
+
+impl<T: Real> Projection<T> {
+    /// `w: [m, d]` in `T`, and transposed.
+    fn of(w: &[f64], d: usize, m: usize) -> Self {
+        let to = |v: f64| T::from_f64(v).expect("finite");
+        let wt = (0..d * m).map(|i| to(w[(i % m) * d + i / m])).collect();
+        Self { w: w.iter().map(|&v| to(v)).collect(), wt }
+    }
 }
 
 impl FavorFeatures {
@@ -37,7 +58,7 @@ impl FavorFeatures {
                 w.extend(row.iter().map(|x| x * norm));
             }
         }
-        Ok(Self { w, d, m, seed })
+        Ok(Self { f64: Projection::of(&w, d, m), f32: Projection::of(&w, d, m), w, d, m, seed })
     }
 
     /// A fresh draw of the same size from another seed (Performer redraws during training).
@@ -48,6 +69,14 @@ impl FavorFeatures {
     /// `W: [m, D]`, row-major.
     pub fn weights(&self) -> &[f64] {
         &self.w
+    }
+
+    /// `W: [m, D]` and `Wᵀ: [D, m]` in `T` (`f32` or `f64`).
+    pub(crate) fn projection<T: Real>(&self) -> (&[T], &[T]) {
+        fn pick<'a, T: Real>(w: &'a [f64], w32: &'a [f32]) -> &'a [T] {
+            cast::<f64, T>(w).or_else(|| cast::<f32, T>(w32)).expect("f32 or f64")
+        }
+        (pick(&self.f64.w, &self.f32.w), pick(&self.f64.wt, &self.f32.wt))
     }
 
     /// The head dimension `D`.

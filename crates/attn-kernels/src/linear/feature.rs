@@ -9,8 +9,10 @@
 //!   cancels between numerator and denominator, the keys' is common to all of them, so both only
 //!   move the result through `ε`. Like Performer's code, the backward treats `c` as a constant.
 
+use super::chunk::{dot, sum};
 use super::favor::FavorFeatures;
 use super::gemm::{as_f32, as_f32_mut, gemm, Lhs};
+use super::vector::exp_scaled_f32;
 use crate::error::{AttnError, Result};
 use crate::isa::Isa;
 use crate::reference::Real;
@@ -90,12 +92,12 @@ impl FeatureMap {
             FeatureMap::Elu if ldx == d && as_f32(x).is_some() => {
                 // Contiguous rows: one vector pass over all of them.
                 let (x, o) = (as_f32(&x[..n * d]), as_f32_mut(&mut out[..n * d]));
-                super::elu::elu1_f32(x.expect("f32"), o.expect("f32"));
+                super::vector::elu1_f32(x.expect("f32"), o.expect("f32"));
             }
             FeatureMap::Elu => {
                 for (xi, o) in rows().zip(out.chunks_exact_mut(d)) {
                     match (as_f32(xi), as_f32_mut(o)) {
-                        (Some(xi), Some(o)) => super::elu::elu1_f32(xi, o),
+                        (Some(xi), Some(o)) => super::vector::elu1_f32(xi, o),
                         _ => o
                             .iter_mut()
                             .zip(xi)
@@ -125,7 +127,10 @@ impl FeatureMap {
                 };
                 for o in out.chunks_exact_mut(m) {
                     let c = all.unwrap_or_else(|| o.iter().fold(T::neg_infinity(), |a, &b| a.max(b)));
-                    o.iter_mut().for_each(|u| *u = (*u - c).exp() * scale);
+                    match as_f32_mut(o) {
+                        Some(o) => exp_scaled_f32(o, c.to_f32().expect("f32"), scale.to_f32().expect("f32")),
+                        None => o.iter_mut().for_each(|u| *u = (*u - c).exp() * scale),
+                    }
                 }
             }
         }
@@ -205,14 +210,13 @@ impl FeatureMap {
             FeatureMap::Identity => dx[..n * d].copy_from_slice(&g[..n * d]),
             FeatureMap::Favor(f) => {
                 // dx = Σ_r g_r φ_r (w_r − x) = W·(g∘φ) − x·Σ_r g_r φ_r.
-                let m = f.features();
-                let w: Vec<T> = f.weights().iter().map(|&v| T::from_f64(v).expect("finite")).collect();
+                let (m, (w, _)) = (f.features(), f.projection::<T>());
                 let mut sums = Vec::with_capacity(n);
                 for (gi, p) in g.chunks_exact_mut(m).zip(phi.chunks_exact(m)).take(n) {
                     gi.iter_mut().zip(p).for_each(|(a, &b)| *a = *a * b);
-                    sums.push(gi.iter().fold(T::zero(), |a, &b| a + b));
+                    sums.push(sum(gi));
                 }
-                gemm(isa, n, d, m, Lhs::rows(g, m).write(true), &w, d, dx, d);
+                gemm(isa, n, d, m, Lhs::rows(g, m).write(true), w, d, dx, d);
                 for ((o, xi), s) in dx.chunks_exact_mut(d).zip(rows).zip(sums) {
                     o.iter_mut().zip(xi).for_each(|(o, &v)| *o = *o - v * s);
                 }
@@ -222,18 +226,16 @@ impl FeatureMap {
 }
 
 /// `out[i·m + r] = w_r·x_i − |x_i|²/2` for the `n` rows of `x` (row stride `ldx`).
+#[inline(always)]
 pub(crate) fn favor_logits<T: Real>(isa: Isa, f: &FavorFeatures, n: usize, x: &[T], ldx: usize, out: &mut [T]) {
-    let (d, m) = (f.dim(), f.features());
-    let mut wt = vec![T::zero(); d * m];
-    for (r, row) in f.weights().chunks_exact(d).enumerate() {
-        for (c, &v) in row.iter().enumerate() {
-            wt[c * m + r] = T::from_f64(v).expect("finite");
-        }
-    }
-    gemm(isa, n, m, d, Lhs::rows(x, ldx).write(true), &wt, m, out, m);
+    let (d, m, (_, wt)) = (f.dim(), f.features(), f.projection::<T>());
+    gemm(isa, n, m, d, Lhs::rows(x, ldx).write(true), wt, m, out, m);
     let half = T::from_f64(0.5).expect("finite");
     for (i, o) in out.chunks_exact_mut(m).take(n).enumerate() {
-        let sq = x[i * ldx..i * ldx + d].iter().fold(T::zero(), |a, &b| a + b * b) * half;
-        o.iter_mut().for_each(|u| *u = *u - sq);
+        let row = &x[i * ldx..i * ldx + d];
+        let sq = dot(row, row) * half;
+        for u in o.iter_mut() {
+            *u = *u - sq;
+        }
     }
 }

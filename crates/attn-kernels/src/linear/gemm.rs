@@ -319,9 +319,13 @@ fn block<T: Real, const FMA: bool, const RB: usize>(
 
 /// `x` as `f32` when `T` is `f32`.
 pub(crate) fn as_f32<T: Real>(x: &[T]) -> Option<&[f32]> {
-    // SAFETY: `T` is `f32` (same type id), so the slice's memory holds `f32` values.
-    (TypeId::of::<T>() == TypeId::of::<f32>())
-        .then(|| unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) })
+    cast::<T, f32>(x)
+}
+
+/// `x` as `[U]` when `T` is `U`.
+pub(crate) fn cast<T: 'static, U: 'static>(x: &[T]) -> Option<&[U]> {
+    // SAFETY: `T` is `U` (same type id), so the slice's memory holds `U` values.
+    (TypeId::of::<T>() == TypeId::of::<U>()).then(|| unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) })
 }
 
 /// `x` as `f32` when `T` is `f32`.

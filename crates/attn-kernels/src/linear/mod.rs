@@ -32,7 +32,6 @@
 
 mod backward;
 mod chunk;
-mod elu;
 mod favor;
 mod feature;
 mod forward;
@@ -42,6 +41,7 @@ mod naive;
 mod recurrent;
 mod segment;
 mod transpose;
+mod vector;
 
 pub use backward::{linear_attention_backward, linear_attention_backward_into, GradsMut};
 pub use favor::FavorFeatures;
