@@ -1,15 +1,24 @@
-//! A counting global allocator: wraps [`System`] and keeps the bytes currently allocated and their
-//! high-water mark in atomics, so `attn bench` can report how much memory a call allocated beyond
-//! its output. Every binary linking this crate (the `attn` command and its tests) uses it; the
-//! cost is two relaxed atomic updates per allocation.
+//! A counting global allocator: wraps [`MiMalloc`] and keeps the bytes currently allocated and
+//! their high-water mark in atomics, so `attn bench` can report how much memory a call allocated
+//! beyond its output. Every binary linking this crate (the `attn` command and its tests) uses it;
+//! the cost is two relaxed atomic updates per allocation.
+//!
+//! mimalloc rather than the system's allocator: glibc's `malloc` gives buffers of a megabyte or
+//! more back to the kernel when they are freed and maps new ones for the next call, whose pages
+//! fault in and are cleared again; mimalloc keeps freed memory for reuse. Repeated calls that
+//! allocate such buffers (a packed batch's per-sequence results and gradients, a backward's
+//! workers) ran up to 1.1× faster on an AMD Zen 5 (2026-11-29; docs/performance.md). The library
+//! crates keep whatever allocator their user's program has.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
+
+use mimalloc::MiMalloc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
-/// [`System`] with byte counting.
+/// [`MiMalloc`] with byte counting.
 pub struct CountingAlloc;
 
 #[global_allocator]
@@ -24,12 +33,12 @@ fn shrink(bytes: usize) {
     CURRENT.fetch_sub(bytes, Ordering::Relaxed);
 }
 
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so `System`'s
+// SAFETY: every method forwards to `MiMalloc` with the caller's arguments unchanged, so `MiMalloc`'s
 // guarantees hold; the counters only observe successful calls.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded as is; the caller upholds `GlobalAlloc::alloc`'s contract.
-        let p = unsafe { System.alloc(layout) };
+        let p = unsafe { MiMalloc.alloc(layout) };
         if !p.is_null() {
             grow(layout.size());
         }
@@ -38,7 +47,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded as is; the caller upholds `GlobalAlloc::alloc_zeroed`'s contract.
-        let p = unsafe { System.alloc_zeroed(layout) };
+        let p = unsafe { MiMalloc.alloc_zeroed(layout) };
         if !p.is_null() {
             grow(layout.size());
         }
@@ -46,14 +55,14 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by this allocator (hence by `System`) with `layout`.
-        unsafe { System.dealloc(ptr, layout) };
+        // SAFETY: `ptr` was allocated by this allocator (hence by `MiMalloc`) with `layout`.
+        unsafe { MiMalloc.dealloc(ptr, layout) };
         shrink(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: `ptr` was allocated by `System` with `layout`; the caller upholds the rest.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        // SAFETY: `ptr` was allocated by `MiMalloc` with `layout`; the caller upholds the rest.
+        let p = unsafe { MiMalloc.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             if new_size >= layout.size() {
                 grow(new_size - layout.size());
