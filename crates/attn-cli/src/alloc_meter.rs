@@ -3,12 +3,12 @@
 //! beyond its output. Every binary linking this crate (the `attn` command and its tests) uses it;
 //! the cost is two relaxed atomic updates per allocation.
 //!
-//! mimalloc rather than the system's allocator: glibc's `malloc` gives buffers of a megabyte or
-//! more back to the kernel when they are freed and maps new ones for the next call, whose pages
-//! fault in and are cleared again; mimalloc keeps freed memory for reuse. Repeated calls that
-//! allocate such buffers (a packed batch's per-sequence results and gradients, a backward's
-//! workers) ran up to 1.1× faster on an AMD Zen 5 (2026-11-29; docs/performance.md). The library
-//! crates keep whatever allocator their user's program has.
+//! mimalloc rather than the system's allocator: glibc's `malloc` gives large buffers and emptied
+//! worker heaps back to the kernel and maps new ones for the next call, whose pages fault in and
+//! are cleared again; mimalloc keeps freed memory for reuse. A packed batch's forward + backward,
+//! whose time under glibc alternated between two modes, ran at the faster one throughout (up to
+//! 1.1× faster) on an AMD Zen 5 (2026-11-29; docs/performance.md). The library crates keep
+//! whatever allocator their user's program has.
 
 use std::alloc::{GlobalAlloc, Layout};
 
