@@ -24,6 +24,11 @@
 //! prints one JSON line: the sizes, the threads, the seconds spent building the module and inputs,
 //! each timed call's seconds, their median and minimum.
 
+/// The allocator of the `attn` binary (`attn-cli`'s `alloc_meter`), so that this benchmark
+/// allocates as `attn` does.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use anyhow::{bail, ensure};
 use attn_nn::{AttnMasks, EncoderLayer, LayerConfig, Run, Seq2SeqMasks, Transformer, TransformerConfig};
 use candle_nn::VarMap;

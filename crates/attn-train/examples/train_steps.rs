@@ -25,6 +25,11 @@
 //! export), and per step its seconds, loss, gradient norm and tokens, then `steps_per_s` over the
 //! timed steps.
 
+/// The allocator of the `attn` binary (`attn-cli`'s `alloc_meter`), so that this benchmark
+/// allocates as `attn` does.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
