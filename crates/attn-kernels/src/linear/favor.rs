@@ -11,9 +11,8 @@ use crate::rng::SplitMix64;
 /// A drawn FAVOR+ projection.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FavorFeatures {
-    /// `W: [m, D]`, row-major.
-    w: Vec<f64>,
-    /// `W` and `Wᵀ` in the types the kernels compute in, made once per draw (not per chunk).
+    /// `W: [m, D]` (row-major) and `Wᵀ` in the types the kernels compute in, made once per draw
+    /// (not per chunk); the `f64` one is the draw itself.
     f64: Projection<f64>,
     f32: Projection<f32>,
     d: usize,
@@ -58,7 +57,7 @@ impl FavorFeatures {
                 w.extend(row.iter().map(|x| x * norm));
             }
         }
-        Ok(Self { f64: Projection::of(&w, d, m), f32: Projection::of(&w, d, m), w, d, m, seed })
+        Ok(Self { f64: Projection::of(&w, d, m), f32: Projection::of(&w, d, m), d, m, seed })
     }
 
     /// A fresh draw of the same size from another seed (Performer redraws during training).
@@ -68,7 +67,7 @@ impl FavorFeatures {
 
     /// `W: [m, D]`, row-major.
     pub fn weights(&self) -> &[f64] {
-        &self.w
+        &self.f64.w
     }
 
     /// `W: [m, D]` and `Wᵀ: [D, m]` in `T` (`f32` or `f64`).
