@@ -250,6 +250,18 @@ fn check_differs_from_f32(kernel: Kernel) {
     }
 }
 
+/// A row that sees one key has softmax 1 whatever its score: `dq` and `dk` are exactly 0 with
+/// bfloat16 products too (`Δ = dO·O` rounded as the product `dP = dO·Vᵀ` rounds, bit for bit),
+/// over more rows than a vector has lanes and a `Dv` that is not a multiple of a pair of them.
+fn check_one_key_rows(kernel: Kernel) {
+    let case = in_bf16(Case { causal: true, scale: Some(2.0), ..Case::new(dims(1, 4, 2, 37, 1, 40, 70), 650) });
+    let plans = (Tuning { path: Some(Path::Prefill), shards: None, ..Tuning::DEFAULT }, BackwardTuning::default());
+    let g = grads_bf16(&case, kernel, plans, &random_dout(&case, 8));
+    let nonzero = g.dq.iter().chain(&g.dk).filter(|&&x| x != 0.0).count();
+    assert_eq!(nonzero, 0, "{}: dq/dk of one-key rows not exactly 0", kernel.name());
+    assert!(g.dv.iter().any(|&x| x != 0.0), "{}: dv of one-key rows is all 0", kernel.name());
+}
+
 /// Whether two results are equal bit for bit.
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -315,4 +327,5 @@ flash_tests! {
     masked_nan_values => check_masked_nan_values,
     differs_from_f32 => check_differs_from_f32,
     decode_computes_in_f32 => check_decode_computes_in_f32,
+    one_key_rows => check_one_key_rows,
 }

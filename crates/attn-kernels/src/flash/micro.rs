@@ -16,7 +16,6 @@
 // Micro-kernels take each operand as a pointer and a leading dimension, as BLAS kernels do.
 #![allow(clippy::too_many_arguments)]
 
-use super::pack::pair;
 use super::simd::{KvElem, Simd};
 
 /// How a micro-kernel multiplies a broadcast operand into a vector and accumulates.
@@ -29,10 +28,6 @@ pub trait Product {
     /// The same on one slot of each operand (the column tails; the product is rounded before it
     /// is added, which for bfloat16 pairs is exact).
     fn scalar(x: f32, b: f32, acc: f32) -> f32;
-    /// Values per slot along the reduction index: 1, or 2 for bfloat16 pairs.
-    const PER_SLOT: usize;
-    /// One slot made of up to [`Product::PER_SLOT`] consecutive values (missing ones read as 0).
-    fn slot(x: &[f32]) -> f32;
 }
 
 /// f32 operands, one fused multiply-add per slot.
@@ -47,11 +42,6 @@ impl Product for Fma {
     #[inline(always)]
     fn scalar(x: f32, b: f32, acc: f32) -> f32 {
         acc + x * b
-    }
-    const PER_SLOT: usize = 1;
-    #[inline(always)]
-    fn slot(x: &[f32]) -> f32 {
-        x[0]
     }
 }
 
@@ -69,11 +59,6 @@ impl Product for Bf16Pairs {
         let halves = |v: f32| (f32::from_bits(v.to_bits() << 16), f32::from_bits(v.to_bits() & 0xFFFF_0000));
         let ((x0, x1), (b0, b1)) = (halves(x), halves(b));
         acc + x1 * b1 + x0 * b0
-    }
-    const PER_SLOT: usize = 2;
-    #[inline(always)]
-    fn slot(x: &[f32]) -> f32 {
-        pair(x[0].bf16_bits(), x.get(1).map_or(0, |x| x.bf16_bits()))
     }
 }
 

@@ -13,6 +13,7 @@
 use std::ops::Range;
 
 use super::simd::KvElem;
+use crate::prefetch;
 use crate::problem::{Dims, Precision};
 use crate::view::View4;
 
@@ -103,6 +104,11 @@ unsafe fn pack_f32_avx512<E: KvElem>(
             let mut rows: [&[f32]; HALF] = [&[]; HALF];
             for (c, row) in rows[..n].iter_mut().enumerate() {
                 *row = E::as_f32(k.row(b, h, j0 + c)).expect("f32 keys (the caller's contract)");
+            }
+            // The next half's keys asked for now arrive while this one is transposed (read once,
+            // from memory, and in a packed call's keys `Hkv·Dk` apart).
+            for j in (j0 + HALF..keys.end).take(HALF) {
+                prefetch::lines::<{ prefetch::L1 }, _>(k.row(b, h, j));
             }
             let slots = &mut panel[half * HALF..];
             if streaming && n == HALF {

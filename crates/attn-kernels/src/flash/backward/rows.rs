@@ -1,28 +1,7 @@
-//! The backward's vector loops over one row of a tile: `Δ`'s dot product rounded as the
-//! micro-kernel rounds a score ([`dot_as_panel`], f32 or bfloat16 pairs), `dS = P∘(dP − Δ)` ([`grad_scores`]) and
+//! The backward's vector loops over one row of a tile: `dS = P∘(dP − Δ)` ([`grad_scores`]) and
 //! `dX = scale·dS·dcap` ([`scale_masked`]), each 0 wherever the score is masked.
 
-use crate::flash::micro::Product;
 use crate::flash::simd::Simd;
-
-/// `Σ_k a_k·b_k` rounded exactly as `qk_panel::<S, P>` rounds one score (one multiply-add per slot
-/// of `P`, in order, from 0; for bfloat16 pairs, of the values rounded to bfloat16).
-///
-/// # Safety
-/// CPU supports `S`.
-#[inline(always)]
-pub(super) unsafe fn dot_as_panel<S: Simd, P: Product>(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 16];
-    // SAFETY: `lanes` holds 16 >= `S::W` floats; CPU supports `S`.
-    unsafe {
-        let mut acc = S::splat(0.0);
-        for (x, y) in a.chunks(P::PER_SLOT).zip(b.chunks(P::PER_SLOT)) {
-            acc = P::madd::<S>(S::splat(P::slot(x)), S::splat(P::slot(y)), acc);
-        }
-        S::store(lanes.as_mut_ptr(), acc);
-    }
-    lanes[0]
-}
 
 /// `dp[c] = factor · P·(dP − Δ)` in place, 0 where the score is masked (−∞) whatever `dP` holds.
 ///

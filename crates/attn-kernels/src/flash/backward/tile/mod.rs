@@ -36,20 +36,20 @@
 //! the tile. `dP̄ = dO·Vᵀ` stays on the vectors: `Δ` is rounded as they round it, so that a row
 //! seeing one key gets `dS = 0` exactly.
 
+mod deltas;
 mod products;
 mod score_grads;
 
-use super::rows::dot_as_panel;
 use super::{BwdCtx, BwdJob, KEY_BLOCK, MAX_TILE_ROWS, SPARSE_TILE_ROWS, TILE_ROWS};
 use crate::amx::{Hardware, TileUnit, Tiles};
 use crate::flash::block::{qk_chunks, rows_per_call, TileWork};
-use crate::flash::micro::{Bf16Pairs, Fma};
 use crate::flash::nonfinite::all_finite;
 use crate::flash::pack::{key_pairs_len, pack_dim_pairs, pack_key_pairs, pack_keys, panel_len};
 use crate::flash::simd::{KvElem, Simd};
 use crate::lines::Lines;
 use crate::problem::Precision;
 use crate::sparse::TileBlocks;
+use deltas::deltas;
 use products::{accumulate_f32, accumulate_pairs, products, transpose_chunks};
 use score_grads::score_grads;
 
@@ -92,8 +92,10 @@ pub struct BwdWork {
     /// The block's `dK` `[KEY_BLOCK, Dk]` and `dV` `[KEY_BLOCK, Dv]`.
     dk: Lines<f32>,
     dv: Lines<f32>,
-    /// `Δ_i = dO_i·O_i` of the job's rows, `[Hq/Hkv, Lq]`.
+    /// `Δ_i = dO_i·O_i` of the job's rows, `[Hq/Hkv, Lq]`, and `W` of their `dO` and `O` rows
+    /// transposed (`deltas`).
     delta: Vec<f32>,
+    dt: Vec<f32>,
     /// Block columns whose key row holds a non-finite number.
     bad_keys: Vec<usize>,
     /// The tiles' spans of the block: `(query head, first row, end row)`.
@@ -231,44 +233,6 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
 /// (`tile_products::prepare` stores them row-major).
 fn transposes_queries<E>(cx: &BwdCtx<E>, form: Form) -> bool {
     !(cx.decode_scores || (form.bf16 && cx.tiles.is_some()))
-}
-
-/// `Δ_i = dO_i·O_i` of the job's rows into `w.delta`, rounded as the form's `dO·Vᵀ` rounds, plus
-/// `ω_i − dlse_i` when side gradients arrive.
-///
-/// # Safety
-/// CPU supports `S`.
-#[inline(always)]
-unsafe fn deltas<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, form: Form, w: &mut BwdWork) {
-    let (d, g) = (cx.pb.dims, cx.pb.dims.group());
-    // Plain loops here and in `dot_as_panel`: a closure would not inherit the target features.
-    // With a sink the row's one-key exactness is gone (`dS = P·dP·p_sink`, not 0) and what is
-    // left of `Δ`'s error is `O`'s rounding plus the dot product's: the latter is removed by
-    // taking the products and their sum in `f64`.
-    w.delta.clear();
-    for h in job.kvh * g..(job.kvh + 1) * g {
-        for i in 0..d.lq {
-            let (dout, out) = (cx.dout.row(job.b, h, i), cx.out.row(job.b, h, i));
-            let delta = if cx.pb.sink(h).is_some() {
-                let mut delta = 0.0f64;
-                for (&x, &y) in dout.iter().zip(out) {
-                    delta += x as f64 * y as f64;
-                }
-                delta as f32
-            } else if form.bf16 {
-                // SAFETY: CPU supports `S`.
-                unsafe { dot_as_panel::<S, Bf16Pairs>(dout, out) }
-            } else {
-                // SAFETY: CPU supports `S`.
-                unsafe { dot_as_panel::<S, Fma>(dout, out) }
-            };
-            w.delta.push(if cx.side.any() {
-                (delta as f64 + cx.side.row_term([job.b, h, i], d.hq, d.lq)) as f32
-            } else {
-                delta
-            });
-        }
-    }
 }
 
 /// Packs keys `j0..j0+n` of the job's head for vector width `lanes`: keys (unless scored in

@@ -18,6 +18,7 @@ use crate::flash::pairs::{pair_keys, pair_rows, transpose_pairs};
 use crate::flash::scores::decode_scores;
 use crate::flash::simd::{KvElem, Portable, Simd};
 use crate::flash::tile_products::{self, on_unit, prepare, prepare_columns};
+use crate::prefetch;
 
 /// Copies `rows` rows (from a multiple of the form's unit), row `r` read as `src(r)` (`d` values),
 /// transposed per micro-kernel chunk `(r0, nr)` of [`row_chunks`] for `unit` in the form's slots
@@ -42,6 +43,11 @@ pub(super) unsafe fn transpose_chunks<'a, S: Simd>(
     for (r0, nr) in row_chunks(rows, form.unit, rq) {
         for (r, x) in rs[..nr].iter_mut().enumerate() {
             *x = src(r0 + r);
+        }
+        // The next chunk's lines asked for now arrive while this one is transposed (a whole
+        // head's rows are read once, from memory).
+        for r in (r0 + nr..rows).take(nr) {
+            prefetch::lines::<{ prefetch::L1 }, _>(src(r));
         }
         let chunk = &mut out[r0 * slots..][..nr * slots];
         // SAFETY: the CPU supports `S` (the caller's contract); each row holds `d` values.
