@@ -40,6 +40,14 @@ pub(crate) struct TileBlocks {
     segs: Vec<(usize, usize, Seg)>,
 }
 
+impl TileBlocks {
+    /// Forgets the tile last asked about, for buffers kept from one call to the next: another
+    /// call's mask may have a tile at the same place.
+    pub(crate) fn forget(&mut self) {
+        self.key = None;
+    }
+}
+
 /// `len` ones (`len <= 64`).
 fn ones(len: usize) -> u64 {
     if len >= 64 {

@@ -34,6 +34,7 @@ mod rows;
 mod sinks;
 mod tile;
 
+use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::sync::Mutex;
 
@@ -67,6 +68,14 @@ const MAX_TILE_ROWS: usize = if TILE_ROWS > SPARSE_TILE_ROWS { TILE_ROWS } else 
 const JOBS_PER_THREAD: usize = 4;
 /// Most bytes of `dq` partials when the keys are split.
 const DQ_PARTIAL_BUDGET: usize = 64 << 20;
+
+thread_local! {
+    /// This thread's job buffers, kept from job to job and from call to call: a backward called
+    /// again and again (every layer of every training step, every sequence of a packed call)
+    /// makes them once per thread instead of once per rayon split of every call (`BwdWork::trim`
+    /// bounds what stays).
+    static WORK: RefCell<BwdWork> = RefCell::new(BwdWork::default());
+}
 
 /// A buffer that several jobs write at disjoint places.
 pub(super) struct Disjoint<'a> {
@@ -226,9 +235,17 @@ pub(crate) fn backward<E: KvElem>(
         let jobs: Vec<BwdJob> = (0..shards)
             .flat_map(|shard| (0..units).map(move |u| BwdJob { b: u / d.hkv, kvh: u % d.hkv, shard }))
             .collect();
-        jobs.into_par_iter().for_each_init(BwdWork::default, |w, job| {
-            // SAFETY: `isa` is available (asserted above).
-            unsafe { run(&cx, &job, w) }
+        jobs.into_par_iter().for_each(|job| {
+            WORK.with(|kept| {
+                // Only a thread re-entering here (a job never waits on rayon) would find its
+                // buffers taken; it works in fresh ones rather than failing.
+                let mut fresh = BwdWork::default();
+                let mut kept = kept.try_borrow_mut();
+                let w = kept.as_deref_mut().unwrap_or(&mut fresh);
+                // SAFETY: `isa` is available (asserted above).
+                unsafe { run(&cx, &job, w) };
+                w.trim();
+            })
         });
     }
     if shards > 1 {

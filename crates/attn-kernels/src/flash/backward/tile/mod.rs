@@ -110,6 +110,21 @@ pub struct BwdWork {
     tiles: TileWork,
 }
 
+/// Most bytes of a worker's buffers that grow with the call (the job's transposed rows and `Δ`)
+/// kept for its next job; beyond, they are dropped.
+const KEPT_BYTES: usize = 2 << 20;
+
+impl BwdWork {
+    /// Drops the buffers that grew with the call when they hold more than [`KEPT_BYTES`], so
+    /// that a worker keeps `O(tile)` plus at most that between calls.
+    pub fn trim(&mut self) {
+        let grown = self.qt.held_bytes() + self.dot.held_bytes() + self.delta.capacity() * 4;
+        if grown > KEPT_BYTES {
+            (self.qt, self.dot, self.delta) = Default::default();
+        }
+    }
+}
+
 fn grow(v: &mut Lines<f32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0.0);
@@ -150,6 +165,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         grow(v, MAX_TILE_ROWS * LDB);
     }
     grow(&mut w.g, LDB);
+    w.blocks.forget();
     let (rq, _) = rows_per_call::<S>();
     let form = Form {
         whole: cx.whole_heads.unwrap_or(g * d.lq * (d.dk + d.dv) * 4 <= TRANSPOSED_BUDGET),
@@ -345,5 +361,23 @@ unsafe fn tile<S: Simd, E: KvElem>(
         } else {
             accumulate_f32::<S, E>(cx, job, w, t, dq)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trim_drops_only_grown_buffers_past_the_limit() {
+        let mut w = BwdWork::default();
+        grow(&mut w.qt, 1000);
+        grow(&mut w.s, 1000);
+        w.trim();
+        assert!(w.qt.held_bytes() >= 4000, "a small transposition is kept");
+        grow(&mut w.dot, KEPT_BYTES / 4 + 1);
+        w.trim();
+        assert_eq!(w.qt.held_bytes() + w.dot.held_bytes(), 0, "grown past the limit: dropped");
+        assert!(w.s.held_bytes() >= 4000, "tile buffers are kept");
     }
 }
