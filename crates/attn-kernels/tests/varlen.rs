@@ -3,8 +3,9 @@
 //! gradients — causal in both alignments with `Lq ≠ Lk` per sequence, windows, grouped-query
 //! heads, half-precision K/V, soft-cap and scale, empty sequences, dropout — and a property test
 //! over random lengths and options; the packed result equals the dense kernel on each sequence
-//! alone bit for bit, forward and gradients, with f32 and bfloat16 products; dropout is keyed per sequence; bad offsets, masks with no packed form, sinks
-//! and score modifications are typed errors naming the field.
+//! alone bit for bit, forward and gradients, with f32 and bfloat16 products; dropout is keyed per
+//! sequence; sinks join every sequence's rows (`dsinks` summed over them); bad offsets, masks with
+//! no packed form, score modifications and bad sinks are typed errors naming the field.
 
 mod common;
 mod varlen_parts;
@@ -30,6 +31,7 @@ kernel_tests! {
     dropout_per_sequence => check_dropout,
     random_lengths => check_random,
     dense_bit_for_bit => check_dense_bits,
+    sinks => check_sinks,
 }
 
 /// Lengths with `Lq ≠ Lk` in both directions, a single query, and tile edges (24, 64, 65 rows).
@@ -103,6 +105,25 @@ fn check_dropout(kernel: Kernel) {
         "{}: another sequence changed sequence 0's dropout",
         kernel.name()
     );
+}
+
+/// Sinks (one logit per query head, a −∞ one among them) join the rows of every sequence, forward
+/// and gradients with `dsinks` summed over the sequences, with and without dropout; a sequence
+/// with no keys gets output 0 and its head's sink as log-sum-exp.
+fn check_sinks(kernel: Kernel) {
+    let lens = [(7, 7), (3, 0), (12, 5), (65, 64), (0, 4)];
+    let sinks = vec![0.5, -1.0, 2.0, f32::NEG_INFINITY];
+    let case = PackedCase { causal: true, sinks: Some(sinks.clone()), ..PackedCase::new(&lens, (4, 2), (16, 8), 11) };
+    case.check(kernel, "sinks");
+    let out = case.run(kernel).unwrap();
+    let tq = case.totals().0;
+    // Sequence 1 (rows 7..10) has no keys.
+    assert!(out.out[7 * 4 * 8..10 * 4 * 8].iter().all(|&x| x == 0.0), "{}: keyless rows not 0", kernel.name());
+    for (h, &sink) in sinks.iter().enumerate() {
+        let lse = &out.lse[h * tq + 7..h * tq + 10];
+        assert!(lse.iter().all(|&l| l == sink), "{} head {h}: keyless rows' lse {lse:?}, sink {sink}", kernel.name());
+    }
+    PackedCase { dropout: Some(Dropout { p: 0.25, seed: 5 }), ..case }.check(kernel, "sinks, dropout");
 }
 
 /// Each sequence's rows of the packed result and gradients equal the dense kernel on that sequence
@@ -248,7 +269,7 @@ fn element_masks_and_key_lengths_are_refused() {
 }
 
 #[test]
-fn block_masks_sinks_and_score_modifications_are_refused() {
+fn block_masks_score_modifications_and_bad_sinks_are_refused() {
     let case = PackedCase::new(&[(3, 4), (5, 2)], (2, 1), (4, 4), 15);
     let (cq, ck) = (case.cu_q(), case.cu_k());
     let shape = BlockShape { batch: 1, heads: 1, lq: 8, lk: 6 };
@@ -260,16 +281,12 @@ fn block_masks_sinks_and_score_modifications_are_refused() {
         &AttnParams { mask: MaskSpec { block: Some(&block), ..MaskSpec::default() }, ..case.params() },
     );
     assert_field(e, "block_mask", "block masks");
-    let sinks = [0.5f32, -1.0];
-    assert_field(
-        refusal(&case, &cq, &ck, &AttnParams { sinks: Some(&sinks), ..case.params() }),
-        "sinks",
-        "no sinks or score modification yet",
-    );
     let softcap = Softcap(2.0);
     let score_mod = ScoreFn { m: &softcap, table: &[] };
     let e = refusal(&case, &cq, &ck, &AttnParams { score_mod: Some(score_mod), ..case.params() });
-    assert_field(e, "score_mod", "no sinks or score modification yet");
+    assert_field(e, "score_mod", "no score modification yet");
+    let sinks = [0.5f32, f32::NAN];
+    assert_field(refusal(&case, &cq, &ck, &AttnParams { sinks: Some(&sinks), ..case.params() }), "sinks", "NaN");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! dense backward on its queries and output gradient gathered head-major (read tile after tile),
 //! its keys, values and output read in place (once per key block into the kernel's packed blocks,
 //! once per row for `Δ`), its log-sum-exp rows gathered from the head-major `[Hq, total_q]`, and
-//! its gradients copied into the packed layout.
+//! its gradients copied into the packed layout; with sinks, the sequences' `dsinks` summed.
 
 use rayon::prelude::*;
 
@@ -88,7 +88,8 @@ static BUFS: Pool<Bufs> = Pool::new();
 /// Gradients of [`attention_varlen`](super::attention_varlen): `q`, `k`, `v`, `cu` and `params` as
 /// given to the forward, `saved` its results and the output's gradient; returns
 /// `dq: [total_q, Hq, Dk]`, `dk: [total_k, Hkv, Dk]` and `dv: [total_k, Hkv, Dv]` (in the inputs'
-/// packed shapes; `dbias`, `dtable` and `dsinks` are `None`). Dropout replays the forward's decisions from its seed.
+/// packed shapes), with sinks `dsinks: [Hq]` summed over the sequences in their order (`dbias` and
+/// `dtable` are `None`). Dropout replays the forward's decisions from its seed.
 pub fn attention_varlen_backward(
     kernel: Kernel,
     q: &Packed<f32>,
@@ -114,10 +115,9 @@ pub fn attention_varlen_backward(
     let gk = split_rows(&mut g.dk, &c.seqs, |(_, kr)| kr.len() * hkv * dk);
     let gv = split_rows(&mut g.dv, &c.seqs, |(_, kr)| kr.len() * hkv * dv);
     let parts: Vec<_> = gq.into_iter().zip(gk).zip(gv).collect();
-    c.seqs.par_iter().zip(parts).enumerate().try_for_each(|(s, ((qr, kr), ((gq, gk), gv)))| {
-        if qr.is_empty() || kr.is_empty() {
-            // No query sees a key: every gradient of the sequence is 0, as allocated.
-            return Ok(());
+    let dsinks = c.seqs.par_iter().zip(parts).enumerate().map(|(s, ((qr, kr), ((gq, gk), gv)))| {
+        if c.idle(s, params) {
+            return Ok(None);
         }
         let b = &mut BUFS.take();
         let gather = |from: &[f32], to: &mut Vec<f32>| {
@@ -149,7 +149,15 @@ pub fn attention_varlen_backward(
         scatter_rows(&sg.dq, gq, hq, dk);
         scatter_rows(&sg.dk, gk, hkv, dk);
         scatter_rows(&sg.dv, gv, hkv, dv);
-        Ok::<(), AttnError>(())
-    })?;
+        Ok::<_, AttnError>(sg.dsinks)
+    });
+    let dsinks: Vec<Option<Vec<f32>>> = dsinks.collect::<Result<_>>()?;
+    if params.sinks.is_some() {
+        let mut sum = vec![0.0f64; hq];
+        for ds in dsinks.iter().flatten() {
+            sum.iter_mut().zip(ds).for_each(|(a, &x)| *a += x as f64);
+        }
+        g.dsinks = Some(sum.into_iter().map(|x| x as f32).collect());
+    }
     Ok(g)
 }

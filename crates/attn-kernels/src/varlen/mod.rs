@@ -9,14 +9,16 @@
 //! bottom-right aligns each sequence's last query with its own last key), as do scale, soft-cap,
 //! grouped-query heads, `f16`/`bf16` keys and values and bf16 products (`compute`, forward and
 //! backward: each sequence bit for bit the dense call on it alone, whose plan — prefill or decode —
-//! follows from the sequence's own lengths). Element masks (`keep`, `bias`), block
-//! masks and `key_lengths` have no packed form, and sinks and score modifications are not
-//! supported yet: all are refused ([`AttnError::Param`] naming the field: `mask`, `bias`,
-//! `block_mask`, `key_lengths`, `sinks`, `score_mod`).
+//! follows from the sequence's own lengths), and attention sinks (`sinks: [Hq]`, the same logits
+//! joining every sequence's rows; their gradient `dsinks` is the sum of the sequences'). Element
+//! masks (`keep`, `bias`), block masks and `key_lengths` have no packed form, and score
+//! modifications are not supported yet: all are refused ([`AttnError::Param`] naming the field:
+//! `mask`, `bias`, `block_mask`, `key_lengths`, `score_mod`).
 //!
 //! Results: `out: [total_q, Hq, Dv]` and, FlashAttention's convention, `lse: [Hq, total_q]`
 //! (head-major, the rows of every sequence side by side). A sequence with no keys gets output 0
-//! and log-sum-exp −∞, like a fully masked row.
+//! and log-sum-exp −∞, like a fully masked row (with sinks, its head's sink logit, as a dense call
+//! with no keys gives).
 //!
 //! Dropout: sequence `s` is keyed as a call of its own whose seed is
 //! [`Dropout::for_sequence`]`(s)`, its rows `(h, i)` then keyed as in that call (batch 0, query `i`
@@ -118,13 +120,12 @@ impl Call {
         }
         let no_packed_form = "packed sequences take no element-wise or block masks or key lengths; cu_seqlens_k \
                               sets each sequence's keys";
-        let not_yet = "packed sequences take no sinks or score modification yet";
+        let not_yet = "packed sequences take no score modification yet";
         for (field, given, reason) in [
             ("key_lengths", p.mask.key_lengths.is_some(), no_packed_form),
             ("mask", p.mask.keep.is_some(), no_packed_form),
             ("bias", p.mask.bias.is_some(), no_packed_form),
             ("block_mask", p.mask.block.is_some(), no_packed_form),
-            ("sinks", p.sinks.is_some(), not_yet),
             ("score_mod", p.score_mod.is_some(), not_yet),
         ] {
             if given {
@@ -140,6 +141,13 @@ impl Call {
     /// The parameters of sequence `s`: `p` with its dropout keyed for the sequence.
     fn params<'a>(&self, p: &AttnParams<'a, f32>, s: usize) -> AttnParams<'a, f32> {
         AttnParams { dropout: p.dropout.map(|d| d.for_sequence(s)), ..*p }
+    }
+
+    /// Whether sequence `s` has nothing to compute under `p`: no rows, or rows that see no key and
+    /// no sink (their output 0 and log-sum-exp −∞, gradients 0, as allocated).
+    fn idle(&self, s: usize, p: &AttnParams<f32>) -> bool {
+        let (qr, kr) = &self.seqs[s];
+        qr.is_empty() || (kr.is_empty() && p.sinks.is_none())
     }
 }
 
@@ -162,8 +170,7 @@ pub fn attention_varlen(
     let parts = split_rows(&mut out, &c.seqs, |(qr, _)| qr.len() * hq * dv);
     let stats =
         c.seqs.par_iter().zip(parts).enumerate().map(|(s, ((qr, kr), out))| -> Result<Option<(Vec<f32>, Vec<f32>)>> {
-            if qr.is_empty() || kr.is_empty() {
-                // No rows, or rows with no key: output 0 and log-sum-exp −∞ as allocated.
+            if c.idle(s, params) {
                 return Ok(None);
             }
             // Each query row is read once, into the kernel's own scratch, and the keys once, into

@@ -47,6 +47,8 @@ pub struct PackedCase {
     pub dropout: Option<Dropout>,
     /// The products' precision.
     pub compute: Precision,
+    /// Sink logits `[Hq]`.
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// `[0, l_0, l_0 + l_1, …]`.
@@ -77,6 +79,7 @@ impl PackedCase {
             softcap: None,
             dropout: None,
             compute: Precision::F32,
+            sinks: None,
         }
     }
 
@@ -106,7 +109,7 @@ impl PackedCase {
     /// A one-line description for failure messages.
     pub fn describe(&self) -> String {
         format!(
-            "lens={:?} Hq={} Hkv={} Dk={} Dv={} kv={:?} causal={} {:?} window={:?} scale={:?} softcap={:?} dropout={:?}",
+            "lens={:?} Hq={} Hkv={} Dk={} Dv={} kv={:?} causal={} {:?} window={:?} scale={:?} softcap={:?} dropout={:?} sinks={:?}",
             self.lens,
             self.hq,
             self.hkv,
@@ -118,7 +121,8 @@ impl PackedCase {
             self.window.map(|w| (w.left, w.right)),
             self.scale,
             self.softcap,
-            self.dropout
+            self.dropout,
+            self.sinks
         )
     }
 
@@ -132,6 +136,11 @@ impl PackedCase {
             compute: self.compute,
             ..Default::default()
         }
+    }
+
+    /// The options with the sinks, for the packed calls.
+    fn params32(&self) -> AttnParams<'_, f32> {
+        AttnParams { sinks: self.sinks.as_deref(), ..self.params() }
     }
 
     /// Calls `f` with the packed views of the inputs (keys and values in their storage type).
@@ -163,7 +172,7 @@ impl PackedCase {
     /// `kernel`'s packed forward.
     pub fn run(&self, kernel: Kernel) -> attn_kernels::Result<VarlenOutput> {
         let (cq, ck) = (self.cu_q(), self.cu_k());
-        self.with_views(|q, k, v| attention_varlen(kernel, q, k, v, &CuSeqlens { q: &cq, k: &ck }, &self.params()))
+        self.with_views(|q, k, v| attention_varlen(kernel, q, k, v, &CuSeqlens { q: &cq, k: &ck }, &self.params32()))
     }
 
     /// `kernel`'s packed forward then backward for the output gradient `dout: [total_q, Hq, Dv]`.
@@ -173,7 +182,7 @@ impl PackedCase {
         let fwd = self.run(kernel)?;
         let dout = Packed::contiguous("grad_out", dout, [self.totals().0, self.hq, self.dv])?;
         let saved = VarlenSaved::of(&fwd, dout)?;
-        self.with_views(|q, k, v| attention_varlen_backward(kernel, q, k, v, &cu, &saved, &self.params()))
+        self.with_views(|q, k, v| attention_varlen_backward(kernel, q, k, v, &cu, &saved, &self.params32()))
     }
 
     /// A random output gradient `[total_q, Hq, Dv]`.
@@ -195,8 +204,9 @@ impl PackedCase {
             dv: zeros(tk * hkv * dv),
             dbias: None,
             dtable: None,
-            dsinks: None,
+            dsinks: self.sinks.as_ref().map(|_| zeros(hq)),
         };
+        let sinks: Option<Vec<T>> = self.sinks.as_ref().map(|s| s.iter().map(|&x| T::from_f32(x).unwrap()).collect());
         let (cq, ck) = (self.cu_q(), self.cu_k());
         for s in 0..self.lens.len() {
             let (qr, kr) = (cq[s]..cq[s + 1], ck[s]..ck[s + 1]);
@@ -207,7 +217,11 @@ impl PackedCase {
             let q = View4::contiguous("q", &q, [1, hq, lq, dk]).unwrap();
             let k = View4::contiguous("k", &k, [1, hkv, lk, dk]).unwrap();
             let v = View4::contiguous("v", &v, [1, hkv, lk, dv]).unwrap();
-            let params = AttnParams { dropout: self.dropout.map(|d| d.for_sequence(s)), ..self.params() };
+            let params = AttnParams {
+                dropout: self.dropout.map(|d| d.for_sequence(s)),
+                sinks: sinks.as_deref(),
+                ..self.params()
+            };
             let r = reference(&q, &k, &v, &params, false).unwrap();
             packed_rows(&r.out, &mut out, &qr, hq, dv);
             for h in 0..hq {
@@ -221,6 +235,9 @@ impl PackedCase {
                 packed_rows(&sg.dq, &mut g.dq, &qr, hq, dk);
                 packed_rows(&sg.dk, &mut g.dk, &kr, hkv, dk);
                 packed_rows(&sg.dv, &mut g.dv, &kr, hkv, dv);
+                if let (Some(total), Some(ds)) = (g.dsinks.as_mut(), sg.dsinks) {
+                    total.iter_mut().zip(ds).for_each(|(a, x)| *a = *a + x);
+                }
             }
         }
         (out, lse, dout.map(|_| g))
@@ -240,7 +257,12 @@ impl PackedCase {
             .and_then(|_| check("lse", &fast.lse, &l64, &l32, OUTPUT_FACTOR))
             .and_then(|_| check("dq", &grads.dq, &g64.dq, &g32.dq, GRADIENT_FACTOR))
             .and_then(|_| check("dk", &grads.dk, &g64.dk, &g32.dk, GRADIENT_FACTOR))
-            .and_then(|_| check("dv", &grads.dv, &g64.dv, &g32.dv, GRADIENT_FACTOR));
+            .and_then(|_| check("dv", &grads.dv, &g64.dv, &g32.dv, GRADIENT_FACTOR))
+            .and_then(|_| match (&grads.dsinks, &g64.dsinks, &g32.dsinks) {
+                (Some(fast), Some(d64), Some(d32)) => check("dsinks", fast, d64, d32, GRADIENT_FACTOR),
+                (None, None, None) => Ok(()),
+                _ => Err(format!("dsinks given by some and not others: {:?}", grads.dsinks)),
+            });
         if let Err(e) = verdict {
             panic!("{label}: {e}");
         }
