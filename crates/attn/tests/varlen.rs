@@ -2,10 +2,12 @@
 //! `attention_varlen`, and each sequence equals `attn::sdpa` on that sequence alone, with f32 and
 //! with bf16 products (`SdpaOptions::compute`); gradients
 //! through candle's autograd reach `q`, `k` and `v` (finite, non-zero, in their dtypes) and equal
-//! the kernels' packed backward; strided inputs (a fused QKV buffer) give the contiguous result;
+//! the kernels' packed backward; sinks join every sequence and get the sum of their gradients; strided inputs (a fused QKV buffer) give the contiguous result;
 //! unsupported options, bad ranks and bad offsets are refused naming the field.
 
-use attn::{cu_seqlens, sdpa, sdpa_varlen, sdpa_varlen_full, AttnError, AttnLibError, Mask, Precision, SdpaOptions};
+use attn::{
+    cu_seqlens, sdpa, sdpa_full, sdpa_varlen, sdpa_varlen_full, AttnError, AttnLibError, Mask, Precision, SdpaOptions,
+};
 use attn_kernels::{attention_varlen, attention_varlen_backward, CuSeqlens, Packed, VarlenSaved};
 use candle_core::{DType, Device, Tensor, Var};
 
@@ -96,6 +98,52 @@ fn each_sequence_equals_sdpa_on_it_alone() {
     assert_ne!(outs[0], outs[1], "bf16 products gave the f32 products' output bit for bit");
 }
 
+/// Sinks (a `Var`) join every sequence's rows: each sequence's output and log-sum-exp equal
+/// `attn::sdpa_full` on it alone with the same sinks, `q`, `k`, `v` get its gradients, and the
+/// sinks get the sum of the sequences' (finite, non-zero).
+#[test]
+fn sinks_join_every_sequence_and_get_the_summed_gradient() {
+    let (cq, ck) = offsets();
+    let (hq, hkv, dk, dv) = (4, 2, 8, 6);
+    let var = |shape: &[usize], seed| Var::from_tensor(&uniform(shape, seed)).unwrap();
+    let (q, k, v, sinks) =
+        (var(&[cq[4], hq, dk], 21), var(&[ck[4], hkv, dk], 22), var(&[ck[4], hkv, dv], 23), var(&[hq], 24));
+    let dout = uniform(&[cq[4], hq, dv], 25);
+    let opts = SdpaOptions::default().causal(true);
+    let r = sdpa_varlen_full(&q, &k, &v, &cq, &ck, &opts.clone().sinks(sinks.as_tensor().clone())).unwrap();
+    let grads = (&r.out * &dout).unwrap().sum_all().unwrap().backward().unwrap();
+    let grad = |x: &Var| grads.get(x).unwrap().clone();
+    // `[len, H, D]` rows of a packed tensor as the `[1, H, len, D]` that sdpa takes.
+    let alone = |t: &Tensor, from: usize, len: usize| {
+        t.narrow(0, from, len).unwrap().transpose(0, 1).unwrap().unsqueeze(0).unwrap().contiguous().unwrap()
+    };
+    let mut dsinks = vec![0.0f32; hq];
+    for s in 0..LENS.len() {
+        let (lq, lk) = (cq[s + 1] - cq[s], ck[s + 1] - ck[s]);
+        if lq == 0 {
+            continue;
+        }
+        let (qs, ks, vs) = (alone(&q, cq[s], lq), alone(&k, ck[s], lk), alone(&v, ck[s], lk));
+        let [qs, ks, vs] = [qs, ks, vs].map(|t| Var::from_tensor(&t).unwrap());
+        let ss = Var::from_tensor(sinks.as_tensor()).unwrap();
+        let want = sdpa_full(&qs, &ks, &vs, &opts.clone().sinks(ss.as_tensor().clone())).unwrap();
+        assert_eq!(flat(&alone(&r.out, cq[s], lq)), flat(&want.out), "sequence {s}'s output");
+        assert_eq!(flat(&r.lse.narrow(1, cq[s], lq).unwrap()), flat(&want.lse), "sequence {s}'s lse");
+        let g = (&want.out * alone(&dout, cq[s], lq)).unwrap().sum_all().unwrap().backward().unwrap();
+        for (name, packed, rows, x) in
+            [("q", &q, cq[s]..cq[s + 1], &qs), ("k", &k, ck[s]..ck[s + 1], &ks), ("v", &v, ck[s]..ck[s + 1], &vs)]
+        {
+            let got = flat(&alone(&grad(packed), rows.start, rows.len()));
+            let d = max_diff(&got, &flat(g.get(x).unwrap()));
+            assert!(d <= 1e-6, "sequence {s}'s d{name} differs by {d}");
+        }
+        dsinks.iter_mut().zip(flat(g.get(&ss).unwrap())).for_each(|(a, x)| *a += x);
+    }
+    let got = flat(&grad(&sinks));
+    assert!(got.iter().all(|x| x.is_finite() && *x != 0.0), "dsinks {got:?}");
+    assert!(max_diff(&got, &dsinks) <= 1e-5, "dsinks {got:?}, the sequences' sum {dsinks:?}");
+}
+
 #[test]
 fn half_precision_kv_gets_gradients_in_its_dtype() {
     let (cq, ck) = offsets();
@@ -140,10 +188,6 @@ fn unsupported_options_ranks_and_offsets_are_refused_by_name() {
     let keep = Tensor::ones((cq[4], ck[4]), DType::U8, &Device::Cpu).unwrap();
     assert_eq!(param(call(&plain.clone().mask(Mask::keep(keep)), &cq, &ck)), "mask");
     assert_eq!(param(call(&plain.clone().bias(uniform(&[ck[4]], 14)), &cq, &ck)), "bias");
-    assert!(matches!(
-        call(&plain.clone().sinks(uniform(&[2], 15)), &cq, &ck),
-        AttnLibError::Value { field: "sinks", .. }
-    ));
     assert!(matches!(
         call(&plain.clone().return_weights(true), &cq, &ck),
         AttnLibError::Value { field: "return_weights", .. }

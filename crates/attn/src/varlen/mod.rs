@@ -9,9 +9,9 @@
 //! aligns each sequence's last query with its own last key), `window`, `scale`, `softcap`,
 //! `dropout` (sequence `s` keyed by [`Dropout::for_sequence`](crate::Dropout::for_sequence)),
 //! `kernel` and `compute` (bf16 products forward and backward, each sequence computed as the dense
-//! call on it alone). `mask`, `bias`, `key_lengths` and `block_mask` have no packed form and
-//! `sinks` and `score_mod` are not supported here yet (the kernels' `attention_varlen` takes sinks,
-//! but this op has no path for their gradient): all are refused naming the field, as is
+//! call on it alone), and `sinks` (`[Hq]`, the same logits joining every sequence's rows; their
+//! gradient is the sum of the sequences'). `mask`, `bias`, `key_lengths` and `block_mask` have no
+//! packed form and `score_mod` is not supported yet: all are refused naming the field, as is
 //! `return_weights` (the weights of sequences of different lengths form no tensor).
 //!
 //! Dtypes, devices and strides as for [`sdpa`](crate::sdpa()): `f32`, `f16`, `bf16`, `f64` inputs
@@ -106,14 +106,7 @@ pub fn sdpa_varlen_full(
             reason: "packed sequences return no weights (sequences of different lengths form no tensor)".into(),
         });
     }
-    if opts.sinks.is_some() {
-        return Err(AttnLibError::Value {
-            field: "sinks",
-            reason: "packed sequences take no sinks here yet: the kernels' attention_varlen does, but this op has \
-                     no path for their gradient"
-                .into(),
-        });
-    }
+
     let (q3, k3, v3) = (as_query(q)?, as_key_value(k)?, as_key_value(v)?);
     let crate::op::Outputs { out, lse, .. } = op::forward(&q3, &k3, &v3, [cu_seqlens_q, cu_seqlens_k], opts)?;
     let dtype = q.dtype();

@@ -1,12 +1,14 @@
 //! Packed-sequence attention as a differentiable candle operation (an [`AttnOp`], see `crate::op`)
-//! on `(q, k, v)`: its forward runs `attn_kernels::attention_varlen` and keeps its log-sum-exp; its
-//! backward runs `attention_varlen_backward` on it, the output and the gradient that arrived at the
-//! output or the log-sum-exp. The offsets and the options are constants of the op, converted to
-//! the kernels' form once.
+//! on `(q, k, v)`, or with sinks that take a gradient on `(q, [k | v], sinks)` (keys and values
+//! joined along their last dimension, as the dense op joins them): its forward runs
+//! `attn_kernels::attention_varlen` and keeps its log-sum-exp; its backward runs
+//! `attention_varlen_backward` on it, the output and the gradient that arrived at the output or the
+//! log-sum-exp. The offsets and the options are constants of the op, converted to the kernels'
+//! form once.
 
 use std::sync::Mutex;
 
-use attn_kernels::{attention_varlen, attention_varlen_backward, CuSeqlens, VarlenSaved};
+use attn_kernels::{attention_varlen, attention_varlen_backward, CuSeqlens, PackedKv, VarlenSaved};
 use candle_core::{CpuStorage, Layout, Shape, Tensor};
 
 use crate::convert::{packed, packed_kv};
@@ -21,6 +23,8 @@ struct VarlenOp {
     host: KernelParams<'static, f32>,
     cu_q: Vec<usize>,
     cu_k: Vec<usize>,
+    /// `Some(Dk)` when the arguments are `(q, [k | v], sinks)`.
+    joined: Option<usize>,
     saved: Mutex<ForwardState>,
 }
 
@@ -29,12 +33,32 @@ struct VarlenOp {
 /// `lse: [Hq, total_q]` (f32, both differentiable).
 pub(super) fn forward(q: &Tensor, k: &Tensor, v: &Tensor, cu: [&[usize]; 2], opts: &SdpaOptions) -> Result<Outputs> {
     let host = opts.kernel_params::<f32>()?.into_owned();
-    apply([q, k, v], VarlenOp { host, cu_q: cu[0].to_vec(), cu_k: cu[1].to_vec(), saved: Mutex::default() })
+    let op = |joined| VarlenOp { host, cu_q: cu[0].to_vec(), cu_k: cu[1].to_vec(), joined, saved: Mutex::default() };
+    match opts.sinks.as_ref().filter(|s| s.track_op()) {
+        None => apply([q, k, v], op(None)),
+        Some(sinks) => {
+            // Contiguous: the kernels' views read the last dimension contiguous.
+            let kv = Tensor::cat(&[k, &v.to_dtype(k.dtype())?], 2)?.contiguous()?;
+            apply([q, &kv, sinks], op(Some(k.dims()[2])))
+        }
+    }
 }
 
 impl VarlenOp {
     fn cu(&self) -> CuSeqlens<'_> {
         CuSeqlens { q: &self.cu_q, k: &self.cu_k }
+    }
+
+    /// Packed key and value views of arguments 2 and 3.
+    fn kv<'a>(&self, s2: &'a CpuStorage, l2: &Layout, s3: &'a CpuStorage, l3: &Layout) -> Result<[PackedKv<'a>; 2]> {
+        match self.joined {
+            None => Ok([packed_kv("k", s2, l2)?, packed_kv("v", s3, l3)?]),
+            Some(dk) => {
+                let dv = l2.dims()[2] - dk;
+                let (k, v) = (l2.clone().narrow(2, 0, dk)?, l2.clone().narrow(2, dk, dv)?);
+                Ok([packed_kv("k", s2, &k)?, packed_kv("v", s2, &v)?])
+            }
+        }
     }
 }
 
@@ -47,7 +71,7 @@ impl AttnOp for VarlenOp {
         &self,
         [(s1, l1), (s2, l2), (s3, l3)]: [(&CpuStorage, &Layout); 3],
     ) -> Result<(CpuStorage, Shape, ForwardState)> {
-        let (q, k, v) = (packed::<f32>("q", s1, l1)?, packed_kv("k", s2, l2)?, packed_kv("v", s3, l3)?);
+        let (q, [k, v]) = (packed::<f32>("q", s1, l1)?, self.kv(s2, l2, s3, l3)?);
         let params = self.host.attn_params()?;
         let r = attention_varlen(self.host.options().kernel, &q, &k, &v, &self.cu(), &params)?;
         let [total_q, hq, _] = q.dims();
@@ -61,15 +85,19 @@ impl AttnOp for VarlenOp {
         Ok((CpuStorage::F32(r.out), Shape::from((total_q, hq, dv)), state))
     }
 
-    fn backward(&self, [q, k, v]: [&Tensor; 3], arrived: Arrived) -> Result<[Option<Tensor>; 3]> {
+    fn backward(&self, [q, a2, a3]: [&Tensor; 3], arrived: Arrived) -> Result<[Option<Tensor>; 3]> {
         let (total_q, hq, _) = q.dims3()?;
-        let dv = v.dims()[2];
+        let dv = match self.joined {
+            None => a3.dims()[2],
+            Some(dk) => a2.dims()[2] - dk,
+        };
         let Incoming { out, dout, dlse, dweights } = arrived.incoming(&[total_q, hq, dv], q.device())?;
         if dweights.is_some() {
             let reason = "packed sequences return no weights".into();
             return Err(AttnLibError::Kernel(attn_kernels::AttnError::Param { field: "return_weights", reason }));
         }
-        let [(qs, ql), (ks, kl), (vs, vl), (os, ol), (gs, gl)] = [q, k, v, &out, &dout].map(|t| t.storage_and_layout());
+        let [(qs, ql), (s2, l2), (s3, l3), (os, ol), (gs, gl)] =
+            [q, a2, a3, &out, &dout].map(|t| t.storage_and_layout());
         let (lse, lse_residue) = {
             let s = lock(&self.saved);
             (copy_lse(&s.lse)?, copy_lse(&s.lse_residue)?)
@@ -81,15 +109,25 @@ impl AttnOp for VarlenOp {
             dout: packed("grad_out", cpu(&gs)?, gl)?,
             dlse: dlse.as_deref(),
         };
-        let (qv, kv, vv) =
-            (packed("q", cpu(&qs)?, ql)?, packed_kv("k", cpu(&ks)?, kl)?, packed_kv("v", cpu(&vs)?, vl)?);
+        let (qv, [kv, vv]) = (packed("q", cpu(&qs)?, ql)?, self.kv(cpu(&s2)?, l2, cpu(&s3)?, l3)?);
         let params = self.host.attn_params()?;
         let g = attention_varlen_backward(self.host.options().kernel, &qv, &kv, &vv, &self.cu(), &saved, &params)?;
         let dev = q.device();
         let dq = Tensor::from_vec(g.dq, q.dims(), dev)?;
-        let dk = Tensor::from_vec(g.dk, k.dims(), dev)?.to_dtype(k.dtype())?;
-        let dv = Tensor::from_vec(g.dv, v.dims(), dev)?.to_dtype(v.dtype())?;
-        Ok([Some(dq), Some(dk), Some(dv)])
+        let [total_k, hkv] = [kv.dims()[0], kv.dims()[1]];
+        let dk = Tensor::from_vec(g.dk, (total_k, hkv, kv.dims()[2]), dev)?;
+        let dv = Tensor::from_vec(g.dv, (total_k, hkv, dv), dev)?;
+        Ok(match self.joined {
+            None => [Some(dq), Some(dk.to_dtype(a2.dtype())?), Some(dv.to_dtype(a3.dtype())?)],
+            Some(_) => {
+                let dkv = Tensor::cat(&[dk, dv], 2)?.to_dtype(a2.dtype())?;
+                let dsinks = g.dsinks.ok_or_else(|| AttnLibError::Value {
+                    field: "sinks",
+                    reason: "the packed backward gave no sinks' gradient".into(),
+                })?;
+                [Some(dq), Some(dkv), Some(Tensor::from_vec(dsinks, a3.dims(), dev)?.to_dtype(a3.dtype())?)]
+            }
+        })
     }
 
     fn state(&self) -> &Mutex<ForwardState> {
