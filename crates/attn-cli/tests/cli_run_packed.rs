@@ -145,6 +145,48 @@ fn window_within_each_sequence_and_the_reference_kernel() {
 
 /// Runs `attn run` on `tensors` with `flags`; returns stderr, asserting the run failed and wrote
 /// nothing.
+/// Sinks in INPUT join every sequence's rows: `out`, `lse` and, with `grad_out`, `dq`, `dk`, `dv`
+/// and `dsinks` are the library's packed call with the same sinks (its autograd for the gradients).
+#[test]
+fn sinks_join_every_sequence_and_get_their_gradient() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = packed_input(dir.path(), &[(5, 9), (11, 4), (7, 7)], (4, 2));
+    let sinks = f32_tensor(&[4], 5);
+    let with_sinks = dir.path().join("sinks.safetensors");
+    let [q, k, v, grad_out] = &input.tensors;
+    let (cu_q, cu_k) = (&input.cu[0], &input.cu[1]);
+    let offsets = |cu: &[usize]| tensor(&[cu.len()], HostData::I64(cu.iter().map(|&x| x as i64).collect()));
+    let (oq, ok) = (offsets(cu_q), offsets(cu_k));
+    let all = [("q", q), ("k", k), ("v", v), ("grad_out", grad_out), ("sinks", &sinks), ("cu_seqlens_q", &oq)];
+    write(&with_sinks, &[&all[..], &[("cu_seqlens_k", &ok)]].concat());
+    let out = out_path(dir.path());
+    let (result, _) = run_ok(&["--causal", "-o", out.to_str().unwrap()], &[&with_sinks], &out);
+
+    let candle = |t: &HostTensor| candle_core::Tensor::from_vec(f32_of(t), t.shape.clone(), &candle_core::Device::Cpu);
+    let var = |t: &HostTensor| candle_core::Var::from_tensor(&candle(t).unwrap()).unwrap();
+    let (qv, kv, vv, sv) = (var(q), var(k), var(v), var(&sinks));
+    let opts = SdpaOptions::default().causal(true).sinks(sv.as_tensor().clone());
+    let r = attn::sdpa_varlen_full(&qv, &kv, &vv, cu_q, cu_k, &opts).unwrap();
+    let dout = candle(grad_out).unwrap();
+    let store = (&r.out * &dout).unwrap().sum_all().unwrap().backward().unwrap();
+    let grad = |x: &candle_core::Var| store.get(x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let flat = |t: &candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let want = [
+        ("out", flat(&r.out)),
+        ("lse", flat(&r.lse)),
+        ("dq", grad(&qv)),
+        ("dk", grad(&kv)),
+        ("dv", grad(&vv)),
+        ("dsinks", grad(&sv)),
+    ];
+    for (name, w) in want {
+        let got = f32_of(result.get(name).unwrap_or_else(|| panic!("{name} not written")));
+        let d = got.iter().zip(&w).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(got.len() == w.len() && d <= 1e-6, "{name}: differs from the library by {d}");
+    }
+    assert!(f32_of(&result["dsinks"]).iter().all(|x| x.is_finite() && *x != 0.0));
+}
+
 fn refused(tensors: &[(&str, &HostTensor)], flags: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.safetensors");
@@ -180,10 +222,10 @@ fn packed_refusals_name_the_file_and_the_tensor_or_option() {
         e.contains("in.safetensors: tensor 'mask': packed sequences (cu_seqlens_q, cu_seqlens_k) take no mask"),
         "{e}"
     );
-    let sinks = f32_tensor(&[2], 4);
-    let e = refused(&with(&base, &[("cu_seqlens_q", &cq), ("cu_seqlens_k", &ck), ("sinks", &sinks)]), &[]);
+    let bias = f32_tensor(&[6], 4);
+    let e = refused(&with(&base, &[("cu_seqlens_q", &cq), ("cu_seqlens_k", &ck), ("bias", &bias)]), &[]);
     assert!(
-        e.contains("in.safetensors: tensor 'sinks': packed sequences (cu_seqlens_q, cu_seqlens_k) take no sinks"),
+        e.contains("in.safetensors: tensor 'bias': packed sequences (cu_seqlens_q, cu_seqlens_k) take no bias"),
         "{e}"
     );
     let short = i64s(&[0, 4, 5]);

@@ -143,7 +143,6 @@ fn what_has_no_packed_form_is_refused_naming_the_field() {
     let cases = [
         ("add_bias_kv", MultiHeadAttentionConfig { add_bias_kv: true, ..base.clone() }),
         ("add_zero_attn", MultiHeadAttentionConfig { add_zero_attn: true, ..base.clone() }),
-        ("sinks", MultiHeadAttentionConfig { sinks: true, ..base.clone() }),
     ];
     for (name, cfg) in cases {
         let map = candle_nn::VarMap::new();
@@ -205,6 +204,42 @@ fn bf16_products_reach_the_packed_kernels() {
     }
     // Over all parameters: the output projection's bias gets the same gradient either way.
     assert!(apart >= 10.0 * same.max(1e-6), "gradients: packed vs alone {same}, bf16 vs f32 products {apart}");
+}
+
+/// gpt-oss's sinks in packed batches: with the same weights, `forward_packed` and the gradient of
+/// every parameter (the sinks' among them, finite and non-zero) equal the padded forward run on
+/// each sequence alone (to f32 summation order).
+#[test]
+fn sinks_in_packed_batches_equal_each_sequence_alone() {
+    let map = candle_nn::VarMap::new();
+    let cfg = MultiHeadAttentionConfig { num_kv_heads: Some(2), sinks: true, ..MultiHeadAttentionConfig::new(32, 4) };
+    let mha = MultiHeadAttention::new(cfg, attn_nn::init::seeded(&map, 0)).unwrap();
+    let seqs: Vec<Tensor> = [5, 9, 1]
+        .iter()
+        .zip(30..)
+        .map(|(&l, seed)| attn::random::uniform(&[l, 32], -1.0, 1.0, seed).unwrap())
+        .collect();
+    let target = attn::random::uniform(&[15, 32], -1.0, 1.0, 40).unwrap();
+    let x = Packed::from_sequences(&seqs).unwrap();
+    let packed = mha.forward_packed(PackedMhaInput::self_attention(&x).causal(true)).unwrap().data().clone();
+    let outs: Vec<Tensor> = seqs
+        .iter()
+        .map(|s| {
+            let s = s.unsqueeze(0).unwrap();
+            mha.forward(MhaInput::self_attention(&s).masks(AttnMasks::causal())).unwrap().out.squeeze(0).unwrap()
+        })
+        .collect();
+    let alone = Tensor::cat(&outs, 0).unwrap();
+    assert!(max_diff(&packed, &alone) <= 1e-6, "out: packed vs alone {}", max_diff(&packed, &alone));
+    let grads = |out: &Tensor| (out * &target).unwrap().sum_all().unwrap().backward().unwrap();
+    let (g_packed, g_alone) = (grads(&packed), grads(&alone));
+    let vars = map.data().lock().unwrap().clone();
+    for (name, var) in &vars {
+        let (a, b) = (g_packed.get(var).unwrap(), g_alone.get(var).unwrap());
+        assert!(max_diff(a, b) <= 1e-5, "{name}: packed vs alone {}", max_diff(a, b));
+    }
+    let ds: Vec<f32> = g_packed.get(&vars["sinks"]).unwrap().to_vec1().unwrap();
+    assert!(ds.iter().all(|x| x.is_finite() && *x != 0.0), "dsinks {ds:?}");
 }
 
 #[test]

@@ -39,7 +39,8 @@ pub struct Args {
     /// gradients). Packed variable-length sequences: `cu_seqlens_q` and `cu_seqlens_k` (I32/I64,
     /// `[B+1]`, FlashAttention's offsets) with `q: [total_q, Hq, D]`, `k: [total_k, Hkv, D]`,
     /// `v: [total_k, Hkv, Dv]` (and `grad_out: [total_q, Hq, Dv]`); the masking flags then apply
-    /// within each sequence, and `mask`, `bias`, `key_lengths`, `sinks` and `--weights` are refused.
+    /// within each sequence, `sinks` join every sequence's rows, and `mask`, `bias`, `key_lengths`
+    /// and `--weights` are refused.
     #[arg(required_unless_present = "q", conflicts_with = "q")]
     pub input: Option<PathBuf>,
     /// Output file, in the format its extension names: `.safetensors`/`.st` or `.npz` (one

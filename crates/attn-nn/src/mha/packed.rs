@@ -4,8 +4,9 @@
 //! keys), grouped-query heads, RoPE positions restarting at 0 in every sequence, causal masking
 //! within each sequence, and attention dropout keyed per sequence. No padding is computed, so no
 //! key padding mask is needed. bf16 products (`compute`) reach the packed kernels as they reach
-//! the padded call's. `add_bias_kv`, `add_zero_attn` and `sinks` have no packed form yet and are
-//! refused, as is asking for the weights (sequences of different lengths form no tensor).
+//! the padded call's, and so do the sinks (the same logits joining every sequence's rows).
+//! `add_bias_kv` and `add_zero_attn` have no packed form yet and are refused, as is asking for the
+//! weights (sequences of different lengths form no tensor).
 
 use attn::SdpaOptions;
 
@@ -78,8 +79,7 @@ impl MultiHeadAttention {
     /// ```
     pub fn forward_packed(&self, input: PackedMhaInput) -> Result<Packed> {
         let cfg = &self.cfg;
-        let unsupported =
-            [("add_bias_kv", cfg.add_bias_kv), ("add_zero_attn", cfg.add_zero_attn), ("sinks", cfg.sinks)];
+        let unsupported = [("add_bias_kv", cfg.add_bias_kv), ("add_zero_attn", cfg.add_zero_attn)];
         if let Some((field, _)) = unsupported.iter().find(|(_, on)| *on) {
             return Err(NnError::Config {
                 module: MODULE,
@@ -113,6 +113,8 @@ impl MultiHeadAttention {
         let k = heads(&self.proj.k, key, hkv)?;
         let v = self.proj.v.forward(value.data())?.reshape((value.total(), hkv, hd))?;
         let mut opts = SdpaOptions::default().kernel(cfg.kernel).compute(cfg.compute).causal(causal);
+        // The same sink logits join every sequence's rows.
+        opts.sinks = self.sinks.clone();
         if cfg.dropout > 0.0 {
             if let Some(seed) = self.seeds.seed(mode) {
                 opts = opts.dropout(cfg.dropout, seed);

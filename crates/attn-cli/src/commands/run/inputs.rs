@@ -150,8 +150,7 @@ impl Inputs {
                 [("mask", &self.mask), ("bias", &self.bias), ("sinks", &self.sinks)].into_iter().chain(cu),
             )?;
         }
-        let dense_only =
-            [("mask", &self.mask), ("bias", &self.bias), ("key_lengths", &self.key_lengths), ("sinks", &self.sinks)];
+        let dense_only = [("mask", &self.mask), ("bias", &self.bias), ("key_lengths", &self.key_lengths)];
         let offsets = packed::offsets(self.cu_seqlens_q, self.cu_seqlens_k, &self.q.file, dense_only)?;
         let (rank, grad_dims) = if offsets.is_some() { (3, "[total_q, Hq, Dv]") } else { (4, "[B, Hq, Lq, Dv]") };
         let q = self.q.convert("q", |t| with_rank(t, rank)?.into_f32_tensor())?;

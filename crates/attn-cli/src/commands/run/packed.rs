@@ -16,13 +16,14 @@ pub(super) struct Offsets {
 /// The offsets when the inputs hold `cu_seqlens_q` and `cu_seqlens_k` (I32/I64, rank 1, no
 /// negative entry), `None` when they hold neither. One without the other is refused as missing
 /// (naming `q_file`, the INPUT file), and beside them a tensor of `dense_only` (`mask`, `bias`,
-/// `key_lengths`, `sinks`) is refused: packed sequences have no element masks, each sequence's
-/// keys are its own, and the packed call takes no sinks yet. The library checks the offsets against each other and the totals.
+/// `key_lengths`) is refused: packed sequences have no element masks, and each sequence's keys
+/// are its own (sinks join every sequence's rows). The library checks the offsets against each
+/// other and the totals.
 pub(super) fn offsets(
     cu_q: Option<Sourced>,
     cu_k: Option<Sourced>,
     q_file: &str,
-    dense_only: [(&str, &Option<Sourced>); 4],
+    dense_only: [(&str, &Option<Sourced>); 3],
 ) -> Result<Option<Offsets>, IoError> {
     let (cu_q, cu_k) = match (cu_q, cu_k) {
         (None, None) => return Ok(None),
