@@ -157,6 +157,19 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
 }
 
+/// `m`'s padded causal self-attention on each of `seqs` (`[len, E]`) alone, the outputs one after
+/// another (`[Σ len, E]`, the packed layout).
+fn each_alone(m: &MultiHeadAttention, seqs: &[Tensor]) -> Tensor {
+    let outs: Vec<Tensor> = seqs
+        .iter()
+        .map(|s| {
+            let s = s.unsqueeze(0).unwrap();
+            m.forward(MhaInput::self_attention(&s).masks(AttnMasks::causal())).unwrap().out.squeeze(0).unwrap()
+        })
+        .collect();
+    Tensor::cat(&outs, 0).unwrap()
+}
+
 /// bf16 products reach the packed call: with the same weights, `forward_packed` and the gradient
 /// of every parameter equal the padded forward run on each sequence alone with bf16 products (to
 /// f32 summation order), and differ from the packed call with f32 products by far more.
@@ -178,21 +191,11 @@ fn bf16_products_reach_the_packed_kernels() {
     let packed = |m: &MultiHeadAttention| {
         m.forward_packed(PackedMhaInput::self_attention(&x).causal(true)).unwrap().data().clone()
     };
-    let one_by_one = |m: &MultiHeadAttention| {
-        let outs: Vec<Tensor> = seqs
-            .iter()
-            .map(|s| {
-                let s = s.unsqueeze(0).unwrap();
-                m.forward(MhaInput::self_attention(&s).masks(AttnMasks::causal())).unwrap().out.squeeze(0).unwrap()
-            })
-            .collect();
-        Tensor::cat(&outs, 0).unwrap()
-    };
     let grads = |out: &Tensor| {
         let g = (out * &target).unwrap().sum_all().unwrap().backward().unwrap();
         map.all_vars().iter().map(|v| g.get(v).unwrap().clone()).collect::<Vec<_>>()
     };
-    let (got, alone, f32_out) = (packed(&bf), one_by_one(&bf), packed(&f32_products));
+    let (got, alone, f32_out) = (packed(&bf), each_alone(&bf, &seqs), packed(&f32_products));
     let (same, apart) = (max_diff(&got, &alone), max_diff(&got, &f32_out));
     assert!(same <= 1e-6 && apart >= 1e-4, "out: packed vs alone {same}, bf16 vs f32 products {apart}");
     let (g_got, g_alone, g_f32) = (grads(&got), grads(&alone), grads(&f32_out));
@@ -222,14 +225,7 @@ fn sinks_in_packed_batches_equal_each_sequence_alone() {
     let target = attn::random::uniform(&[15, 32], -1.0, 1.0, 40).unwrap();
     let x = Packed::from_sequences(&seqs).unwrap();
     let packed = mha.forward_packed(PackedMhaInput::self_attention(&x).causal(true)).unwrap().data().clone();
-    let outs: Vec<Tensor> = seqs
-        .iter()
-        .map(|s| {
-            let s = s.unsqueeze(0).unwrap();
-            mha.forward(MhaInput::self_attention(&s).masks(AttnMasks::causal())).unwrap().out.squeeze(0).unwrap()
-        })
-        .collect();
-    let alone = Tensor::cat(&outs, 0).unwrap();
+    let alone = each_alone(&mha, &seqs);
     assert!(max_diff(&packed, &alone) <= 1e-6, "out: packed vs alone {}", max_diff(&packed, &alone));
     let grads = |out: &Tensor| (out * &target).unwrap().sum_all().unwrap().backward().unwrap();
     let (g_packed, g_alone) = (grads(&packed), grads(&alone));
