@@ -92,9 +92,9 @@ pub struct BwdWork {
     /// The block's `dK` `[KEY_BLOCK, Dk]` and `dV` `[KEY_BLOCK, Dv]`.
     dk: Lines<f32>,
     dv: Lines<f32>,
-    /// `Δ_i = dO_i·O_i` of the job's rows, `[Hq/Hkv, Lq]`, and `W` of their `dO` and `O` rows
-    /// transposed (`deltas`).
+    /// `Δ_i = dO_i·O_i` of the job's rows, `[Hq/Hkv, Lq]`.
     delta: Vec<f32>,
+    /// `W` rows of `dO` and then of `O` transposed, `2 × [slots][W]` (`deltas`).
     dt: Vec<f32>,
     /// Block columns whose key row holds a non-finite number.
     bad_keys: Vec<usize>,
