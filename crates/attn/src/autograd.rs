@@ -22,7 +22,7 @@ use candle_core::{CpuStorage, DType, Layout, Shape, Tensor};
 use crate::convert::{kv_view, view4};
 use crate::error::Result;
 pub(crate) use crate::op::Outputs;
-use crate::op::{apply, copy_lse, cpu, lock, Arrived, AttnOp, ForwardState};
+use crate::op::{apply, copy_lse, cpu, join_kv, lock, split_kv, Arrived, AttnOp, ForwardState};
 use crate::options::SdpaOptions;
 use crate::params::KernelParams;
 
@@ -65,9 +65,7 @@ pub(crate) fn forward(q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) ->
     let (args, a2, a3) = match tracked.as_slice() {
         [] => (Args::Separate, k.clone(), v.clone()),
         parts => {
-            // Contiguous: candle joins strided tensors along their last dimension into a
-            // transposed layout, which the kernels' views (last dimension contiguous) cannot read.
-            let kv = Tensor::cat(&[k, &v.to_dtype(k.dtype())?], 3)?.contiguous()?;
+            let kv = join_kv(k, v)?;
             let extra = match parts {
                 [one] => (*one).clone(),
                 _ => {
@@ -89,10 +87,7 @@ impl SdpaOp {
         match self.args {
             Args::Separate => Ok([kv_view("k", s2, l2)?, kv_view("v", s3, l3)?]),
             Args::Packed { dk, .. } => {
-                let dims = l2.dims();
-                let dv = dims[3] - dk;
-                let k = l2.clone().narrow(3, 0, dk)?;
-                let v = l2.clone().narrow(3, dk, dv)?;
+                let [k, v] = split_kv(l2, dk)?;
                 Ok([kv_view("k", s2, &k)?, kv_view("v", s2, &v)?])
             }
         }
@@ -194,7 +189,7 @@ impl AttnOp for SdpaOp {
         Ok(match self.args {
             Args::Separate => [Some(dq), Some(dk_t.to_dtype(a2.dtype())?), Some(dv_t.to_dtype(a3.dtype())?)],
             Args::Packed { bias, sinks, table, .. } => {
-                let dkv = Tensor::cat(&[dk_t, dv_t], 3)?.to_dtype(a2.dtype())?;
+                let dkv = join_kv(&dk_t, &dv_t)?.to_dtype(a2.dtype())?;
                 let parts = [g.dbias.filter(|_| bias), g.dsinks.filter(|_| sinks), g.dtable.filter(|_| table)];
                 let dextra: Vec<f32> = parts.into_iter().flatten().flatten().collect();
                 let dextra = Tensor::from_vec(dextra, a3.dims(), cpu)?.to_dtype(a3.dtype())?;

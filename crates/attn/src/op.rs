@@ -137,6 +137,22 @@ pub(crate) fn apply_op<'s>(
     }
 }
 
+/// Keys and values joined along their last dimension into one argument (`[.., Dk + Dv]`, in `k`'s
+/// dtype), for an op whose third argument carries the tracked extras (bias, sinks, table).
+/// Contiguous: candle joins strided tensors along their last dimension into a transposed layout,
+/// which the kernels' views (last dimension contiguous) cannot read.
+pub(crate) fn join_kv(k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    Ok(Tensor::cat(&[k, &v.to_dtype(k.dtype())?], k.rank() - 1)?.contiguous()?)
+}
+
+/// The layouts of the keys (the first `dk` columns) and the values inside a [`join_kv`] argument
+/// laid out as `l`.
+pub(crate) fn split_kv(l: &Layout, dk: usize) -> Result<[Layout; 2]> {
+    let last = l.dims().len() - 1;
+    let dv = l.dims()[last] - dk;
+    Ok([l.clone().narrow(last, 0, dk)?, l.clone().narrow(last, dk, dv)?])
+}
+
 /// The state, whether or not a panicking thread poisoned its lock.
 pub(crate) fn lock(m: &Mutex<ForwardState>) -> MutexGuard<'_, ForwardState> {
     m.lock().unwrap_or_else(|e| e.into_inner())

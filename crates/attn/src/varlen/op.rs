@@ -13,7 +13,7 @@ use candle_core::{CpuStorage, Layout, Shape, Tensor};
 
 use crate::convert::{packed, packed_kv};
 use crate::error::{AttnLibError, Result};
-use crate::op::{apply, copy_lse, cpu, lock, Arrived, AttnOp, ForwardState, Incoming, Outputs};
+use crate::op::{apply, copy_lse, cpu, join_kv, lock, split_kv, Arrived, AttnOp, ForwardState, Incoming, Outputs};
 use crate::options::SdpaOptions;
 use crate::params::KernelParams;
 
@@ -36,11 +36,7 @@ pub(super) fn forward(q: &Tensor, k: &Tensor, v: &Tensor, cu: [&[usize]; 2], opt
     let op = |joined| VarlenOp { host, cu_q: cu[0].to_vec(), cu_k: cu[1].to_vec(), joined, saved: Mutex::default() };
     match opts.sinks.as_ref().filter(|s| s.track_op()) {
         None => apply([q, k, v], op(None)),
-        Some(sinks) => {
-            // Contiguous: the kernels' views read the last dimension contiguous.
-            let kv = Tensor::cat(&[k, &v.to_dtype(k.dtype())?], 2)?.contiguous()?;
-            apply([q, &kv, sinks], op(Some(k.dims()[2])))
-        }
+        Some(sinks) => apply([q, &join_kv(k, v)?, sinks], op(Some(k.dims()[2]))),
     }
 }
 
@@ -54,8 +50,7 @@ impl VarlenOp {
         match self.joined {
             None => Ok([packed_kv("k", s2, l2)?, packed_kv("v", s3, l3)?]),
             Some(dk) => {
-                let dv = l2.dims()[2] - dk;
-                let (k, v) = (l2.clone().narrow(2, 0, dk)?, l2.clone().narrow(2, dk, dv)?);
+                let [k, v] = split_kv(l2, dk)?;
                 Ok([packed_kv("k", s2, &k)?, packed_kv("v", s2, &v)?])
             }
         }
@@ -120,7 +115,7 @@ impl AttnOp for VarlenOp {
         Ok(match self.joined {
             None => [Some(dq), Some(dk.to_dtype(a2.dtype())?), Some(dv.to_dtype(a3.dtype())?)],
             Some(_) => {
-                let dkv = Tensor::cat(&[dk, dv], 2)?.to_dtype(a2.dtype())?;
+                let dkv = join_kv(&dk, &dv)?.to_dtype(a2.dtype())?;
                 let dsinks = g.dsinks.ok_or_else(|| AttnLibError::Value {
                     field: "sinks",
                     reason: "the packed backward gave no sinks' gradient".into(),
