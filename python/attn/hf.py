@@ -3,41 +3,70 @@
 masks), after which ``AutoModel*.from_config(cfg, attn_implementation="attn")`` runs attention
 through ``attn.sdpa``. Grouped-query attention runs natively (no repeated keys/values).
 
-The attention function receives ``query: [B, Hq, Lq, D]``, ``key``/``value: [B, Hkv, Lk, D]`` and
-returns ``([B, Lq, Hq, D], None)`` as ``transformers`` expects.
+The attention function takes what ``transformers``' ``sdpa_attention_forward`` takes, and more:
+``query: [B, Hq, Lq, Dk]``, ``key: [B, Hkv, Lk, Dk]``, ``value: [B, Hkv, Lk, Dv]``, a bool or
+float ``attention_mask``, ``position_bias`` (T5's relative positions: added to the scaled
+scores, differentiable), a ``PagedAttentionCache`` as ``cache`` (updated first, as ``sdpa``
+does), ``softcap`` (Gemma 2) and gpt-oss's learned sinks ``s_aux``; the ``sliding_window`` a
+model hands is already in its mask. It returns ``([B, Lq, Hq, Dv], weights)``: the attention
+weights ``[B, Hq, Lq, Lk]`` when the model is asked for them (``output_attentions``, as an
+argument or in the config), ``None`` otherwise. The weights are those before dropout
+(``eager``'s are after it), differentiable, and a row sums to less than 1 with sinks (as
+``eager``'s for gpt-oss, which leave the sink out).
 """
 
-import warnings
+import torch
 
 from . import sdpa
 
 NAME = "attn"
 
 
-# What some models hand their attention function that attn's Python entry point does not take yet:
-# ignoring it would change the model's results without a word.
-REFUSED = {
-    "position_bias": "an additive position bias (position_bias) is not taken; pass it as attention_mask",
-}
+def _with_bias(attention_mask, position_bias):
+    """One float mask for both, as ``sdpa`` combines them: a bool mask keeps the bias where True
+    (``-inf``, which attn takes as masked, elsewhere), a float one is added to it."""
+    if attention_mask is None:
+        return position_bias
+    if attention_mask.dtype == torch.bool:
+        return torch.where(attention_mask, position_bias, float("-inf"))
+    return position_bias + attention_mask
 
 
-def attn_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """The ``transformers`` attention function (the ``sdpa`` one's contract; gpt-oss's sinks
-    ``s_aux`` join each row's softmax, differentiable). Refuses, with
-    ``ValueError``, the arguments in ``REFUSED``; ``output_attentions`` gets no weights (as ``sdpa``),
-    with a warning."""
-    for name, why in REFUSED.items():
-        if kwargs.get(name) is not None:
-            raise ValueError(f"attn_implementation='attn': {why}; use 'eager' for this model")
-    if kwargs.get("output_attentions", False):
-        warnings.warn("attn_implementation='attn' returns no attention weights (output_attentions)", stacklevel=2)
+def _wants_weights(module, kwargs):
+    """Whether ``transformers`` records this layer's weights: ``output_attentions`` reaches the
+    attention function as an argument, while the config's flag (which ``capture_outputs`` reads
+    too) does not."""
+    asked = kwargs.get("output_attentions")
+    if asked is None:
+        asked = getattr(getattr(module, "config", None), "output_attentions", False)
+    return bool(asked)
+
+
+def attn_attention_forward(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, position_bias=None,
+    cache=None, **kwargs,
+):
+    """The ``transformers`` attention function (see the module's docstring)."""
+    if cache is not None:
+        # Continuous batching's paged cache (transformers' own checks admit only "sdpa", "paged|eager"
+        # and the flash names, so it reaches attn registered under one of those).
+        from transformers.generation.continuous_batching.cache import PagedAttentionCache
+
+        if isinstance(cache, PagedAttentionCache):
+            key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # As ``sdpa``: causal only for a prefill without a mask (a mask already holds the causal part).
     is_causal = query.shape[2] > 1 and attention_mask is None and bool(is_causal)
-    out = sdpa(
+    if position_bias is not None:
+        # attn takes a float mask together with ``is_causal``: no causal mask to build.
+        attention_mask = _with_bias(attention_mask, position_bias)
+    want = _wants_weights(module, kwargs)
+    result = sdpa(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=is_causal,
-        enable_gqa=True, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"),
+        enable_gqa=True, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"), return_weights=want,
     )
-    return out.transpose(1, 2).contiguous(), None
+    out, weights = result if want else (result, None)
+    return out.transpose(1, 2).contiguous(), weights
 
 
 def register():

@@ -3,7 +3,10 @@ operator when a gradient or ``torch.compile`` needs it, straight to the kernels 
 ``patch()`` / ``patched()``, which route ``torch.nn.functional.scaled_dot_product_attention`` on
 CPU tensors through attn and fall back to PyTorch, with one warning per reason, for what attn
 does not take (another device, another dtype, ranks other than 3 and 4, a mask together with
-``is_causal``, an input the kernels refuse).
+``is_causal`` or of another dtype than the inputs, an input the kernels refuse). Inside the patch
+PyTorch's behaviour is the contract: its ``CausalBias`` masks run as attn's causal alignments,
+other tensor subclasses decide through ``__torch_function__`` as they would for PyTorch's own
+function, and what attn does not take reaches PyTorch, whose errors the caller gets.
 
 Tensors: ``q: [B, Hq, Lq, Dk]``, ``k: [B, Hkv, Lk, Dk]``, ``v: [B, Hkv, Lk, Dv]`` (or 3-D
 ``[B, L, D]``), float32, float64, float16 or bfloat16, all alike, on the CPU, last dimension
@@ -16,8 +19,11 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import CausalBias, CausalVariant
+from torch.overrides import handle_torch_function, has_torch_function
 
 from . import _args
+from ._attn import InternalError
 from ._ops import STORAGE, native_options, run_forward, sdpa_forward
 
 __all__ = ["patch", "unpatch", "patched"]
@@ -111,6 +117,9 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
 
 _ORIGINAL = F.scaled_dot_product_attention
 _warned = set()
+# Where ``patch()`` sends calls with ``dropout_p > 0``: "attn" (its counter-based masks) or "torch".
+DROPOUTS = ("attn", "torch")
+_dropout = "attn"
 
 
 def _warn_once(reason, detail):
@@ -130,27 +139,77 @@ def _unsupported(query, key, value, attn_mask, is_causal):
         return "rank", f"ranks {query.dim()}, {key.dim()}, {value.dim()} (attn takes 3 or 4)"
     if attn_mask is not None and is_causal:
         return "mask+causal", "attn_mask together with is_causal (PyTorch refuses it)"
+    if attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
+        return "mask dtype", f"attn_mask of {attn_mask.dtype} with {query.dtype} inputs (PyTorch refuses it)"
     return None
 
 
+def _causal_bias(bias, query, key, is_causal):
+    """PyTorch's ``CausalBias`` (``torch.nn.attention.bias.causal_upper_left`` /
+    ``causal_lower_right``) as attn's causal alignment, or None where its sizes are not the
+    inputs' (PyTorch's own dispatch then decides, and raises its errors). Raises PyTorch's
+    ``ValueError`` for ``is_causal=True``."""
+    if is_causal:
+        raise ValueError("CausalBias should not be used with causal=True")
+    if bias.seq_len_q == bias.seq_len_kv or bias.variant == CausalVariant.UPPER_LEFT:
+        # PyTorch runs these as ``is_causal=True``, whatever the inputs' lengths.
+        return "top-left"
+    if (bias.seq_len_q, bias.seq_len_kv) != (query.shape[-2], key.shape[-2]):
+        return None
+    return "bottom-right"
+
+
 def _routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kw):
+    align = "top-left"
+    if isinstance(attn_mask, CausalBias) and not kw:
+        mapped = _causal_bias(attn_mask, query, key, is_causal)
+        if mapped is not None:
+            align, attn_mask, is_causal = mapped, None, True
+    # A tensor subclass (or a torch-function mode) decides what the call means, as it would for
+    # PyTorch's own function: it re-enters here with plain tensors or answers itself.
+    relevant = tuple(t for t in (query, key, value, attn_mask) if t is not None)
+    if has_torch_function(relevant):
+        return handle_torch_function(
+            _routed, relevant, query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+            scale=scale, enable_gqa=enable_gqa, **kw,
+        )
+    if dropout_p and _dropout == "torch":
+        return _ORIGINAL(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+            enable_gqa=enable_gqa, **kw,
+        )
     why = None if kw else _unsupported(query, key, value, attn_mask, is_causal)
     if kw:
         why = "arguments", f"arguments {sorted(kw)}"
     if why is None:
+        extras = dict(_args.NO_EXTRAS, align=align)
         try:
-            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, _args.NO_EXTRAS)
-        except (ValueError, TypeError) as e:
+            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras)
+        except (ValueError, TypeError, InternalError) as e:
             why = "refused", f"attn refused the call ({e})"
     _warn_once(*why)
+    if align == "bottom-right":
+        # Only ``CausalBias`` asks for it: PyTorch gets the mask it would have materialised.
+        lq, lk = query.shape[-2], key.shape[-2]
+        attn_mask = torch.ones(lq, lk, dtype=torch.bool, device=query.device).tril(lk - lq)
+        is_causal = False
     return _ORIGINAL(
         query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
         enable_gqa=enable_gqa, **kw,
     )
 
 
-def patch():
-    """Routes ``torch.nn.functional.scaled_dot_product_attention`` through attn (CPU tensors)."""
+def patch(dropout="attn"):
+    """Routes ``torch.nn.functional.scaled_dot_product_attention`` through attn (CPU tensors).
+
+    ``dropout``: "attn" (default) runs ``dropout_p > 0`` through attn's fused dropout, whose masks
+    are a pure function of a seed drawn from torch's generator (unbiased, thread-count
+    independent, but not PyTorch's random stream); "torch" sends those calls to PyTorch, for code
+    that needs PyTorch's dropout masks bit for bit (tests under ``freeze_rng_state``)."""
+    global _dropout
+    if dropout not in DROPOUTS:
+        raise ValueError(f"dropout: {dropout!r}, expected one of {DROPOUTS}")
+    _dropout = dropout
     F.scaled_dot_product_attention = _routed
 
 
@@ -160,11 +219,13 @@ def unpatch():
 
 
 @contextlib.contextmanager
-def patched():
-    """``with attn.torch.patched(): ...`` routes PyTorch's SDPA through attn inside the block."""
-    previous = F.scaled_dot_product_attention
-    patch()
+def patched(dropout="attn"):
+    """``with attn.torch.patched(): ...`` routes PyTorch's SDPA through attn inside the block
+    (``dropout`` as for ``patch``)."""
+    global _dropout
+    previous, previous_dropout = F.scaled_dot_product_attention, _dropout
+    patch(dropout)
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = previous
+        F.scaled_dot_product_attention, _dropout = previous, previous_dropout

@@ -227,8 +227,12 @@ impl<'a> Borrowed<'a> {
         Ok(unsafe { std::slice::from_raw_parts(self.data.cast::<T>(), reach) })
     }
 
-    /// The elements of a C-contiguous tensor, as `T`.
+    /// The elements of a C-contiguous tensor, as `T` (an empty tensor, which has no layout, is
+    /// an empty slice whatever its strides).
     pub(crate) fn contiguous<T: Elem>(&self) -> PyResult<&'a [T]> {
+        if self.shape.contains(&0) {
+            return self.span(0);
+        }
         let strides = self.strides();
         let mut acc = 1usize;
         for d in (0..self.shape.len()).rev() {

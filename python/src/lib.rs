@@ -21,7 +21,8 @@ use attn_kernels::{
 };
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{Element, IntoPyArray};
-use pyo3::exceptions::PyValueError;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::dlpack::{Borrowed, Dtype};
@@ -34,10 +35,33 @@ fn array<'py, T: Element>(py: Python<'py>, data: Vec<T>, shape: &[usize]) -> PyR
     Ok(a.into_pyarray(py).into_any())
 }
 
-/// Runs `f` in the package's pool with the GIL released; its error as `ValueError`.
+create_exception!(
+    _attn,
+    InternalError,
+    PyRuntimeError,
+    "A defect of attn's (a panic in the kernels), raised instead of unwinding into Python."
+);
+
+/// Runs `f` in the package's pool with the GIL released; its error as `ValueError`, and a panic
+/// (a defect: no input should reach one) as `RuntimeError` naming it, never an unwinding across
+/// the interpreter (pyo3's `PanicException` is a `BaseException` that `except Exception` misses):
+/// [`InternalError`], a `RuntimeError`.
 fn run<R: Send, E: std::fmt::Display + Send>(py: Python<'_>, f: impl FnOnce() -> Result<R, E> + Send) -> PyResult<R> {
     let pool = pool::get()?;
-    py.detach(|| pool.install(f)).map_err(value_error)
+    let caught = py.detach(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.install(f))));
+    match caught {
+        Ok(r) => r.map_err(value_error),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            Err(InternalError::new_err(format!(
+                "attn: internal error ({what}); please report it with the call's shapes"
+            )))
+        }
+    }
 }
 
 /// Refuses bfloat16 products for the float64 reference kernel, which computes in float64 only.
@@ -52,23 +76,19 @@ fn refuse_bf16_in_f64(opts: &Options<'_>) -> PyResult<()> {
 
 type Forward<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Option<Bound<'py, PyAny>>);
 
+/// The forward's results for queries `q: [B, Hq, Lq, Dk]` and values `v: [B, Hkv, Lk, Dv]`.
 fn forward_result<'py, T: Element>(
     py: Python<'py>,
     r: AttnOutput<T>,
     q: [usize; 4],
-    dv: usize,
+    v: [usize; 4],
 ) -> PyResult<Forward<'py>> {
-    let [b, hq, lq, _] = q;
+    let ([b, hq, lq, _], [_, _, lk, dv]) = (q, v);
     Ok((
         array(py, r.out, &[b, hq, lq, dv])?,
         array(py, r.lse, &[b, hq, lq])?,
         array(py, r.lse_residue, &[b, hq, lq])?,
-        r.weights
-            .map(|w| {
-                let lk = w.len() / (b * hq * lq).max(1);
-                array(py, w, &[b, hq, lq, lk])
-            })
-            .transpose()?,
+        r.weights.map(|w| array(py, w, &[b, hq, lq, lk])).transpose()?,
     ))
 }
 
@@ -90,12 +110,12 @@ fn forward<'py>(
         let params = opts.params::<f64>(&masks)?;
         let (q, k, v) = (view4(&q)?, view4(&k)?, view4(&v)?);
         let r = run(py, || reference(&q, &k, &v, &params, want_weights))?;
-        return forward_result(py, r, q.dims(), v.dims()[3]);
+        return forward_result(py, r, q.dims(), v.dims());
     }
     let params = opts.params::<f32>(&masks)?;
     let (q, k, v) = (view4(&q)?, kv(&k)?, kv(&v)?);
     let r = run(py, || attention(Kernel::Auto, &q, &k, &v, &params, want_weights))?;
-    forward_result(py, r, q.dims(), v.dims()[3])
+    forward_result(py, r, q.dims(), v.dims())
 }
 
 type Backward<'py> =
@@ -206,14 +226,23 @@ fn backward<'py>(
     backward_result(py, g, q.dims(), k.dims(), v.dims()[3])
 }
 
+/// Panics inside [`run`], as a defect would: checks that the guard turns it into
+/// [`InternalError`] (`python/tests/test_patch_contract.py`).
+#[pyfunction]
+fn panic_for_tests(py: Python<'_>) -> PyResult<()> {
+    run(py, || -> Result<(), String> { panic!("a test of the panic guard") })
+}
+
 /// The native module `attn._attn`.
 #[pymodule]
 fn _attn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add_function(wrap_pyfunction!(panic_for_tests, m)?)?;
     m.add_function(wrap_pyfunction!(pool::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(pool::get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(pool::forget_after_fork, m)?)?;
+    m.add("InternalError", m.py().get_type::<InternalError>())?;
     m.add("ISA", format!("{:?}", attn_kernels::Isa::best()))?;
     Ok(())
 }

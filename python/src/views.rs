@@ -22,14 +22,20 @@ pub(crate) fn view4<'a, T: Elem>(t: &Borrowed<'a>) -> PyResult<View4<'a, T>> {
             "{name}: negative stride {s} in {strides:?}; pass a copy (.contiguous(), numpy.ascontiguousarray)"
         )));
     }
-    if d > 1 && strides[3] != 1 {
+    // An empty tensor has no layout to check (PyTorch gives them any strides, zeros included).
+    let empty = dims.contains(&0);
+    if d > 1 && strides[3] != 1 && !empty {
         return Err(PyValueError::new_err(format!(
             "{name}: the last dimension is strided (stride {} elements); it must be contiguous",
             strides[3]
         )));
     }
-    let s = [strides[0] as usize, strides[1] as usize, strides[2] as usize, strides[3] as usize];
-    let reach = if dims.contains(&0) {
+    let s = if empty {
+        [0; 4]
+    } else {
+        [strides[0] as usize, strides[1] as usize, strides[2] as usize, strides[3] as usize]
+    };
+    let reach = if empty {
         Some(0)
     } else {
         (0..4).try_fold(1usize, |acc, i| (dims[i] - 1).checked_mul(s[i])?.checked_add(acc))

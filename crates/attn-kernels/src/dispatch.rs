@@ -168,7 +168,7 @@ pub fn attention_tuned(
     want_weights: bool,
 ) -> Result<AttnOutput<f32>> {
     fits_f32(params)?;
-    let Some(isa) = kernel.flash_isa()? else {
+    let Some(isa) = flash_isa(kernel, q.dims(), v.dims())? else {
         return widened(k, v, |k, v| reference(q, k, v, params, want_weights));
     };
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
@@ -178,6 +178,17 @@ pub fn attention_tuned(
         (KvView::Bf16(k), KvView::Bf16(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
         _ => widened(k, v, |k, v| flash::forward(isa, q, k, v, &pb, want_weights, tuning)),
     }
+}
+
+/// The flash instruction set that computes a call of `kernel` with queries `q: [B, Hq, Lq, Dk]`
+/// and values `v: [B, Hkv, Lk, Dv]`, `None` for the reference. An empty or degenerate call (any of
+/// `B`, `Hq`, `Lq`, `Dk`, `Dv` zero) runs the reference whatever the kernel: it has no products to
+/// make fast, and its rows hold no elements for the flash kernel's panels and tiles to index (`Dk = 0`
+/// gives every key the score 0, as PyTorch's; `Dv = 0` an empty output beside the log-sum-exps).
+/// `Lk = 0` stays on the flash kernel, whose rows are then all fully masked.
+fn flash_isa(kernel: Kernel, q: [usize; 4], v: [usize; 4]) -> Result<Option<Isa>> {
+    let isa = kernel.flash_isa()?;
+    Ok(isa.filter(|_| !q.contains(&0) && v[3] > 0))
 }
 
 /// Refuses a scale or soft-cap that is finite as given (`f64`) but not in `f32`, where every
@@ -234,7 +245,7 @@ pub fn attention_backward_tuned(
     want_dbias: bool,
 ) -> Result<AttnGrads<f32>> {
     fits_f32(params)?;
-    let Some(isa) = kernel.flash_isa()? else {
+    let Some(isa) = flash_isa(kernel, q.dims(), v.dims())? else {
         return widened(k, v, |k, v| reference_backward(q, k, v, saved, params, want_dbias));
     };
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;

@@ -77,7 +77,7 @@ pub struct Dims {
 impl Dims {
     /// Query heads per key/value head.
     pub fn group(&self) -> usize {
-        self.hq / self.hkv
+        self.hq / self.hkv.max(1)
     }
     /// Shape of the output, `[B, Hq, Lq, Dv]`.
     pub fn out_shape(&self) -> [usize; 4] {
@@ -149,10 +149,11 @@ impl<'a, T: Float> Problem<'a, T> {
         expect("k", "head_dim", dk, kd)?;
         expect("v", "heads", hkv, vh)?;
         expect("v", "length", lk, vl)?;
-        if hq == 0 || hkv == 0 {
+        // No heads at all is an empty call, as in PyTorch; heads on one side only cannot be grouped.
+        if (hq == 0) != (hkv == 0) {
             return Err(AttnError::Heads(format!("q has {hq} heads and k/v have {hkv}; both must be at least 1")));
         }
-        if hq % hkv != 0 {
+        if hkv > 0 && hq % hkv != 0 {
             return Err(AttnError::Heads(format!("q has {hq} heads, not a multiple of the {hkv} key/value heads")));
         }
         let dims = Dims { b, hq, hkv, lq, lk, dk, dv };

@@ -58,6 +58,10 @@ impl<'a, T> View4<'a, T> {
     /// The contiguous row `[D]` at `(b, h, l)`.
     #[inline]
     pub fn row(&self, b: usize, h: usize, l: usize) -> &'a [T] {
+        // A tensor with `D = 0` holds no elements (its slice may be empty at any offset).
+        if self.dims[3] == 0 {
+            return &[];
+        }
         let o = b * self.strides[0] + h * self.strides[1] + l * self.strides[2];
         &self.data[o..o + self.dims[3]]
     }

@@ -2,7 +2,8 @@
 //! reference: seeded configurations drawn over sizes 1…300, grouped-query ratios up to 7, every
 //! mask kind combined (causal in both alignments, window, key lengths, broadcast keep-masks and
 //! biases with −∞), soft-capping, dropout, attention sinks (some −∞), scales −0.7…3 and input
-//! magnitudes 0.01…4, so that scores reach the hundreds. Each fast kernel's `out`, `lse`, `dq`,
+//! magnitudes 0.01…4, so that scores reach the hundreds; one in eight with an empty or degenerate
+//! size (`B`, `Lq`, `Lk`, `Dk`, `Dv` or the heads 0). Each fast kernel's `out`, `lse`, `dq`,
 //! `dk`, `dv`, `dbias` and `dsinks` must meet the oracle rule with naive32 taken as the larger
 //! error of two plain `f32` runs — the reference kernel, and the algorithm written as PyTorch's
 //! math path computes it, with fused multiply-adds (`common::math_path`), as FlashAttention's tests
@@ -57,10 +58,32 @@ fn random_dims(rng: &mut Rng) -> Dims {
     }
 }
 
-/// Configuration `n`: random sizes, options and inputs scaled by a magnitude in `0.01…4`.
+/// `d` with, one time in eight, one of `B`, `Lq`, `Lk`, `Dk` or `Dv` (or both head counts) set to
+/// 0: the empty and degenerate calls PyTorch answers (an empty result; every key scored 0 for
+/// `Dk = 0`; an empty output beside the log-sum-exps for `Dv = 0`). Drawn from a generator of its
+/// own, so the other configurations are those drawn before it existed.
+fn degenerate(d: Dims, n: usize) -> Dims {
+    let mut rng = Rng::new(0xE0E0 ^ n as u64);
+    if !rng.chance(0.125) {
+        return d;
+    }
+    let mut d = d;
+    match rng.below(6) {
+        0 => d.b = 0,
+        1 => d.lq = 0,
+        2 => d.lk = 0,
+        3 => d.dk = 0,
+        4 => d.dv = 0,
+        _ => (d.hq, d.hkv) = (0, 0),
+    }
+    d
+}
+
+/// Configuration `n`: random sizes (some empty or degenerate, [`degenerate`]), options and inputs
+/// scaled by a magnitude in `0.01…4`.
 fn configuration(n: usize) -> Case {
     let mut rng = Rng::new(0xD1FF ^ n as u64);
-    let d = random_dims(&mut rng);
+    let d = degenerate(random_dims(&mut rng), n);
     let target = [d.b, d.hq, d.lq, d.lk];
     let magnitude = 0.01f32 * 400f32.powf(rng.unit() as f32);
     let mut case = Case::new(d, n as u64);

@@ -32,6 +32,7 @@ kernel_tests! {
     dropout_pattern => check_dropout_pattern,
     dropout_mean => check_dropout_mean,
     empty => check_empty,
+    degenerate_strided => check_degenerate_strided,
     errors => check_errors,
     too_large => check_too_large,
     weights => check_weights,

@@ -47,7 +47,8 @@ pub fn math_path<T: Real>(case: &Case, dout: &[f32]) -> MathPath<T> {
 pub fn math_path_rounded<T: Real>(case: &Case, dout: &[f32], round: impl Fn(T) -> T) -> MathPath<T> {
     let d = case.dims;
     let t = |x: f32| T::from_f32(x).unwrap();
-    let scale = T::from_f64(case.scale.unwrap_or(1.0 / (d.dk as f64).sqrt())).unwrap();
+    // `Dk = 0` scores every key 0 whatever the scale: the kernels take 1 there, as 1/√1.
+    let scale = T::from_f64(case.scale.unwrap_or(1.0 / (d.dk.max(1) as f64).sqrt())).unwrap();
     let cap = case.softcap.map(|c| T::from_f64(c).unwrap());
     let bias_len = case.bias.as_ref().map(|m| m.data.len());
     let mut g = AttnGrads::<T>::zeros(&d, bias_len, case.sinks.is_some(), None).unwrap();

@@ -150,3 +150,87 @@ pub fn check_too_large(kernel: Kernel) {
     };
     too_large("gradient dk", attention_backward(kernel, &q, &kv, &kv, &saved, &params, false).map(drop));
 }
+
+/// `Dk = 0` and `Dv = 0` as PyTorch lays them out — strides of the full shape over an empty
+/// buffer (`[H·L·D, L·D, D]` with the `D` of the other side) — forward and backward: `Dk = 0`
+/// scores every key 0, so each row's output is the mean of its allowed values and `lse = ln Lk`;
+/// `Dv = 0` gives an empty output beside the same log-sum-exps, and zero gradients.
+pub fn check_degenerate_strided(kernel: Kernel) {
+    let (b, h, lq, lk, d) = (2, 3, 5, 7, 4);
+    let values: Vec<f32> = (0..b * h * lk * d).map(|x| (x % 11) as f32 * 0.25 - 1.0).collect();
+    let keys: Vec<f32> = values.iter().map(|x| x * 0.5).collect();
+    let strides = |l: usize, d: usize| [h * l * d, l * d, d];
+    let empty: [f32; 0] = [];
+    // Dk = 0: q and k are empty with strides of D = 4, v is whole.
+    let q = View4::strided("q", &empty, [b, h, lq, 0], strides(lq, d)).unwrap();
+    let k = View4::strided("k", &empty, [b, h, lk, 0], strides(lk, d)).unwrap();
+    let v = View4::contiguous("v", &values, [b, h, lk, d]).unwrap();
+    let (kv, vv) = (KvView::F32(k), KvView::F32(v));
+    let params = AttnParams::default();
+    let r = attention(kernel, &q, &kv, &vv, &params, true).unwrap();
+    for bh in 0..b * h {
+        let rows = &values[bh * lk * d..][..lk * d];
+        let mean: Vec<f32> = (0..d).map(|c| (0..lk).map(|j| rows[j * d + c]).sum::<f32>() / lk as f32).collect();
+        for i in 0..lq {
+            let o = &r.out[(bh * lq + i) * d..][..d];
+            for (x, m) in o.iter().zip(&mean) {
+                assert!((x - m).abs() <= 1e-6, "{}: Dk = 0 output {x}, expected the mean {m}", kernel.name());
+            }
+            assert!((r.lse[bh * lq + i] - (lk as f32).ln()).abs() <= 1e-6, "{}: Dk = 0 lse", kernel.name());
+        }
+    }
+    let dout = View4::contiguous("dout", &values[..b * h * lq * d], [b, h, lq, d]).unwrap();
+    let out = View4::contiguous("out", &r.out, [b, h, lq, d]).unwrap();
+    let saved = Saved {
+        out,
+        lse: &r.lse,
+        lse_residue: Some(&r.lse_residue),
+        forward_path: r.path,
+        dout,
+        side: Default::default(),
+    };
+    let g = attention_backward(kernel, &q, &kv, &vv, &saved, &params, false).unwrap();
+    assert!(g.dq.is_empty() && g.dk.is_empty(), "{}: Dk = 0 gradients of q and k are empty", kernel.name());
+    let total: f32 = g.dv.iter().sum();
+    let want: f32 = values[..b * h * lq * d].iter().sum();
+    assert!(
+        (total - want).abs() <= 1e-4 * want.abs().max(1.0),
+        "{}: Dk = 0 dv sums to {total}, not {want}",
+        kernel.name()
+    );
+    // Dv = 0: v is empty with strides of D = 4; the output is empty and the lse is that of the scores.
+    let q = View4::contiguous("q", &keys[..b * h * lq * d], [b, h, lq, d]).unwrap();
+    let k = View4::contiguous("k", &keys, [b, h, lk, d]).unwrap();
+    let v = View4::strided("v", &empty, [b, h, lk, 0], strides(lk, d)).unwrap();
+    let (kv, vv) = (KvView::F32(k), KvView::F32(v));
+    let r = attention(kernel, &q, &kv, &vv, &params, false).unwrap();
+    let r64 = attn_kernels::reference::<f64>(
+        &View4::contiguous("q", &widen(&keys[..b * h * lq * d]), [b, h, lq, d]).unwrap(),
+        &View4::contiguous("k", &widen(&keys), [b, h, lk, d]).unwrap(),
+        &View4::contiguous("v", &[], [b, h, lk, 0]).unwrap(),
+        &AttnParams::default(),
+        false,
+    )
+    .unwrap();
+    assert!(r.out.is_empty(), "{}: Dv = 0 output is empty", kernel.name());
+    for (x, y) in r.lse.iter().zip(&r64.lse) {
+        assert!((*x as f64 - y).abs() <= 1e-5, "{}: Dv = 0 lse {x}, reference {y}", kernel.name());
+    }
+    let dout = View4::strided("dout", &empty, [b, h, lq, 0], strides(lq, d)).unwrap();
+    let out = View4::strided("out", &empty, [b, h, lq, 0], strides(lq, d)).unwrap();
+    let saved = Saved {
+        out,
+        lse: &r.lse,
+        lse_residue: Some(&r.lse_residue),
+        forward_path: r.path,
+        dout,
+        side: Default::default(),
+    };
+    let g = attention_backward(kernel, &q, &kv, &vv, &saved, &params, false).unwrap();
+    assert!(g.dq.iter().chain(&g.dk).all(|&x| x == 0.0), "{}: Dv = 0 gives zero gradients", kernel.name());
+    assert_eq!((g.dq.len(), g.dk.len(), g.dv.len()), (b * h * lq * d, b * h * lk * d, 0));
+}
+
+fn widen(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
