@@ -1,5 +1,6 @@
 """attn inside PyTorch: ``attn.sdpa``'s path for CPU tensors (through the ``attn::sdpa_forward``
-operator when a gradient or ``torch.compile`` needs it, straight to the kernels otherwise), and
+operator under ``torch.compile``, its autograd without the dispatcher when an eager call needs a
+gradient, straight to the kernels otherwise), and
 ``patch()`` / ``patched()``, which route ``torch.nn.functional.scaled_dot_product_attention`` on
 CPU tensors through attn and fall back to PyTorch, with one warning per reason, for what attn
 does not take (another device, another dtype, ranks other than 3 and 4, a mask together with
@@ -24,7 +25,7 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from . import _args
 from ._attn import InternalError
-from ._ops import STORAGE, native_options, run_forward, sdpa_forward
+from ._ops import STORAGE, Eager, native_options, run_forward, sdpa_forward
 
 __all__ = ["patch", "unpatch", "patched"]
 
@@ -98,9 +99,10 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
         extras["compute"],
     )
     tracked = any(t is not None and t.requires_grad for t in (q, k, v, mask, sinks))
-    needs_op = torch.compiler.is_compiling() or (tracked and torch.is_grad_enabled())
-    if needs_op:
+    if torch.compiler.is_compiling():
         out, lse, _, weights = sdpa_forward(q, k, v, mask, *args, bool(return_weights), sinks)
+    elif tracked and torch.is_grad_enabled():
+        out, lse, _, weights = Eager.apply(q, k, v, mask, *args, bool(return_weights), sinks)
     else:
         out, lse, _, weights = (None if x is None else torch.from_numpy(x) for x in run_forward(
             q, k, v, native_options(mask, *args, sinks), bool(return_weights)))
