@@ -16,14 +16,15 @@ NO_EXTRAS = dict(zip(EXTRAS, (None, None, "top-left", None, False, False, None, 
 
 def check_ranks(q_shape, k_shape, v_shape, enable_gqa):
     """Whether the inputs are 3-D (one head); refuses other ranks and, without ``enable_gqa``,
-    different head counts (as PyTorch does)."""
+    different head counts other than one key/value head (as PyTorch does)."""
     rank = len(q_shape)
     if rank not in (3, 4):
         raise ValueError(f"q: rank {rank} (shape {tuple(q_shape)}), expected 4 [B, Hq, Lq, Dk] or 3 [B, Lq, Dk]")
     for name, shape in (("k", k_shape), ("v", v_shape)):
         if len(shape) != rank:
             raise ValueError(f"{name}: rank {len(shape)} (shape {tuple(shape)}), expected {rank} like q")
-    if rank == 4 and q_shape[1] != k_shape[1] and not enable_gqa:
+    # One key/value head broadcasts over the query heads, as in PyTorch (multi-query attention).
+    if rank == 4 and q_shape[1] != k_shape[1] and k_shape[1] != 1 and not enable_gqa:
         raise ValueError(
             f"heads: q has {q_shape[1]} heads and k has {k_shape[1]}; pass enable_gqa=True for grouped-query attention"
         )

@@ -201,6 +201,20 @@ def _routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
     )
 
 
+_CAUSAL_TORCH_FUNCTION = CausalBias.__dict__["__torch_function__"]
+
+
+@classmethod
+def _causal_torch_function(cls, func, types, args=(), kwargs=None):
+    """``CausalBias.__torch_function__`` while patched: it knows SDPA by identity with the
+    module's attribute, which is then ``_routed``, so PyTorch's own function bound before the
+    patch (``from torch.nn.functional import scaled_dot_product_attention``) would read the bias's
+    raw storage; it is SDPA too."""
+    if func is _ORIGINAL:
+        func = F.scaled_dot_product_attention
+    return _CAUSAL_TORCH_FUNCTION.__func__(cls, func, types, args, kwargs)
+
+
 def patch(dropout="attn"):
     """Routes ``torch.nn.functional.scaled_dot_product_attention`` through attn (CPU tensors).
 
@@ -213,11 +227,13 @@ def patch(dropout="attn"):
         raise ValueError(f"dropout: {dropout!r}, expected one of {DROPOUTS}")
     _dropout = dropout
     F.scaled_dot_product_attention = _routed
+    CausalBias.__torch_function__ = _causal_torch_function
 
 
 def unpatch():
     """Restores PyTorch's ``scaled_dot_product_attention``."""
     F.scaled_dot_product_attention = _ORIGINAL
+    CausalBias.__torch_function__ = _CAUSAL_TORCH_FUNCTION
 
 
 @contextlib.contextmanager
@@ -226,8 +242,10 @@ def patched(dropout="attn"):
     (``dropout`` as for ``patch``)."""
     global _dropout
     previous, previous_dropout = F.scaled_dot_product_attention, _dropout
+    previous_causal = CausalBias.__dict__["__torch_function__"]
     patch(dropout)
     try:
         yield
     finally:
         F.scaled_dot_product_attention, _dropout = previous, previous_dropout
+        CausalBias.__torch_function__ = previous_causal

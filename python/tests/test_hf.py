@@ -4,12 +4,13 @@ implementation (``"sdpa"``, or ``"eager"`` where ``sdpa`` cannot run the model: 
 soft-capping, gpt-oss's learned sinks).
 
 - The matrix (``MODELS``): decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, GPT-2,
-  gpt-oss, DeepSeek-V3's MLA, Qwen3-Next's full-attention layers) left-padded; encoders (BERT,
-  RoBERTa, ModernBERT) right-padded; encoder-decoders (BART, T5 with its position bias, Whisper
-  with audio features) right-padded on both sides. Eval and train mode: the logits on real
-  tokens and the gradient of the loss with respect to every parameter. Each config also asserts
-  what it is there to exercise (a sliding window shorter than the sequence, soft-capping, sinks,
-  ``Dk != Dv``, cross attention, ...) on the calls attn received.
+  gpt-oss, DeepSeek-V3's MLA, the full-attention layers of Qwen3-Next and of Kimi Linear, an MLA
+  without rotary positions) left-padded; encoders (BERT, RoBERTa, ModernBERT) right-padded;
+  encoder-decoders (BART, T5 with its position bias, Whisper with audio features) right-padded
+  on both sides. Eval and train mode: the logits on real tokens and the gradient of the loss
+  with respect to every parameter. Each config also asserts what it is there to exercise (a
+  sliding window shorter than the sequence, soft-capping, sinks, ``Dk != Dv``, cross attention,
+  ...) on the calls attn received.
 - Greedy ``generate`` from a left-padded batch for every decoder: the same tokens.
 - ``output_attentions=True``: attn's weights against ``eager``'s, and the gradients of a loss
   that reads them.
@@ -194,6 +195,29 @@ def qwen3_next():
                 lambda m, calls: len(calls) == 1 and gqa(calls) and "linear_attention" in m.config.layer_types)
 
 
+def kimi_linear():
+    """A Kimi Delta Attention layer (linear, transformers' PyTorch fallback) and a full-attention
+    one, multi-head latent attention without rotary positions: query/key heads of 16, value heads
+    of 12, which alone reaches attn; a dense first layer, then a mixture of 4 experts with a
+    shared one. Its default pad id lies outside the tiny vocabulary."""
+    cfg = transformers.KimiLinearConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, num_local_experts=4, num_experts_per_tok=2,
+        kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12,
+        layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "sparse"], linear_num_heads=2,
+        linear_head_dim=8, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        experts_implementation="eager",
+    )
+
+    def exercises(m, calls):
+        layers = [(type(layer.self_attn).__name__, type(layer.mlp).__name__) for layer in m.model.layers]
+        heads = {(c["q"].shape[-1], c["k"].shape[-1], c["v"].shape[-1]) for c in calls}
+        return (layers == [("KimiLinearDeltaAttention", "KimiLinearMLP"), ("KimiLinearAttention", "KimiLinearMoE")]
+                and len(calls) == 1 and heads == {(16, 16, 12)})
+
+    return Spec(transformers.KimiLinearForCausalLM, cfg, "decoder", exercises)
+
+
 ENCODER = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
@@ -254,8 +278,8 @@ def whisper():
 
 
 MODELS = {f.__name__: f for f in (
-    llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, gpt2, gpt_oss, deepseek_v3, qwen3_next, bert, roberta,
-    modernbert, bart, t5, whisper,
+    llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, gpt2, gpt_oss, deepseek_v3, qwen3_next, kimi_linear,
+    bert, roberta, modernbert, bart, t5, whisper,
 )}
 DECODERS = [name for name, f in MODELS.items() if f().inputs == "decoder"]
 

@@ -216,3 +216,20 @@ def test_a_panic_in_the_kernels_is_a_runtime_error_not_an_unwinding():
     with pytest.raises(_attn.InternalError, match="internal error"):
         _attn.panic_for_tests()
     assert issubclass(_attn.InternalError, RuntimeError)
+
+
+def test_causal_bias_through_pytorchs_function_bound_before_the_patch(patched):
+    # PyTorch's own function, as code that imported it before the patch holds it.
+    bound = ORIGINAL
+    q, k, v = qkv(2, 3, 8, 12, 16, 16)
+    for variant, diagonal in ((causal_upper_left, 0), (causal_lower_right, 4)):
+        allowed = torch.ones(8, 12, dtype=torch.bool).tril(diagonal)
+        torch.testing.assert_close(bound(q, k, v, attn_mask=variant(8, 12)), ORIGINAL(q, k, v, attn_mask=allowed))
+
+
+def test_one_key_value_head_broadcasts_without_enable_gqa(patched, monkeypatch):
+    calls = counted(monkeypatch)
+    q, k, v = qkv(2, 4, 5, 7, 8, 8)
+    k1, v1 = k[:, :1], v[:, :1]
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k1, v1), ORIGINAL(q, k1, v1), atol=1e-5, rtol=1e-5)
+    assert calls, "attn took the call"

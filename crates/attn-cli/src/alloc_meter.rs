@@ -5,10 +5,9 @@
 //!
 //! mimalloc rather than the system's allocator: glibc's `malloc` gives large buffers and emptied
 //! worker heaps back to the kernel and maps new ones for the next call, whose pages fault in and
-//! are cleared again; mimalloc keeps freed memory for reuse. A packed batch's forward + backward,
-//! whose time under glibc alternated between two modes, ran at the faster one throughout (up to
-//! 1.1× faster) on an AMD Zen 5 (2026-11-29; docs/performance.md). The library crates keep
-//! whatever allocator their user's program has.
+//! are cleared again; mimalloc keeps freed memory for reuse, so repeated calls keep one steady
+//! speed (see docs/performance-log.md, "attn-cli/src/alloc_meter.rs: module doc"). The library
+//! crates keep whatever allocator their user's program has.
 
 use std::alloc::{GlobalAlloc, Layout};
 

@@ -4,15 +4,9 @@
 //!
 //! A `Vec<f32>` starts where the allocator puts it: glibc's `malloc` returns 16-byte alignment
 //! (and a large buffer, mapped afresh, sits 16 bytes into its page), so an AVX-512 load or store
-//! of a row usually straddles two cache lines and costs two. Measured on an Ice Lake Xeon
-//! (2026-11-28, two threads, calls alternated in one process; a test allocator placed every
-//! allocation made during the call either on a line or 16 bytes past one, the caller's inputs
-//! left as they were), the time with working memory 16 bytes off over the time with it on a
-//! line, before this buffer: linear attention (causal `elu`, `[1, 8, 65536, 64]`) forward
-//! 1.05–1.13 (14/15 and 12/15 pairs slower), backward 1.11 (11/11); flash attention
-//! (`[1, 8, 2048, 64]`) forward 1.06 (14/15, 11/15), backward 1.10 (10/11). With the kernels'
-//! working memory in [`Lines`], the same probes read 0.99–1.00, 1.00, 1.01–1.02 and 0.96: what
-//! is left is the outputs' placement, which the caller's allocator decides.
+//! of a row usually straddles two cache lines and costs two. With the kernels' working memory in
+//! [`Lines`] that cost is gone; what is left is the outputs' placement, which the caller's
+//! allocator decides (see docs/performance-log.md, "attn-kernels/src/lines.rs: module doc").
 //!
 //! The buffer over-allocates one line's worth of elements and exposes the slice from the first
 //! element on a line; it dereferences to `[T]`, and [`Lines::resize`] keeps `Vec::resize`'s

@@ -75,11 +75,9 @@ fn with_queue<R>(f: impl FnOnce(&mut Queue) -> R) -> R {
 /// While it lives, [`later_rows`] on this thread queues its lines and the products' micro-kernels
 /// ask for them one per step ([`one`]), rather than [`lines`] asking for a row's lines at once.
 /// A burst of a chunk's rows (a few hundred lines) fills the CPU's miss buffers, and every
-/// prefetch after the first dozen then waits for one to free: on an AMD Zen 5 those waits held
-/// ~13% of linear attention's backward samples, and spreading the same lines over the products'
-/// steps made the causal forward + backward 1.07× faster. The forward, spread too once queueing
-/// cost little ([`later_rows`]), ran 1.06–1.12× faster (it was 1–10% slower spread while each
-/// line was pushed through a byte-stepping iterator).
+/// prefetch after the first dozen then waits for one to free; the same lines spread over the
+/// products' steps made linear attention faster, backward and forward (see
+/// docs/performance-log.md, "attn-kernels/src/prefetch.rs: Spread").
 pub(crate) struct Spread(());
 
 impl Spread {
@@ -122,9 +120,9 @@ impl Queue {
 /// from the first row that starts past it) into the [`L2`] cache ahead of their use: queued while
 /// a [`Spread`] lives on this thread (those past [`QUEUED`] waiting lines asked for at once), else
 /// asked for at once. Rows that follow one another (`ld == w`) are one span. The queue is looked
-/// up once for all the rows, and each span's lines written into it in one plain loop: pushed line
-/// by line through an iterator stepping over bytes, queueing cost ~5% of linear attention's
-/// backward (a chunk queues ~1,600 lines).
+/// up once for all the rows, and each span's lines written into it in one plain loop, far cheaper
+/// than pushing them line by line (see docs/performance-log.md,
+/// "attn-kernels/src/prefetch.rs: later_rows").
 #[inline(always)]
 pub(crate) fn later_rows<T>(x: &[T], ld: usize, w: usize, rows: Range<usize>) {
     if rows.is_empty() {

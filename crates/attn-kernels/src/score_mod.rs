@@ -147,8 +147,8 @@ impl ScoreMod for Alibi {
 /// `s[c] += slope·|base − c|`, the product taken in `f64` and rounded to `f32` as [`Alibi::score`]
 /// rounds it (bit for bit), in vectors of this CPU's widest instruction set: a modification is
 /// called through `dyn ScoreMod`, so its own code is compiled for baseline x86-64, whose scalar
-/// `u64 → f64` conversions cost more per element than the tile's whole dot product (ALiBi ran
-/// 1.31× the time of its bias at `Lq = Lk = 512`).
+/// `u64 → f64` conversions cost more per element than the tile's whole dot product (see
+/// docs/performance-log.md, "attn-kernels/src/score_mod.rs: add_distance_bias").
 fn add_distance_bias(slope: f64, base: i64, s: &mut [f32]) {
     let fits = |x: i64| i32::try_from(x).is_ok();
     if !(fits(base) && fits(base - s.len() as i64)) {

@@ -1,17 +1,15 @@
 //! The process allocator's policy for training and benchmarking: candle gives every operation a
 //! fresh output buffer, and glibc serves each buffer above its mmap threshold (128 KiB at first,
 //! growing with use) with a new mapping that is returned to the system when freed. Every forward
-//! and backward then pays a page fault and a kernel zeroing per 4 KiB of each activation — a
-//! quarter of an encoder layer's forward+backward time on one thread (measured: 1.44 s of system
-//! time against 4.1 s of user time, 0.29 s with this setting). Serving every buffer from the heap
-//! (no mmap) and trimming the heap only beyond 1 GiB keeps freed buffers for the next step; the
-//! peak resident memory stays the same (546 MB against 538 MB there).
+//! and backward then pays a page fault and a kernel zeroing per 4 KiB of each activation, a large
+//! share of a step's time. Serving every buffer from the heap (no mmap) and trimming the heap only
+//! beyond 1 GiB keeps freed buffers for the next step, at the same peak resident memory (see
+//! docs/performance-log.md, "attn-nn/src/memory.rs: module doc").
 //!
 //! This is process-wide, so a library does not decide it: binaries call [`reuse_freed_buffers`]
 //! once at start. On targets without glibc it does nothing. The `attn` command and the
 //! benchmarks go further: their Rust allocations go through mimalloc, which keeps freed memory
-//! itself (an encoder layer's forward + backward 1.07–1.15× faster than with this setting alone
-//! on an AMD Zen 5, 2026-11-29), and this setting covers what still reaches glibc.
+//! itself (faster again: the same log entry), and this setting covers what still reaches glibc.
 
 /// Asks glibc's malloc to serve large buffers from its heap and keep them there when freed, for
 /// reuse, instead of mapping and unmapping each one.

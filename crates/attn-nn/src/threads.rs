@@ -8,8 +8,9 @@
 /// Sets `CANDLE_NUM_THREADS=1` unless the user set it; call it first in `main`, before any
 /// tensor work (candle reads the variable once). candle's element-wise pool spins while it waits
 /// for work; on the small tensors of the modules and the translator that costs several times the
-/// work itself on a 2-core machine (measured: 20 training steps in 16.5 s with it, 3.7 s
-/// without). Matrix products and the attention kernels keep their own threads.
+/// work itself on a 2-core machine (see docs/performance-log.md,
+/// "attn-nn/src/threads.rs: quiet_candle_pool"). Matrix products and the attention kernels keep
+/// their own threads.
 pub fn quiet_candle_pool() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
@@ -21,7 +22,8 @@ pub fn quiet_candle_pool() {
 /// kernels, fused ops) is split with work stealing from that thread instead of being handed from
 /// an outside thread to the pool and waited for: the caller works rather than sleeping, and
 /// a step costs no wake-up of it (measured on the translator's training steps: see
-/// docs/performance.md). An error starting the threads is returned as is.
+/// docs/performance-log.md, "Modules and training steps after the fused ops"). An error starting
+/// the threads is returned as is.
 pub fn on_workers<R: Send>(f: impl FnOnce() -> R + Send) -> Result<R, rayon::ThreadPoolBuildError> {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(candle_core::utils::get_num_threads()).build()?;
     Ok(pool.install(f))

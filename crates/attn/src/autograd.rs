@@ -17,25 +17,14 @@
 use std::sync::Mutex;
 
 use attn_kernels::{attention, attention_backward, AttnGrads, KvView, Problem, Saved, SideGrads, WeightsGrad};
-use candle_core::{CpuStorage, DType, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Layout, Shape, Tensor};
 
 use crate::convert::{kv_view, view4};
 use crate::error::Result;
 pub(crate) use crate::op::Outputs;
-use crate::op::{apply, copy_lse, cpu, join_kv, lock, split_kv, Arrived, AttnOp, ForwardState};
+use crate::op::{apply, copy_lse, cpu, lock, Args, Arrived, AttnOp, ForwardState};
 use crate::options::SdpaOptions;
 use crate::params::KernelParams;
-
-/// How the op's second and third arguments hold the keys, values, bias, sinks and table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Args {
-    /// `(q, k, v)`.
-    Separate,
-    /// `(q, [k | v], extra)`, with `Dk` columns of keys; `extra` holds the tracked ones of the
-    /// bias, the sinks and the table (as flagged), flattened and joined in that order when more
-    /// than one.
-    Packed { dk: usize, bias: bool, sinks: bool, table: bool },
-}
 
 /// The differentiable attention of one call.
 struct SdpaOp {
@@ -61,44 +50,16 @@ pub(crate) fn forward(q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) ->
     let bias = opts.bias.as_ref().filter(|b| b.track_op());
     let sinks = opts.sinks.as_ref().filter(|s| s.track_op());
     let table = opts.score_mod.as_ref().and_then(|s| s.table.as_ref()).filter(|t| t.track_op());
-    let tracked: Vec<&Tensor> = [bias, sinks, table].into_iter().flatten().collect();
-    let (args, a2, a3) = match tracked.as_slice() {
-        [] => (Args::Separate, k.clone(), v.clone()),
-        parts => {
-            let kv = join_kv(k, v)?;
-            let extra = match parts {
-                [one] => (*one).clone(),
-                _ => {
-                    let flat = parts.iter().map(|t| t.flatten_all()?.to_dtype(DType::F32));
-                    Tensor::cat(&flat.collect::<candle_core::Result<Vec<_>>>()?, 0)?
-                }
-            };
-            let args =
-                Args::Packed { dk: k.dims()[3], bias: bias.is_some(), sinks: sinks.is_some(), table: table.is_some() };
-            (args, kv, extra)
-        }
-    };
+    let (args, a2, a3) = Args::new(k, v, [bias, sinks, table])?;
     apply([q, &a2, &a3], SdpaOp { host, args, saved: Mutex::default() })
 }
 
 impl SdpaOp {
     /// Key and value views of arguments 2 and 3.
     fn kv<'a>(&self, s2: &'a CpuStorage, l2: &Layout, s3: &'a CpuStorage, l3: &Layout) -> Result<[KvView<'a>; 2]> {
-        match self.args {
-            Args::Separate => Ok([kv_view("k", s2, l2)?, kv_view("v", s3, l3)?]),
-            Args::Packed { dk, .. } => {
-                let [k, v] = split_kv(l2, dk)?;
-                Ok([kv_view("k", s2, &k)?, kv_view("v", s2, &v)?])
-            }
-        }
-    }
-
-    /// `Dv` of arguments 2 and 3.
-    fn dv(&self, a2: &Tensor, a3: &Tensor) -> usize {
-        match self.args {
-            Args::Separate => a3.dims()[3],
-            Args::Packed { dk, .. } => a2.dims()[3] - dk,
-        }
+        let [k, v] = self.args.kv_layouts(l2, l3)?;
+        let s3 = if self.args == Args::Separate { s3 } else { s2 };
+        Ok([kv_view("k", s2, &k)?, kv_view("v", s3, &v)?])
     }
 
     /// The backward kernel on `q`, arguments 2 and 3, with `out` and `dout` (f32
@@ -133,7 +94,7 @@ impl SdpaOp {
             let s = lock(&self.saved);
             (copy_lse(&s.lse)?, copy_lse(&s.lse_residue)?, s.path)
         };
-        let want_dbias = matches!(self.args, Args::Packed { bias: true, .. });
+        let want_dbias = self.args.bias();
         let side = SideGrads { dlse, dweights };
         Ok(attention_backward(
             self.host.options().kernel,
@@ -176,7 +137,7 @@ impl AttnOp for SdpaOp {
 
     fn backward(&self, [q, a2, a3]: [&Tensor; 3], arrived: Arrived) -> Result<[Option<Tensor>; 3]> {
         let (b, hq, lq, dk) = q.dims4()?;
-        let dv = self.dv(a2, a3);
+        let dv = self.args.dv(a2, a3);
         let args = [q, a2, a3];
         let inc = arrived.incoming(&[b, hq, lq, dv], q.device())?;
         let dweights = inc.dweights.as_ref().map(|[w, g]| [w, g]);
@@ -186,16 +147,8 @@ impl AttnOp for SdpaOp {
         let dq = Tensor::from_vec(g.dq, (b, hq, lq, dk), cpu)?;
         let dk_t = Tensor::from_vec(g.dk, (b, hkv, lk, dk), cpu)?;
         let dv_t = Tensor::from_vec(g.dv, (b, hkv, lk, dv), cpu)?;
-        Ok(match self.args {
-            Args::Separate => [Some(dq), Some(dk_t.to_dtype(a2.dtype())?), Some(dv_t.to_dtype(a3.dtype())?)],
-            Args::Packed { bias, sinks, table, .. } => {
-                let dkv = join_kv(&dk_t, &dv_t)?.to_dtype(a2.dtype())?;
-                let parts = [g.dbias.filter(|_| bias), g.dsinks.filter(|_| sinks), g.dtable.filter(|_| table)];
-                let dextra: Vec<f32> = parts.into_iter().flatten().flatten().collect();
-                let dextra = Tensor::from_vec(dextra, a3.dims(), cpu)?.to_dtype(a3.dtype())?;
-                [Some(dq), Some(dkv), Some(dextra)]
-            }
-        })
+        let [d2, d3] = self.args.grads([a2, a3], [dk_t, dv_t], [g.dbias, g.dsinks, g.dtable])?;
+        Ok([Some(dq), d2, d3])
     }
 
     fn state(&self) -> &Mutex<ForwardState> {

@@ -153,6 +153,91 @@ pub(crate) fn split_kv(l: &Layout, dk: usize) -> Result<[Layout; 2]> {
     Ok([l.clone().narrow(last, 0, dk)?, l.clone().narrow(last, dk, dv)?])
 }
 
+/// How an op's arguments hold the keys, the values and the tensors whose gradient only the third
+/// argument can carry (a custom op takes at most three): `(q, k, v)`, or `(q, [k | v], extra)`
+/// with `Dk` columns of keys ([`join_kv`]) and `extra` the tracked ones of the bias, the sinks and
+/// the score modification's table, flattened and joined in that order (one alone as it is).
+/// This type owns that order: [`Args::new`] joins, [`Args::extra_grad`] splits back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Args {
+    /// `(q, k, v)`.
+    Separate,
+    /// `(q, [k | v], extra)`; which of the bias, the sinks and the table `extra` holds.
+    Packed { dk: usize, bias: bool, sinks: bool, table: bool },
+}
+
+impl Args {
+    /// The arguments after `q` for keys `k`, values `v` and the tracked `[bias, sinks, table]`.
+    pub(crate) fn new(k: &Tensor, v: &Tensor, tracked: [Option<&Tensor>; 3]) -> Result<(Args, Tensor, Tensor)> {
+        let parts: Vec<&Tensor> = tracked.into_iter().flatten().collect();
+        let extra = match parts.as_slice() {
+            [] => return Ok((Args::Separate, k.clone(), v.clone())),
+            [one] => (*one).clone(),
+            _ => {
+                let flat = parts.iter().map(|t| t.flatten_all()?.to_dtype(candle_core::DType::F32));
+                Tensor::cat(&flat.collect::<candle_core::Result<Vec<_>>>()?, 0)?
+            }
+        };
+        let [bias, sinks, table] = tracked.map(|t| t.is_some());
+        let dk = k.dims()[k.rank() - 1];
+        Ok((Args::Packed { dk, bias, sinks, table }, join_kv(k, v)?, extra))
+    }
+
+    /// Whether the bias takes a gradient through the op.
+    pub(crate) fn bias(self) -> bool {
+        matches!(self, Args::Packed { bias: true, .. })
+    }
+
+    /// The key and value layouts inside arguments 2 and 3 laid out as `l2`, `l3`.
+    pub(crate) fn kv_layouts(self, l2: &Layout, l3: &Layout) -> Result<[Layout; 2]> {
+        match self {
+            Args::Separate => Ok([l2.clone(), l3.clone()]),
+            Args::Packed { dk, .. } => split_kv(l2, dk),
+        }
+    }
+
+    /// `Dv` of arguments 2 and 3.
+    pub(crate) fn dv(self, a2: &Tensor, a3: &Tensor) -> usize {
+        let last = |t: &Tensor| t.dims()[t.rank() - 1];
+        match self {
+            Args::Separate => last(a3),
+            Args::Packed { dk, .. } => last(a2) - dk,
+        }
+    }
+
+    /// The gradients of arguments 2 and 3 from those of the keys and values and of the kernels'
+    /// `[dbias, dsinks, dtable]` (flat), in the arguments' dtypes and shapes.
+    pub(crate) fn grads(
+        self,
+        [a2, a3]: [&Tensor; 2],
+        [dk, dv]: [Tensor; 2],
+        extra: [Option<Vec<f32>>; 3],
+    ) -> Result<[Option<Tensor>; 2]> {
+        let Args::Packed { bias, sinks, table, .. } = self else {
+            return Ok([Some(dk.to_dtype(a2.dtype())?), Some(dv.to_dtype(a3.dtype())?)]);
+        };
+        let dkv = join_kv(&dk, &dv)?.to_dtype(a2.dtype())?;
+        let mut joined = Vec::with_capacity(a3.elem_count());
+        for (part, wanted, field) in extra
+            .into_iter()
+            .zip([bias, sinks, table])
+            .zip(["bias", "sinks", "score_table"])
+            .map(|((p, w), f)| (p, w, f))
+        {
+            if !wanted {
+                continue;
+            }
+            let part = part.ok_or_else(|| AttnLibError::Value {
+                field,
+                reason: "the backward kernel gave no gradient for it".into(),
+            })?;
+            joined.extend(part);
+        }
+        let dextra = Tensor::from_vec(joined, a3.dims(), a3.device())?.to_dtype(a3.dtype())?;
+        Ok([Some(dkv), Some(dextra)])
+    }
+}
+
 /// The state, whether or not a panicking thread poisoned its lock.
 pub(crate) fn lock(m: &Mutex<ForwardState>) -> MutexGuard<'_, ForwardState> {
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -22,11 +22,9 @@ use crate::view::View4;
 /// holds (16384 for 32 KiB, 24576 for 48 KiB), at most [`MAX_TILE_KEYS`] keys. A tile need not
 /// fit in L1: the scores run one key panel at a time over all the block's rows, and `P·V` one
 /// chunk of value rows at a time (`forward::accumulate::pv_spans`), so the tile's size sets only
-/// how many keys each row's softmax step, rescaling and output pass serve. On an Ice Lake Xeon
-/// (48 KiB L1) twice L1 measured 1.05× at `Dk` 128 (192 keys a tile rather than 96; full and
-/// causal, one and two threads, 11–15 alternated pairs in one process each) and 1.02× at 64 (256
-/// rather than 192); 256 keys at 128 gained no more. (On the Zen 5, L1's worth replaced 8192
-/// floats within the noise, before the value chunks.)
+/// how many keys each row's softmax step, rescaling and output pass serve: twice L1 was faster
+/// than L1's worth, and more gained nothing (see docs/performance-log.md,
+/// "attn-kernels/src/flash/block.rs: tile_floats").
 pub fn tile_floats() -> usize {
     (super::cache::caches().l1d / 2).clamp(8192, 32768)
 }
@@ -145,8 +143,9 @@ pub(in crate::flash) const MAX_ROWS_PER_CALL: usize = 12;
 /// Rows per `qk_panel` call and per `pv` call for the vector width `W`. AVX-512 (32 registers):
 /// 12×2 vectors of scores, 6 rows × 4 vectors of output. 8-lane ISAs (AVX2's 16 registers):
 /// 6×2 vectors for both, i.e. 12 accumulators + 2 operand vectors + 1 broadcast = 15 registers,
-/// with enough independent FMA chains to cover the FMA latency (4×2 and 3×4 measured 1.3–1.5×
-/// slower on an AMD EPYC: too few chains, and 3×4 spilled).
+/// with enough independent FMA chains to cover the FMA latency (4×2 and 3×4 were slower: too few
+/// chains, and 3×4 spilled; see docs/performance-log.md, "attn-kernels/src/flash/block.rs:
+/// rows_per_call").
 pub(in crate::flash) fn rows_per_call<S: Simd>() -> (usize, usize) {
     if S::W == 16 {
         (12, 6)

@@ -25,18 +25,18 @@ pub fn panel_len(lk: usize, dk: usize, w: usize) -> usize {
 
 /// Packs rows `keys` of head `(b, h)` of `k` (keys, or values in the backward) into `out`
 /// (length [`panel_len`] of `keys.len()`), zero beyond `keys.end`. `f32` keys for AVX-512 panels
-/// (`w = 16`) move by 16 × 16 register transposes ([`pack_f32_avx512`]: on an Ice Lake Xeon, two
-/// threads, 8 heads of 16384 × 64 keys in 5.0 ms against 7.8 a value at a time); other types and
-/// widths a value at a time.
+/// (`w = 16`) move by 16 × 16 register transposes ([`pack_f32_avx512`], faster than a value at a
+/// time: see docs/performance-log.md, "attn-kernels/src/flash/pack.rs: pack_keys"); other types
+/// and widths a value at a time.
 pub fn pack_keys<E: KvElem>(k: &View4<E>, b: usize, h: usize, keys: Range<usize>, w: usize, out: &mut [f32]) {
     pack_panels(k, b, h, keys, w, out, false);
 }
 
 /// [`pack_keys`], with `streaming` by streaming stores where the panels allow them (full halves,
 /// `Dk` a multiple of 16, `out` on a cache line): for a whole head the forward packs once and reads
-/// later (2026-11-29, AMD Zen 5, `[1, 8, 16384, 64]`, one thread: the packing 3× faster, 20M → 6.5M
-/// cycles, the tiles that read the panels no slower; the backward's key blocks, read at once, keep
-/// ordinary stores).
+/// later, and streaming stores spare the panels' lines being read in from memory only to be
+/// overwritten (see docs/performance-log.md, "attn-kernels/src/flash/pack.rs: pack_panels"); the
+/// backward's key blocks, read at once, keep ordinary stores.
 fn pack_panels<E: KvElem>(
     k: &View4<E>,
     b: usize,

@@ -127,8 +127,9 @@ const DECODE_ROWS_PER_CALL: usize = 4;
 /// The decode path's scores `scale · q·k` of `rows` query rows (row stride `ldq`) against `n` keys
 /// read in place (`k`, row stride `ldk`), all of length `d`, into `s` (row stride `lds`). Also the
 /// backward's after a decode-path forward, so that its scores are the forward's bit for bit. (Two
-/// keys at a time instead of four on AVX2, to keep the accumulators in its 16 registers, measured
-/// 1.3× slower on the memory-bound decode of 32 query heads on 8 key/value heads, Lk 8192.)
+/// keys at a time instead of four on AVX2, to keep the accumulators in its 16 registers, was
+/// slower on the memory-bound decode; see docs/performance-log.md,
+/// "attn-kernels/src/flash/scores.rs: decode_scores".)
 ///
 /// # Safety
 /// The CPU supports `S`'s instruction set; `q` valid for `rows` rows of `d` floats, `k` for `n`
@@ -243,8 +244,9 @@ fn listed_only(band: (usize, usize), j0: usize, len: usize) -> bool {
 /// one a vector select per `W` columns straight from the row's word of the block; the columns
 /// from the piece's end to `stop` become −∞. The same scores as `mask_row` (its band and element
 /// masks do nothing here), without its per-row search and assembly of the tile's words, which
-/// held 11% of a Longformer forward's tile time (AMD Zen 5, `[1, 8, 16384, 64]`, window 128,
-/// 16 global tokens: 0.48 → 0.17 cycles per score). Returns whether a key of the piece was masked.
+/// held a measurable share of a Longformer forward's tile time (see docs/performance-log.md,
+/// "attn-kernels/src/flash/scores.rs: select_listed"). Returns whether a key of the piece was
+/// masked.
 ///
 /// # Safety
 /// The CPU supports `S`'s instruction set; the piece's columns from `col` to `stop` are whole

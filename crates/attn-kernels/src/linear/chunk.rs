@@ -132,7 +132,7 @@ pub(crate) fn tril_products<T: Real>(
 /// of their use: the chunk loops call it for their next chunk's inputs, one input at a time
 /// between their products (a burst of them all waits for the CPU's miss buffers), so that reading
 /// them from memory overlaps the current chunk's work rather than stalling the next chunk's first
-/// loads (`perf annotate` put half of `elu(x)+1`'s samples on its first load of `q`, `k`). Inside
+/// loads (see docs/performance-log.md, "attn-kernels/src/linear/chunk.rs: prefetch"). Inside
 /// [`on_isa`] the lines are queued and asked for one per step of the products
 /// ([`Spread`](crate::prefetch::Spread)). A hint that changes no result; nothing off x86-64 nor on
 /// Intel CPUs ([`prefetches`]).
@@ -158,10 +158,8 @@ pub(crate) fn prefetch_rows<T>(x: &[T], ld: usize, w: usize, t0: usize, n: usize
 }
 
 /// Whether the chunk loops prefetch their next chunk's rows: everywhere but on Intel CPUs, by
-/// what was measured. On an AMD Zen 5 the prefetching made the causal forward 1.2–1.35× and
-/// forward + backward ~1.1× faster (2026-11-24, under load); on an Intel Ice Lake Xeon the same
-/// calls ran 6–12% faster without it (one thread, six and four alternated rounds, 2026-11-28;
-/// two threads level or faster), its prefetch instructions stalling on the miss buffers.
+/// what was measured: faster on AMD's, slower on Intel's, whose prefetch instructions stalled on
+/// the miss buffers (see docs/performance-log.md, "attn-kernels/src/linear/chunk.rs: prefetches").
 fn prefetches() -> bool {
     static AHEAD: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
         #[cfg(target_arch = "x86_64")]

@@ -4,8 +4,8 @@
 //! of `A` per row: on AVX-512F 6 rows × 4 vectors, 24 fused multiply-adds for 10 loads; on AVX2
 //! 6 × 2), then the next tile; the rows left over go in a block of 4, then one at a time, and the
 //! columns left over after whole vectors through scalar fused multiply-adds. Six rows rather than
-//! four: 1.2–1.35× the products' rate on an Ice Lake Xeon (64 × 64 × 64 in L1, one thread, AVX-512
-//! 112–114 → 139–140 GFLOP/s, AVX2 63–88 → 94–97), where four rows left the loads the limit.
+//! four, where four rows left the loads the limit (see docs/performance-log.md,
+//! "attn-kernels/src/linear/micro.rs: module doc").
 
 use super::gemm::Span;
 use crate::flash::simd::Simd;

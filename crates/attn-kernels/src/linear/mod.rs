@@ -58,11 +58,8 @@ use crate::view::View4;
 pub const EPS: f64 = 1e-6;
 
 /// The default chunk length of the causal chunked form: 48 rows, eight of the micro-kernel's
-/// tiles of 6 rows (64 left a block of 4 in every product over a chunk's rows). On an Ice Lake
-/// Xeon (causal `elu`, `[1, 2, 65536, 64]`, calls alternated in one process) 48 against 64
-/// measured 1.04× forward and 1.05× forward + backward on one thread, 1.03× forward on two
-/// (`[1, 8, 65536, 64]`); 32 gained 1.02×, 96 and 128 lost 5% and 20%. On the Zen 5 before the
-/// 6-row tiles, 32, 64 and 128 were within the noise.
+/// tiles of 6 rows (64 left a block of 4 in every product over a chunk's rows); the fastest of
+/// the lengths measured (see docs/performance-log.md, "attn-kernels/src/linear/mod.rs: CHUNK").
 pub const CHUNK: usize = 48;
 
 /// Options of one linear-attention call.

@@ -64,7 +64,8 @@ impl<T: Copy + Default + Send + Sync> Packed<'_, T> {
     /// and viewed as the contiguous `[1, H, len, D]` the dense kernels take. For the tensors the
     /// kernels read in place tile after tile (keys and values; in the backward also queries and
     /// output gradients): packed, their row stride is `H·D`, often a power of two, whose rows
-    /// crowd into few cache sets (measured 14% slower forward at `H = 8, D = 64`).
+    /// crowd into few cache sets, which made the forward slower (see docs/performance-log.md,
+    /// "attn-kernels/src/varlen/packed.rs: Packed::gather").
     pub(super) fn gather<'b>(
         &self,
         name: &'static str,

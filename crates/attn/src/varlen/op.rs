@@ -13,7 +13,7 @@ use candle_core::{CpuStorage, Layout, Shape, Tensor};
 
 use crate::convert::{packed, packed_kv};
 use crate::error::{AttnLibError, Result};
-use crate::op::{apply, copy_lse, cpu, join_kv, lock, split_kv, Arrived, AttnOp, ForwardState, Incoming, Outputs};
+use crate::op::{apply, copy_lse, cpu, lock, Args, Arrived, AttnOp, ForwardState, Incoming, Outputs};
 use crate::options::SdpaOptions;
 use crate::params::KernelParams;
 
@@ -23,8 +23,8 @@ struct VarlenOp {
     host: KernelParams<'static, f32>,
     cu_q: Vec<usize>,
     cu_k: Vec<usize>,
-    /// `Some(Dk)` when the arguments are `(q, [k | v], sinks)`.
-    joined: Option<usize>,
+    /// `(q, k, v)`, or `(q, [k | v], sinks)` when the sinks take a gradient.
+    args: Args,
     saved: Mutex<ForwardState>,
 }
 
@@ -33,11 +33,8 @@ struct VarlenOp {
 /// `lse: [Hq, total_q]` (f32, both differentiable).
 pub(super) fn forward(q: &Tensor, k: &Tensor, v: &Tensor, cu: [&[usize]; 2], opts: &SdpaOptions) -> Result<Outputs> {
     let host = opts.kernel_params::<f32>()?.into_owned();
-    let op = |joined| VarlenOp { host, cu_q: cu[0].to_vec(), cu_k: cu[1].to_vec(), joined, saved: Mutex::default() };
-    match opts.sinks.as_ref().filter(|s| s.track_op()) {
-        None => apply([q, k, v], op(None)),
-        Some(sinks) => apply([q, &join_kv(k, v)?, sinks], op(Some(k.dims()[2]))),
-    }
+    let (args, a2, a3) = Args::new(k, v, [None, opts.sinks.as_ref().filter(|s| s.track_op()), None])?;
+    apply([q, &a2, &a3], VarlenOp { host, cu_q: cu[0].to_vec(), cu_k: cu[1].to_vec(), args, saved: Mutex::default() })
 }
 
 impl VarlenOp {
@@ -47,13 +44,9 @@ impl VarlenOp {
 
     /// Packed key and value views of arguments 2 and 3.
     fn kv<'a>(&self, s2: &'a CpuStorage, l2: &Layout, s3: &'a CpuStorage, l3: &Layout) -> Result<[PackedKv<'a>; 2]> {
-        match self.joined {
-            None => Ok([packed_kv("k", s2, l2)?, packed_kv("v", s3, l3)?]),
-            Some(dk) => {
-                let [k, v] = split_kv(l2, dk)?;
-                Ok([packed_kv("k", s2, &k)?, packed_kv("v", s2, &v)?])
-            }
-        }
+        let [k, v] = self.args.kv_layouts(l2, l3)?;
+        let s3 = if self.args == Args::Separate { s3 } else { s2 };
+        Ok([packed_kv("k", s2, &k)?, packed_kv("v", s3, &v)?])
     }
 }
 
@@ -82,10 +75,7 @@ impl AttnOp for VarlenOp {
 
     fn backward(&self, [q, a2, a3]: [&Tensor; 3], arrived: Arrived) -> Result<[Option<Tensor>; 3]> {
         let (total_q, hq, _) = q.dims3()?;
-        let dv = match self.joined {
-            None => a3.dims()[2],
-            Some(dk) => a2.dims()[2] - dk,
-        };
+        let dv = self.args.dv(a2, a3);
         let Incoming { out, dout, dlse, dweights } = arrived.incoming(&[total_q, hq, dv], q.device())?;
         if dweights.is_some() {
             let reason = "packed sequences return no weights".into();
@@ -112,17 +102,8 @@ impl AttnOp for VarlenOp {
         let [total_k, hkv] = [kv.dims()[0], kv.dims()[1]];
         let dk = Tensor::from_vec(g.dk, (total_k, hkv, kv.dims()[2]), dev)?;
         let dv = Tensor::from_vec(g.dv, (total_k, hkv, dv), dev)?;
-        Ok(match self.joined {
-            None => [Some(dq), Some(dk.to_dtype(a2.dtype())?), Some(dv.to_dtype(a3.dtype())?)],
-            Some(_) => {
-                let dkv = join_kv(&dk, &dv)?.to_dtype(a2.dtype())?;
-                let dsinks = g.dsinks.ok_or_else(|| AttnLibError::Value {
-                    field: "sinks",
-                    reason: "the packed backward gave no sinks' gradient".into(),
-                })?;
-                [Some(dq), Some(dkv), Some(Tensor::from_vec(dsinks, a3.dims(), dev)?.to_dtype(a3.dtype())?)]
-            }
-        })
+        let [d2, d3] = self.args.grads([a2, a3], [dk, dv], [None, g.dsinks, None])?;
+        Ok([Some(dq), d2, d3])
     }
 
     fn state(&self) -> &Mutex<ForwardState> {

@@ -5,9 +5,8 @@
 //! `--autograd` the call goes through the library and candle's autograd instead (`q`, `k`, `v` as
 //! `Var`s, `loss.backward()`), which runs the same kernels but adds candle's element-wise work
 //! around them (the loss, its gradient, zero-filled gradient slots and their sums): about 8 more
-//! `q`-sized tensors per call. Measured on 2 threads (medians of alternating runs): 0.67 vs 0.50 ms
-//! for `1,2,128,32`, 31.5 vs 27.5 ms for `1,8,512,64` (8.0 vs 0.7 MiB extra memory), 69.7 vs
-//! 59.1 ms for `1,8,1024,64` causal; within noise at `1,8,2048,64` (359 vs 357 ms).
+//! `q`-sized tensors per call, which shows on small shapes (see docs/performance-log.md,
+//! "attn-cli/src/commands/bench/backward.rs: module doc").
 
 use anyhow::Context;
 use attn::random::uniform;

@@ -56,8 +56,8 @@ const _: () = assert!(KEY_BLOCK == crate::sparse::SPARSE_BLOCK, "a key block is 
 /// Query rows per tile: a multiple of every ISA's rows per micro-kernel call (12 on AVX-512, 6
 /// on AVX2), at most a block mask's 64. 60 rather than 48: each tile's fixed work (its band, the
 /// products' passes over the block's `dK`, `dV` accumulators) over more rows, and a key block's
-/// short last tile rarer; forward + backward 1–4% faster on an AMD Zen 5 (`f32` and bfloat16
-/// products, full and causal, 2026-11-29).
+/// short last tile rarer (see docs/performance-log.md, "attn-kernels/src/flash/backward/mod.rs:
+/// TILE_ROWS").
 pub const TILE_ROWS: usize = 60;
 /// Query rows per tile under a block mask: one query block, so that a listed block is one tile,
 /// never cut into a full tile and a short one nor widened into its unlisted neighbours.

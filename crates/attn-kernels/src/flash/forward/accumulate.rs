@@ -169,7 +169,8 @@ pub(in crate::flash) unsafe fn pv_block<S: Simd, P: Product, E: KvElem>(
 /// blocks of four vectors on AVX-512 (two on 8-lane ISAs), then single vectors, then a scalar
 /// tail. (The backward's products, at most a tile of 64 keys or 48 rows each, run here
 /// directly: cutting them into chunks as [`pv_block`] does, with the chunk loop outside or
-/// inside the row groups, made the backward 1.1–1.2× slower on an AMD Zen 5, 2026-11-29.)
+/// inside the row groups, made the backward slower; see docs/performance-log.md,
+/// "attn-kernels/src/flash/forward/accumulate.rs: pv_spans".)
 ///
 /// # Safety
 /// As [`pv_block`], for every `j` of every span.
@@ -225,9 +226,9 @@ pub(in crate::flash) unsafe fn pv_spans<S: Simd, P: Product, E: KvElem>(
 /// Keys per chunk of [`pv_block`]: as many value rows of `row` elements (the row stride, or the
 /// row when the rows are packed tighter) as fill half of this CPU's L1 data cache, at least 16.
 /// Half, so that the chunk's rows, wherever their stride puts them in the cache's sets, leave
-/// ways for the probabilities and output rows. On an Ice Lake Xeon (48 KiB L1: 48 keys at `Dv`
-/// 128, 96 at 64) chunks measured 1.05–1.1× on the forward against whole tiles per row group
-/// (alternated in one process, 11–15 pairs per shape); a quarter of L1 gained less.
+/// ways for the probabilities and output rows: such chunks were faster than whole tiles per row
+/// group, a quarter of L1 less so (see docs/performance-log.md,
+/// "attn-kernels/src/flash/forward/accumulate.rs: value_chunk").
 fn value_chunk<E>(row: usize) -> usize {
     (crate::flash::cache::caches().l1d / 2 / (row * std::mem::size_of::<E>()).max(1)).max(16)
 }

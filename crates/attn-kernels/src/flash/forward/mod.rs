@@ -56,8 +56,8 @@ pub unsafe fn run<S: Simd, E: KvElem>(cx: &Ctx<E>, panels: Option<&[f32]>, job: 
     let _configured = unsafe { on_tiles.filter(|u| *u == TileUnit::Hardware).and_then(|_| Hardware.configure()) };
     if panels.is_some() {
         // The job's query rows are read once, transposed a column at a time below; their lines
-        // asked for all at once arrive together instead of a dozen at a time from memory (4.6% of
-        // a BigBird forward's kernel samples waited on those loads).
+        // asked for all at once arrive together instead of a dozen at a time from memory (see
+        // docs/performance-log.md, "attn-kernels/src/flash/forward/mod.rs: run").
         for r in 0..rows {
             let (h, i) = job.head_query(r);
             prefetch::lines::<{ prefetch::L1 }, _>(cx.q.row(job.b, h, i));

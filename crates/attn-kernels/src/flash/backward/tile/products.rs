@@ -24,8 +24,9 @@ use crate::prefetch;
 /// transposed per micro-kernel chunk `(r0, nr)` of [`row_chunks`] for `unit` in the form's slots
 /// (pairs of neighbouring values for bfloat16 products, `transpose_pairs`): the chunk is stored
 /// `[slots][nr]` at `out[r0·slots..]`, as `qk_panel` reads it. In f32 a value at a time: AVX-512's
-/// register transposes made the backward 3–4% slower here (AMD Zen 5, 2026-11-29), where the
-/// pairs' vector rounding made the bfloat16 forward + backward 1.07–1.10× faster.
+/// register transposes made the f32 backward slower, where the pairs' vector rounding made the
+/// bfloat16 one faster (see docs/performance-log.md,
+/// "attn-kernels/src/flash/backward/tile/products.rs: transpose_chunks").
 ///
 /// # Safety
 /// The CPU supports `S`'s instruction set.
