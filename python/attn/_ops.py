@@ -197,10 +197,18 @@ def _backward(ctx, grad_out, grad_lse, _grad_res, grad_weights):
 sdpa_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+def storageless(*tensors):
+    """Whether any of ``tensors`` has no storage: ``vmap``'s batched tensors (and ``gradcheck``'s
+    batched-gradient check, which vmaps the backward), functorch's other wrappers. The kernels
+    cannot read them; the operators can, which the dispatcher runs one slice at a time."""
+    return any(t is not None and not torch._C._has_storage(t) for t in tensors)
+
+
 class Eager(torch.autograd.Function):
-    """The operators' autograd without the dispatcher, for eager calls: the same computation,
-    saved tensors and backward (``sdpa_forward``'s arguments), tens of microseconds less per call
-    on small tensors. ``torch.compile`` needs the operators, whose fake implementations it traces."""
+    """The operators' autograd without the dispatcher, for eager calls on plain tensors: the same
+    computation, saved tensors and backward (``sdpa_forward``'s arguments), tens of microseconds
+    less per call on small tensors. ``torch.compile`` and functorch's transforms (``vmap`` over
+    the inputs or the gradients) need the operators."""
 
     @staticmethod
     def forward(ctx, *inputs):
@@ -210,4 +218,5 @@ class Eager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse, _grad_res, grad_weights):
-        return _gradients(backward_tensors, ctx, grad_out, grad_lse, grad_weights)
+        wrapped = storageless(grad_out, grad_lse, grad_weights, *ctx.saved_tensors)
+        return _gradients(sdpa_backward if wrapped else backward_tensors, ctx, grad_out, grad_lse, grad_weights)

@@ -25,7 +25,7 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from . import _args
 from ._attn import InternalError
-from ._ops import STORAGE, Eager, native_options, run_forward, sdpa_forward
+from ._ops import STORAGE, Eager, native_options, run_forward, sdpa_forward, storageless
 
 __all__ = ["patch", "unpatch", "patched"]
 
@@ -99,7 +99,7 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
         extras["compute"],
     )
     tracked = any(t is not None and t.requires_grad for t in (q, k, v, mask, sinks))
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or storageless(q, k, v, mask, sinks):
         out, lse, _, weights = sdpa_forward(q, k, v, mask, *args, bool(return_weights), sinks)
     elif tracked and torch.is_grad_enabled():
         out, lse, _, weights = Eager.apply(q, k, v, mask, *args, bool(return_weights), sinks)

@@ -73,6 +73,13 @@ def test_float64_gradients_pass_gradcheck_with_dropout_replayed():
     assert torch.autograd.gradcheck(f, (q, k, v, bias))
 
 
+def test_float64_gradients_pass_gradcheck_with_batched_gradients():
+    """``vmap`` over the backward (gradcheck's batched-gradient check, as PyTorch's own SDPA tests
+    run it) reaches the operators, not the kernels with storage-less tensors."""
+    q, k, v = (t.requires_grad_() for t in tensors(b=1, hq=2, hkv=2, lq=4, lk=5, d=4, dtype=torch.float64))
+    assert torch.autograd.gradcheck(lambda q, k, v: attn.sdpa(q, k, v, is_causal=True), (q, k, v), check_batched_grad=True)
+
+
 def test_float64_lse_and_weights_pass_gradcheck():
     q, k, v = (t.requires_grad_() for t in tensors(b=1, hq=2, hkv=1, lq=5, lk=6, d=4, dtype=torch.float64))
     bias = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
