@@ -74,7 +74,10 @@ impl<'py> Options<'py> {
             dropout,
             compute: if self.bf16_products { Precision::Bf16 } else { Precision::F32 },
             sinks: masks.sinks.as_ref().map(|s| s.contiguous::<T>()).transpose()?,
-            ..AttnParams::default()
+            // Every field spelled out, so that a new kernel option fails to compile here rather
+            // than doing nothing from Python. Score modifications are Rust closures and block
+            // masks Rust values: Python hands neither.
+            score_mod: None,
         })
     }
 }
