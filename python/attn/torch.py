@@ -175,21 +175,19 @@ def _routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, s
             _routed, relevant, query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
             scale=scale, enable_gqa=enable_gqa, **kw,
         )
-    if dropout_p and _dropout == "torch":
-        return _ORIGINAL(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-            enable_gqa=enable_gqa, **kw,
-        )
-    why = None if kw else _unsupported(query, key, value, attn_mask, is_causal)
+    # ``dropout="torch"`` sends dropout to PyTorch as asked: no reason to warn.
+    to_torch = bool(dropout_p) and _dropout == "torch"
+    why = None if kw or to_torch else _unsupported(query, key, value, attn_mask, is_causal)
     if kw:
         why = "arguments", f"arguments {sorted(kw)}"
-    if why is None:
+    if why is None and not to_torch:
         extras = dict(_args.NO_EXTRAS, align=align)
         try:
             return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras)
         except (ValueError, TypeError, InternalError) as e:
             why = "refused", f"attn refused the call ({e})"
-    _warn_once(*why)
+    if why is not None:
+        _warn_once(*why)
     if align == "bottom-right":
         # Only ``CausalBias`` asks for it: PyTorch gets the mask it would have materialised.
         lq, lk = query.shape[-2], key.shape[-2]

@@ -233,3 +233,14 @@ def test_one_key_value_head_broadcasts_without_enable_gqa(patched, monkeypatch):
     k1, v1 = k[:, :1], v[:, :1]
     torch.testing.assert_close(F.scaled_dot_product_attention(q, k1, v1), ORIGINAL(q, k1, v1), atol=1e-5, rtol=1e-5)
     assert calls, "attn took the call"
+
+
+def test_dropout_torch_keeps_a_lower_right_causal_bias():
+    q, k, v = qkv(1, 2, 4, 9, 8, 8)
+    bias = causal_lower_right(4, 9)
+    torch.manual_seed(5)
+    want = ORIGINAL(q, k, v, attn_mask=bias, dropout_p=0.3)
+    with attn.torch.patched(dropout="torch"):
+        torch.manual_seed(5)
+        got = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.3)
+    torch.testing.assert_close(got, want)

@@ -57,9 +57,8 @@ pub(crate) fn forward(q: &Tensor, k: &Tensor, v: &Tensor, opts: &SdpaOptions) ->
 impl SdpaOp {
     /// Key and value views of arguments 2 and 3.
     fn kv<'a>(&self, s2: &'a CpuStorage, l2: &Layout, s3: &'a CpuStorage, l3: &Layout) -> Result<[KvView<'a>; 2]> {
-        let [k, v] = self.args.kv_layouts(l2, l3)?;
-        let s3 = if self.args == Args::Separate { s3 } else { s2 };
-        Ok([kv_view("k", s2, &k)?, kv_view("v", s3, &v)?])
+        let [(sk, k), (sv, v)] = self.args.kv_parts((s2, l2), (s3, l3))?;
+        Ok([kv_view("k", sk, &k)?, kv_view("v", sv, &v)?])
     }
 
     /// The backward kernel on `q`, arguments 2 and 3, with `out` and `dout` (f32

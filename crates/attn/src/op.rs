@@ -188,11 +188,18 @@ impl Args {
         matches!(self, Args::Packed { bias: true, .. })
     }
 
-    /// The key and value layouts inside arguments 2 and 3 laid out as `l2`, `l3`.
-    pub(crate) fn kv_layouts(self, l2: &Layout, l3: &Layout) -> Result<[Layout; 2]> {
+    /// The keys' and the values' storage and layout inside arguments 2 and 3.
+    pub(crate) fn kv_parts<'a>(
+        self,
+        (s2, l2): (&'a CpuStorage, &Layout),
+        (s3, l3): (&'a CpuStorage, &Layout),
+    ) -> Result<[(&'a CpuStorage, Layout); 2]> {
         match self {
-            Args::Separate => Ok([l2.clone(), l3.clone()]),
-            Args::Packed { dk, .. } => split_kv(l2, dk),
+            Args::Separate => Ok([(s2, l2.clone()), (s3, l3.clone())]),
+            Args::Packed { dk, .. } => {
+                let [k, v] = split_kv(l2, dk)?;
+                Ok([(s2, k), (s2, v)])
+            }
         }
     }
 
@@ -218,12 +225,8 @@ impl Args {
         };
         let dkv = join_kv(&dk, &dv)?.to_dtype(a2.dtype())?;
         let mut joined = Vec::with_capacity(a3.elem_count());
-        for (part, wanted, field) in extra
-            .into_iter()
-            .zip([bias, sinks, table])
-            .zip(["bias", "sinks", "score_table"])
-            .map(|((p, w), f)| (p, w, f))
-        {
+        let fields = ["bias", "sinks", "score_table"];
+        for ((part, wanted), field) in extra.into_iter().zip([bias, sinks, table]).zip(fields) {
             if !wanted {
                 continue;
             }

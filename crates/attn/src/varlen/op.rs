@@ -44,9 +44,8 @@ impl VarlenOp {
 
     /// Packed key and value views of arguments 2 and 3.
     fn kv<'a>(&self, s2: &'a CpuStorage, l2: &Layout, s3: &'a CpuStorage, l3: &Layout) -> Result<[PackedKv<'a>; 2]> {
-        let [k, v] = self.args.kv_layouts(l2, l3)?;
-        let s3 = if self.args == Args::Separate { s3 } else { s2 };
-        Ok([packed_kv("k", s2, &k)?, packed_kv("v", s3, &v)?])
+        let [(sk, k), (sv, v)] = self.args.kv_parts((s2, l2), (s3, l3))?;
+        Ok([packed_kv("k", sk, &k)?, packed_kv("v", sv, &v)?])
     }
 }
 
