@@ -36,6 +36,14 @@ enum Command {
     Train(Box<commands::train::Args>),
     /// Translate texts with a trained checkpoint and draw its attention.
     Translate(commands::translate::Args),
+    /// The real pretrained models: list them, fetch them into the cache.
+    Models(commands::models::Args),
+    /// Sentence embeddings of texts with a real encoder (MiniLM) and their cosine similarities.
+    Embed(commands::embed::Args),
+    /// Greedy text generation with a real decoder (SmolLM2) and its KV cache, streamed.
+    Generate(commands::generate::Args),
+    /// Perplexity of a text file under a real decoder.
+    Perplexity(commands::perplexity::Args),
 }
 
 fn main() {
@@ -60,6 +68,10 @@ fn main() {
         Command::Explain(a) => commands::explain::main(a),
         Command::Train(a) => commands::train::main(*a),
         Command::Translate(a) => commands::translate::main(a),
+        Command::Models(a) => commands::models::main(a),
+        Command::Embed(a) => commands::embed::main(a),
+        Command::Generate(a) => commands::generate::main(a),
+        Command::Perplexity(a) => commands::perplexity::main(a),
     };
     if let Err(e) = result {
         if e.is::<commands::Interrupted>() {

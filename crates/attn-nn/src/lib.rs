@@ -15,7 +15,8 @@
 //! - [`Packed`]: packed batches (sequences one after another, no padding), which
 //!   `MultiHeadAttention`, the layers, stacks, `Transformer` and `Seq2Seq` take through their
 //!   `forward_packed` methods;
-//! - [`LayerNorm`]: `nn.LayerNorm`, with or without affine parameters or bias;
+//! - [`LayerNorm`]: `nn.LayerNorm`, with or without affine parameters or bias; [`RmsNorm`]:
+//!   `nn.RMSNorm` (Llama's);
 //! - [`position`]: sinusoidal encodings, RoPE and ALiBi;
 //! - [`load`]: PyTorch state dicts loaded strictly, frozen or into trainable variables listed by
 //!   name.
@@ -93,7 +94,7 @@ pub use linear_attn::{LinearAttention, LinearAttentionConfig, LinearCache, Linea
 pub use load::{named_parameters, StateDict, Trainable};
 pub use masks::{AttnMask, AttnMasks};
 pub use mha::{MhaInput, MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights, PackedMhaInput};
-pub use norm::{LayerNorm, LayerNormConfig};
+pub use norm::{LayerNorm, LayerNormConfig, RmsNorm};
 pub use packed::Packed;
 pub use position::rope::RopeConfig;
 pub use self_attention::{SelfAttention, SelfAttentionConfig, SelfAttentionOutput};

