@@ -5,9 +5,10 @@ The float64 model is the oracle; the float32 one measures the error an f32 imple
 (the oracle rule's `naive32`). Token ids come from transformers' own tokenizers (for the GGUFs,
 the ones it builds from the file's metadata). Writes small JSON files; the weights stay outside.
 
-    attn models fetch minilm smollm2      # prints the model paths
+    attn models fetch minilm smollm2 gemma3     # prints the model paths
     PY=<venv with torch, transformers, gguf, accelerate>
-    $PY scripts/model_fixtures.py --minilm DIR --smollm2 FILE.gguf --out crates/attn-models/tests/fixtures
+    $PY scripts/model_fixtures.py --minilm DIR --smollm2 FILE.gguf --gemma3 FILE.gguf \
+        --out crates/attn-models/tests/fixtures
 """
 import argparse
 import json
@@ -129,7 +130,8 @@ def greedy(model, prompt_ids, new_tokens):
     past = None
     with torch.no_grad():
         for _ in range(new_tokens):
-            r = model(input_ids=ids if past is None else ids[:, -1:], past_key_values=past, use_cache=True)
+            r = model(input_ids=ids if past is None else ids[:, -1:], past_key_values=past, use_cache=True,
+                      logits_to_keep=1)
             past = r.past_key_values
             logits = r.logits[0, -1]
             top = torch.topk(logits, 2)
@@ -140,7 +142,7 @@ def greedy(model, prompt_ids, new_tokens):
     return out, gaps
 
 
-def smollm2(gguf, out, text_file):
+def decoder(gguf, out, text_file, name, chat, prompts, long_len):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     d, f = os.path.split(gguf)
@@ -149,7 +151,7 @@ def smollm2(gguf, out, text_file):
     m64 = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, attn_implementation="eager").to(torch.float64).eval()
 
     tokenizer = [{"text": t, "ids": tok(t).input_ids} for t in TOKENIZER_TEXTS]
-    chat_messages = ["What is the capital of France?", "Write a haiku about attention."]
+    chat_messages = ["What is the capital of France?", "Write a haiku about attention."] if chat else []
     chats = []
     for msg in chat_messages:
         text = tok.apply_chat_template([{"role": "user", "content": msg}], tokenize=False, add_generation_prompt=True)
@@ -158,15 +160,20 @@ def smollm2(gguf, out, text_file):
     with open(text_file) as fh:
         corpus = fh.read()
     corpus_ids = tok(corpus).input_ids
-    long_prompt = corpus_ids[:300]
+    long_prompt = corpus_ids[:long_len]
 
+    if chat:
+        runs = [("chat", chats[0]["ids"], 16), ("haiku", chats[1]["ids"], 24)]
+    else:
+        runs = [(f"prompt{i}", tok(p).input_ids, 16) for i, p in enumerate(prompts)]
+    runs.append(("long", long_prompt, 24))
     generations = []
-    for name, prompt, n in [("chat", chats[0]["ids"], 16), ("haiku", chats[1]["ids"], 24), ("long", long_prompt, 24)]:
+    for run, prompt, n in runs:
         ids, gaps = greedy(m64, prompt, n)
-        generations.append({"name": name, "prompt_ids": prompt, "ids": ids, "gaps": gaps})
+        generations.append({"name": run, "prompt_ids": prompt, "ids": ids, "gaps": gaps})
 
-    # Prefill logits of the first chat prompt at every position, on every 389th vocabulary entry.
-    prompt = torch.tensor([chats[0]["ids"]])
+    # Prefill logits of the first prompt at every position, on every 389th vocabulary entry.
+    prompt = torch.tensor([generations[0]["prompt_ids"]])
     with torch.no_grad():
         l64 = m64(input_ids=prompt).logits[0]
         l32 = m32(input_ids=prompt).logits[0]
@@ -187,12 +194,12 @@ def smollm2(gguf, out, text_file):
     nll64, nll32 = nll(m64), nll(m32)
 
     heads = heads_fixture(m32, m64, tok(HEADS_TEXT).input_ids)
-    write(out, "smollm2.json", {
+    write(out, f"{name}.json", {
         "heads": heads,
         "tokenizer": tokenizer,
         "chats": chats,
         "generations": generations,
-        "prefill": {"ids": chats[0]["ids"], "stride": stride, "logits": rounded(l64[:, cols]),
+        "prefill": {"ids": generations[0]["prompt_ids"], "stride": stride, "logits": rounded(l64[:, cols]),
                     "err32": max_abs(l32, l64)},
         "perplexity": {"text": os.path.basename(text_file), "tokens": n, "nll": nll64, "ppl": math.exp(nll64),
                        "nll32": nll32},
@@ -203,13 +210,18 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minilm")
     p.add_argument("--smollm2")
+    p.add_argument("--gemma3")
     p.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     p.add_argument("--out", default="crates/attn-models/tests/fixtures")
     a = p.parse_args()
     if a.minilm:
         minilm(a.minilm, a.out)
     if a.smollm2:
-        smollm2(a.smollm2, a.out, a.text)
+        decoder(a.smollm2, a.out, a.text, "smollm2", chat=True, prompts=[], long_len=300)
+    if a.gemma3:
+        # The long prompt (over 600 tokens) makes the 512-key sliding window bite.
+        decoder(a.gemma3, a.out, a.text, "gemma3", chat=False,
+                prompts=["The capital of France is", "def fibonacci(n):"], long_len=650)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ enum Command {
     Models(commands::models::Args),
     /// Sentence embeddings of texts with a real encoder (MiniLM) and their cosine similarities.
     Embed(commands::embed::Args),
-    /// Greedy text generation with a real decoder (SmolLM2) and its KV cache, streamed.
+    /// Greedy text generation with a real decoder (SmolLM2, Gemma 3) and its KV cache, streamed.
     Generate(commands::generate::Args),
     /// Perplexity of a text file under a real decoder.
     Perplexity(commands::perplexity::Args),

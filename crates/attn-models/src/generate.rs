@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use candle_core::{DType, Tensor};
 
+use crate::causal_lm::CausalLm;
 use crate::error::{ModelError, Result};
-use crate::llama::Llama;
 
 /// A finished greedy generation.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,7 +47,7 @@ fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
 /// Greedy decoding of `prompt`: one prefill, then one token at a time against the cache;
 /// `on_token` sees every new id as it comes (to stream it).
 pub fn greedy(
-    model: &Llama,
+    model: &CausalLm,
     prompt: &[u32],
     stop: Stop,
     mut on_token: impl FnMut(u32) -> Result<()>,
@@ -58,7 +58,7 @@ pub fn greedy(
     let mut cache = model.new_cache();
     let mut ids = Vec::with_capacity(stop.max_new_tokens);
     let start = Instant::now();
-    let mut logits = model.forward(prompt, &mut cache)?;
+    let mut logits = model.forward_last(prompt, &mut cache)?;
     let mut prefill_secs = None;
     while ids.len() < stop.max_new_tokens {
         let next =
@@ -69,7 +69,7 @@ pub fn greedy(
         if Some(next) == stop.eos || ids.len() == stop.max_new_tokens {
             break;
         }
-        logits = model.forward(&[next], &mut cache)?;
+        logits = model.forward_last(&[next], &mut cache)?;
     }
     let total = start.elapsed().as_secs_f64();
     let prefill_secs = prefill_secs.unwrap_or(total);
@@ -78,7 +78,7 @@ pub fn greedy(
 
 /// The mean negative log-likelihood (natural log) of `ids[1..]`, each given those before it,
 /// from one causal pass; the perplexity is its `exp`.
-pub fn mean_nll(model: &Llama, ids: &[u32]) -> Result<f64> {
+pub fn mean_nll(model: &CausalLm, ids: &[u32]) -> Result<f64> {
     if ids.len() < 2 {
         return Err(ModelError::Input(format!("perplexity needs at least 2 tokens, found {}", ids.len())));
     }

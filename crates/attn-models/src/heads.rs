@@ -23,9 +23,9 @@ impl AttentionWeights for crate::Bert {
     }
 }
 
-impl AttentionWeights for crate::Llama {
+impl AttentionWeights for crate::CausalLm {
     fn attention_weights(&self, ids: &[u32]) -> Result<Vec<Tensor>> {
-        crate::Llama::attention_weights(self, ids)
+        crate::CausalLm::attention_weights(self, ids)
     }
 }
 

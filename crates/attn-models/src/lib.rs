@@ -3,7 +3,8 @@
 //!
 //! - [`bert`]: BERT encoders from a Hugging Face directory and sentence embeddings
 //!   ([`SentenceEncoder`], all-MiniLM-L6-v2);
-//! - [`llama`]: Llama decoders from GGUF files ([`Llama`], SmolLM2), with [`generate`]'s greedy
+//! - [`causal_lm`]: decoders from GGUF files ([`CausalLm`]: Llama/SmolLM2 and Gemma 3), with
+//!   [`generate`]'s greedy
 //!   decoding against the KV cache and perplexity;
 //! - [`tokenizer`]: their tokenizers, from `tokenizer.json` or built from GGUF metadata, and
 //!   [`chat`]'s ChatML template;
@@ -23,6 +24,7 @@
 //! ```
 
 pub mod bert;
+pub mod causal_lm;
 pub mod chat;
 pub mod error;
 pub mod fetch;
@@ -30,42 +32,32 @@ pub mod generate;
 pub mod gguf;
 pub mod heads;
 mod json;
-pub mod llama;
 pub mod tokenizer;
 
 use std::path::Path;
 
 pub use bert::{Bert, BertConfig, SentenceEncoder};
+pub use causal_lm::{CausalLm, CausalLmConfig, Family, LayerAttention, LmCache};
 pub use error::{ModelError, Result};
 pub use generate::{greedy, mean_nll, Generation, Stop};
 pub use gguf::Gguf;
-pub use llama::{Llama, LlamaCache, LlamaConfig};
 pub use tokenizer::TextTokenizer;
 
 /// A decoder-only language model with its tokenizer, from a GGUF file.
 #[derive(Debug)]
 pub struct Decoder {
     /// The network.
-    pub model: Llama,
+    pub model: CausalLm,
     /// Its tokenizer (with the chat template when the file has one).
     pub tokenizer: TextTokenizer,
 }
 
 impl Decoder {
-    /// Loads the GGUF at `path`; refuses an architecture other than `llama`, naming the field.
+    /// Loads the GGUF at `path` (`llama` or `gemma3`); refuses another architecture, naming the
+    /// field.
     pub fn open(path: &Path) -> Result<Self> {
         let mut gguf = Gguf::open(path)?;
-        let arch = gguf.architecture()?.to_string();
-        let model = match arch.as_str() {
-            "llama" => Llama::from_gguf(&mut gguf)?,
-            other => {
-                return Err(ModelError::field(
-                    path,
-                    "general.architecture",
-                    format!("`{other}` is not supported (supported: llama)"),
-                ))
-            }
-        };
+        let model = CausalLm::from_gguf(&mut gguf)?;
         let tokenizer = TextTokenizer::from_gguf(&gguf)?;
         Ok(Self { model, tokenizer })
     }

@@ -1,13 +1,21 @@
 //! Text ↔ token ids for the real models, through the `tokenizers` crate: a Hugging Face
 //! `tokenizer.json` as it is (MiniLM's WordPiece), or a pipeline built from a GGUF file's metadata
 //! as transformers builds it (`convert_gguf_tokenizer`): for `gpt2` (SmolLM2), byte-level BPE
-//! from the vocabulary and merges, GPT-2's split, no prefix space, the tokens marked control as
-//! special tokens and those marked user-defined as added tokens.
+//! from the vocabulary and merges, GPT-2's split, no prefix space; for `llama` in a Gemma 3 file,
+//! SentencePiece-style BPE with byte fallback (spaces as `▁`), its merges rebuilt from the
+//! vocabulary's order; in both, the tokens marked control as special tokens and those marked
+//! user-defined as added tokens.
 
 use std::path::Path;
 
+use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::split::Split;
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::{AddedToken, Tokenizer};
 
 use crate::chat::ChatTemplate;
@@ -49,16 +57,19 @@ impl TextTokenizer {
     /// The tokenizer a GGUF file's `tokenizer.ggml.*` metadata describes.
     pub fn from_gguf(gguf: &Gguf) -> Result<Self> {
         let model = gguf.string("tokenizer.ggml.model")?;
-        let inner = match model {
-            "gpt2" => byte_level_bpe(gguf)?,
-            other => {
-                return Err(ModelError::field(
+        let arch = gguf.architecture()?;
+        let inner =
+            match (model, arch) {
+                ("gpt2", _) => byte_level_bpe(gguf)?,
+                ("llama", "gemma3") => gemma_bpe(gguf)?,
+                (other, arch) => return Err(ModelError::field(
                     gguf.path(),
                     "tokenizer.ggml.model",
-                    format!("tokenizer `{other}` is not supported (supported: gpt2)"),
-                ))
-            }
-        };
+                    format!(
+                        "tokenizer `{other}` of a `{arch}` model is not supported (supported: gpt2; llama for gemma3)"
+                    ),
+                )),
+            };
         let id = |key: &str| -> Result<Option<u32>> {
             if gguf.has(key) {
                 Ok(Some(gguf.usize(key)? as u32))
@@ -109,22 +120,52 @@ impl TextTokenizer {
     }
 }
 
-/// Byte-level BPE from `tokenizer.ggml.tokens` / `merges` / `token_type`.
-fn byte_level_bpe(gguf: &Gguf) -> Result<Tokenizer> {
-    let path = gguf.path();
+/// `tokenizer.ggml.tokens` and, when the file has them, `token_type` (one per token).
+fn tokens_and_types(gguf: &Gguf) -> Result<(Vec<&str>, Vec<i64>)> {
     let tokens = gguf.strings("tokenizer.ggml.tokens")?;
     let types =
         if gguf.has("tokenizer.ggml.token_type") { gguf.integers("tokenizer.ggml.token_type")? } else { vec![] };
     if !types.is_empty() && types.len() != tokens.len() {
         return Err(ModelError::field(
-            path,
+            gguf.path(),
             "tokenizer.ggml.token_type",
             format!("{} entries, expected one per token ({})", types.len(), tokens.len()),
         ));
     }
+    Ok((tokens, types))
+}
+
+/// Adds the tokens of type `CONTROL` that `keep` accepts as special tokens, and those of type
+/// `USER_DEFINED` spelled as in the tokenizer's vocabulary as added tokens, so the text's copies
+/// of them stay whole (transformers' `add_gguf_special_tokens`).
+fn add_marked_tokens(
+    tok: &mut Tokenizer,
+    gguf: &Gguf,
+    tokens: &[&str],
+    types: &[i64],
+    keep: impl Fn(&str) -> bool,
+) -> Result<()> {
+    let of_type = |kind: i64| tokens.iter().zip(types).filter(move |(_, &t)| t == kind).map(|(s, _)| *s);
+    let control: Vec<AddedToken> =
+        of_type(CONTROL).filter(|s| keep(s)).map(|s| AddedToken::from(s.to_string(), true)).collect();
+    let user: Vec<AddedToken> = of_type(USER_DEFINED)
+        .filter(|s| tok.token_to_id(s).is_some())
+        .map(|s| AddedToken::from(s.to_string(), false).normalized(false))
+        .collect();
+    let bad = |e| ModelError::field(gguf.path(), "tokenizer.ggml.token_type", e);
+    tok.add_special_tokens(control).map_err(bad)?;
+    tok.add_tokens(user).map_err(bad)?;
+    Ok(())
+}
+
+/// Byte-level BPE from `tokenizer.ggml.tokens` / `merges` / `token_type`.
+fn byte_level_bpe(gguf: &Gguf) -> Result<Tokenizer> {
+    let path = gguf.path();
+    let (tokens, types) = tokens_and_types(gguf)?;
     let alphabet = byte_alphabet();
+    let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
     let spelled = |t: &str| -> String {
-        if t.chars().all(|c| alphabet.contains(&c)) {
+        if in_alphabet(t) {
             t.to_string()
         } else {
             t.bytes().map(|b| alphabet[usize::from(b)]).collect()
@@ -148,16 +189,67 @@ fn byte_level_bpe(gguf: &Gguf) -> Result<Tokenizer> {
     let mut tok = Tokenizer::new(bpe);
     tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
     tok.with_decoder(Some(ByteLevel::default()));
-    let of_type = |kind: i64| tokens.iter().zip(&types).filter(move |(_, &t)| t == kind).map(|(s, _)| *s);
     // A control token spelled outside the byte alphabet is a mislabel (transformers skips it too).
-    let control: Vec<AddedToken> = of_type(CONTROL)
-        .filter(|s| s.chars().all(|c| alphabet.contains(&c)))
-        .map(|s| AddedToken::from(s.to_string(), true))
+    add_marked_tokens(&mut tok, gguf, &tokens, &types, in_alphabet)?;
+    Ok(tok)
+}
+
+/// Gemma's SentencePiece vocabulary as BPE with byte fallback (transformers' `gemma_tokenizer`):
+/// tokens of spaces only respelled with `▁`, and the merges the file lacks rebuilt from the
+/// vocabulary — every split of a token into two tokens, tokens in file order (Gemma's scores do
+/// not follow its merge order; the order does), a token's splits longest left part first.
+fn gemma_bpe(gguf: &Gguf) -> Result<Tokenizer> {
+    const SPACE: char = '\u{2581}';
+    let path = gguf.path();
+    let (tokens, types) = tokens_and_types(gguf)?;
+    let respelled: Vec<String> = tokens
+        .iter()
+        .map(|t| {
+            if !t.is_empty() && t.chars().all(|c| c == ' ') {
+                SPACE.to_string().repeat(t.chars().count())
+            } else {
+                t.to_string()
+            }
+        })
         .collect();
-    tok.add_special_tokens(control).map_err(|e| ModelError::field(path, "tokenizer.ggml.token_type", e))?;
-    let user: Vec<AddedToken> =
-        of_type(USER_DEFINED).map(|s| AddedToken::from(s.to_string(), false).normalized(false)).collect();
-    tok.add_tokens(user).map_err(|e| ModelError::field(path, "tokenizer.ggml.token_type", e))?;
+    let vocab: Vocab = respelled.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let mut merges = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for token in &respelled {
+        // A token spelled twice counts once, at its first place (as a Python dict iterates).
+        if !seen.insert(token.as_str()) {
+            continue;
+        }
+        let cuts: Vec<usize> = token.char_indices().map(|(i, _)| i).skip(1).collect();
+        for &cut in cuts.iter().rev() {
+            let (l, r) = token.split_at(cut);
+            if vocab.contains_key(l) && vocab.contains_key(r) {
+                merges.push((l.to_string(), r.to_string()));
+            }
+        }
+    }
+    let unk = gguf.usize("tokenizer.ggml.unknown_token_id")?;
+    let unk = respelled.get(unk).ok_or_else(|| {
+        ModelError::field(path, "tokenizer.ggml.unknown_token_id", format!("{unk} is past the vocabulary"))
+    })?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .unk_token(unk.clone())
+        .fuse_unk(true)
+        .byte_fallback(true)
+        .build()
+        .map_err(|e| ModelError::field(path, "tokenizer.ggml.tokens", e))?;
+    let mut tok = Tokenizer::new(bpe);
+    let space = SPACE.to_string();
+    let bad = |e| ModelError::field(path, "tokenizer.ggml.model", e);
+    tok.with_normalizer(Some(Replace::new(" ", space.as_str()).map_err(bad)?)).map_err(bad)?;
+    tok.with_pre_tokenizer(Some(Split::new(" ", SplitDelimiterBehavior::MergedWithPrevious, false).map_err(bad)?));
+    tok.with_decoder(Some(DecoderSequence::new(vec![
+        Replace::new(space.as_str(), " ").map_err(bad)?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ])));
+    add_marked_tokens(&mut tok, gguf, &tokens, &types, |_| true)?;
     Ok(tok)
 }
 

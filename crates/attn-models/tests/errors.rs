@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use attn_models::{Decoder, Gguf, Llama, LlamaConfig, ModelError, SentenceEncoder};
+use attn_models::{CausalLm, CausalLmConfig, Decoder, Family, Gguf, LayerAttention, ModelError, SentenceEncoder};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
@@ -79,20 +79,20 @@ fn a_model_directory_without_its_tokenizer_is_refused() {
 
 #[test]
 fn a_prompt_longer_than_the_context_is_refused() {
-    let cfg = LlamaConfig {
+    let cfg = CausalLmConfig {
+        family: Family::Llama,
         vocab_size: 16,
         hidden_size: 8,
-        num_layers: 1,
         num_heads: 2,
         num_kv_heads: 1,
         head_dim: 4,
         intermediate_size: 12,
-        rope_base: 10000.0,
         rms_eps: 1e-5,
         max_positions: 6,
+        layers: vec![LayerAttention { rope_base: 10000.0, window: None }],
     };
     let map = candle_nn::VarMap::new();
-    let model = Llama::new(&cfg, attn_nn::init::seeded(&map, 0)).unwrap();
+    let model = CausalLm::new(&cfg, attn_nn::init::seeded(&map, 0)).unwrap();
     let mut cache = model.new_cache();
     assert_eq!(model.forward(&[1, 2, 3, 4], &mut cache).unwrap().dims(), &[4, 16]);
     let e = message(model.forward(&[5, 6, 7], &mut cache).unwrap_err());

@@ -1,8 +1,10 @@
 //! The real models against transformers' golden outputs on the same weights
 //! (`scripts/model_fixtures.py`, float64 model as the oracle): MiniLM's token ids and sentence
-//! embeddings; SmolLM2's token ids, chat prompt, prefill logits, greedy continuations and
-//! perplexity; and the decode path (one token against the cache) against re-running the whole
-//! sequence; the head scores against those from transformers' attention weights. The models are fetched into the cache (`attn_models::fetch`) on first use.
+//! embeddings; SmolLM2's and Gemma 3's token ids, chat prompt (SmolLM2), prefill logits, greedy
+//! continuations (Gemma 3's past its 512-key sliding window) and perplexity; the decode path (one
+//! token against the cache) against re-running the whole sequence; the head scores against those
+//! from transformers' attention weights. The models are fetched into the cache
+//! (`attn_models::fetch`) on first use.
 
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
@@ -28,6 +30,11 @@ fn model_path(name: &str) -> PathBuf {
 fn smollm2() -> &'static Decoder {
     static MODEL: OnceLock<Decoder> = OnceLock::new();
     MODEL.get_or_init(|| Decoder::open(&model_path("smollm2")).unwrap())
+}
+
+fn gemma3() -> &'static Decoder {
+    static MODEL: OnceLock<Decoder> = OnceLock::new();
+    MODEL.get_or_init(|| Decoder::open(&model_path("gemma3")).unwrap())
 }
 
 fn minilm() -> &'static SentenceEncoder {
@@ -76,38 +83,40 @@ fn minilm_embeddings_pass_the_oracle_rule() {
     assert_oracle("MiniLM embedding alone", &alone, &want[7 * 384..], fx["err32_embeddings"].as_f64().unwrap(), 1e-7);
 }
 
-#[test]
-fn smollm2_token_ids_and_chat_prompt_equal_transformers() {
-    let fx = fixture("smollm2.json");
-    let tok = &smollm2().tokenizer;
+/// A decoder's token ids (and chat prompts) against its fixture's.
+fn assert_tokenizer(d: &Decoder, fx: &Value) {
+    let tok = &d.tokenizer;
     for case in fx["tokenizer"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
-        assert_eq!(tok.encode(text).unwrap(), ids(&case["ids"]), "ids of {text:?}");
-        assert_eq!(tok.decode(&ids(&case["ids"])).unwrap(), text, "decoding the ids of {text:?}");
+        let want = ids(&case["ids"]);
+        assert_eq!(tok.encode(text).unwrap(), want, "ids of {text:?}");
+        // Without the beginning-of-sequence id the tokenizer adds (what it gives for "").
+        let added = tok.encode("").unwrap();
+        let body = want.strip_prefix(added.as_slice()).unwrap_or(&want);
+        assert_eq!(tok.decode(body).unwrap(), text, "decoding the ids of {text:?}");
     }
-    let template = tok.chat.as_ref().expect("SmolLM2 ships a ChatML template");
     for chat in fx["chats"].as_array().unwrap() {
+        let template = tok.chat.as_ref().expect("the fixture has chats, so the model a template");
         let message = chat["message"].as_str().unwrap();
         assert_eq!(template.render(&[("user", message)]), chat["text"].as_str().unwrap());
-        assert_eq!(smollm2().prompt(message, true).unwrap(), ids(&chat["ids"]));
+        assert_eq!(d.prompt(message, true).unwrap(), ids(&chat["ids"]));
     }
 }
 
-#[test]
-fn smollm2_prefill_logits_pass_the_oracle_rule() {
-    let fx = &fixture("smollm2.json")["prefill"];
-    let m = &smollm2().model;
+/// A decoder's prefill logits (sampled columns) under the oracle rule.
+fn assert_prefill(d: &Decoder, fx: &Value, what: &str) {
+    let fx = &fx["prefill"];
+    let m = &d.model;
     let logits = m.forward(&ids(&fx["ids"]), &mut m.new_cache()).unwrap();
     let rows: Vec<Vec<f32>> = logits.to_vec2().unwrap();
     let stride = fx["stride"].as_u64().unwrap() as usize;
     let ours: Vec<f32> = rows.iter().flat_map(|r| r.iter().step_by(stride).copied()).collect();
     let want: Vec<f64> = fx["logits"].as_array().unwrap().iter().flat_map(floats).collect();
-    assert_oracle("SmolLM2 prefill logits", &ours, &want, fx["err32"].as_f64().unwrap(), 1e-5);
+    assert_oracle(&format!("{what} prefill logits"), &ours, &want, fx["err32"].as_f64().unwrap(), 1e-5);
 }
 
-#[test]
-fn smollm2_greedy_continuations_equal_transformers() {
-    let fx = fixture("smollm2.json");
+/// A decoder's greedy continuations equal the float64 model's, up to the first near-tie.
+fn assert_greedy(d: &Decoder, fx: &Value) {
     for g in fx["generations"].as_array().unwrap() {
         let want = ids(&g["ids"]);
         let gaps = floats(&g["gaps"]);
@@ -115,40 +124,94 @@ fn smollm2_greedy_continuations_equal_transformers() {
         // rounding may break either way).
         let n = gaps.iter().position(|&gap| gap < 1e-4).unwrap_or(want.len());
         let stop = Stop { max_new_tokens: n, eos: None };
-        let got = greedy(&smollm2().model, &ids(&g["prompt_ids"]), stop, |_| Ok(())).unwrap();
+        let got = greedy(&d.model, &ids(&g["prompt_ids"]), stop, |_| Ok(())).unwrap();
         assert_eq!(got.ids, want[..n], "greedy continuation `{}`", g["name"]);
     }
 }
 
-#[test]
-fn smollm2_decode_equals_rerunning_the_sequence() {
-    let fx = fixture("smollm2.json");
-    let g = &fx["generations"][0];
-    let m = &smollm2().model;
+/// Decoding one token at a time against the cache equals re-running the whole sequence, for
+/// `steps` tokens after the prompt of the fixture's last (long) generation.
+fn assert_decode_equals_full_pass(d: &Decoder, fx: &Value, steps: usize) {
+    let generations = fx["generations"].as_array().unwrap();
+    let g = generations.last().unwrap();
+    let m = &d.model;
     let mut seq = ids(&g["prompt_ids"]);
     let mut cache = m.new_cache();
-    let mut step = m.forward(&seq, &mut cache).unwrap();
-    for &next in ids(&g["ids"]).iter().take(6) {
+    m.forward_last(&seq, &mut cache).unwrap();
+    for &next in ids(&g["ids"]).iter().take(steps) {
         seq.push(next);
-        step = m.forward(&[next], &mut cache).unwrap();
-        let full = m.forward(&seq, &mut m.new_cache()).unwrap();
-        let last = full.get(seq.len() - 1).unwrap();
+        let step = m.forward(&[next], &mut cache).unwrap();
+        assert_eq!(step.dims(), &[1, m.config().vocab_size]);
+        let full = m.forward_last(&seq, &mut m.new_cache()).unwrap();
+        let last = full.get(0).unwrap();
         let diff = (step.get(0).unwrap() - last).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(diff < 2e-4, "decode step {} differs from the full pass by {diff}", seq.len());
     }
     assert_eq!(cache.len(), seq.len());
-    assert_eq!(step.dims(), &[1, m.config().vocab_size]);
+}
+
+/// The perplexity of the fixture's text equals transformers' within 1e-4 relative.
+fn assert_perplexity(d: &Decoder, fx: &Value) {
+    let fx = &fx["perplexity"];
+    let text = std::fs::read_to_string(format!("/usr/share/common-licenses/{}", fx["text"].as_str().unwrap())).unwrap();
+    let n = fx["tokens"].as_u64().unwrap() as usize;
+    let ids = d.tokenizer.encode(&text).unwrap();
+    let nll = mean_nll(&d.model, &ids[..n]).unwrap();
+    let want = fx["nll"].as_f64().unwrap();
+    assert!(((nll - want) / want).abs() <= 1e-4, "mean NLL {nll}, transformers' float64 {want}");
+}
+
+#[test]
+fn smollm2_token_ids_and_chat_prompt_equal_transformers() {
+    assert_tokenizer(smollm2(), &fixture("smollm2.json"));
+}
+
+#[test]
+fn smollm2_prefill_logits_pass_the_oracle_rule() {
+    assert_prefill(smollm2(), &fixture("smollm2.json"), "SmolLM2");
+}
+
+#[test]
+fn smollm2_greedy_continuations_equal_transformers() {
+    assert_greedy(smollm2(), &fixture("smollm2.json"));
+}
+
+#[test]
+fn smollm2_decode_equals_rerunning_the_sequence() {
+    assert_decode_equals_full_pass(smollm2(), &fixture("smollm2.json"), 4);
 }
 
 #[test]
 fn smollm2_perplexity_equals_transformers() {
-    let fx = &fixture("smollm2.json")["perplexity"];
-    let text = std::fs::read_to_string(format!("/usr/share/common-licenses/{}", fx["text"].as_str().unwrap())).unwrap();
-    let n = fx["tokens"].as_u64().unwrap() as usize;
-    let ids = smollm2().tokenizer.encode(&text).unwrap();
-    let nll = mean_nll(&smollm2().model, &ids[..n]).unwrap();
-    let want = fx["nll"].as_f64().unwrap();
-    assert!(((nll - want) / want).abs() <= 1e-4, "mean NLL {nll}, transformers' float64 {want}");
+    assert_perplexity(smollm2(), &fixture("smollm2.json"));
+}
+
+#[test]
+fn gemma3_token_ids_equal_transformers() {
+    assert_tokenizer(gemma3(), &fixture("gemma3.json"));
+}
+
+#[test]
+fn gemma3_prefill_logits_pass_the_oracle_rule() {
+    assert_prefill(gemma3(), &fixture("gemma3.json"), "Gemma 3");
+}
+
+#[test]
+fn gemma3_greedy_continuations_equal_transformers_with_the_window_biting() {
+    let fx = fixture("gemma3.json");
+    let long = fx["generations"].as_array().unwrap().last().unwrap();
+    assert!(ids(&long["prompt_ids"]).len() > 600, "the long prompt must pass the 512-key window");
+    assert_greedy(gemma3(), &fx);
+}
+
+#[test]
+fn gemma3_decode_past_the_window_equals_rerunning_the_sequence() {
+    assert_decode_equals_full_pass(gemma3(), &fixture("gemma3.json"), 2);
+}
+
+#[test]
+fn gemma3_perplexity_equals_transformers() {
+    assert_perplexity(gemma3(), &fixture("gemma3.json"));
 }
 
 /// attn's head scores on the fixture's ids against transformers' from `output_attentions`.

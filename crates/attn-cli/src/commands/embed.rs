@@ -1,6 +1,7 @@
 //! `attn embed`: sentence embeddings of texts with a BERT sentence encoder (MiniLM): mean pooling
 //! over the real tokens, L2-normalised; the texts go as one padded batch. Prints the cosine
-//! similarities of the inputs, or with `--json` the embeddings themselves.
+//! similarities of the inputs, or with `--json` the embeddings themselves; the time taken on
+//! stderr.
 
 use std::path::PathBuf;
 
@@ -41,7 +42,16 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let dir = args.model.path()?;
     let encoder = attn_models::SentenceEncoder::load(&dir)?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let start = std::time::Instant::now();
     let embeddings: Vec<Vec<f32>> = args.threads.pool()?.install(|| encoder.embed(&refs))?.to_vec2()?;
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "embedded {} texts in {:.1} ms ({:.1} texts/s, {} threads)",
+        texts.len(),
+        secs * 1e3,
+        texts.len() as f64 / secs,
+        args.threads.get()
+    );
     if args.json {
         let dim = embeddings.first().map_or(0, Vec::len);
         println!("{}", serde_json::json!({ "dim": dim, "embeddings": embeddings }));

@@ -1,4 +1,4 @@
-//! `attn generate`: greedy decoding of a prompt with a decoder (SmolLM2) and its KV cache,
+//! `attn generate`: greedy decoding of a prompt with a decoder (SmolLM2, Gemma 3) and its KV cache,
 //! streamed to stdout as it comes, tokens per second on stderr; `--json` prints one object
 //! instead.
 
