@@ -8,12 +8,13 @@
 //! `attn_q`/`attn_k` rows are put back in half-split order on load, as transformers does.
 
 use attn::{Align, SdpaOptions};
-use attn_nn::{KvCache, Linear, RmsNorm, RopeConfig, StateDict};
+use attn_nn::{Linear, RmsNorm, RopeConfig, StateDict};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::error::{ModelError, Result};
 use crate::gguf::Gguf;
+use crate::kv_buffer::KvBuffer;
 
 /// Which family's layer layout a model has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,7 +200,7 @@ impl Layer {
         &self,
         x: &Tensor,
         cfg: &CausalLmConfig,
-        cache: &mut KvCache,
+        cache: &mut KvBuffer,
         weights: Option<&mut Vec<Tensor>>,
     ) -> Result<Tensor> {
         let (b, l, _) = x.dims3()?;
@@ -215,9 +216,9 @@ impl Layer {
             k = g.k.forward(&k)?;
         }
         let q = rope.apply(&q, offset)?;
-        let k = rope.apply(&k, offset)?.contiguous()?;
-        let v = heads(self.v.forward(&h)?, cfg.num_kv_heads)?.contiguous()?;
-        let (k, v) = cache.append(k, v)?;
+        let k = rope.apply(&k, offset)?;
+        let v = heads(self.v.forward(&h)?, cfg.num_kv_heads)?;
+        let (k, v) = cache.append(&k, &v)?;
         let mut opts = SdpaOptions::default()
             .causal(true)
             .align(Align::BottomRight)
@@ -252,13 +253,13 @@ impl Layer {
 /// The KV cache of a [`CausalLm`]: one per layer.
 #[derive(Debug, Clone, Default)]
 pub struct LmCache {
-    layers: Vec<KvCache>,
+    layers: Vec<KvBuffer>,
 }
 
 impl LmCache {
     /// How many positions are cached.
     pub fn len(&self) -> usize {
-        self.layers.first().map_or(0, KvCache::len)
+        self.layers.first().map_or(0, KvBuffer::len)
     }
 
     /// Whether nothing is cached.
@@ -322,7 +323,7 @@ impl CausalLm {
 
     /// An empty cache for this model.
     pub fn new_cache(&self) -> LmCache {
-        LmCache { layers: vec![KvCache::new(); self.layers.len()] }
+        LmCache { layers: vec![KvBuffer::default(); self.layers.len()] }
     }
 
     /// The logits `[L, V]` of `ids` following the cached positions (a prompt's prefill, one

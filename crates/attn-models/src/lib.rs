@@ -32,6 +32,7 @@ pub mod generate;
 pub mod gguf;
 pub mod heads;
 mod json;
+mod kv_buffer;
 pub mod tokenizer;
 
 use std::path::Path;

@@ -58,18 +58,19 @@ impl TextTokenizer {
     pub fn from_gguf(gguf: &Gguf) -> Result<Self> {
         let model = gguf.string("tokenizer.ggml.model")?;
         let arch = gguf.architecture()?;
-        let inner =
-            match (model, arch) {
-                ("gpt2", _) => byte_level_bpe(gguf)?,
-                ("llama", "gemma3") => gemma_bpe(gguf)?,
-                (other, arch) => return Err(ModelError::field(
+        let inner = match (model, arch) {
+            ("gpt2", _) => byte_level_bpe(gguf)?,
+            ("llama", "gemma3") => gemma_bpe(gguf)?,
+            (other, arch) => {
+                return Err(ModelError::field(
                     gguf.path(),
                     "tokenizer.ggml.model",
                     format!(
                         "tokenizer `{other}` of a `{arch}` model is not supported (supported: gpt2; llama for gemma3)"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         let id = |key: &str| -> Result<Option<u32>> {
             if gguf.has(key) {
                 Ok(Some(gguf.usize(key)? as u32))
