@@ -206,11 +206,44 @@ def decoder(gguf, out, text_file, name, chat, prompts, long_len):
     })
 
 
+def tiny_decoders(out):
+    """Tiny random Llama, Qwen2 (q/k/v biases) and Mistral (a 4-key sliding window) models saved
+    in Hugging Face's layout (config.json + model.safetensors, no tokenizer), with their float64
+    logits on a 12-token sequence: attn's loading of the Llama family by Hugging Face names. Weights
+    drawn with std 0.3 (not the 0.02 of training) so the attention is far from uniform."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = dict(vocab_size=48, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500.0,
+                  tie_word_embeddings=False, initializer_range=0.3)
+    models = {
+        "llama": (LlamaConfig, LlamaForCausalLM, {}),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+        "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 4}),
+    }
+    ids = [1, 5, 9, 2, 47, 30, 11, 11, 3, 20, 8, 40]
+    for name, (cfg_cls, model_cls, extra) in models.items():
+        torch.manual_seed(len(name))
+        cfg = cfg_cls(**common, **extra, attn_implementation="eager")
+        m32 = model_cls(cfg).eval()
+        d = os.path.join(out, f"tiny-{name}")
+        m32.save_pretrained(d, safe_serialization=True)
+        for extra_file in ("generation_config.json",):
+            if os.path.exists(os.path.join(d, extra_file)):
+                os.remove(os.path.join(d, extra_file))
+        m64 = model_cls.from_pretrained(d, attn_implementation="eager").to(torch.float64).eval()
+        with torch.no_grad():
+            l64 = m64(input_ids=torch.tensor([ids])).logits[0]
+            l32 = m32(input_ids=torch.tensor([ids])).logits[0]
+        write(d, "logits.json", {"ids": ids, "logits": rounded(l64), "err32": max_abs(l32, l64)})
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minilm")
     p.add_argument("--smollm2")
     p.add_argument("--gemma3")
+    p.add_argument("--tiny", action="store_true", help="the tiny random Hugging Face decoders")
     p.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     p.add_argument("--out", default="crates/attn-models/tests/fixtures")
     a = p.parse_args()
@@ -218,6 +251,8 @@ def main():
         minilm(a.minilm, a.out)
     if a.smollm2:
         decoder(a.smollm2, a.out, a.text, "smollm2", chat=True, prompts=[], long_len=300)
+    if a.tiny:
+        tiny_decoders(a.out)
     if a.gemma3:
         # The long prompt (over 600 tokens) makes the 512-key sliding window bite.
         decoder(a.gemma3, a.out, a.text, "gemma3", chat=False,

@@ -1,11 +1,16 @@
-//! Decoder-only language models from GGUF files, one implementation for the two families attn
-//! runs: **Llama** (Llama, SmolLM2: RMSNorm, grouped-query attention with RoPE, SwiGLU) and
+//! Decoder-only language models from GGUF files or Hugging Face directories, one implementation
+//! for the two families attn runs: **Llama** (Llama, SmolLM2, and by Hugging Face names Llama,
+//! Mistral with its sliding window, Qwen2 with its q/k/v biases: RMSNorm, grouped-query attention
+//! with RoPE, SwiGLU) and
 //! **Gemma 3** (the same skeleton with QK-norm, sandwich norms around attention and feed-forward,
 //! GeGLU with tanh-GELU, embeddings scaled by `√E`, and five sliding-window layers (512 keys, RoPE
 //! θ 1e4) to every global one (RoPE θ from the file)). Attention runs through [`attn::sdpa()`],
 //! causal and bottom-right aligned, the window as attn's structured window, against a KV cache.
 //! Weights are dequantized to `f32` (the parity mode); the llama GGUF's interleaved
 //! `attn_q`/`attn_k` rows are put back in half-split order on load, as transformers does.
+
+use std::collections::HashMap;
+use std::path::Path;
 
 use attn::{Align, SdpaOptions};
 use attn_nn::{Linear, RmsNorm, RopeConfig, StateDict};
@@ -14,6 +19,7 @@ use candle_nn::VarBuilder;
 
 use crate::error::{ModelError, Result};
 use crate::gguf::Gguf;
+use crate::json::JsonFile;
 use crate::kv_buffer::KvBuffer;
 
 /// Which family's layer layout a model has.
@@ -140,6 +146,96 @@ impl CausalLmConfig {
     }
 }
 
+impl CausalLmConfig {
+    /// Reads a Hugging Face `config.json` of the Llama family (`model_type` `llama`, `mistral`,
+    /// `qwen2`); refuses RoPE scaling and Qwen2's per-layer sliding windows, naming the field.
+    pub fn from_hf_config(path: &Path) -> Result<Self> {
+        let j = JsonFile::read(path)?;
+        let model_type = j.str_or("model_type", None)?;
+        if !["llama", "mistral", "qwen2"].contains(&model_type) {
+            return Err(j.unsupported(
+                "model_type",
+                format!("`{model_type}` is not supported (supported: llama, mistral, qwen2)"),
+            ));
+        }
+        for key in ["rope_scaling", "rope_parameters.rope_type"] {
+            if j.has(key) && j.str_or(key, Some("default")).unwrap_or("scaled") != "default" {
+                return Err(j.unsupported(key, "RoPE scaling is not supported"));
+            }
+        }
+        if j.bool_or("use_sliding_window", false)? {
+            return Err(j.unsupported("use_sliding_window", "Qwen2's per-layer sliding windows are not supported"));
+        }
+        let hidden_size = j.usize("hidden_size")?;
+        let num_heads = j.usize("num_attention_heads")?;
+        let num_kv_heads = j.usize_or("num_key_value_heads", Some(num_heads))?;
+        if num_heads == 0 || num_kv_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
+            return Err(j.unsupported(
+                "num_key_value_heads",
+                format!("{num_heads} query heads are not a multiple of {num_kv_heads}"),
+            ));
+        }
+        let head_dim = match j.usize_or("head_dim", None) {
+            Ok(d) => d,
+            Err(_) if hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
+            Err(_) => {
+                return Err(
+                    j.unsupported("num_attention_heads", format!("{num_heads} heads do not split width {hidden_size}"))
+                )
+            }
+        };
+        let rope_base = if j.has("rope_parameters.rope_theta") {
+            j.f64_or("rope_parameters.rope_theta", None)?
+        } else {
+            j.f64_or("rope_theta", Some(10_000.0))?
+        };
+        let window = if model_type == "mistral" { j.first_usize("sliding_window")? } else { None };
+        let num_layers = j.usize("num_hidden_layers")?;
+        Ok(Self {
+            family: Family::Llama,
+            vocab_size: j.usize("vocab_size")?,
+            hidden_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            intermediate_size: j.usize("intermediate_size")?,
+            rms_eps: j.f64_or("rms_norm_eps", Some(1e-6))?,
+            max_positions: j.usize_or("max_position_embeddings", Some(2048))?,
+            layers: vec![LayerAttention { rope_base, window }; num_layers],
+        })
+    }
+}
+
+/// A Hugging Face Llama-family tensor name as the GGUF spells it (`model.layers.3.mlp.up_proj.weight`
+/// → `blk.3.ffn_up.weight`), `None` for a name the model does not use.
+fn gguf_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (module, kind) = rest.rsplit_once('.')?;
+    let to = match module {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{to}.{kind}"))
+}
+
 /// Gemma 3's extra norms.
 #[derive(Debug)]
 struct GemmaNorms {
@@ -168,7 +264,11 @@ impl Layer {
     fn new(cfg: &CausalLmConfig, attention: LayerAttention, vb: VarBuilder) -> Result<Self> {
         let e = cfg.hidden_size;
         let (q, kv, f) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size);
-        let w = |name: &str, rows, cols| Linear::load_no_bias(cols, rows, vb.pp(name));
+        // Qwen2's q/k/v projections have biases; a bias the file holds is loaded.
+        let w = |name: &str, rows, cols| {
+            let load = if vb.contains_tensor(&format!("{name}.bias")) { Linear::load } else { Linear::load_no_bias };
+            load(cols, rows, vb.pp(name))
+        };
         let norm = |name: &str, dim| RmsNorm::new(dim, cfg.rms_eps, vb.pp(name));
         let gemma = match cfg.family {
             Family::Llama => None,
@@ -293,6 +393,28 @@ impl CausalLm {
         }
         let origin = g.path().display().to_string();
         StateDict::from_tensors(tensors, origin).build(DType::F32, &Device::Cpu, |vb| Self::new(&cfg, vb))
+    }
+
+    /// Loads a Hugging Face directory of the Llama family (`config.json`, `model.safetensors`);
+    /// refuses a tensor missing, mis-shaped, or not the model's, by its Hugging Face name.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        let cfg = CausalLmConfig::from_hf_config(&dir.join("config.json"))?;
+        let weights = dir.join("model.safetensors");
+        if !weights.exists() {
+            return Err(ModelError::file(&weights, "missing (sharded checkpoints are not supported)"));
+        }
+        let bytes = std::fs::read(&weights).map_err(|e| ModelError::file(&weights, e))?;
+        let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).map_err(|e| {
+            ModelError::file(&weights, format!("not a safetensors file: {}", attn::error::one_line(&e)))
+        })?;
+        let mut renamed = HashMap::with_capacity(tensors.len());
+        for (name, t) in tensors {
+            let to = gguf_name(&name)
+                .ok_or_else(|| ModelError::field(&weights, &name, "not a tensor of a Llama-family model"))?;
+            renamed.insert(to, t.to_dtype(DType::F32)?);
+        }
+        StateDict::from_tensors(renamed, weights.display().to_string())
+            .build(DType::F32, &Device::Cpu, |vb| Self::new(&cfg, vb))
     }
 
     /// Builds the decoder from GGUF-named tensors under `vb` (`token_embd.weight`,

@@ -26,7 +26,28 @@ impl JsonFile {
     }
 
     fn get(&self, key: &str) -> Option<&Value> {
-        self.value.get(key).filter(|v| !v.is_null())
+        // `a.b` reads key `b` of the object under `a`.
+        key.split('.').try_fold(&self.value, |v, k| v.get(k)).filter(|v| !v.is_null())
+    }
+
+    /// Whether `key` is present and not null.
+    pub fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// An integer field that may also be a list of integers (its first), `None` when absent.
+    pub fn first_usize(&self, key: &str) -> Result<Option<usize>> {
+        let v = match self.get(key) {
+            None => return Ok(None),
+            Some(serde_json::Value::Array(a)) => a.first(),
+            Some(v) => Some(v),
+        };
+        v.map(|v| {
+            v.as_u64()
+                .map(|n| n as usize)
+                .ok_or_else(|| ModelError::field(&self.path, key, format!("expected an integer, found {v}")))
+        })
+        .transpose()
     }
 
     /// A non-negative integer field.

@@ -44,7 +44,16 @@ pub use generate::{greedy, mean_nll, Generation, Stop};
 pub use gguf::Gguf;
 pub use tokenizer::TextTokenizer;
 
-/// A decoder-only language model with its tokenizer, from a GGUF file.
+/// Whether `path` is a model directory holding a BERT encoder (its `config.json` says
+/// `model_type: bert`), as opposed to a decoder's directory or file.
+pub fn is_encoder_dir(path: &Path) -> bool {
+    path.is_dir()
+        && json::JsonFile::read(&path.join("config.json"))
+            .is_ok_and(|c| c.str_or("model_type", None).is_ok_and(|t| t == "bert"))
+}
+
+/// A decoder-only language model with its tokenizer, from a GGUF file or a Hugging Face
+/// directory.
 #[derive(Debug)]
 pub struct Decoder {
     /// The network.
@@ -54,12 +63,32 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    /// Loads the GGUF at `path` (`llama` or `gemma3`); refuses another architecture, naming the
-    /// field.
+    /// Loads a GGUF file (`llama` or `gemma3`) or a Hugging Face directory of the Llama family
+    /// (`config.json`, `model.safetensors`, `tokenizer.json`, optionally `tokenizer_config.json`
+    /// for the chat template); refuses another architecture, naming the field.
     pub fn open(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            return Self::open_hf(path);
+        }
         let mut gguf = Gguf::open(path)?;
         let model = CausalLm::from_gguf(&mut gguf)?;
         let tokenizer = TextTokenizer::from_gguf(&gguf)?;
+        Ok(Self { model, tokenizer })
+    }
+
+    fn open_hf(dir: &Path) -> Result<Self> {
+        let model = CausalLm::from_hf_dir(dir)?;
+        let mut tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"))?;
+        let config = json::JsonFile::read(&dir.join("config.json"))?;
+        tokenizer.bos = config.first_usize("bos_token_id")?.map(|id| id as u32);
+        tokenizer.eos = config.first_usize("eos_token_id")?.map(|id| id as u32);
+        let tc = dir.join("tokenizer_config.json");
+        if tc.exists() {
+            let tc = json::JsonFile::read(&tc)?;
+            if tc.has("chat_template") {
+                tokenizer.chat = chat::ChatTemplate::parse(tc.str_or("chat_template", None)?);
+            }
+        }
         Ok(Self { model, tokenizer })
     }
 

@@ -230,3 +230,29 @@ fn head_scores_equal_those_from_transformers_attention_weights() {
     assert_head_scores(&minilm().bert, &fixture("minilm.json")["heads"], "MiniLM");
     assert_head_scores(&smollm2().model, &fixture("smollm2.json")["heads"], "SmolLM2");
 }
+
+/// The tiny random Llama, Qwen2 (biases) and Mistral (4-key window) models in Hugging Face's
+/// layout: logits of 12 tokens under the oracle rule, then the decode path against them.
+#[test]
+fn llama_family_by_hugging_face_names_equals_transformers() {
+    for name in ["llama", "qwen2", "mistral"] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("tiny-{name}"));
+        let fx = fixture(&format!("tiny-{name}/logits.json"));
+        let m = attn_models::CausalLm::from_hf_dir(&dir).unwrap();
+        let seq = ids(&fx["ids"]);
+        let logits: Vec<f32> = m.forward(&seq, &mut m.new_cache()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let want: Vec<f64> = fx["logits"].as_array().unwrap().iter().flat_map(floats).collect();
+        let err32 = fx["err32"].as_f64().unwrap();
+        assert_oracle(&format!("tiny {name} logits"), &logits, &want, err32, 1e-6);
+        let mut cache = m.new_cache();
+        let mut stepped = Vec::new();
+        for &id in &seq {
+            stepped.extend(m.forward(&[id], &mut cache).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        }
+        assert_oracle(&format!("tiny {name} logits decoded one by one"), &stepped, &want, err32, 1e-6);
+    }
+    // Without its tokenizer the directory is no decoder.
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
+    let e = Decoder::open(&dir).unwrap_err().to_string();
+    assert!(e.contains("tokenizer.json") && e.contains("missing"), "{e}");
+}

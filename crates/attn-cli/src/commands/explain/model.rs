@@ -46,7 +46,7 @@ enum Loaded {
 
 impl Loaded {
     fn open(path: &Path) -> anyhow::Result<Self> {
-        Ok(if path.is_dir() {
+        Ok(if attn_models::is_encoder_dir(path) {
             Self::Encoder(SentenceEncoder::load(path)?)
         } else {
             Self::Decoder(Decoder::open(path)?)
