@@ -94,8 +94,18 @@ fn composed_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
 
 #[test]
 fn linear_matches_the_composed_formula_with_gradients() {
-    // Shapes: leading dimensions folded, rows past one task and one gemm block, a single element.
-    for (x_shape, out) in [(vec![2, 3, 4, 5], 7), (vec![700, 32], 48), (vec![1, 1], 1), (vec![9], 3)] {
+    // Shapes: leading dimensions folded, rows past one task and one gemm block, a single element;
+    // single rows (the matrix-vector path) with a width not a multiple of its 16 lanes, past one
+    // task of output rows.
+    let shapes = [
+        (vec![2, 3, 4, 5], 7),
+        (vec![700, 32], 48),
+        (vec![1, 1], 1),
+        (vec![9], 3),
+        (vec![1, 1, 37], 1100),
+        (vec![53], 2100),
+    ];
+    for (x_shape, out) in shapes {
         let inn = *x_shape.last().unwrap();
         let (x, w, b) = (random(&x_shape, 20), random(&[out, inn], 21), random(&[out], 22));
         let g = random(&[&x_shape[..x_shape.len() - 1], &[out]].concat(), 23);

@@ -6,7 +6,8 @@
 //! and adds the product there (`gemm` with `read_dst`); the backward makes `dx = dy·weight`,
 //! `dweight = dyᵀ·x` and `dbias = Σ_rows dy`, each only when its argument is tracked (a constant
 //! input gets no gradient and costs no product). The products are the `gemm` crate's, as candle's
-//! are, on the current rayon pool's threads.
+//! are, on the current rayon pool's threads — but for one input row (a decode step), a
+//! matrix-vector product of this module's own that streams the weights.
 
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
 use gemm::{gemm, Parallelism};
@@ -101,10 +102,41 @@ fn product<T: Real>(dst: &mut [T], (m, n, k): (usize, usize, usize), lhs: Mat<T>
 fn forward<T: Real>(x: &[T], w: &[T], b: &[T], (rows, inn): (usize, usize)) -> Vec<T> {
     let out = b.len();
     let mut y = b.repeat(rows); // [rows, out], each row the bias
-    if out > 0 {
+    if out > 0 && rows == 1 {
+        matrix_vector(&mut y, x, w);
+    } else if out > 0 {
         product(&mut y, (rows, out, inn), Mat::rows(x, inn), Mat::transposed(w, inn), true);
     }
     y
+}
+
+/// `y[o] += w[o, :]·x` for `w: [out, in]` row-major: one row of input (a decode step), where
+/// `gemm`'s general path reads the weights at well under the memory's speed. Each weight row is
+/// read once, in order, by one thread; sixteen partial sums keep the adds independent.
+fn matrix_vector<T: Real>(y: &mut [T], x: &[T], w: &[T]) {
+    use rayon::prelude::*;
+    let inn = x.len();
+    assert_eq!(w.len(), y.len() * inn, "matrix_vector: weight of {} for [{}, {inn}]", w.len(), y.len());
+    const LANES: usize = 16;
+    let dot = |row: &[T]| -> T {
+        let mut acc = [T::zero(); LANES];
+        let (rows, rest) = (row.chunks_exact(LANES), row.len() % LANES);
+        for (r, xs) in rows.zip(x.chunks_exact(LANES)) {
+            for l in 0..LANES {
+                acc[l] += r[l] * xs[l];
+            }
+        }
+        let tail = (inn - rest..inn).fold(T::zero(), |s, i| s + row[i] * x[i]);
+        acc.iter().fold(tail, |s, &a| s + a)
+    };
+    // Rows per task: enough to amortise a task, few enough to share the rows among the threads.
+    let per_task = (y.len() / (4 * rayon::current_num_threads())).clamp(16, 1024);
+    y.par_chunks_mut(per_task).enumerate().for_each(|(c, ys)| {
+        for (i, yo) in ys.iter_mut().enumerate() {
+            let o = c * per_task + i;
+            *yo += dot(&w[o * inn..(o + 1) * inn]);
+        }
+    });
 }
 
 /// A gradient shaped like `arg`, when `arg` is tracked: `[m, n]` made by `product` from `lhs` and
