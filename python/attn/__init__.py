@@ -38,6 +38,11 @@ return_lse=False, return_weights=False, seed=None, compute="f32", sinks=None)`` 
   forked child starts a pool of its own.
 - Bad input raises ``ValueError`` or ``TypeError`` with the library's message.
 
+``attn.flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+return_attn_probs=False)`` is FlashAttention's function with its ``[B, L, H, D]`` layout and
+bottom-right causal alignment (``attn.flash``).
+
 ``attn.torch`` registers the ``attn::sdpa_forward`` / ``attn::sdpa_backward`` operators (autograd,
 ``torch.compile``) and offers ``patch()``/``patched()``; ``attn.hf.register()`` makes
 ``attn_implementation="attn"`` available to Hugging Face ``transformers``.
@@ -48,7 +53,7 @@ import sys
 
 from ._attn import ISA, forget_after_fork, get_num_threads, set_num_threads
 
-__all__ = ["sdpa", "ISA", "get_num_threads", "set_num_threads"]
+__all__ = ["sdpa", "flash_attn_func", "ISA", "get_num_threads", "set_num_threads"]
 
 # A forked child inherits attn's thread pool without its threads: it starts its own.
 if hasattr(os, "register_at_fork"):
@@ -81,6 +86,13 @@ def sdpa(
         return_weights=return_weights, seed=seed, compute=compute, sinks=sinks,
     )
     return _path(query)(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras)
+
+
+def flash_attn_func(*args, **kwargs):
+    """FlashAttention's ``flash_attn_func`` on attn (PyTorch tensors; see ``attn.flash``)."""
+    from .flash import flash_attn_func as call
+
+    return call(*args, **kwargs)
 
 
 _paths = {}

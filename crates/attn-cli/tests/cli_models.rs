@@ -107,7 +107,7 @@ fn model_errors_are_one_line() {
     error_line(&["generate", "--model", bad.to_str().unwrap(), "hi"], &["bad.gguf", "not a readable GGUF"]);
     error_line(&["generate", "--model", "/nonexistent/model.gguf", "hi"], &["/nonexistent/model.gguf", "known model"]);
     error_line(&["embed", "--model", dir.path().to_str().unwrap(), "hi"], &["config.json"]);
-    error_line(&["generate", "--model", "minilm", "hi"], &["not a readable GGUF"]);
+    error_line(&["generate", "--model", "minilm", "hi"], &["config.json", "`bert` is not supported"]);
     let long = "word ".repeat(9000);
     error_line(&["generate", "--model", "smollm2", &long], &["longer than the model's context of 8192"]);
     error_line(&["generate", "--model", "smollm2", ""], &["no tokens"]);
