@@ -41,7 +41,8 @@ return_lse=False, return_weights=False, seed=None, compute="f32", sinks=None)`` 
 ``attn.flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
 return_attn_probs=False)`` is FlashAttention's function with its ``[B, L, H, D]`` layout and
-bottom-right causal alignment (``attn.flash``).
+bottom-right causal alignment; ``attn.flash_attn_varlen_func`` its packed-sequence form
+(``attn.flash``).
 
 ``attn.torch`` registers the ``attn::sdpa_forward`` / ``attn::sdpa_backward`` operators (autograd,
 ``torch.compile``) and offers ``patch()``/``patched()``; ``attn.hf.register()`` makes
@@ -53,7 +54,7 @@ import sys
 
 from ._attn import ISA, forget_after_fork, get_num_threads, set_num_threads
 
-__all__ = ["sdpa", "flash_attn_func", "ISA", "get_num_threads", "set_num_threads"]
+__all__ = ["sdpa", "flash_attn_func", "flash_attn_varlen_func", "ISA", "get_num_threads", "set_num_threads"]
 
 # A forked child inherits attn's thread pool without its threads: it starts its own.
 if hasattr(os, "register_at_fork"):
@@ -91,6 +92,13 @@ def sdpa(
 def flash_attn_func(*args, **kwargs):
     """FlashAttention's ``flash_attn_func`` on attn (PyTorch tensors; see ``attn.flash``)."""
     from .flash import flash_attn_func as call
+
+    return call(*args, **kwargs)
+
+
+def flash_attn_varlen_func(*args, **kwargs):
+    """FlashAttention's ``flash_attn_varlen_func`` on attn (PyTorch tensors; see ``attn.flash``)."""
+    from .flash import flash_attn_varlen_func as call
 
     return call(*args, **kwargs)
 

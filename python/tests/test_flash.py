@@ -101,3 +101,59 @@ def test_dropout_draws_from_torch_and_bad_input_is_refused():
         attn.flash_attn_func(q[0], q[0], q[0])
     with pytest.raises(ValueError, match="alibi_slopes"):
         attn.flash_attn_func(q, q, q, alibi_slopes=torch.ones(3))
+
+
+@pytest.mark.parametrize("name", ["plain", "causal_bottom_right", "causal_window_softcap", "alibi"])
+def test_flash_attn_varlen_func_equals_each_sequence_alone(name):
+    """Packed sequences of different lengths (one empty) against FlashAttention's definition per
+    sequence: outputs, log-sum-exps ``[H, total_q]`` and gradients under the oracle rule."""
+    case = dict(CASES[name])
+    g = torch.Generator().manual_seed(11)
+    lens_q, lens_k, hq, hkv, d = [3, 0, 6, 1], [7, 2, 6, 4], 4, 2, 8
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    q64 = torch.randn(sum(lens_q), hq, d, generator=g, dtype=torch.float64) * 1.5
+    k64 = torch.randn(sum(lens_k), hkv, d, generator=g, dtype=torch.float64) * 1.5
+    v64 = torch.randn(sum(lens_k), hkv, d, generator=g, dtype=torch.float64)
+    grad = torch.randn(sum(lens_q), hq, d, generator=g, dtype=torch.float64)
+    slopes = torch.rand(len(lens_q), hq, generator=g) if case.pop("alibi", False) else None
+    opts = dict(causal=case.get("causal", False), window=case.get("window", (-1, -1)), softcap=case.get("softcap", 0.0))
+
+    def per_sequence(q, k, v):
+        outs, lses = [], []
+        for b in range(len(lens_q)):
+            qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+            o, lse, _ = reference(q[qs][None], k[ks][None], v[ks][None], alibi=None if slopes is None else slopes[b],
+                                  **opts)
+            outs.append(o[0])
+            lses.append(lse[0])
+        return torch.cat(outs), torch.cat(lses, dim=1)
+
+    def run(fn, dtype):
+        q, k, v = (t.detach().to(dtype).clone().requires_grad_() for t in (q64, k64, v64))
+        out, lse = fn(q, k, v)
+        (out * grad.to(dtype)).sum().backward()
+        return out, lse, (q.grad, k.grad, v.grad)
+
+    ref, naive = run(per_sequence, torch.float64), run(per_sequence, torch.float32)
+    ours = run(lambda q, k, v: attn.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=opts["causal"], window_size=opts["window"],
+        softcap=opts["softcap"], alibi_slopes=slopes, return_attn_probs=True)[:2], torch.float32)
+    assert ours[0].shape == (sum(lens_q), hq, d) and ours[1].shape == (hq, sum(lens_q))
+    for what, fast, slow, exact, factor in [("out", ours[0], naive[0], ref[0], 2), ("lse", ours[1], naive[1], ref[1], 2),
+                                            *[(w, f, n, r, 3) for w, f, n, r in zip(("dq", "dk", "dv"), ours[2], naive[2], ref[2])]]:
+        finite = torch.isfinite(exact)
+        err = (fast.double() - exact)[finite].abs().max().item()
+        bound = factor * (slow.double() - exact)[finite].abs().max().item() + 1e-6
+        assert err <= bound, f"{name} {what}: {err:.3g} > {bound:.3g}"
+
+
+def test_flash_attn_varlen_func_refuses_bad_offsets_and_paged_caches():
+    q = torch.randn(5, 2, 8)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        attn.flash_attn_varlen_func(q, q, q, torch.tensor([0, 4, 3]), cu, 4, 3)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        attn.flash_attn_varlen_func(q, q, q, cu, cu, 2, 3)
+    with pytest.raises(ValueError, match="block_table"):
+        attn.flash_attn_varlen_func(q, q, q, cu, cu, 3, 3, block_table=torch.zeros(2, 1, dtype=torch.int32))
