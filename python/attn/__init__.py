@@ -41,8 +41,8 @@ return_lse=False, return_weights=False, seed=None, compute="f32", sinks=None)`` 
 ``attn.flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
 return_attn_probs=False)`` is FlashAttention's function with its ``[B, L, H, D]`` layout and
-bottom-right causal alignment; ``attn.flash_attn_varlen_func`` its packed-sequence form
-(``attn.flash``).
+bottom-right causal alignment; ``attn.flash_attn_varlen_func`` its packed-sequence form and
+``attn.flash_attn_with_kvcache`` its dense or paged KV-cache form (``attn.flash``).
 
 ``attn.torch`` registers the ``attn::sdpa_forward`` / ``attn::sdpa_backward`` operators (autograd,
 ``torch.compile``) and offers ``patch()``/``patched()``; ``attn.hf.register()`` makes
@@ -54,7 +54,10 @@ import sys
 
 from ._attn import ISA, forget_after_fork, get_num_threads, set_num_threads
 
-__all__ = ["sdpa", "flash_attn_func", "flash_attn_varlen_func", "ISA", "get_num_threads", "set_num_threads"]
+__all__ = [
+    "sdpa", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "ISA", "get_num_threads",
+    "set_num_threads",
+]
 
 # A forked child inherits attn's thread pool without its threads: it starts its own.
 if hasattr(os, "register_at_fork"):
@@ -89,18 +92,16 @@ def sdpa(
     return _path(query)(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, extras)
 
 
-def flash_attn_func(*args, **kwargs):
-    """FlashAttention's ``flash_attn_func`` on attn (PyTorch tensors; see ``attn.flash``)."""
-    from .flash import flash_attn_func as call
-
-    return call(*args, **kwargs)
+_FLASH = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache")
 
 
-def flash_attn_varlen_func(*args, **kwargs):
-    """FlashAttention's ``flash_attn_varlen_func`` on attn (PyTorch tensors; see ``attn.flash``)."""
-    from .flash import flash_attn_varlen_func as call
+def __getattr__(name):
+    """FlashAttention's functions (``attn.flash``), imported with PyTorch on first use."""
+    if name in _FLASH:
+        from . import flash
 
-    return call(*args, **kwargs)
+        return getattr(flash, name)
+    raise AttributeError(f"module 'attn' has no attribute {name!r}")
 
 
 _paths = {}

@@ -25,11 +25,23 @@ sequence's causal diagonal and window aligned to its own last key; ALiBi slopes 
 ``[B, Hq]``) → ``[total_q, Hq, Dv]``; ``return_attn_probs=True`` gives ``(out, softmax_lse [Hq,
 total_q], None)`` (no probabilities for packed calls). Sequences are attended one by one; paged
 caches (``block_table``) are refused.
+
+``flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
+block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+alibi_slopes=None, return_softmax_lse=False)``: decoding and chunked prefill against a cache,
+``q: [B, Lq, Hq, D]``; the cache dense ``[B, Lmax, Hkv, D]`` or paged ``[pages, page_size, Hkv,
+D]`` with ``block_table: [B, max_pages]`` (int32 page numbers); ``cache_seqlens`` (int or
+``[B]``, default: the cache full) says how many positions of each sequence hold keys. New ``k, v:
+[B, Lnew, Hkv, D]`` are written into the cache (in place) at ``cache_seqlens`` first; each
+sequence then attends its first ``cache_seqlens[b] + Lnew`` keys, causal and window aligned to its
+own last key → ``[B, Lq, Hq, Dv]`` (and ``softmax_lse [B, Hq, Lq]``). Sequences are attended one
+by one over their keys gathered from the pages; rotary embedding inside the call
+(``rotary_cos``/``rotary_sin``) is not taken: apply it before.
 """
 
 import torch
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 
 def _alibi_bias(slopes, b, h, lq, lk, dtype):
@@ -101,3 +113,67 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         return out
     lse = torch.cat(lses, dim=1) if lses else q.new_zeros(q.shape[1], 0)
     return out, lse, None
+
+
+def _positions(block_table, b, start, stop, page_size):
+    """``(page, offset)`` tensors of sequence ``b``'s positions ``start..stop`` in a paged cache."""
+    pos = torch.arange(start, stop)
+    return block_table[b].long()[pos // page_size], pos % page_size
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention against a dense or paged KV cache in FlashAttention's names (see the module's
+    docstring)."""
+    for name, arg in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
+                      ("cache_leftpad", cache_leftpad)):
+        if arg is not None:
+            raise ValueError(f"{name}: not supported (apply rotary embeddings before the call; "
+                             "index the cache yourself)")
+    if (k is None) != (v is None):
+        raise ValueError("k and v: give both new keys and values, or neither")
+    if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
+        raise ValueError(f"q, k_cache, v_cache: expected 4-D tensors, found {q.dim()}-D, {k_cache.dim()}-D, "
+                         f"{v_cache.dim()}-D")
+    batch, new = q.shape[0], 0 if k is None else k.shape[1]
+    paged = block_table is not None
+    if paged and block_table.numel() and (int(block_table.min()) < 0 or int(block_table.max()) >= k_cache.shape[0]):
+        raise ValueError(f"block_table: page numbers must lie in [0, {k_cache.shape[0]}), found "
+                         f"{int(block_table.min())}..{int(block_table.max())}")
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    if cache_seqlens is None:
+        seqlens = [capacity - new] * batch
+    elif isinstance(cache_seqlens, int):
+        seqlens = [cache_seqlens] * batch
+    else:
+        seqlens = torch.as_tensor(cache_seqlens).tolist()
+    if len(seqlens) != batch or any(n < 0 or n + new > capacity for n in seqlens):
+        raise ValueError(f"cache_seqlens: {seqlens} for {batch} sequences of {new} new keys "
+                         f"in a cache of {capacity} positions")
+    slopes = None if alibi_slopes is None else torch.as_tensor(alibi_slopes)
+    outs, lses = [], []
+    for b in range(batch):
+        n = seqlens[b]
+        if paged:
+            if new:
+                page, off = _positions(block_table, b, n, n + new, k_cache.shape[1])
+                with torch.no_grad():
+                    k_cache[page, off] = k[b].to(k_cache.dtype)
+                    v_cache[page, off] = v[b].to(v_cache.dtype)
+            page, off = _positions(block_table, b, 0, n + new, k_cache.shape[1])
+            keys, values = k_cache[page, off], v_cache[page, off]
+        else:
+            if new:
+                with torch.no_grad():
+                    k_cache[b, n:n + new] = k[b].to(k_cache.dtype)
+                    v_cache[b, n:n + new] = v[b].to(v_cache.dtype)
+            keys, values = k_cache[b, :n + new], v_cache[b, :n + new]
+        sb = slopes[b] if slopes is not None and slopes.dim() == 2 else slopes
+        out, lse, _ = flash_attn_func(q[b:b + 1], keys[None], values[None], 0.0, softmax_scale, causal, window_size,
+                                      softcap, sb, return_attn_probs=True)
+        outs.append(out)
+        lses.append(lse)
+    out, lse = torch.cat(outs), torch.cat(lses)
+    return (out, lse) if return_softmax_lse else out

@@ -157,3 +157,60 @@ def test_flash_attn_varlen_func_refuses_bad_offsets_and_paged_caches():
         attn.flash_attn_varlen_func(q, q, q, cu, cu, 2, 3)
     with pytest.raises(ValueError, match="block_table"):
         attn.flash_attn_varlen_func(q, q, q, cu, cu, 3, 3, block_table=torch.zeros(2, 1, dtype=torch.int32))
+
+
+def test_flash_attn_with_kvcache_writes_new_keys_and_attends_each_sequence_to_its_length():
+    """Dense and paged caches (pages of 4, shuffled, a sequence with an empty cache): the new keys
+    land at ``cache_seqlens`` and nowhere else, the output equals FlashAttention's definition over
+    each sequence's keys (oracle rule), and the paged cache gives the dense cache's output."""
+    g = torch.Generator().manual_seed(5)
+    b, cap, hq, hkv, d, lnew = 3, 16, 4, 2, 8, 2
+    seqlens = torch.tensor([5, 0, 9], dtype=torch.int32)
+    k_cache = torch.randn(b, cap, hkv, d, generator=g)
+    v_cache = torch.randn(b, cap, hkv, d, generator=g)
+    q = torch.randn(b, lnew, hq, d, generator=g)
+    k_new, v_new = torch.randn(b, lnew, hkv, d, generator=g), torch.randn(b, lnew, hkv, d, generator=g)
+    page = 4
+    pages_per_seq = cap // page
+    order = torch.randperm(b * pages_per_seq, generator=g)
+    block_table = order.view(b, pages_per_seq).to(torch.int32)
+    k_pages = torch.empty(b * pages_per_seq, page, hkv, d)
+    v_pages = torch.empty_like(k_pages)
+    for s in range(b):
+        for p in range(pages_per_seq):
+            k_pages[block_table[s, p]] = k_cache[s, p * page:(p + 1) * page]
+            v_pages[block_table[s, p]] = v_cache[s, p * page:(p + 1) * page]
+    before = k_cache.clone()
+    out, lse = attn.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=seqlens,
+                                            causal=True, return_softmax_lse=True)
+    for s in range(b):
+        n = int(seqlens[s])
+        assert torch.equal(k_cache[s, n:n + lnew], k_new[s]) and torch.equal(v_cache[s, n:n + lnew], v_new[s])
+        assert torch.equal(k_cache[s, :n], before[s, :n]) and torch.equal(k_cache[s, n + lnew:], before[s, n + lnew:])
+        keys, values = k_cache[s:s + 1, :n + lnew].double(), v_cache[s:s + 1, :n + lnew].double()
+        exact = reference(q[s:s + 1].double(), keys, values, causal=True)
+        naive = reference(q[s:s + 1], keys.float(), values.float(), causal=True)
+        for what, fast, slow, ref in (("out", out[s:s + 1], naive[0], exact[0]), ("lse", lse[s:s + 1], naive[1], exact[1])):
+            err = (fast.double() - ref).abs().max().item()
+            assert err <= 2 * (slow.double() - ref).abs().max().item() + 1e-6, f"sequence {s} {what}: {err}"
+    paged = attn.flash_attn_with_kvcache(q, k_pages, v_pages, k=k_new, v=v_new, cache_seqlens=seqlens,
+                                         block_table=block_table, causal=True)
+    assert torch.equal(paged, out)
+    for s in range(b):
+        n = int(seqlens[s])
+        for p in range(n, n + lnew):
+            assert torch.equal(k_pages[block_table[s, p // page], p % page], k_new[s, p - n])
+
+
+def test_flash_attn_with_kvcache_refuses_what_does_not_fit():
+    q = torch.randn(1, 1, 2, 8)
+    cache = torch.randn(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        attn.flash_attn_with_kvcache(q, cache, cache, k=q, v=q, cache_seqlens=4)
+    with pytest.raises(ValueError, match="k and v"):
+        attn.flash_attn_with_kvcache(q, cache, cache, k=q)
+    with pytest.raises(ValueError, match="rotary_cos"):
+        attn.flash_attn_with_kvcache(q, cache, cache, rotary_cos=torch.ones(4, 4))
+    pages = torch.randn(2, 4, 2, 8)
+    with pytest.raises(ValueError, match="block_table"):
+        attn.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=6, block_table=torch.tensor([[0, 7]], dtype=torch.int32))
