@@ -217,7 +217,10 @@ impl SentenceEncoder {
     /// Loads the model directory `dir`.
     pub fn load(dir: &Path) -> Result<Self> {
         if !dir.is_dir() {
-            return Err(ModelError::file(dir, "not a model directory"));
+            return Err(ModelError::file(
+                dir,
+                "not a model directory (a BERT sentence encoder's: config.json, model.safetensors, tokenizer.json)",
+            ));
         }
         let cfg = BertConfig::read(&dir.join("config.json"))?;
         let tokenizer = TextTokenizer::from_file(&dir.join("tokenizer.json"))?;
