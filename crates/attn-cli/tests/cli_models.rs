@@ -134,3 +134,21 @@ fn explain_model_draws_every_layer_and_writes_the_head_maps() {
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("heads.json")).unwrap()).unwrap();
     assert_eq!(written, json);
 }
+
+#[test]
+fn generate_decodes_several_prompts_as_one_batch_one_json_line_each() {
+    let fx = fixture("smollm2.json");
+    let chats = fx["chats"].as_array().unwrap();
+    let (a, b) = (chats[0]["message"].as_str().unwrap(), chats[1]["message"].as_str().unwrap());
+    let out = attn(&["generate", "--model", "smollm2", "--chat", "--json", "--max-new-tokens", "6", a, b]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2);
+    for (line, (chat, g)) in lines.iter().zip(chats.iter().zip(fx["generations"].as_array().unwrap())) {
+        assert_eq!(line["prompt_ids"], chat["ids"]);
+        let want: Vec<u64> = serde_json::from_value(g["ids"].clone()).unwrap();
+        assert_eq!(line["ids"], serde_json::json!(want[..6]));
+        assert!(line["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    }
+}

@@ -294,17 +294,18 @@ impl Layer {
         })
     }
 
-    /// `x: [1, L, E]` at positions `cache.len()..` → `[1, L, E]`, the cache grown by `L`; the
-    /// attention weights `[1, Hq, L, Lcache + L]` pushed to `weights` when given.
+    /// `x: [B, L, E]`, row `b` at positions `caches[b].len()..` → `[B, L, E]`, each cache grown by
+    /// `L`; the attention weights `[1, Hq, L, Lcache + L]` of each row pushed to `weights` when
+    /// given. The projections and the feed-forward run on the whole batch, RoPE and attention per
+    /// row against its own cache (rows of a batch have caches of different lengths).
     fn forward(
         &self,
         x: &Tensor,
         cfg: &CausalLmConfig,
-        cache: &mut KvBuffer,
-        weights: Option<&mut Vec<Tensor>>,
+        caches: &mut [&mut KvBuffer],
+        mut weights: Option<&mut Vec<Tensor>>,
     ) -> Result<Tensor> {
         let (b, l, _) = x.dims3()?;
-        let offset = cache.len();
         let rope = RopeConfig { base: self.attention.rope_base };
         let h = self.attn_norm.forward(x)?;
         let heads =
@@ -315,10 +316,7 @@ impl Layer {
             q = g.q.forward(&q)?;
             k = g.k.forward(&k)?;
         }
-        let q = rope.apply(&q, offset)?;
-        let k = rope.apply(&k, offset)?;
         let v = heads(self.v.forward(&h)?, cfg.num_kv_heads)?;
-        let (k, v) = cache.append(&k, &v)?;
         let mut opts = SdpaOptions::default()
             .causal(true)
             .align(Align::BottomRight)
@@ -327,11 +325,20 @@ impl Layer {
         if let Some(w) = self.attention.window {
             opts = opts.window(Some(w.saturating_sub(1)), Some(0));
         }
-        let out = attn::sdpa_full(&q, &k, &v, &opts)?;
-        if let (Some(sink), Some(w)) = (weights, out.weights) {
-            sink.push(w);
+        let mut rows = Vec::with_capacity(b);
+        for (i, cache) in caches.iter_mut().enumerate() {
+            let offset = cache.len();
+            let qi = rope.apply(&q.narrow(0, i, 1)?, offset)?;
+            let ki = rope.apply(&k.narrow(0, i, 1)?, offset)?;
+            let (ck, cv) = cache.append(&ki, &v.narrow(0, i, 1)?)?;
+            let out = attn::sdpa_full(&qi, &ck, &cv, &opts)?;
+            if let (Some(sink), Some(w)) = (weights.as_deref_mut(), out.weights) {
+                sink.push(w);
+            }
+            rows.push(out.out);
         }
-        let mut a = self.o.forward(&out.out.transpose(1, 2)?.reshape((b, l, cfg.num_heads * cfg.head_dim))?)?;
+        let out = if rows.len() == 1 { rows.remove(0) } else { Tensor::cat(&rows, 0)? };
+        let mut a = self.o.forward(&out.transpose(1, 2)?.reshape((b, l, cfg.num_heads * cfg.head_dim))?)?;
         if let Some(g) = &self.gemma {
             a = g.post_attention.forward(&a)?;
         }
@@ -468,22 +475,50 @@ impl CausalLm {
         weights.into_iter().map(|w| Ok(w.squeeze(0)?)).collect()
     }
 
+    /// One new token for each of several sequences, `ids[b]` after `caches[b]`'s positions (a
+    /// batched decode step: every weight read once for the batch): the logits `[B, V]`, each
+    /// cache grown by one.
+    pub fn decode_batch(&self, ids: &[u32], caches: &mut [LmCache]) -> Result<Tensor> {
+        if ids.len() != caches.len() {
+            return Err(ModelError::Input(format!("{} tokens for {} sequences' caches", ids.len(), caches.len())));
+        }
+        let mut refs: Vec<&mut LmCache> = caches.iter_mut().collect();
+        Ok(self.run_rows(ids, 1, &mut refs, None, Positions::Last)?.squeeze(1)?)
+    }
+
     fn run(
         &self,
         ids: &[u32],
         cache: &mut LmCache,
+        weights: Option<&mut Vec<Tensor>>,
+        logits: Positions,
+    ) -> Result<Tensor> {
+        Ok(self.run_rows(ids, ids.len(), &mut [cache], weights, logits)?.squeeze(0)?)
+    }
+
+    /// `ids: [B, L]` row-major, row `b` after `caches[b]` → logits `[B, L or 1, V]`.
+    fn run_rows(
+        &self,
+        ids: &[u32],
+        l: usize,
+        caches: &mut [&mut LmCache],
         mut weights: Option<&mut Vec<Tensor>>,
         logits: Positions,
     ) -> Result<Tensor> {
-        let total = cache.len() + ids.len();
-        if total > self.cfg.max_positions {
-            return Err(ModelError::Input(format!(
-                "{total} tokens, longer than the model's context of {}",
-                self.cfg.max_positions
-            )));
-        }
-        if ids.is_empty() {
+        if l == 0 || ids.is_empty() {
             return Err(ModelError::Input("no tokens".into()));
+        }
+        for cache in caches.iter_mut() {
+            let total = cache.len() + l;
+            if total > self.cfg.max_positions {
+                return Err(ModelError::Input(format!(
+                    "{total} tokens, longer than the model's context of {}",
+                    self.cfg.max_positions
+                )));
+            }
+            if cache.layers.len() != self.layers.len() {
+                **cache = self.new_cache();
+            }
         }
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
             return Err(ModelError::Input(format!(
@@ -491,22 +526,21 @@ impl CausalLm {
                 self.cfg.vocab_size
             )));
         }
-        if cache.layers.len() != self.layers.len() {
-            *cache = self.new_cache();
-        }
+        let b = caches.len();
         let idx = Tensor::new(ids, &Device::Cpu)?;
-        let mut x = self.embedding.index_select(&idx, 0)?.unsqueeze(0)?;
+        let mut x = self.embedding.index_select(&idx, 0)?.reshape((b, l, self.cfg.hidden_size))?;
         if self.cfg.family == Family::Gemma3 {
             // transformers rounds √E to the activations' dtype before scaling.
             x = (x * f64::from((self.cfg.hidden_size as f32).sqrt()))?;
         }
-        for (layer, kv) in self.layers.iter().zip(&mut cache.layers) {
-            x = layer.forward(&x, &self.cfg, kv, weights.as_deref_mut())?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut kv: Vec<&mut KvBuffer> = caches.iter_mut().map(|c| &mut c.layers[i]).collect();
+            x = layer.forward(&x, &self.cfg, &mut kv, weights.as_deref_mut())?;
         }
         if logits == Positions::Last {
-            x = x.narrow(1, ids.len() - 1, 1)?;
+            x = x.narrow(1, l - 1, 1)?;
         }
-        Ok(self.lm_head.forward(&self.norm.forward(&x)?)?.squeeze(0)?)
+        Ok(self.lm_head.forward(&self.norm.forward(&x)?)?)
     }
 }
 

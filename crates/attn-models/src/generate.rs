@@ -1,5 +1,6 @@
 //! What a decoder does with a prompt: greedy decoding with the KV cache (argmax, ties to the
-//! lower id), streamed token by token, and the perplexity of a text in one causal pass.
+//! lower id), streamed token by token, of one prompt or of several decoded as one batch, and the
+//! perplexity of a text in one causal pass.
 
 use std::time::Instant;
 
@@ -74,6 +75,59 @@ pub fn greedy(
     let total = start.elapsed().as_secs_f64();
     let prefill_secs = prefill_secs.unwrap_or(total);
     Ok(Generation { ids, prefill_secs, decode_secs: total - prefill_secs })
+}
+
+/// Greedy decoding of several prompts: each prompt's own prefill, then one batched step per
+/// token for every sequence still going (a sequence leaves the batch after its stop token);
+/// `on_token(b, id)` sees sequence `b`'s ids as they come. Each result's times are the batch's:
+/// all prefills, and the batched steps.
+pub fn greedy_batch(
+    model: &CausalLm,
+    prompts: &[Vec<u32>],
+    stop: Stop,
+    mut on_token: impl FnMut(usize, u32) -> Result<()>,
+) -> Result<Vec<Generation>> {
+    if let Some(b) = prompts.iter().position(Vec::is_empty) {
+        return Err(ModelError::Input(format!("prompt {b} has no tokens")));
+    }
+    let start = Instant::now();
+    let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
+    let mut ids: Vec<Vec<u32>> = vec![Vec::with_capacity(stop.max_new_tokens); prompts.len()];
+    let mut next = Vec::with_capacity(prompts.len());
+    for (prompt, cache) in prompts.iter().zip(&mut caches) {
+        next.push(
+            argmax(&last_row(&model.forward_last(prompt, cache)?)?)
+                .ok_or_else(|| ModelError::Input("the model has no vocabulary".into()))?,
+        );
+    }
+    let prefill_secs = start.elapsed().as_secs_f64();
+    let mut active: Vec<usize> = if stop.max_new_tokens == 0 { vec![] } else { (0..prompts.len()).collect() };
+    while !active.is_empty() {
+        for (slot, &b) in active.iter().enumerate() {
+            ids[b].push(next[slot]);
+            on_token(b, next[slot])?;
+        }
+        let going: Vec<usize> = (0..active.len())
+            .filter(|&slot| Some(next[slot]) != stop.eos && ids[active[slot]].len() < stop.max_new_tokens)
+            .collect();
+        if going.is_empty() {
+            break;
+        }
+        let tokens: Vec<u32> = going.iter().map(|&slot| next[slot]).collect();
+        active = going.iter().map(|&slot| active[slot]).collect();
+        let mut batch: Vec<_> = active.iter().map(|&b| std::mem::take(&mut caches[b])).collect();
+        let logits = model.decode_batch(&tokens, &mut batch)?;
+        for (&b, cache) in active.iter().zip(batch) {
+            caches[b] = cache;
+        }
+        let rows: Vec<Vec<f32>> = logits.to_dtype(DType::F32)?.to_vec2()?;
+        next = rows
+            .iter()
+            .map(|r| argmax(r).ok_or_else(|| ModelError::Input("the model has no vocabulary".into())))
+            .collect::<Result<_>>()?;
+    }
+    let decode_secs = start.elapsed().as_secs_f64() - prefill_secs;
+    Ok(ids.into_iter().map(|ids| Generation { ids, prefill_secs, decode_secs }).collect())
 }
 
 /// The mean negative log-likelihood (natural log) of `ids[1..]`, each given those before it,

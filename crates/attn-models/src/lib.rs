@@ -40,7 +40,7 @@ use std::path::Path;
 pub use bert::{Bert, BertConfig, SentenceEncoder};
 pub use causal_lm::{CausalLm, CausalLmConfig, Family, LayerAttention, LmCache};
 pub use error::{ModelError, Result};
-pub use generate::{greedy, mean_nll, Generation, Stop};
+pub use generate::{greedy, greedy_batch, mean_nll, Generation, Stop};
 pub use gguf::Gguf;
 pub use tokenizer::TextTokenizer;
 

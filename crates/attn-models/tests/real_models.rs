@@ -256,3 +256,29 @@ fn llama_family_by_hugging_face_names_equals_transformers() {
     let e = Decoder::open(&dir).unwrap_err().to_string();
     assert!(e.contains("tokenizer.json") && e.contains("missing"), "{e}");
 }
+
+/// SmolLM2's two chat prompts (37 and 37+ tokens, different continuations) and the long prompt
+/// decoded as one batch: each equals transformers' greedy continuation, and stops on its own.
+#[test]
+fn smollm2_prompts_decoded_as_one_batch_equal_transformers() {
+    let fx = fixture("smollm2.json");
+    let gens = fx["generations"].as_array().unwrap();
+    let prompts: Vec<Vec<u32>> = gens.iter().map(|g| ids(&g["prompt_ids"])).collect();
+    let n = 12;
+    let stop = Stop { max_new_tokens: n, eos: None };
+    let mut seen = vec![0; prompts.len()];
+    let got = attn_models::greedy_batch(&smollm2().model, &prompts, stop, |b, _| {
+        seen[b] += 1;
+        Ok(())
+    })
+    .unwrap();
+    for (g, out) in gens.iter().zip(&got) {
+        assert_eq!(out.ids, ids(&g["ids"])[..n], "batched continuation `{}`", g["name"]);
+    }
+    assert_eq!(seen, vec![n; prompts.len()]);
+    // With the stop token: the chat ends after `<|im_end|>` (its 8th id), the others go on.
+    let stop = Stop { max_new_tokens: n, eos: Some(2) };
+    let got = attn_models::greedy_batch(&smollm2().model, &prompts, stop, |_, _| Ok(())).unwrap();
+    assert_eq!(got[0].ids, ids(&gens[0]["ids"])[..8]);
+    assert_eq!(got[2].ids.len(), n);
+}

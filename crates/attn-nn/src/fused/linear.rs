@@ -6,8 +6,8 @@
 //! and adds the product there (`gemm` with `read_dst`); the backward makes `dx = dy·weight`,
 //! `dweight = dyᵀ·x` and `dbias = Σ_rows dy`, each only when its argument is tracked (a constant
 //! input gets no gradient and costs no product). The products are the `gemm` crate's, as candle's
-//! are, on the current rayon pool's threads — but for one input row (a decode step), a
-//! matrix-vector product of this module's own that streams the weights.
+//! are, on the current rayon pool's threads — but for a few input rows (decode steps), a product
+//! of this module's own that streams the weights once for all of them.
 
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
 use gemm::{gemm, Parallelism};
@@ -102,41 +102,54 @@ fn product<T: Real>(dst: &mut [T], (m, n, k): (usize, usize, usize), lhs: Mat<T>
 fn forward<T: Real>(x: &[T], w: &[T], b: &[T], (rows, inn): (usize, usize)) -> Vec<T> {
     let out = b.len();
     let mut y = b.repeat(rows); // [rows, out], each row the bias
-    if out > 0 && rows == 1 {
-        matrix_vector(&mut y, x, w);
+    if out > 0 && (1..=FEW_ROWS).contains(&rows) {
+        few_rows(&mut y, x, w, (rows, inn));
     } else if out > 0 {
         product(&mut y, (rows, out, inn), Mat::rows(x, inn), Mat::transposed(w, inn), true);
     }
     y
 }
 
-/// `y[o] += w[o, :]·x` for `w: [out, in]` row-major: one row of input (a decode step), where
+/// Up to this many input rows (decode steps of a small batch) take [`few_rows`].
+const FEW_ROWS: usize = 8;
+
+/// `y[r, o] += w[o, :]·x[r, :]` for `w: [out, in]` row-major and a few rows `x: [rows, in]`: where
 /// `gemm`'s general path reads the weights at well under the memory's speed. Each weight row is
-/// read once, in order, by one thread; sixteen partial sums keep the adds independent.
-fn matrix_vector<T: Real>(y: &mut [T], x: &[T], w: &[T]) {
+/// read once, in order, by one thread, and dotted with every input row while it is in cache;
+/// sixteen partial sums keep the adds independent.
+fn few_rows<T: Real>(y: &mut [T], x: &[T], w: &[T], (rows, inn): (usize, usize)) {
     use rayon::prelude::*;
-    let inn = x.len();
-    assert_eq!(w.len(), y.len() * inn, "matrix_vector: weight of {} for [{}, {inn}]", w.len(), y.len());
+    let out = y.len() / rows;
+    assert!(x.len() == rows * inn && w.len() == out * inn, "few_rows: weight of {} for [{out}, {inn}]", w.len());
     const LANES: usize = 16;
-    let dot = |row: &[T]| -> T {
+    let dot = |row: &[T], xs: &[T]| -> T {
         let mut acc = [T::zero(); LANES];
-        let (rows, rest) = (row.chunks_exact(LANES), row.len() % LANES);
-        for (r, xs) in rows.zip(x.chunks_exact(LANES)) {
+        for (r, v) in row.chunks_exact(LANES).zip(xs.chunks_exact(LANES)) {
             for l in 0..LANES {
-                acc[l] += r[l] * xs[l];
+                acc[l] += r[l] * v[l];
             }
         }
-        let tail = (inn - rest..inn).fold(T::zero(), |s, i| s + row[i] * x[i]);
+        let tail = (inn - inn % LANES..inn).fold(T::zero(), |s, i| s + row[i] * xs[i]);
         acc.iter().fold(tail, |s, &a| s + a)
     };
-    // Rows per task: enough to amortise a task, few enough to share the rows among the threads.
-    let per_task = (y.len() / (4 * rayon::current_num_threads())).clamp(16, 1024);
-    y.par_chunks_mut(per_task).enumerate().for_each(|(c, ys)| {
-        for (i, yo) in ys.iter_mut().enumerate() {
+    // Outputs per task: enough to amortise a task, few enough to share them among the threads.
+    let per_task = (out / (4 * rayon::current_num_threads())).clamp(16, 1024);
+    // Computed as [out, rows] (each task a run of weight rows), then added into y's [rows, out].
+    let mut transposed = vec![T::zero(); out * rows];
+    transposed.par_chunks_mut(per_task * rows).enumerate().for_each(|(c, part)| {
+        for (i, ys) in part.chunks_exact_mut(rows).enumerate() {
             let o = c * per_task + i;
-            *yo += dot(&w[o * inn..(o + 1) * inn]);
+            let row = &w[o * inn..(o + 1) * inn];
+            for (r, yr) in ys.iter_mut().enumerate() {
+                *yr = dot(row, &x[r * inn..(r + 1) * inn]);
+            }
         }
     });
+    for (o, ys) in transposed.chunks_exact(rows).enumerate() {
+        for (r, &v) in ys.iter().enumerate() {
+            y[r * out + o] += v;
+        }
+    }
 }
 
 /// A gradient shaped like `arg`, when `arg` is tracked: `[m, n]` made by `product` from `lhs` and
