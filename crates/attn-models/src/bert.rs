@@ -287,12 +287,7 @@ impl SentenceEncoder {
 /// the `position_ids` buffer and the pooler (sentence embeddings pool the hidden states), and
 /// with a `bert.` prefix (BertForX checkpoints) dropped.
 fn encoder_weights(path: &Path) -> Result<StateDict> {
-    if !path.exists() {
-        return Err(ModelError::file(path, "missing"));
-    }
-    let bytes = std::fs::read(path).map_err(|e| ModelError::file(path, e))?;
-    let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
-        .map_err(|e| ModelError::file(path, format!("not a safetensors file: {}", attn::error::one_line(&e))))?;
+    let tensors = crate::weights_file::read(path, "missing")?;
     let kept: HashMap<String, Tensor> = tensors
         .into_iter()
         .map(|(name, t)| (name.strip_prefix("bert.").map(str::to_string).unwrap_or(name), t))

@@ -46,35 +46,15 @@ fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
 }
 
 /// Greedy decoding of `prompt`: one prefill, then one token at a time against the cache;
-/// `on_token` sees every new id as it comes (to stream it).
+/// `on_token` sees every new id as it comes (to stream it). [`greedy_batch`] of one prompt.
 pub fn greedy(
     model: &CausalLm,
     prompt: &[u32],
     stop: Stop,
     mut on_token: impl FnMut(u32) -> Result<()>,
 ) -> Result<Generation> {
-    if prompt.is_empty() {
-        return Err(ModelError::Input("the prompt has no tokens".into()));
-    }
-    let mut cache = model.new_cache();
-    let mut ids = Vec::with_capacity(stop.max_new_tokens);
-    let start = Instant::now();
-    let mut logits = model.forward_last(prompt, &mut cache)?;
-    let mut prefill_secs = None;
-    while ids.len() < stop.max_new_tokens {
-        let next =
-            argmax(&last_row(&logits)?).ok_or_else(|| ModelError::Input("the model has no vocabulary".into()))?;
-        ids.push(next);
-        on_token(next)?;
-        prefill_secs.get_or_insert_with(|| start.elapsed().as_secs_f64());
-        if Some(next) == stop.eos || ids.len() == stop.max_new_tokens {
-            break;
-        }
-        logits = model.forward_last(&[next], &mut cache)?;
-    }
-    let total = start.elapsed().as_secs_f64();
-    let prefill_secs = prefill_secs.unwrap_or(total);
-    Ok(Generation { ids, prefill_secs, decode_secs: total - prefill_secs })
+    let mut one = greedy_batch(model, &[prompt.to_vec()], stop, |_, id| on_token(id))?;
+    Ok(one.pop().expect("one prompt, one generation"))
 }
 
 /// Greedy decoding of several prompts: each prompt's own prefill, then one batched step per

@@ -88,8 +88,13 @@ pub struct HeadScores {
 }
 
 impl HeadScores {
-    /// Runs `model` on both sequences and scores every head.
-    pub fn measure(model: &dyn AttentionWeights, text_ids: &[u32], induction_ids: &[u32]) -> Result<Self> {
+    /// Runs `model` on both sequences and scores every head; also returns the text's weights
+    /// `[H, L, L]` per layer (to draw them without another pass).
+    pub fn measure(
+        model: &dyn AttentionWeights,
+        text_ids: &[u32],
+        induction_ids: &[u32],
+    ) -> Result<(Self, Vec<Tensor>)> {
         if text_ids.len() < 2 {
             return Err(ModelError::Input(format!(
                 "head scores need a text of at least 2 tokens, found {}",
@@ -102,6 +107,7 @@ impl HeadScores {
         }
         let text = model.attention_weights(text_ids)?;
         let repeated = model.attention_weights(induction_ids)?;
-        Ok(Self { sink: sink(&text)?, previous: previous(&text)?, induction: induction(&repeated, r)? })
+        let scores = Self { sink: sink(&text)?, previous: previous(&text)?, induction: induction(&repeated, r)? };
+        Ok((scores, text))
     }
 }

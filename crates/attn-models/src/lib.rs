@@ -34,6 +34,7 @@ pub mod heads;
 mod json;
 mod kv_buffer;
 pub mod tokenizer;
+mod weights_file;
 
 use std::path::Path;
 

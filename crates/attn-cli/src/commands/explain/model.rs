@@ -69,10 +69,10 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let (model, tokenizer) = loaded.parts();
     let text_ids = tokenizer.encode(&args.text)?;
     let repeated = induction_ids(args.repeat_len as usize, args.seed);
-    let (scores, weights) = args.threads.pool()?.install(|| -> anyhow::Result<_> {
-        let scores = HeadScores::measure(model, &text_ids, &repeated)?;
-        Ok((scores, model.attention_weights(&text_ids)?))
-    })?;
+    let (scores, weights) = args
+        .threads
+        .pool()?
+        .install(|| -> anyhow::Result<_> { Ok(HeadScores::measure(model, &text_ids, &repeated)?) })?;
     let (layers, heads) = (scores.sink.len(), scores.sink.first().map_or(0, Vec::len));
     let tokens: Vec<String> = text_ids.iter().map(|&id| printable(&tokenizer.token(id))).collect();
     let mut written = Vec::new();
