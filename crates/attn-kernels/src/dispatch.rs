@@ -172,10 +172,13 @@ pub fn attention_tuned(
         return widened(k, v, |k, v| reference(q, k, v, params, want_weights));
     };
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
+    // Half-precision storage is read in place on the x86 kernels (the decode path is bound by
+    // the bytes it reads); the portable kernel is compiled for f32 only (`KvElem::ON_PORTABLE`).
+    let x86 = isa != Isa::Portable;
     match (k, v) {
         (KvView::F32(k), KvView::F32(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
-        (KvView::F16(k), KvView::F16(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
-        (KvView::Bf16(k), KvView::Bf16(v)) => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
+        (KvView::F16(k), KvView::F16(v)) if x86 => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
+        (KvView::Bf16(k), KvView::Bf16(v)) if x86 => flash::forward(isa, q, k, v, &pb, want_weights, tuning),
         _ => widened(k, v, |k, v| flash::forward(isa, q, k, v, &pb, want_weights, tuning)),
     }
 }
@@ -250,11 +253,8 @@ pub fn attention_backward_tuned(
     };
     let pb = Problem::new(q.dims(), k.dims(), v.dims(), params)?;
     saved.check(&pb.dims)?;
-    let grads = match (k, v) {
-        (KvView::F32(k), KvView::F32(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning),
-        (KvView::F16(k), KvView::F16(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning),
-        (KvView::Bf16(k), KvView::Bf16(v)) => flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning),
-        _ => return widened(k, v, |k, v| Ok(flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning)?)),
-    };
-    Ok(grads?)
+    // The backward reads half-precision keys and values widened to f32 (a copy of `O(Lk·D)` beside
+    // its `O(Lq·Lk·D)` products; the scores it recomputes are the forward's bit for bit, widening
+    // being exact), so it is compiled once per instruction set rather than once per storage type.
+    widened(k, v, |k, v| Ok(flash::backward(isa, q, k, v, saved, &pb, want_dbias, tuning)?))
 }

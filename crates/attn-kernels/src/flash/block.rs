@@ -140,18 +140,13 @@ impl<'o> Rest<'o> {
 /// The most rows of any micro-kernel call ([`rows_per_call`], `with_rows!`).
 pub(in crate::flash) const MAX_ROWS_PER_CALL: usize = 12;
 
-/// Rows per `qk_panel` call and per `pv` call for the vector width `W`. AVX-512 (32 registers):
-/// 12×2 vectors of scores, 6 rows × 4 vectors of output. 8-lane ISAs (AVX2's 16 registers):
-/// 6×2 vectors for both, i.e. 12 accumulators + 2 operand vectors + 1 broadcast = 15 registers,
-/// with enough independent FMA chains to cover the FMA latency (4×2 and 3×4 were slower: too few
-/// chains, and 3×4 spilled; see docs/performance-log.md, "attn-kernels/src/flash/block.rs:
-/// rows_per_call").
+/// Rows per `qk_panel` call and per `pv` call on `S`: its register blocking
+/// ([`Simd::QK_ROWS`], [`Simd::PV_ROWS`]). On 8-lane ISAs 6×2 vectors for both, i.e. 12
+/// accumulators + 2 operand vectors + 1 broadcast = 15 registers, with enough independent FMA
+/// chains to cover the FMA latency (4×2 and 3×4 were slower: too few chains, and 3×4 spilled; see
+/// docs/performance-log.md, "attn-kernels/src/flash/block.rs: rows_per_call").
 pub(in crate::flash) fn rows_per_call<S: Simd>() -> (usize, usize) {
-    if S::W == 16 {
-        (12, 6)
-    } else {
-        (6, 6)
-    }
+    (S::QK_ROWS, S::PV_ROWS)
 }
 
 /// The chunks `(first row, rows)` of a block of `rows` rows for `qk_panel` calls of at most `rq`
@@ -165,24 +160,47 @@ pub(in crate::flash) fn qk_chunks(rows: usize, rq: usize) -> impl Iterator<Item 
     (0..calls).map(move |c| (c * base + c.min(extra), base + usize::from(c < extra)))
 }
 
-/// Calls the micro-kernel `$f` with its row count `R` (a const generic, 1 to 12) set to the
-/// run-time `$n`: `with_rows!(n, f::<Generics; Consts>(args))` is `f::<Generics, n, Consts>(args)`.
+/// Calls the micro-kernel `$f` with its row count `R` (a const generic) set to the run-time `$n`,
+/// which is at most `$max` (4, 6 or 12; a constant, such as [`Simd::QK_ROWS`]):
+/// `with_rows!(max, n, f::<Generics; Consts>(args))` is `f::<Generics, n, Consts>(args)`. Only the
+/// row counts up to `$max` are instantiated: the match on the constant is resolved when the
+/// caller is monomorphised, and the compiler emits only the arm taken — each instantiation is a
+/// whole inlined micro-kernel, and the ones past the bound were a third of the crate's code.
 macro_rules! with_rows {
-    ($n:expr, $f:ident :: <$($g:ty),*; $($c:literal),*> ($($arg:expr),*)) => {
-        match $n {
-            1 => $f::<$($g,)* 1 $(, $c)*>($($arg),*),
-            2 => $f::<$($g,)* 2 $(, $c)*>($($arg),*),
-            3 => $f::<$($g,)* 3 $(, $c)*>($($arg),*),
-            4 => $f::<$($g,)* 4 $(, $c)*>($($arg),*),
-            5 => $f::<$($g,)* 5 $(, $c)*>($($arg),*),
-            6 => $f::<$($g,)* 6 $(, $c)*>($($arg),*),
-            7 => $f::<$($g,)* 7 $(, $c)*>($($arg),*),
-            8 => $f::<$($g,)* 8 $(, $c)*>($($arg),*),
-            9 => $f::<$($g,)* 9 $(, $c)*>($($arg),*),
-            10 => $f::<$($g,)* 10 $(, $c)*>($($arg),*),
-            11 => $f::<$($g,)* 11 $(, $c)*>($($arg),*),
-            12 => $f::<$($g,)* 12 $(, $c)*>($($arg),*),
-            _ => unreachable!("row chunks are 1 to 12"),
+    ($max:expr, $n:expr, $f:ident :: <$($g:ty),*; $($c:literal),*> ($($arg:expr),*)) => {
+        match $max {
+            4 => match $n {
+                    1 => $f::<$($g,)* 1 $(, $c)*>($($arg),*),
+                    2 => $f::<$($g,)* 2 $(, $c)*>($($arg),*),
+                    3 => $f::<$($g,)* 3 $(, $c)*>($($arg),*),
+                    4 => $f::<$($g,)* 4 $(, $c)*>($($arg),*),
+                _ => unreachable!("row chunks are 1 to 4"),
+            },
+            6 => match $n {
+                    1 => $f::<$($g,)* 1 $(, $c)*>($($arg),*),
+                    2 => $f::<$($g,)* 2 $(, $c)*>($($arg),*),
+                    3 => $f::<$($g,)* 3 $(, $c)*>($($arg),*),
+                    4 => $f::<$($g,)* 4 $(, $c)*>($($arg),*),
+                    5 => $f::<$($g,)* 5 $(, $c)*>($($arg),*),
+                    6 => $f::<$($g,)* 6 $(, $c)*>($($arg),*),
+                _ => unreachable!("row chunks are 1 to 6"),
+            },
+            12 => match $n {
+                    1 => $f::<$($g,)* 1 $(, $c)*>($($arg),*),
+                    2 => $f::<$($g,)* 2 $(, $c)*>($($arg),*),
+                    3 => $f::<$($g,)* 3 $(, $c)*>($($arg),*),
+                    4 => $f::<$($g,)* 4 $(, $c)*>($($arg),*),
+                    5 => $f::<$($g,)* 5 $(, $c)*>($($arg),*),
+                    6 => $f::<$($g,)* 6 $(, $c)*>($($arg),*),
+                    7 => $f::<$($g,)* 7 $(, $c)*>($($arg),*),
+                    8 => $f::<$($g,)* 8 $(, $c)*>($($arg),*),
+                    9 => $f::<$($g,)* 9 $(, $c)*>($($arg),*),
+                    10 => $f::<$($g,)* 10 $(, $c)*>($($arg),*),
+                    11 => $f::<$($g,)* 11 $(, $c)*>($($arg),*),
+                    12 => $f::<$($g,)* 12 $(, $c)*>($($arg),*),
+                _ => unreachable!("row chunks are 1 to 12"),
+            },
+            _ => unreachable!("row bounds are 4, 6 or 12"),
         }
     };
 }

@@ -18,33 +18,41 @@
 //! `#[target_feature]` and are only called after [`Isa::is_available`].
 
 /// Defines the module `entry` of the per-ISA entry points of `$run`, an `#[inline(always)]`
-/// function generic over `S: Simd` and `E: KvElem` with the given arguments: one function per
-/// instruction set carrying its `#[target_feature]` (so the whole of `$run` is compiled for it),
-/// and `entry::of::<E>(isa, compute)`, the one for `isa` with its vector width `W`: AVX-512F's
-/// own, or with [`Precision::Bf16`] on a CPU that has AVX512-BF16, the one that multiplies with
-/// `VDPBF16PS`. Forward and backward both enter through it; the caller's module must have
-/// `KvElem`, `Isa`, `Precision` and the argument types in scope.
+/// function generic over `S: Simd` (and, when named as `$run<E>`, over the storage type
+/// `E: KvElem` of keys and values) with the given arguments: one function per instruction set
+/// carrying its `#[target_feature]` (so the whole of `$run` is compiled for it), and
+/// `entry::of(isa, compute)` (`entry::of::<E>`), the one for `isa` with its vector width `W`:
+/// AVX-512F's own, or with [`Precision::Bf16`] on a CPU that has AVX512-BF16, the one that
+/// multiplies with `VDPBF16PS`. The portable kernel is compiled for `f32` storage only
+/// ([`KvElem::ON_PORTABLE`]): the other types reach it widened (`dispatch`). Forward and backward
+/// both enter through it; the caller's module must have `KvElem`, `Isa`, `Precision` and the
+/// argument types in scope.
 macro_rules! isa_entries {
-    ($run:ident ($($arg:ident: $ty:ty),*)) => {
+    ($run:ident $(<$e:ident>)? ($($arg:ident: $ty:ty),*)) => {
         /// The per-ISA entry points (see `isa_entries!`).
         mod entry {
             use super::*;
 
             /// The entry point for `isa` (which must be available) and products in `compute`,
             /// and its vector width.
-            pub fn of<E: KvElem>(isa: Isa, compute: Precision) -> (unsafe fn($($ty),*), usize) {
+            pub fn of$(<$e: KvElem>)?(isa: Isa, compute: Precision) -> (unsafe fn($($ty),*), usize) {
                 #[cfg(target_arch = "x86_64")]
                 if isa == Isa::Avx512 && compute == Precision::Bf16 && Isa::has_avx512_bf16() {
-                    return (avx512_bf16::<E>, 16);
+                    return (avx512_bf16$(::<$e>)?, 16);
                 }
                 match isa {
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => (avx512::<E>, 16),
+                    Isa::Avx512 => (avx512$(::<$e>)?, 16),
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => (avx2::<E>, 8),
+                    Isa::Avx2 => (avx2$(::<$e>)?, 8),
                     #[cfg(not(target_arch = "x86_64"))]
                     Isa::Avx512 | Isa::Avx2 => unreachable!("x86 instruction sets are never available here"),
-                    Isa::Portable => (portable::<E>, 8),
+                    // A branch on the constant, so that only `f32`'s is compiled.
+                    Isa::Portable => if true $(&& <$e as KvElem>::ON_PORTABLE)? {
+                        (portable$(::<$e>)?, 8)
+                    } else {
+                        unreachable!("f16 and bf16 reach the portable kernel widened to f32")
+                    },
                 }
             }
 
@@ -52,34 +60,34 @@ macro_rules! isa_entries {
             /// The CPU supports AVX-512F; otherwise as for the inlined function.
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f")]
-            pub unsafe fn avx512<E: KvElem>($($arg: $ty),*) {
+            pub unsafe fn avx512$(<$e: KvElem>)?($($arg: $ty),*) {
                 // SAFETY: forwarded from the caller.
-                unsafe { $run::<crate::flash::simd::Avx512, E>($($arg),*) }
+                unsafe { $run::<crate::flash::simd::Avx512 $(, $e)?>($($arg),*) }
             }
 
             /// # Safety
             /// The CPU supports AVX-512F and AVX512-BF16; otherwise as for the inlined function.
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx512bf16")]
-            pub unsafe fn avx512_bf16<E: KvElem>($($arg: $ty),*) {
+            pub unsafe fn avx512_bf16$(<$e: KvElem>)?($($arg: $ty),*) {
                 // SAFETY: forwarded from the caller.
-                unsafe { $run::<crate::flash::simd::Avx512Bf16, E>($($arg),*) }
+                unsafe { $run::<crate::flash::simd::Avx512Bf16 $(, $e)?>($($arg),*) }
             }
 
             /// # Safety
             /// The CPU supports AVX2, FMA and F16C; otherwise as for the inlined function.
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2,fma,f16c")]
-            pub unsafe fn avx2<E: KvElem>($($arg: $ty),*) {
+            pub unsafe fn avx2$(<$e: KvElem>)?($($arg: $ty),*) {
                 // SAFETY: forwarded from the caller.
-                unsafe { $run::<crate::flash::simd::Avx2, E>($($arg),*) }
+                unsafe { $run::<crate::flash::simd::Avx2 $(, $e)?>($($arg),*) }
             }
 
             /// # Safety
             /// As for the inlined function.
-            pub unsafe fn portable<E: KvElem>($($arg: $ty),*) {
+            pub unsafe fn portable$(<$e: KvElem>)?($($arg: $ty),*) {
                 // SAFETY: forwarded from the caller.
-                unsafe { $run::<crate::flash::simd::Portable, E>($($arg),*) }
+                unsafe { $run::<crate::flash::simd::Portable $(, $e)?>($($arg),*) }
             }
         }
     };
@@ -200,7 +208,7 @@ pub fn runs_on_amx(isa: Isa, compute: Precision, d: &Dims) -> bool {
     tile_unit(TileChoice::Auto, compute, decodes(d), d, w) == Some(TileUnit::Hardware)
 }
 
-isa_entries!(run(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work));
+isa_entries!(run<E>(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work));
 
 #[cfg(test)]
 mod tests {

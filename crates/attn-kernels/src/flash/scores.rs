@@ -101,9 +101,9 @@ pub(super) unsafe fn qk_tile<S: Simd, E: KvElem>(
                             // the `with_rows!` arms, it costs the portable build a third more
                             // instructions.
                             if bf16 {
-                                with_rows!(nr, qk_panel::<S, Bf16Pairs; >(qp.add(r0 * dk), kp, slots, scale, sp.add(r0 * LDS + col), LDS));
+                                with_rows!(S::QK_ROWS, nr, qk_panel::<S, Bf16Pairs; >(qp.add(r0 * dk), kp, slots, scale, sp.add(r0 * LDS + col), LDS));
                             } else {
-                                with_rows!(nr, qk_panel::<S, Fma; >(qp.add(r0 * dk), kp, dk, scale, sp.add(r0 * LDS + col), LDS));
+                                with_rows!(S::QK_ROWS, nr, qk_panel::<S, Fma; >(qp.add(r0 * dk), kp, dk, scale, sp.add(r0 * LDS + col), LDS));
                             }
                         }
                     }
@@ -154,7 +154,7 @@ pub(in crate::flash) unsafe fn decode_scores<S: Simd, E: KvElem>(
         let (q, s) = (q.wrapping_add(r0 * ldq), s.wrapping_add(r0 * lds));
         // SAFETY: forwarded from the caller; rows `r0..r0+m` exist.
         unsafe {
-            with_rows!(m, qk_rows::<S, E; >(q, ldq, k, ldk, n, d, scale, s, lds));
+            with_rows!(DECODE_ROWS_PER_CALL, m, qk_rows::<S, E; >(q, ldq, k, ldk, n, d, scale, s, lds));
         }
         r0 += m;
     }

@@ -41,7 +41,6 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::plan::{self, Path};
-use super::simd::KvElem;
 use crate::alloc::{self, AllocError};
 use crate::amx::{TileChoice, TileUnit};
 use crate::grad::{AttnGrads, Saved, SideGrads};
@@ -108,11 +107,11 @@ impl<'a> Disjoint<'a> {
 }
 
 /// What every job of a call shares.
-pub(super) struct BwdCtx<'a, E> {
+pub(super) struct BwdCtx<'a> {
     pub pb: &'a Problem<'a, f32>,
     pub q: View4<'a, f32>,
-    pub k: View4<'a, E>,
-    pub v: View4<'a, E>,
+    pub k: View4<'a, f32>,
+    pub v: View4<'a, f32>,
     pub dout: View4<'a, f32>,
     pub lse: &'a [f32],
     /// The rounding residue of each `lse`, when given.
@@ -172,18 +171,18 @@ impl BackwardTuning {
 /// Gradients with instruction set `isa` (which must be available) of the call validated into
 /// `pb`; `saved` was checked against `pb.dims`. Refuses gradients too large to allocate.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn backward<E: KvElem>(
+pub(crate) fn backward(
     isa: Isa,
     q: &View4<f32>,
-    k: &View4<E>,
-    v: &View4<E>,
+    k: &View4<f32>,
+    v: &View4<f32>,
     saved: &Saved<f32>,
     pb: &Problem<f32>,
     want_dbias: bool,
     tuning: BackwardTuning,
 ) -> Result<AttnGrads<f32>, AllocError> {
     assert!(isa.is_available(), "flash backward entered without {isa:?} support");
-    let (run, lanes) = entry::of::<E>(isa, pb.compute);
+    let (run, lanes) = entry::of(isa, pb.compute);
     let d = pb.dims;
     let bias_len = pb.elem.bias.filter(|_| want_dbias).map(|b| b.data.len());
     let mut g = AttnGrads::zeros(&d, bias_len, pb.sinks.is_some(), pb.score_mod.map(|f| f.table.len()))?;
@@ -259,4 +258,4 @@ pub(crate) fn backward<E: KvElem>(
     Ok(g)
 }
 
-isa_entries!(run_job(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork));
+isa_entries!(run_job(cx: &BwdCtx, job: &BwdJob, w: &mut BwdWork));

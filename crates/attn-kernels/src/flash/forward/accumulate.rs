@@ -202,17 +202,24 @@ pub(in crate::flash) unsafe fn pv_spans<S: Simd, P: Product, E: KvElem>(
             }
             let (pr, v) = (p.add(r0 * ldp + js.start * ldj), v.add(js.start * ldv));
             let mut c0 = 0;
-            // Column blocks of 4 vectors on AVX-512, 2 on 8-lane ISAs (see `rows_per_call`).
-            while S::W == 16 && c0 + 4 * S::W <= dv {
-                with_rows!(nr, pv::<S, P, E; 4>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
-                c0 += 4 * S::W;
-            }
-            while S::W != 16 && c0 + 2 * S::W <= dv {
-                with_rows!(nr, pv::<S, P, E; 2>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
-                c0 += 2 * S::W;
+            // Blocks of `PV_VECTORS` vectors of columns, then single vectors (see `rows_per_call`).
+            match S::PV_VECTORS {
+                4 => {
+                    while c0 + 4 * S::W <= dv {
+                        with_rows!(S::PV_ROWS, nr, pv::<S, P, E; 4>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
+                        c0 += 4 * S::W;
+                    }
+                }
+                2 => {
+                    while c0 + 2 * S::W <= dv {
+                        with_rows!(S::PV_ROWS, nr, pv::<S, P, E; 2>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
+                        c0 += 2 * S::W;
+                    }
+                }
+                _ => unreachable!("pv blocks are 2 or 4 vectors"),
             }
             while c0 + S::W <= dv {
-                with_rows!(nr, pv::<S, P, E; 1>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
+                with_rows!(S::PV_ROWS, nr, pv::<S, P, E; 1>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
                 c0 += S::W;
             }
             if c0 < dv {

@@ -37,6 +37,14 @@ pub(in crate::flash) use x86_transpose::transpose_rows_streaming;
 pub trait Simd: Copy + Send + Sync + 'static {
     /// Lanes per vector.
     const W: usize;
+    /// Query rows per `qk_panel` call (`micro`): 12 × 2 vectors of scores fill AVX-512's 32
+    /// registers; 6 × 2 plus the operands fill the 16 of an 8-lane ISA. One of 4, 6 or 12 (the
+    /// bounds `with_rows!` instantiates).
+    const QK_ROWS: usize;
+    /// Rows per `pv` call (`micro`): 6 on every ISA (6 × 4 vectors on AVX-512, 6 × 2 elsewhere).
+    const PV_ROWS: usize;
+    /// Vectors of output columns per `pv` call: 4 on AVX-512, 2 on 8-lane ISAs (one of the two).
+    const PV_VECTORS: usize;
     /// The register type.
     type V: Copy;
     /// All lanes `x`.
@@ -214,6 +222,10 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     /// # Safety
     /// The CPU has `S`'s instruction set, and `p` is valid for reading `S::W` elements.
     unsafe fn load<S: Simd>(p: *const Self) -> S::V;
+    /// Whether the portable flash kernel is compiled for this type: only for `f32` (the
+    /// others reach it widened, `dispatch`), which spares the build two copies of a kernel
+    /// that runs only where neither x86 instruction set is.
+    const ON_PORTABLE: bool = false;
     /// One element as f32.
     fn to_f32(self) -> f32;
     /// One element rounded to bfloat16 (to nearest, ties to even), its bits.
@@ -226,6 +238,7 @@ pub trait KvElem: Copy + Send + Sync + 'static {
 }
 
 impl KvElem for f32 {
+    const ON_PORTABLE: bool = true;
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::V {
         // SAFETY: forwarded from the caller.

@@ -14,6 +14,9 @@ pub struct Portable;
 // on the pointer arguments being valid (it runs on any CPU).
 impl Simd for Portable {
     const W: usize = 8;
+    const QK_ROWS: usize = 6;
+    const PV_ROWS: usize = 6;
+    const PV_VECTORS: usize = 2;
     type V = [f32; 8];
     #[inline(always)]
     unsafe fn splat(x: f32) -> Self::V {

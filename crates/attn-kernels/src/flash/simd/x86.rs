@@ -24,6 +24,9 @@ pub type Avx512Bf16 = Avx512<true>;
 // `Isa::Avx512.is_available()` (and `Isa::has_avx512_bf16()`).
 impl<const NATIVE_BF16: bool> Simd for Avx512<NATIVE_BF16> {
     const W: usize = 16;
+    const QK_ROWS: usize = 12;
+    const PV_ROWS: usize = 6;
+    const PV_VECTORS: usize = 4;
     type V = __m512;
     #[inline(always)]
     unsafe fn splat(x: f32) -> __m512 {
@@ -205,6 +208,9 @@ pub struct Avx2;
 // `#[target_feature(enable = "avx2,fma,f16c")]`, entered after `Isa::Avx2.is_available()`.
 impl Simd for Avx2 {
     const W: usize = 8;
+    const QK_ROWS: usize = 6;
+    const PV_ROWS: usize = 6;
+    const PV_VECTORS: usize = 2;
     type V = __m256;
     #[inline(always)]
     unsafe fn splat(x: f32) -> __m256 {

@@ -11,7 +11,7 @@
 use super::{BwdCtx, BwdJob, BwdWork, Form};
 use crate::flash::micro::{Bf16Pairs, Fma, Product};
 use crate::flash::pairs::transpose_pairs;
-use crate::flash::simd::{KvElem, Simd};
+use crate::flash::simd::Simd;
 use crate::prefetch;
 
 /// Most lanes of any instruction set's vector.
@@ -23,7 +23,7 @@ const MAX_LANES: usize = 16;
 /// # Safety
 /// CPU supports `S`.
 #[inline(always)]
-pub(super) unsafe fn deltas<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, form: Form, w: &mut BwdWork) {
+pub(super) unsafe fn deltas<S: Simd>(cx: &BwdCtx, job: &BwdJob, form: Form, w: &mut BwdWork) {
     let (d, g) = (cx.pb.dims, cx.pb.dims.group());
     let slots = form.slots(d.dv);
     let lanes = S::W;

@@ -45,7 +45,7 @@ use crate::amx::{Hardware, TileUnit, Tiles};
 use crate::flash::block::{qk_chunks, rows_per_call, TileWork};
 use crate::flash::nonfinite::all_finite;
 use crate::flash::pack::{key_pairs_len, pack_dim_pairs, pack_key_pairs, pack_keys, panel_len};
-use crate::flash::simd::{KvElem, Simd};
+use crate::flash::simd::Simd;
 use crate::lines::Lines;
 use crate::problem::Precision;
 use crate::sparse::TileBlocks;
@@ -158,7 +158,7 @@ impl Form {
 /// Must run on a CPU supporting `S`'s instruction set; no other job of the call has the same
 /// `(b, kvh, shard)`.
 #[inline(always)]
-pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork) {
+pub unsafe fn run_job<S: Simd>(cx: &BwdCtx, job: &BwdJob, w: &mut BwdWork) {
     let d = cx.pb.dims;
     let g = d.group();
     for v in [&mut w.s, &mut w.p, &mut w.pd, &mut w.dp, &mut w.dmod, &mut w.dcap, &mut w.x] {
@@ -186,7 +186,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
     grow(&mut w.qt, rows * form.slots(d.dk));
     grow(&mut w.dot, rows * form.slots(d.dv));
     // SAFETY: CPU supports `S`.
-    unsafe { deltas::<S, E>(cx, job, form, w) };
+    unsafe { deltas::<S>(cx, job, form, w) };
     if form.whole {
         let (dks, dvs) = (form.slots(d.dk), form.slots(d.dv));
         for x in 0..g {
@@ -221,7 +221,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
         if w.spans.is_empty() {
             continue;
         }
-        pack_block::<E>(cx, job, w, form, j0, n, S::W);
+        pack_block(cx, job, w, form, j0, n, S::W);
         w.dk.clear();
         w.dk.resize(n * d.dk, 0.0);
         w.dv.clear();
@@ -232,7 +232,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
                 let nr = tile_rows.min(ib - i0);
                 let dq_rows = &mut dq[((h - job.kvh * g) * d.lq + i0) * d.dk..][..nr * d.dk];
                 // SAFETY: forwarded from the caller; rows `i0..i0+nr` and keys `j0..j0+n` exist.
-                unsafe { tile::<S, E>(cx, job, w, form, TileAt { h, i0, nr, j0, n }, dq_rows) };
+                unsafe { tile::<S>(cx, job, w, form, TileAt { h, i0, nr, j0, n }, dq_rows) };
             }
         }
         let at = (unit * d.lk + j0) * d.dk;
@@ -247,7 +247,7 @@ pub unsafe fn run_job<S: Simd, E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut 
 /// Whether step 1's `S` reads the queries transposed per micro-kernel chunk (`qk_panel`): not
 /// after a decode-path forward (`decode_scores` reads them in place) nor on AMX tiles
 /// (`tile_products::prepare` stores them row-major).
-fn transposes_queries<E>(cx: &BwdCtx<E>, form: Form) -> bool {
+fn transposes_queries(cx: &BwdCtx, form: Form) -> bool {
     !(cx.decode_scores || (form.bf16 && cx.tiles.is_some()))
 }
 
@@ -255,7 +255,7 @@ fn transposes_queries<E>(cx: &BwdCtx<E>, form: Form) -> bool {
 /// place after a decode-path forward) and values in panels, the values scaled by dropout's `c`;
 /// or, with bfloat16 products, both in pairs along the row and the keys in pairs of keys too.
 /// Lists the block's keys that hold a non-finite number.
-fn pack_block<E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork, form: Form, j0: usize, n: usize, lanes: usize) {
+fn pack_block(cx: &BwdCtx, job: &BwdJob, w: &mut BwdWork, form: Form, j0: usize, n: usize, lanes: usize) {
     let d = cx.pb.dims;
     let (b, h, keys) = (job.b, job.kvh, j0..j0 + n);
     w.kp.resize(panel_len(n, form.slots(d.dk), lanes), 0.0);
@@ -284,7 +284,7 @@ fn pack_block<E: KvElem>(cx: &BwdCtx<E>, job: &BwdJob, w: &mut BwdWork, form: Fo
 
 /// Query rows `ia..ib` of batch `b` whose band reaches keys `j0..j0+n` (the band's bounds only
 /// grow with the row, so both ends are found by binary search).
-fn rows_seeing<E>(cx: &BwdCtx<E>, b: usize, j0: usize, n: usize) -> (usize, usize) {
+fn rows_seeing(cx: &BwdCtx, b: usize, j0: usize, n: usize) -> (usize, usize) {
     let lq = cx.pb.dims.lq;
     let first = |pred: &dyn Fn(usize) -> bool| {
         let (mut lo, mut hi) = (0, lq);
@@ -338,14 +338,7 @@ struct TileAt {
 /// # Safety
 /// CPU supports `S`; the rows and keys exist; `w`'s buffers are sized by [`run_job`].
 #[inline(always)]
-unsafe fn tile<S: Simd, E: KvElem>(
-    cx: &BwdCtx<E>,
-    job: &BwdJob,
-    w: &mut BwdWork,
-    form: Form,
-    t: TileAt,
-    dq: &mut [f32],
-) {
+unsafe fn tile<S: Simd>(cx: &BwdCtx, job: &BwdJob, w: &mut BwdWork, form: Form, t: TileAt, dq: &mut [f32]) {
     let band = (t.i0..t.i0 + t.nr).map(|i| {
         let (lo, hi) = cx.pb.key_range(job.b, i);
         (lo.clamp(t.j0, t.j0 + t.n) - t.j0, hi.clamp(t.j0, t.j0 + t.n) - t.j0)
@@ -354,12 +347,12 @@ unsafe fn tile<S: Simd, E: KvElem>(
     w.band.extend(band);
     // SAFETY: forwarded from the caller.
     unsafe {
-        products::<S, E>(cx, job, w, form, t);
+        products::<S>(cx, job, w, form, t);
         score_grads::<S>(cx, job, w, t);
         if form.bf16 {
-            accumulate_pairs::<S, E>(cx, job, w, t, dq)
+            accumulate_pairs::<S>(cx, job, w, t, dq)
         } else {
-            accumulate_f32::<S, E>(cx, job, w, t, dq)
+            accumulate_f32::<S>(cx, job, w, t, dq)
         }
     }
 }

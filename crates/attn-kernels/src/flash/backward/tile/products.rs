@@ -98,7 +98,7 @@ unsafe fn panel_product<S: Simd, P: Product>(
             // SAFETY: chunk `r0` holds `nr·d` floats; the panel `d·pw`; the output row block
             // `nr` rows of `LDB >= np·pw` columns.
             unsafe {
-                with_rows!(nr, qk_panel::<S, P; >(ap.add(r0 * d), kp, d, scale, op.add(r0 * LDB + pi * pw), LDB))
+                with_rows!(S::QK_ROWS, nr, qk_panel::<S, P; >(ap.add(r0 * d), kp, d, scale, op.add(r0 * LDB + pi * pw), LDB))
             };
         }
     }
@@ -110,13 +110,7 @@ unsafe fn panel_product<S: Simd, P: Product>(
 /// # Safety
 /// As [`super::tile`].
 #[inline(always)]
-pub(super) unsafe fn products<S: Simd, E: KvElem>(
-    cx: &BwdCtx<E>,
-    job: &BwdJob,
-    w: &mut BwdWork,
-    form: Form,
-    t: TileAt,
-) {
+pub(super) unsafe fn products<S: Simd>(cx: &BwdCtx, job: &BwdJob, w: &mut BwdWork, form: Form, t: TileAt) {
     let d = cx.pb.dims;
     let (b, TileAt { h, i0, nr, j0, n }) = (job.b, t);
     let (rq, _) = rows_per_call::<S>();
@@ -143,7 +137,7 @@ pub(super) unsafe fn products<S: Simd, E: KvElem>(
             let (qb, ldq) = head(&cx.q, b, h);
             let (kb, ldk) = head(&cx.k, b, job.kvh);
             let (qb, kb) = (qb.as_ptr().add(i0 * ldq), kb.as_ptr().add(j0 * ldk));
-            decode_scores::<S, E>(qb, ldq, kb, ldk, n, d.dk, scale, nr, w.s.as_mut_ptr(), LDB);
+            decode_scores::<S, f32>(qb, ldq, kb, ldk, n, d.dk, scale, nr, w.s.as_mut_ptr(), LDB);
         } else if let (true, Some(unit)) = (form.bf16, cx.tiles) {
             // The forward's tile product on the same pairs: `S` bit for bit as the forward's.
             let tw = &mut w.tiles;
@@ -171,13 +165,7 @@ pub(super) unsafe fn products<S: Simd, E: KvElem>(
 /// # Safety
 /// As [`super::tile`].
 #[inline(always)]
-pub(super) unsafe fn accumulate_f32<S: Simd, E: KvElem>(
-    cx: &BwdCtx<E>,
-    job: &BwdJob,
-    w: &mut BwdWork,
-    t: TileAt,
-    dq: &mut [f32],
-) {
+pub(super) unsafe fn accumulate_f32<S: Simd>(cx: &BwdCtx, job: &BwdJob, w: &mut BwdWork, t: TileAt, dq: &mut [f32]) {
     let d = cx.pb.dims;
     let (b, TileAt { nr, j0, n, .. }) = (job.b, t);
     let [pd, (qb, ldq), (ob, ldo)] = tile_rows(cx, w, b, t);
@@ -203,7 +191,7 @@ pub(super) unsafe fn accumulate_f32<S: Simd, E: KvElem>(
         for run_end in w.bad_keys.iter().copied().chain(std::iter::once(n)) {
             if run_end > c {
                 let (dx, k) = (w.dp.as_ptr().add(c), kb.add(c * ldk));
-                pv_spans::<S, Fma, E>(dx, LDB, 1, k, ldk, dq.as_mut_ptr(), d.dk, nr, keys_of_rows(c, run_end));
+                pv_spans::<S, Fma, f32>(dx, LDB, 1, k, ldk, dq.as_mut_ptr(), d.dk, nr, keys_of_rows(c, run_end));
             }
             c = run_end + 1;
         }
@@ -234,7 +222,7 @@ fn keys_seen(band: &[(usize, usize)], rows: Range<usize>) -> Range<usize> {
 /// What both forms of step 3 read first, as pointers with their row strides: `P̄` (`P` without
 /// dropout; stride `LDB`), and the tile's first query and output-gradient rows (`Q`, `dO` row
 /// `i0` of head `h`).
-fn tile_rows<E: KvElem>(cx: &BwdCtx<E>, w: &BwdWork, b: usize, t: TileAt) -> [(*const f32, usize); 3] {
+fn tile_rows(cx: &BwdCtx, w: &BwdWork, b: usize, t: TileAt) -> [(*const f32, usize); 3] {
     let pd = if cx.pb.dropout.is_some() { &w.pd } else { &w.p };
     let [(qb, ldq), (ob, ldo)] = [head(&cx.q, b, t.h), head(&cx.dout, b, t.h)];
     [(pd.as_ptr(), LDB), (qb[t.i0 * ldq..].as_ptr(), ldq), (ob[t.i0 * ldo..].as_ptr(), ldo)]
@@ -247,13 +235,7 @@ fn tile_rows<E: KvElem>(cx: &BwdCtx<E>, w: &BwdWork, b: usize, t: TileAt) -> [(*
 /// # Safety
 /// As [`super::tile`]; the job's keys are all finite (the form's rule).
 #[inline(always)]
-pub(super) unsafe fn accumulate_pairs<S: Simd, E: KvElem>(
-    cx: &BwdCtx<E>,
-    job: &BwdJob,
-    w: &mut BwdWork,
-    t: TileAt,
-    dq: &mut [f32],
-) {
+pub(super) unsafe fn accumulate_pairs<S: Simd>(cx: &BwdCtx, job: &BwdJob, w: &mut BwdWork, t: TileAt, dq: &mut [f32]) {
     let d = cx.pb.dims;
     let (TileAt { nr, n, .. }, half, width) = (t, t.nr.div_ceil(2), t.n.div_ceil(2 * S::W) * 2 * S::W);
     let [pd, (qb, ldq), (ob, ldo)] = tile_rows(cx, w, job.b, t);

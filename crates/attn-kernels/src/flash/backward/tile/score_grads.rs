@@ -6,7 +6,7 @@ use super::super::rows::{grad_scores, scale_masked};
 use super::{BwdCtx, BwdJob, BwdWork, TileAt, LDB};
 use crate::flash::forward::softmax::exp_row;
 use crate::flash::scores::{mask_row, RowDerivs};
-use crate::flash::simd::{KvElem, Simd};
+use crate::flash::simd::Simd;
 
 /// Step 2: per row, the scores masked, `P = exp((S − lse) − lse_residue)` into `w.p` (`P̄` into
 /// `w.pd` under dropout), the weights' gradient added to `dP`, `dS = P∘(dP − Δ)` in place of `dP`,
@@ -15,7 +15,7 @@ use crate::flash::simd::{KvElem, Simd};
 /// # Safety
 /// As [`super::tile`].
 #[inline(always)]
-pub(super) unsafe fn score_grads<S: Simd>(cx: &BwdCtx<impl KvElem>, job: &BwdJob, w: &mut BwdWork, t: TileAt) {
+pub(super) unsafe fn score_grads<S: Simd>(cx: &BwdCtx, job: &BwdJob, w: &mut BwdWork, t: TileAt) {
     let pb = cx.pb;
     let d = pb.dims;
     let (b, TileAt { h, i0, nr, j0, n }) = (job.b, t);
