@@ -2,7 +2,7 @@
 //! checkpoint whose weights do not fit its `config.json` is one line naming the file, not
 //! candle's backtrace.
 
-mod train_common;
+use crate::train_common;
 
 use std::collections::HashMap;
 

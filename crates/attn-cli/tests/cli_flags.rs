@@ -2,7 +2,7 @@
 //! allowed range (not clap's "unexpected argument"), the kernel `auto` resolved to is reported,
 //! dropout's default seed is stated, and `--threads` is bounded and shared by both commands.
 
-mod common;
+use crate::common;
 
 use attn_kernels::Kernel;
 use common::*;

@@ -4,7 +4,7 @@
 //! pictures: PNG, SVG or JPEG), and an extension no writer knows is refused before any input is
 //! read, with the accepted extensions named.
 
-mod common;
+use crate::common;
 
 use attn_cli::io::{read_npz, read_tensors, write_npz};
 use common::*;

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use attn_cli::io::{read_safetensors, read_tensors, write_safetensors, HostData};
 use half::{bf16, f16};
 
-mod common;
+use crate::common;
 
 use common::{tensor, values};
 

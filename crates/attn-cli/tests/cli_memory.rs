@@ -4,7 +4,7 @@
 //! outcome is the same on every machine); the last ones reproduce the reports of issue 11 under a
 //! 4 GB address-space limit (`ulimit -v`, through `sh`).
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -3,7 +3,7 @@
 //! umask (an existing file keeps its own), whole or not at all, and with errors that name the
 //! destination the user gave rather than an internal temporary file.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 

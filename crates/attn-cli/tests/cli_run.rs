@@ -2,7 +2,7 @@
 //! and its `out`, `lse` and `weights` are checked against the `f64` reference with the project's
 //! tolerance rule (gradients: `cli_run_grads.rs`; refusals: `cli_run_errors.rs`).
 
-mod common;
+use crate::common;
 
 use common::*;
 

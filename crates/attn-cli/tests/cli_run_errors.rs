@@ -1,7 +1,7 @@
 //! `attn run` refusals: malformed or inconsistent inputs give exit code 1 with one `error:` line
 //! naming the file, tensor or option, and no panic.
 
-mod common;
+use crate::common;
 
 use common::*;
 

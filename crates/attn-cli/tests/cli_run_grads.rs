@@ -2,7 +2,7 @@
 //! the `f64` reference backward with the gradient rule, in both input forms, and dropout replayed
 //! from the seed as the kernels' backward replays it.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -2,7 +2,7 @@
 //! oracle (`f64`, under the oracle rule with the `f32` oracle as baseline), causal and not, with
 //! grouped heads and key padding; no `lse`; and the refusals of what linear attention does not take.
 
-mod common;
+use crate::common;
 
 use attn::linear::{FeatureMap, LinearOptions};
 use attn_kernels::linear::{linear_reference, linear_reference_backward};

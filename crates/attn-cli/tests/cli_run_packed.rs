@@ -3,7 +3,7 @@
 //! oracle rule, the `f32` reference as baseline) with the flags applied within each sequence; and
 //! the refusals, each one line naming the file and the tensor or option.
 
-mod common;
+use crate::common;
 
 use std::ops::Range;
 

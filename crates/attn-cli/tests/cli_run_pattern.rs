@@ -4,7 +4,7 @@
 //! window the pattern does not take compose by AND; missing, foreign and bad parameters are
 //! refused naming the flag, before anything is written.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

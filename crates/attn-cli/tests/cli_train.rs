@@ -3,7 +3,7 @@
 //! alignment; bad data, flags and checkpoints are refused with the file, line or flag named,
 //! exit code 1 and no checkpoint written.
 
-mod train_common;
+use crate::train_common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -3,7 +3,7 @@
 //! did not write; Ctrl-C saves once and exits 130 saying which step was saved and how old its
 //! accuracy is; the held-out default is a fraction of the data, said at the start.
 
-mod train_common;
+use crate::train_common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

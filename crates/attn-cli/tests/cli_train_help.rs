@@ -2,7 +2,7 @@
 //! forms and says which slash form is month first; `attn translate --help` names the files
 //! `--heatmap` writes; `--held-out` states its default.
 
-mod train_common;
+use crate::train_common;
 
 use attn_train::data::{Date, DateFormat};
 use train_common::{attn, text};

@@ -4,7 +4,7 @@
 //! number with its text cut short, the other lines still get their answers (one output line per
 //! input line, empty where there is none), and the exit status is 1 if any line failed.
 
-mod train_common;
+use crate::train_common;
 
 use std::path::Path;
 

@@ -10,7 +10,7 @@
 //! the forward's products on AMX tiles, in the software model on every AVX-512 CPU and on the
 //! CPU's tiles where it has them.
 
-mod common;
+use crate::common;
 // The gradient suite's harness, of which this suite uses a part.
 #[allow(dead_code)]
 #[path = "gradients_parts/harness.rs"]

@@ -16,8 +16,8 @@
 //! `ATTN_DIFFERENTIAL_CASES` sets the number of configurations (default 300; each at most
 //! `WORK_BUDGET` multiply-adds per pass); failures are collected and reported together.
 
-mod common;
-mod gradients_parts;
+use crate::common;
+use crate::gradients_parts;
 
 use attn_kernels::{Align, AttnGrads, BackwardTuning, Dims, Dropout, Kernel, Tuning, Window};
 use attn_testkit::oracle::worse_of;

@@ -8,7 +8,7 @@
 //!   baseline, with and without the weights requested, under every flash plan; and again with
 //!   K/V stored as f16 and as bf16 (the oracle then runs on the rounded values).
 
-mod common;
+use crate::common;
 /// The golden suites' helpers in `tests/golden_parts/`.
 mod golden_parts {
     pub mod compare;

@@ -7,7 +7,7 @@
 //! instruction set runs: AVX-512 with AVX512-BF16 natively (ignored, with the reason, on a CPU
 //! without it), the emulation on AVX2 and portable Rust.
 
-mod common;
+use crate::common;
 /// The golden suites' fixture reader in `tests/golden_parts/` (this suite builds its own views).
 mod golden_parts {
     #[allow(dead_code)]

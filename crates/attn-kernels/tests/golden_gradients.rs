@@ -14,7 +14,7 @@
 //!   its `dbias` is held to the rule with the floor taken at the magnitude of the terms it sums
 //!   (as `tests/gradients_parts/harness.rs` does).
 
-mod common;
+use crate::common;
 /// The golden suites' helpers in `tests/golden_parts/`.
 mod golden_parts {
     pub mod compare;

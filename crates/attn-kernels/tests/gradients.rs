@@ -6,8 +6,8 @@
 //! masked keys, NaN propagation, empty sizes and malformed inputs; and the backward after each
 //! forward path.
 
-mod common;
-mod gradients_parts;
+use crate::common;
+use crate::gradients_parts;
 
 use attn_kernels::{Align, BackwardTuning, Dropout, Kernel, KvView, Saved, Tuning, View4, Window};
 use common::{broadcast_shape, dims, kernel_tests, random_bias, random_keep, Case, Rng, SHAPE_CODES};

@@ -3,7 +3,7 @@
 //! grouped-query heads, the vector micro-kernel's edge sizes; the oracle's own gradients against
 //! finite differences.
 
-mod linear_common;
+use crate::linear_common;
 
 use attn_kernels::linear::FeatureMap;
 use linear_common::{maps, max_diff, Case};

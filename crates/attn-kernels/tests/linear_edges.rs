@@ -1,7 +1,7 @@
 //! Linear attention at its edges: recurrent decoding equals the causal forward, empty sizes,
 //! typed errors for bad inputs, and a property test over random shapes and options.
 
-mod linear_common;
+use crate::linear_common;
 
 use attn_kernels::linear::{linear_attention, FavorFeatures, FeatureMap, LinearParams, LinearState};
 use attn_kernels::{AttnError, View4};

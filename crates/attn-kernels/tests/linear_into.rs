@@ -4,7 +4,7 @@
 //! zeroed memory — causal and not, grouped-query heads, key padding, the segmented paths, empty
 //! sizes; wrong buffer lengths are typed errors that leave every buffer as it was.
 
-mod linear_common;
+use crate::linear_common;
 
 use attn_kernels::linear::{linear_attention_backward_into, linear_attention_into, FeatureMap, GradsMut};
 use attn_kernels::{AttnError, AttnGrads, Real, View4};

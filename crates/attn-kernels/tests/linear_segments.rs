@@ -5,7 +5,7 @@
 //! (`Lq ≠ Lk`, padding, grouped heads); and against the sequential form in `f64` to rounding, with
 //! the segment count chosen by the call on a pool with more threads than heads.
 
-mod linear_common;
+use crate::linear_common;
 
 use attn_kernels::linear::FeatureMap;
 use linear_common::{maps, max_diff, Case};

@@ -4,7 +4,7 @@
 //! sinks, shards computed without them, merged, then joined to the sinks once by `fold_sinks` give
 //! the unsplit call with sinks; shards each computed with the sinks do not.
 
-mod common;
+use crate::common;
 
 use attn_kernels::{fold_sinks, merge_partials, AttnError, Kernel, KvView, Partial, View4};
 use attn_testkit::oracle;

@@ -13,7 +13,7 @@
 //! largest error to naive f32's is a noisy statistic (their error distributions match: median
 //! ratio 0.98), not a sign of a kernel defect.
 
-mod common;
+use crate::common;
 
 use attn_kernels::{Align, Dims, Dropout, Kernel, Window};
 use common::{assert_oracle, broadcast_shape, dims, kernel_tests, random_bias, random_keep, Case, Dense, Oracle};

@@ -5,8 +5,8 @@
 //! soft-cap and ALiBi as modifications equal the built-in paths; the table's gradient against
 //! finite differences; a table of the wrong length is refused.
 
-mod common;
-mod gradients_parts;
+use crate::common;
+use crate::gradients_parts;
 
 use std::sync::Arc;
 

@@ -4,8 +4,8 @@
 //! sizes and parameter errors. The mask structure (which weights are zero, which rows are empty) is
 //! also checked against the rules as documented, independently of the reference's mask code.
 
-mod common;
-mod semantics_parts;
+use crate::common;
+use crate::semantics_parts;
 
 use attn_kernels::{Align, Kernel, Window};
 use common::{broadcast_shape, dims, kernel_tests, random_bias, random_keep, Case, Rng, SHAPE_CODES};

@@ -4,8 +4,8 @@
 //! NaN weight gradients at masked keys giving finite, unchanged gradients; and malformed side
 //! gradients refused naming the tensor.
 
-mod common;
-mod gradients_parts;
+use crate::common;
+use crate::gradients_parts;
 
 use attn_kernels::{
     attention_backward_tuned, attention_tuned, reference, reference_backward, AttnError, AttnGrads, BackwardTuning,

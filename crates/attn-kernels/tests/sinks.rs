@@ -6,8 +6,8 @@
 //! no sink bit for bit; sinks that dominate or vanish; malformed sinks refused; and the `f64`
 //! reference's `dsinks` against finite differences.
 
-mod common;
-mod gradients_parts;
+use crate::common;
+use crate::gradients_parts;
 
 use attn_kernels::{attention, attention_backward, AttnError, AttnGrads, Dropout, Kernel, KvView, Saved, View4};
 use attn_kernels::{Align, BackwardTuning, Path, Tuning, Window};

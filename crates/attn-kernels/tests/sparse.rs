@@ -6,8 +6,8 @@
 //! never call the predicate (the reference only in partial blocks), keys no row may see are never
 //! read, the builder's classes are exact, and bad lists are typed errors naming the field.
 
-mod common;
-mod gradients_parts;
+use crate::common;
+use crate::gradients_parts;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -5,8 +5,8 @@
 //! reading the restated definition; causal and windows through the programmable API equal the
 //! built-in masks; bad parameters are typed errors naming the field.
 
-mod common;
-mod gradients_parts;
+use crate::common;
+use crate::gradients_parts;
 
 use std::sync::Arc;
 

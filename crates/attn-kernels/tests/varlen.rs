@@ -7,8 +7,8 @@
 //! sequence; sinks join every sequence's rows (`dsinks` summed over them); bad offsets, masks with
 //! no packed form, score modifications and bad sinks are typed errors naming the field.
 
-mod common;
-mod varlen_parts;
+use crate::common;
+use crate::varlen_parts;
 
 use attn_kernels::score_mod::Softcap;
 use attn_kernels::sparse::patterns::GlobalKeys;

@@ -5,7 +5,7 @@
 //! for cross-attention (keys/values projected once), for a decoder stack, and for the Seq2Seq
 //! model's greedy decoding against re-running the whole prefix at every step.
 
-mod common;
+use crate::common;
 
 use attn_nn::{
     Activation, AttnMasks, Cache, DecoderCache, KvCache, LayerConfig, MhaInput, MultiHeadAttention,

@@ -3,7 +3,7 @@
 //! heads, dropout out of range, odd head widths with RoPE, mismatched widths and batches, masks of
 //! the wrong shape, and weights missing or mis-shaped in a state dict.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

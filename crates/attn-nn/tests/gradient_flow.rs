@@ -3,7 +3,7 @@
 //! The check itself is shown to fail on candle-nn's fused LayerNorm and `softmax_last_dim`, the
 //! paths without a backward that this crate avoids.
 
-mod common;
+use crate::common;
 
 use attn_nn::{
     Activation, AdditiveAttention, AdditiveAttentionConfig, AttentionKind, AttnMask, AttnMasks, DecoderLayer,

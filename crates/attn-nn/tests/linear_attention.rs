@@ -5,7 +5,7 @@
 //! every map and with grouped-query heads; a decoder stack and `Seq2Seq` of the linear kind decode
 //! through their caches as their full forward computes; bad masks and configs are typed errors.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

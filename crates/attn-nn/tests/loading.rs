@@ -4,7 +4,7 @@
 //! use, by name; a state dict loads into trainable variables, listed by PyTorch name, that an
 //! optimiser fine-tunes; gpt-oss's attention sinks load under their name, `sinks`.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

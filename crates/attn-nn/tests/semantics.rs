@@ -4,7 +4,7 @@
 //! (per head, averaged, rows summing to one), RoPE depending only on relative positions, ALiBi's
 //! slopes, the sinusoidal table, and seeded initialisation.
 
-mod common;
+use crate::common;
 
 use attn::{padding_mask, Align, Mask};
 use attn_nn::position::alibi::{alibi_bias, alibi_slopes};

@@ -7,7 +7,7 @@ use attn::{sdpa, Kernel, Mask, SdpaOptions};
 use attn_kernels::{attention, attention_backward, AttnGrads, Dropout, KvView, Saved, View4};
 use candle_core::{DType, Device, Tensor, Var};
 
-mod common;
+use crate::common;
 
 use common::{flat, max_diff, uniform};
 

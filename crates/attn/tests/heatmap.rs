@@ -2,7 +2,7 @@
 //! caller's labels and titles, and input errors (masked cells and candle tensors are in
 //! `heatmap_masks.rs`).
 
-mod heatmap_parts;
+use crate::heatmap_parts;
 
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! where the mask says and outside the colour scale, through downsampling and grids; axis titles;
 //! `draw_tensor` with its masks and typed errors.
 
-mod heatmap_parts;
+use crate::heatmap_parts;
 
 use attn::heatmap::{draw_head_grid, draw_heatmap, draw_tensor, HeatmapErrorKind, HeatmapStyle};
 use attn::picture::PictureFormatError;

@@ -2,7 +2,7 @@
 //! forbidden pairs drawn masked where the mask says, partial blocks in between, and masks too
 //! large to draw pair by pair refused without writing.
 
-mod heatmap_parts;
+use crate::heatmap_parts;
 
 use std::sync::Arc;
 

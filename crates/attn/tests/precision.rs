@@ -3,7 +3,7 @@
 //! option reaches the kernel), and gradients flow through autograd (the backward computes in f32
 //! from the forward's log-sum-exp).
 
-mod common;
+use crate::common;
 
 use attn::{sdpa, Precision, SdpaOptions};
 use candle_core::{DType, Var};

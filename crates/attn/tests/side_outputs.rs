@@ -8,7 +8,7 @@ use attn::{cu_seqlens, sdpa_full, sdpa_varlen_full, SdpaOptions};
 use attn_kernels::{attention, attention_backward, KvView, Saved, SideGrads, View4, WeightsGrad};
 use candle_core::{DType, Device, Tensor, Var, D};
 
-mod common;
+use crate::common;
 
 use common::{flat, max_diff, uniform};
 

@@ -11,7 +11,7 @@ use attn::{
 use attn_kernels::{attention_varlen, attention_varlen_backward, CuSeqlens, Packed, VarlenSaved};
 use candle_core::{DType, Device, Tensor, Var};
 
-mod common;
+use crate::common;
 
 use common::{flat, max_diff, uniform};
 
