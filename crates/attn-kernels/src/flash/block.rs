@@ -162,46 +162,29 @@ pub(in crate::flash) fn qk_chunks(rows: usize, rq: usize) -> impl Iterator<Item 
 
 /// Calls the micro-kernel `$f` with its row count `R` (a const generic) set to the run-time `$n`,
 /// which is at most `$max` (4, 6 or 12; a constant, such as [`Simd::QK_ROWS`]):
-/// `with_rows!(max, n, f::<Generics; Consts>(args))` is `f::<Generics, n, Consts>(args)`. Only the
+/// `with_rows!(max, n, f::<Generics; Consts>(args))` is `f::<Generics, n, Consts>(args)` (each const a block, `{ 4 }`). Only the
 /// row counts up to `$max` are instantiated: the match on the constant is resolved when the
 /// caller is monomorphised, and the compiler emits only the arm taken — each instantiation is a
 /// whole inlined micro-kernel, and the ones past the bound were a third of the crate's code.
 macro_rules! with_rows {
-    ($max:expr, $n:expr, $f:ident :: <$($g:ty),*; $($c:literal),*> ($($arg:expr),*)) => {
+    ($max:expr, $n:expr, $($call:tt)*) => {
         match $max {
-            4 => match $n {
-                    1 => $f::<$($g,)* 1 $(, $c)*>($($arg),*),
-                    2 => $f::<$($g,)* 2 $(, $c)*>($($arg),*),
-                    3 => $f::<$($g,)* 3 $(, $c)*>($($arg),*),
-                    4 => $f::<$($g,)* 4 $(, $c)*>($($arg),*),
-                _ => unreachable!("row chunks are 1 to 4"),
-            },
-            6 => match $n {
-                    1 => $f::<$($g,)* 1 $(, $c)*>($($arg),*),
-                    2 => $f::<$($g,)* 2 $(, $c)*>($($arg),*),
-                    3 => $f::<$($g,)* 3 $(, $c)*>($($arg),*),
-                    4 => $f::<$($g,)* 4 $(, $c)*>($($arg),*),
-                    5 => $f::<$($g,)* 5 $(, $c)*>($($arg),*),
-                    6 => $f::<$($g,)* 6 $(, $c)*>($($arg),*),
-                _ => unreachable!("row chunks are 1 to 6"),
-            },
-            12 => match $n {
-                    1 => $f::<$($g,)* 1 $(, $c)*>($($arg),*),
-                    2 => $f::<$($g,)* 2 $(, $c)*>($($arg),*),
-                    3 => $f::<$($g,)* 3 $(, $c)*>($($arg),*),
-                    4 => $f::<$($g,)* 4 $(, $c)*>($($arg),*),
-                    5 => $f::<$($g,)* 5 $(, $c)*>($($arg),*),
-                    6 => $f::<$($g,)* 6 $(, $c)*>($($arg),*),
-                    7 => $f::<$($g,)* 7 $(, $c)*>($($arg),*),
-                    8 => $f::<$($g,)* 8 $(, $c)*>($($arg),*),
-                    9 => $f::<$($g,)* 9 $(, $c)*>($($arg),*),
-                    10 => $f::<$($g,)* 10 $(, $c)*>($($arg),*),
-                    11 => $f::<$($g,)* 11 $(, $c)*>($($arg),*),
-                    12 => $f::<$($g,)* 12 $(, $c)*>($($arg),*),
-                _ => unreachable!("row chunks are 1 to 12"),
-            },
+            4 => with_rows!(@chain $n; [1 2 3 4]; $($call)*),
+            6 => with_rows!(@chain $n; [1 2 3 4 5 6]; $($call)*),
+            12 => with_rows!(@chain $n; [1 2 3 4 5 6 7 8 9 10 11 12]; $($call)*),
             _ => unreachable!("row bounds are 4, 6 or 12"),
         }
+    };
+    // One comparison per row count (LLVM makes the chain a jump table).
+    (@chain $n:expr; [$r:literal $($rest:literal)*]; $f:ident :: <$($g:ty),*; $($c:block),*> ($($arg:expr),*)) => {
+        if $n == $r {
+            $f::<$($g,)* $r $(, $c)*>($($arg),*)
+        } else {
+            with_rows!(@chain $n; [$($rest)*]; $f::<$($g),*; $($c),*>($($arg),*))
+        }
+    };
+    (@chain $n:expr; []; $($call:tt)*) => {
+        unreachable!("a row chunk past its bound")
     };
 }
 pub(in crate::flash) use with_rows;

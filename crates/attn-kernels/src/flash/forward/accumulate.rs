@@ -204,29 +204,42 @@ pub(in crate::flash) unsafe fn pv_spans<S: Simd, P: Product, E: KvElem>(
             let mut c0 = 0;
             // Blocks of `PV_VECTORS` vectors of columns, then single vectors (see `rows_per_call`).
             match S::PV_VECTORS {
-                4 => {
-                    while c0 + 4 * S::W <= dv {
-                        with_rows!(S::PV_ROWS, nr, pv::<S, P, E; 4>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
-                        c0 += 4 * S::W;
-                    }
-                }
-                2 => {
-                    while c0 + 2 * S::W <= dv {
-                        with_rows!(S::PV_ROWS, nr, pv::<S, P, E; 2>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
-                        c0 += 2 * S::W;
-                    }
-                }
+                4 => pv_columns::<S, P, E, 4>(pr, ldp, ldj, v, ldv, n, or, dv, nr, &mut c0),
+                2 => pv_columns::<S, P, E, 2>(pr, ldp, ldj, v, ldv, n, or, dv, nr, &mut c0),
                 _ => unreachable!("pv blocks are 2 or 4 vectors"),
             }
-            while c0 + S::W <= dv {
-                with_rows!(S::PV_ROWS, nr, pv::<S, P, E; 1>(pr, ldp, ldj, v, ldv, n, or, dv, c0));
-                c0 += S::W;
-            }
+            pv_columns::<S, P, E, 1>(pr, ldp, ldj, v, ldv, n, or, dv, nr, &mut c0);
             if c0 < dv {
                 pv_scalar::<P, E>(pr, ldp, ldj, v, ldv, n, or, dv, nr, c0..dv);
             }
             r0 += nr;
         }
+    }
+}
+
+/// The `pv` calls of `nr` rows over columns `c0..` in blocks of `NV` vectors while a whole block
+/// fits in `dv`, advancing `c0` past them.
+///
+/// # Safety
+/// As [`pv_spans`], for these rows.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_columns<S: Simd, P: Product, E: KvElem, const NV: usize>(
+    p: *const f32,
+    ldp: usize,
+    ldj: usize,
+    v: *const E,
+    ldv: usize,
+    n: usize,
+    o: *mut f32,
+    dv: usize,
+    nr: usize,
+    c0: &mut usize,
+) {
+    while *c0 + NV * S::W <= dv {
+        // SAFETY: forwarded from the caller; the block's columns end within `dv`.
+        unsafe { with_rows!(S::PV_ROWS, nr, pv::<S, P, E; { NV }>(p, ldp, ldj, v, ldv, n, o, dv, *c0)) };
+        *c0 += NV * S::W;
     }
 }
 
