@@ -9,7 +9,7 @@
 //! (see `tests/common/kernels.rs`). `ATTN_TEST_WITHOUT=avx512` (or `avx512_bf16`, `amx`, `avx2`, comma
 //! separated) marks an instruction set missing, to see that path on a machine that has it.
 //!
-//! [`Isa::is_available`]: src/isa.rs
+//! [`Isa::is_available`]: src/simd/isa.rs
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(attn_lacks_avx512)");

@@ -13,9 +13,9 @@ use crate::problem::Problem;
 use crate::reference::{reference, reference_backward, AttnOutput};
 use crate::view::View4;
 
-/// Re-exported so that `attn_kernels::dispatch::Isa`, its path before it moved to [`crate::isa`],
+/// Re-exported so that `attn_kernels::dispatch::Isa`, its path before it moved to the SIMD layer,
 /// keeps working.
-pub use crate::isa::Isa;
+pub use crate::simd::Isa;
 
 /// Which kernel computes a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

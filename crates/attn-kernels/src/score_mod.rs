@@ -9,6 +9,7 @@
 //! in its own precision. The flash kernels call the row methods, one call per row of a tile, whose
 //! defaults loop over the scalars inside the implementation (no dynamic dispatch per element);
 //! override them for speed. Built-ins: [`Softcap`], [`Alibi`], [`RelativeBias`] (T5's buckets).
+use crate::simd::{on_isa, Isa};
 
 /// A score modification; see the module header.
 pub trait ScoreMod: Send + Sync {
@@ -158,19 +159,7 @@ fn add_distance_bias(slope: f64, base: i64, s: &mut [f32]) {
         return;
     }
     let base = base as i32;
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::isa::Isa;
-        if Isa::Avx512.is_available() {
-            // SAFETY: the CPU has AVX-512F.
-            return unsafe { distance_bias_avx512(slope, base, s) };
-        }
-        if Isa::Avx2.is_available() {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { distance_bias_avx2(slope, base, s) };
-        }
-    }
-    distance_bias(slope, base, s)
+    on_isa(Isa::best(), || distance_bias(slope, base, s))
 }
 
 /// [`add_distance_bias`] where every `base − c` fits in `i32` (so the loop vectorises).
@@ -179,26 +168,6 @@ fn distance_bias(slope: f64, base: i32, s: &mut [f32]) {
     for (c, x) in s.iter_mut().enumerate() {
         *x += (slope * f64::from((base - c as i32).unsigned_abs())) as f32;
     }
-}
-
-/// [`distance_bias`] compiled for AVX-512F.
-///
-/// # Safety
-/// The CPU supports AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn distance_bias_avx512(slope: f64, base: i32, s: &mut [f32]) {
-    distance_bias(slope, base, s)
-}
-
-/// [`distance_bias`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU supports AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn distance_bias_avx2(slope: f64, base: i32, s: &mut [f32]) {
-    distance_bias(slope, base, s)
 }
 
 /// T5's relative-position bias (Raffel et al. 2020): `s + table[h, bucket(kv − q)]` with a trainable

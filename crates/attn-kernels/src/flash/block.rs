@@ -11,10 +11,10 @@
 
 use std::ops::Range;
 
-use super::simd::Simd;
 use crate::amx::{Emulated, TileUnit};
 use crate::lines::Lines;
 use crate::problem::Problem;
+use crate::simd::Simd;
 use crate::sparse::TileBlocks;
 use crate::view::View4;
 

@@ -16,7 +16,7 @@
 // Micro-kernels take each operand as a pointer and a leading dimension, as BLAS kernels do.
 #![allow(clippy::too_many_arguments)]
 
-use super::simd::{KvElem, Simd};
+use crate::simd::{KvElem, Simd};
 
 /// How a micro-kernel multiplies a broadcast operand into a vector and accumulates.
 pub trait Product {

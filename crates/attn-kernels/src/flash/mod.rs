@@ -1,97 +1,20 @@
-//! The fast forward kernel: tiled online softmax ("flash attention") in f32 with every semantic
-//! of the reference, O(tile) extra memory per thread (plus the packed keys of the heads in
-//! flight), and work spread over rayon's threads.
+//! The flash kernels' entry, both directions: tiled online softmax ("flash attention") in f32
+//! with every semantic of the reference, O(tile) extra memory per thread (plus the packed keys of
+//! the heads in flight), and work spread over rayon's threads.
 //!
-//! This module is the entry point, `forward`: it picks the micro-kernels' instruction set, asks
-//! `plan` how to cut the call (prefill or decode path, packing chunks, split-KV shards; the rules
-//! are there), packs each chunk's keys (and, with bfloat16 products, values) into panels (`pack`,
-//! in a reused `workspace` buffer) and
-//! runs the jobs on rayon's threads, whole (`forward::run`, one block of query rows through the
-//! online softmax) or as key shards merged through their log-sum-exps (`split`). Attention sinks
-//! are joined after every job, once per row (`merge::fold_sink_rows`): the blocks and shards
-//! never see them.
+//! `forward` (here) picks the instruction set (`simd::Target`), asks `plan` how to cut the call
+//! (prefill or decode path, packing chunks, split-KV shards; the rules are there), packs each
+//! chunk's keys (and, with bfloat16 products, values) into panels (`pack`, in a reused
+//! `workspace` buffer) and runs the jobs on rayon's threads, whole (`forward::run`, one block of
+//! query rows through the online softmax) or as key shards merged through their log-sum-exps
+//! (`split`). Attention sinks are joined after every job, once per row
+//! (`merge::fold_sink_rows`): the blocks and shards never see them. `backward` (in `backward`)
+//! recomputes the scores block by block and accumulates the gradients.
 //!
 //! The pieces of a block live beside it: the shared block types and tile geometry (`block`), the
 //! score tile and its masking (`scores`, shared by every pass that recomputes scores), the
-//! micro-kernels (`micro`), written once over `simd::Simd` and instantiated for AVX-512F,
-//! AVX2+FMA+F16C and portable Rust; the entry points below carry the matching
-//! `#[target_feature]` and are only called after [`Isa::is_available`].
-
-/// Defines the module `entry` of the per-ISA entry points of `$run`, an `#[inline(always)]`
-/// function generic over `S: Simd` (and, when named as `$run<E>`, over the storage type
-/// `E: KvElem` of keys and values) with the given arguments: one function per instruction set
-/// carrying its `#[target_feature]` (so the whole of `$run` is compiled for it), and
-/// `entry::of(isa, compute)` (`entry::of::<E>`), the one for `isa` with its vector width `W`:
-/// AVX-512F's own, or with [`Precision::Bf16`] on a CPU that has AVX512-BF16, the one that
-/// multiplies with `VDPBF16PS`. The portable kernel is compiled for `f32` storage only
-/// ([`KvElem::ON_PORTABLE`]): the other types reach it widened (`dispatch`). Forward and backward
-/// both enter through it; the caller's module must have `KvElem`, `Isa`, `Precision` and the
-/// argument types in scope.
-macro_rules! isa_entries {
-    ($run:ident $(<$e:ident>)? ($($arg:ident: $ty:ty),*)) => {
-        /// The per-ISA entry points (see `isa_entries!`).
-        mod entry {
-            use super::*;
-
-            /// The entry point for `isa` (which must be available) and products in `compute`,
-            /// and its vector width.
-            pub fn of$(<$e: KvElem>)?(isa: Isa, compute: Precision) -> (unsafe fn($($ty),*), usize) {
-                #[cfg(target_arch = "x86_64")]
-                if isa == Isa::Avx512 && compute == Precision::Bf16 && Isa::has_avx512_bf16() {
-                    return (avx512_bf16$(::<$e>)?, 16);
-                }
-                match isa {
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => (avx512$(::<$e>)?, 16),
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => (avx2$(::<$e>)?, 8),
-                    #[cfg(not(target_arch = "x86_64"))]
-                    Isa::Avx512 | Isa::Avx2 => unreachable!("x86 instruction sets are never available here"),
-                    // A branch on the constant, so that only `f32`'s is compiled.
-                    Isa::Portable => if true $(&& <$e as KvElem>::ON_PORTABLE)? {
-                        (portable$(::<$e>)?, 8)
-                    } else {
-                        unreachable!("f16 and bf16 reach the portable kernel widened to f32")
-                    },
-                }
-            }
-
-            /// # Safety
-            /// The CPU supports AVX-512F; otherwise as for the inlined function.
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx512f")]
-            pub unsafe fn avx512$(<$e: KvElem>)?($($arg: $ty),*) {
-                // SAFETY: forwarded from the caller.
-                unsafe { $run::<crate::flash::simd::Avx512 $(, $e)?>($($arg),*) }
-            }
-
-            /// # Safety
-            /// The CPU supports AVX-512F and AVX512-BF16; otherwise as for the inlined function.
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx512f,avx512bf16")]
-            pub unsafe fn avx512_bf16$(<$e: KvElem>)?($($arg: $ty),*) {
-                // SAFETY: forwarded from the caller.
-                unsafe { $run::<crate::flash::simd::Avx512Bf16 $(, $e)?>($($arg),*) }
-            }
-
-            /// # Safety
-            /// The CPU supports AVX2, FMA and F16C; otherwise as for the inlined function.
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            pub unsafe fn avx2$(<$e: KvElem>)?($($arg: $ty),*) {
-                // SAFETY: forwarded from the caller.
-                unsafe { $run::<crate::flash::simd::Avx2 $(, $e)?>($($arg),*) }
-            }
-
-            /// # Safety
-            /// As for the inlined function.
-            pub unsafe fn portable$(<$e: KvElem>)?($($arg: $ty),*) {
-                // SAFETY: forwarded from the caller.
-                unsafe { $run::<crate::flash::simd::Portable $(, $e)?>($($arg),*) }
-            }
-        }
-    };
-}
+//! micro-kernels (`micro`), written once over `simd::Simd` and run through the SIMD layer's one
+//! dispatch (`simd::SimdJob`).
 
 mod backward;
 mod block;
@@ -104,7 +27,6 @@ mod pairs;
 mod plan;
 mod row_masks;
 mod scores;
-pub(crate) mod simd;
 mod softcap;
 mod split;
 mod tile_products;
@@ -114,10 +36,10 @@ use rayon::prelude::*;
 
 use crate::amx::{TileChoice, TileUnit};
 use crate::error::Result;
-use crate::isa::Isa;
 use crate::merge::{fold_sink_rows, SinkRows};
 use crate::problem::{Dims, Precision, Problem};
 use crate::reference::AttnOutput;
+use crate::simd::{Isa, KvElem, Simd, SimdJob, Target};
 use crate::view::View4;
 pub(crate) use backward::backward;
 pub use backward::BackwardTuning;
@@ -125,11 +47,30 @@ use block::{Ctx, Job, Outs, Rest, Work};
 use forward::run;
 use plan::Plan;
 pub use plan::{decodes, Path, Tuning, BLOCK_ROWS, BLOCK_ROWS_STREAMING, DECODE_ROWS, MIN_SHARD_KEYS, PACK_BUDGET};
-use simd::KvElem;
 pub(crate) use softcap::softcap_any;
 
-/// One block of query rows through the forward, compiled for one instruction set (an entry point).
-type BlockFn<E> = unsafe fn(&Ctx<E>, Option<&[f32]>, &Job, Outs, &mut Work);
+/// One block of query rows through the forward (`forward::run`) as a job for the call's
+/// instruction set.
+struct Block<'a, 'c, E> {
+    cx: &'a Ctx<'c, E>,
+    panels: Option<&'a [f32]>,
+    job: &'a Job,
+    outs: Outs<'a>,
+    w: &'a mut Work,
+}
+
+impl<E: KvElem> SimdJob for Block<'_, '_, E> {
+    type Out = ();
+    const ON_PORTABLE: bool = E::ON_PORTABLE;
+    const ON_AVX512_BF16: bool = true;
+
+    #[inline(always)]
+    unsafe fn run<S: Simd>(self) {
+        // SAFETY: the CPU has `S` (the caller's contract); `forward` below gives each block the
+        // packing of its head for the target's lanes, which are `S::W`.
+        unsafe { run::<S, E>(self.cx, self.panels, self.job, self.outs, self.w) }
+    }
+}
 
 /// Flash attention with instruction set `isa` (which must be available). `q: [B, Hq, Lq, Dk]`,
 /// `k: [B, Hkv, Lk, Dk]`, `v: [B, Hkv, Lk, Dv]`, validated into `pb`; returns `out: [B, Hq, Lq, Dv]`,
@@ -144,8 +85,8 @@ pub(crate) fn forward<E: KvElem>(
     want_weights: bool,
     tuning: Tuning,
 ) -> Result<AttnOutput<f32>> {
-    assert!(isa.is_available(), "flash kernel entered without {isa:?} support");
-    let (run, w) = entry::of::<E>(isa, pb.compute);
+    let target = Target::new(isa, pb.compute);
+    let w = target.lanes();
     let d = pb.dims;
     let AttnOutput { mut out, mut lse, mut lse_residue, mut weights, .. } =
         AttnOutput::alloc(&d, want_weights, f32::NEG_INFINITY)?;
@@ -173,16 +114,15 @@ pub(crate) fn forward<E: KvElem>(
             let hh = first + x;
             pack::pack_head(k, v, hh / d.hkv, hh % d.hkv, w, pb.compute, p);
         });
-        let panels_of = |job: &Job| (!plan.decode).then(|| &panels[(job.b * d.hkv + job.kvh - first) * plen..][..plen]);
+        let block = |job: &Job, outs: Outs, w: &mut Work| {
+            let panels = (!plan.decode).then(|| &panels[(job.b * d.hkv + job.kvh - first) * plen..][..plen]);
+            target.run(Block { cx: &cx, panels, job, outs, w })
+        };
         let chunk_outs: Vec<(Job, Outs)> = chunk.iter().map(|j| (j.clone(), outs.take(j.rows(), d.dv, d.lk))).collect();
         if plan.shards == 1 {
-            chunk_outs.into_par_iter().for_each_init(Work::default, |w, (job, o)| {
-                // SAFETY: `isa` is available (asserted above); panels belong to the job's head.
-                unsafe { run(&cx, panels_of(&job), &job, o, w) }
-            });
+            chunk_outs.into_par_iter().for_each_init(Work::default, |w, (job, o)| block(&job, o, w));
         } else {
-            // SAFETY: as above.
-            unsafe { split::run_split(&cx, run, &panels_of, chunk_outs, plan.shards, d.lk, d.dv) }?;
+            split::run_split(&block, chunk_outs, plan.shards, d.lk, d.dv)?;
         }
         workspace::give(panels);
     }
@@ -204,11 +144,11 @@ fn tile_unit(choice: TileChoice, compute: Precision, decode: bool, d: &Dims, w: 
 /// Whether a call of sizes `d` with `compute` products, on the flash kernel of `isa` and its
 /// automatic plan, runs its forward products on the CPU's AMX tiles (what `attn bench` reports).
 pub fn runs_on_amx(isa: Isa, compute: Precision, d: &Dims) -> bool {
-    let w = if isa == Isa::Avx512 { 16 } else { 8 };
-    tile_unit(TileChoice::Auto, compute, decodes(d), d, w) == Some(TileUnit::Hardware)
+    isa.is_available() && {
+        let w = Target::new(isa, compute).lanes();
+        tile_unit(TileChoice::Auto, compute, decodes(d), d, w) == Some(TileUnit::Hardware)
+    }
 }
-
-isa_entries!(run<E>(cx: &Ctx<E>, panels: Option<&[f32]>, job: &Job, outs: Outs, w: &mut Work));
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use super::block::{Work, LDS};
 use super::forward::tiles::Seg;
-use super::simd::KvElem;
+use crate::simd::KvElem;
 use crate::view::View4;
 
 /// Keys of the tile `segs` outside each segment's clean columns (`w.clean`, as [`scores`] left

@@ -12,9 +12,11 @@
 
 use std::ops::Range;
 
-use super::simd::KvElem;
 use crate::prefetch;
 use crate::problem::{Dims, Precision};
+use crate::simd::KvElem;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{Isa, Simd, SimdJob, Target};
 use crate::view::View4;
 
 /// Floats needed for the panels of `lk` keys of dimension `dk` with vector width `w`
@@ -47,9 +49,8 @@ fn pack_panels<E: KvElem>(
     streaming: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if w == 16 && k.dims()[3] > 0 && crate::isa::Isa::Avx512.is_available() && E::as_f32(&[]).is_some() {
-        // SAFETY: AVX-512F is present (checked).
-        return unsafe { pack_f32_avx512(k, b, h, keys, out, streaming) };
+    if w == 16 && k.dims()[3] > 0 && Isa::Avx512.is_available() && E::as_f32(&[]).is_some() {
+        return Target::new(Isa::Avx512, Precision::F32).run(PackF32 { k, b, h, keys, out, streaming });
     }
     // Only the AVX-512 panels stream; the loop stores as it always did.
     let _ = streaming;
@@ -79,57 +80,67 @@ fn pack_each<E: KvElem>(k: &View4<E>, b: usize, h: usize, keys: Range<usize>, w:
 /// [`pack_keys`] of `f32` keys into panels of 32 (AVX-512's `2·W`), each half of a panel (16 keys)
 /// transposed 16 × 16 values at a time (`Simd::transpose_rows` with its slots 32 apart, or with
 /// `streaming` its streaming-store form where it applies), the slots of keys beyond `keys.end` (in
-/// the last panel only) set to zero; the same values in the same places as the loop.
-///
-/// # Safety
-/// The CPU supports AVX-512F; `E` is `f32` (`KvElem::as_f32` gives its rows); `Dk > 0`.
+/// the last panel only) set to zero; the same values in the same places as the loop. A job for
+/// AVX-512 only; `E` is `f32` (`KvElem::as_f32` gives its rows) and `Dk > 0`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn pack_f32_avx512<E: KvElem>(
-    k: &View4<E>,
+struct PackF32<'a, E> {
+    k: &'a View4<'a, E>,
     b: usize,
     h: usize,
     keys: Range<usize>,
-    out: &mut [f32],
+    out: &'a mut [f32],
     streaming: bool,
-) {
-    use super::simd::{transpose_rows_streaming, Avx512, Simd};
-    const HALF: usize = 16;
-    let dk = k.dims()[3];
-    let streaming = streaming && dk.is_multiple_of(HALF) && (out.as_ptr() as usize).is_multiple_of(64);
-    for (p, panel) in out.chunks_exact_mut(2 * HALF * dk).enumerate() {
-        for half in 0..2 {
-            let j0 = keys.start + (2 * p + half) * HALF;
-            let n = keys.end.saturating_sub(j0).min(HALF);
-            let mut rows: [&[f32]; HALF] = [&[]; HALF];
-            for (c, row) in rows[..n].iter_mut().enumerate() {
-                *row = E::as_f32(k.row(b, h, j0 + c)).expect("f32 keys (the caller's contract)");
-            }
-            // The next half's keys asked for now arrive while this one is transposed (read once,
-            // from memory, and in a packed call's keys `Hkv·Dk` apart).
-            for j in (j0 + HALF..keys.end).take(HALF) {
-                prefetch::lines::<{ prefetch::L1 }, _>(k.row(b, h, j));
-            }
-            let slots = &mut panel[half * HALF..];
-            if streaming && n == HALF {
-                // SAFETY: AVX-512F is present; 16 rows of `Dk` values (a multiple of 16), slots 32
-                // apart inside the panel of `32·Dk`, whose halves start on cache lines (`out` does
-                // and a panel is `128·Dk` bytes).
-                unsafe { transpose_rows_streaming(&rows, dk, slots.as_mut_ptr(), 2 * HALF) };
-                continue;
-            }
-            // SAFETY: AVX-512F is present (the caller's contract); `n ≤ 16` rows of `Dk` values
-            // each, slots 32 apart from the half's first column inside the panel of `32·Dk`.
-            unsafe { Avx512::<false>::transpose_rows(&rows[..n], dk, slots, 2 * HALF) };
-            if n < HALF {
-                (0..dk).for_each(|t| slots[t * 2 * HALF + n..][..HALF - n].fill(0.0));
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<E: KvElem> SimdJob for PackF32<'_, E> {
+    type Out = ();
+    const ON_PORTABLE: bool = false;
+    const ON_AVX2: bool = false;
+
+    #[inline(always)]
+    unsafe fn run<S: Simd>(self) {
+        use crate::simd::transpose_rows_streaming;
+        const HALF: usize = 16;
+        debug_assert_eq!(S::W, HALF);
+        let PackF32 { k, b, h, keys, out, streaming } = self;
+        let dk = k.dims()[3];
+        let streaming = streaming && dk.is_multiple_of(HALF) && (out.as_ptr() as usize).is_multiple_of(64);
+        for (p, panel) in out.chunks_exact_mut(2 * HALF * dk).enumerate() {
+            for half in 0..2 {
+                let j0 = keys.start + (2 * p + half) * HALF;
+                let n = keys.end.saturating_sub(j0).min(HALF);
+                let mut rows: [&[f32]; HALF] = [&[]; HALF];
+                for (c, row) in rows[..n].iter_mut().enumerate() {
+                    *row = E::as_f32(k.row(b, h, j0 + c)).expect("f32 keys (the caller's contract)");
+                }
+                // The next half's keys asked for now arrive while this one is transposed (read once,
+                // from memory, and in a packed call's keys `Hkv·Dk` apart).
+                for j in (j0 + HALF..keys.end).take(HALF) {
+                    prefetch::lines::<{ prefetch::L1 }, _>(k.row(b, h, j));
+                }
+                let slots = &mut panel[half * HALF..];
+                if streaming && n == HALF {
+                    // SAFETY: AVX-512F is present (the job runs on AVX-512 only); 16 rows of `Dk`
+                    // values (a multiple of 16), slots 32 apart inside the panel of `32·Dk`, whose halves start on cache lines (`out` does
+                    // and a panel is `128·Dk` bytes).
+                    unsafe { transpose_rows_streaming(&rows, dk, slots.as_mut_ptr(), 2 * HALF) };
+                    continue;
+                }
+                // SAFETY: the CPU has `S` (the caller's contract); `n ≤ 16` rows of `Dk` values
+                // each, slots 32 apart from the half's first column inside the panel of `32·Dk`.
+                unsafe { S::transpose_rows(&rows[..n], dk, slots, 2 * HALF) };
+                if n < HALF {
+                    (0..dk).for_each(|t| slots[t * 2 * HALF + n..][..HALF - n].fill(0.0));
+                }
             }
         }
-    }
-    if streaming {
-        // The streaming stores are weakly ordered: fenced here, they are visible before the
-        // pool's join publishes the panels to the other threads.
-        std::arch::x86_64::_mm_sfence();
+        if streaming {
+            // The streaming stores are weakly ordered: fenced here, they are visible before the
+            // pool's join publishes the panels to the other threads.
+            // SAFETY: SSE is part of x86-64's baseline.
+            unsafe { std::arch::x86_64::_mm_sfence() };
+        }
     }
 }
 
@@ -219,7 +230,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx512_panels_match_the_loop() {
-        if !crate::isa::Isa::Avx512.is_available() {
+        if !crate::simd::Isa::Avx512.is_available() {
             return;
         }
         for dk in [1, 15, 16, 17, 64, 100] {

@@ -8,7 +8,7 @@
 //! ties to even, NaN kept), the scalar tails `half`'s, the same.
 
 use super::pack::pair;
-use super::simd::{KvElem, Simd};
+use crate::simd::{KvElem, Simd};
 
 /// `dst` row `u` (stride `ldd`, `⌈rows/2⌉` rows) = rows `2u` and `2u + 1` of `src` (stride `lds`,
 /// `rows` rows; the row after an odd last one reads as 0) rounded to bfloat16 and paired per
@@ -112,7 +112,7 @@ pub unsafe fn pair_keys<S: Simd>(
 mod tests {
     use super::transpose_pairs;
     use crate::flash::pack::pair;
-    use crate::flash::simd::{KvElem, Portable, Simd};
+    use crate::simd::{KvElem, Portable, Simd};
 
     /// What `transpose_pairs` must write, one value at a time by `half`'s rounding.
     fn each(rows: &[&[f32]], d: usize, out: &mut [f32], ld: usize) {
@@ -168,8 +168,8 @@ mod tests {
             matches_the_rule::<Portable>();
             #[cfg(target_arch = "x86_64")]
             {
-                use crate::flash::simd::{Avx2, Avx512};
-                use crate::isa::Isa;
+                use crate::simd::Isa;
+                use crate::simd::{Avx2, Avx512};
                 if Isa::Avx2.is_available() {
                     matches_the_rule::<Avx2>();
                 }

@@ -4,7 +4,7 @@
 //! `select_bits`); a keep row that allows the whole tile costs one byte search. Each returns
 //! whether it masked a key of the tile.
 
-use super::simd::Simd;
+use crate::simd::Simd;
 use crate::sparse::{TileWords, TILE_BITS};
 
 /// Sets to −∞ the scores of `row` (whole vectors) whose bit in `words` (a block mask's

@@ -14,10 +14,10 @@ use super::block::{qk_chunks, rows_per_call, with_rows, Ctx, Job, Work, LDS};
 use super::forward::tiles::{tile_columns, Seg};
 use super::micro::{qk_panel, qk_rows, Bf16Pairs, Fma};
 use super::row_masks::{add_bias, apply_keep, select_kept};
-use super::simd::{KvElem, Simd};
 use super::softcap::softcap_row;
 use super::tile_products::{on_unit, qk};
 use crate::problem::{Precision, Problem};
+use crate::simd::{KvElem, Simd};
 use crate::sparse::{BlockMask, TileBlocks, TileSeg, SPARSE_BLOCK};
 
 /// Scaled (and soft-capped, biased) scores of every row of `job` against the keys of the tile

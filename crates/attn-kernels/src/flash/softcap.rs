@@ -4,8 +4,8 @@
 //! CPU, which the [`Softcap`](crate::score_mod::Softcap) score modification calls so that it
 //! computes, element for element, what the built-in soft-cap computes.
 
-use super::simd::{tanh, Portable, Simd};
-use crate::isa::Isa;
+use crate::problem::Precision;
+use crate::simd::{tanh, Isa, Simd, SimdJob, Target};
 
 /// `row[c] = cap · tanh(row[c] / cap)` in place, and with `dcap`, `dcap[c] = 1 − tanh²` there.
 ///
@@ -39,34 +39,24 @@ fn derivative(row: &[f32], cap: f32, dcap: &mut [f32]) {
 /// [`softcap_row`] on a row of any length (the tail through a padded copy), on the best
 /// instruction set of this CPU.
 pub(crate) fn softcap_any(row: &mut [f32], cap: f32, dcap: Option<&mut [f32]>) {
-    match Isa::best() {
-        // SAFETY: the instruction set is available (`Isa::best`).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { softcap_avx512(row, cap, dcap) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { softcap_avx2(row, cap, dcap) },
-        // SAFETY: portable code runs anywhere.
-        _ => unsafe { softcap_padded::<Portable>(row, cap, dcap) },
+    Target::new(Isa::best(), Precision::F32).run(Padded { row, cap, dcap })
+}
+
+/// [`softcap_any`]'s arguments as a job.
+struct Padded<'a> {
+    row: &'a mut [f32],
+    cap: f32,
+    dcap: Option<&'a mut [f32]>,
+}
+
+impl SimdJob for Padded<'_> {
+    type Out = ();
+
+    #[inline(always)]
+    unsafe fn run<S: Simd>(self) {
+        // SAFETY: forwarded from the caller.
+        unsafe { softcap_padded::<S>(self.row, self.cap, self.dcap) }
     }
-}
-
-/// # Safety
-/// The CPU supports AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn softcap_avx512(row: &mut [f32], cap: f32, dcap: Option<&mut [f32]>) {
-    // SAFETY: forwarded from the caller.
-    unsafe { softcap_padded::<super::simd::Avx512>(row, cap, dcap) }
-}
-
-/// # Safety
-/// The CPU supports AVX2, FMA and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn softcap_avx2(row: &mut [f32], cap: f32, dcap: Option<&mut [f32]>) {
-    // SAFETY: forwarded from the caller.
-    unsafe { softcap_padded::<super::simd::Avx2>(row, cap, dcap) }
 }
 
 /// # Safety

@@ -5,25 +5,16 @@
 
 use rayon::prelude::*;
 
-use super::block::{Ctx, Job, Outs, Rest, Work};
+use super::block::{Job, Outs, Rest, Work};
 use super::plan::shard_ranges;
-use super::simd::KvElem;
-use super::BlockFn;
 use crate::alloc::{self, AllocError};
 use crate::merge::merge_row;
 
 /// Runs each of `jobs` (with its output rows) as `shards` key ranges of `0..lk` into temporary
-/// partials `[rows, dv]`, then merges them into the jobs' outputs; refuses partials too large to
-/// allocate.
-///
-/// # Safety
-/// This CPU has the instruction set of `run` (one of the entry points), and `panels_of` gives each
-/// job the packing of its `(b, kvh)` for that instruction set in the prefill path (`None` in the
-/// decode path).
-pub(super) unsafe fn run_split<'p, E: KvElem>(
-    cx: &Ctx<E>,
-    run: BlockFn<E>,
-    panels_of: &(dyn Fn(&Job) -> Option<&'p [f32]> + Sync),
+/// partials `[rows, dv]` through `block` (one block of the forward on the call's instruction
+/// set), then merges them into the jobs' outputs; refuses partials too large to allocate.
+pub(super) fn run_split(
+    block: &(impl Fn(&Job, Outs, &mut Work) + Sync),
     jobs: Vec<(Job, Outs)>,
     shards: usize,
     lk: usize,
@@ -41,11 +32,7 @@ pub(super) unsafe fn run_split<'p, E: KvElem>(
             tasks.push((Job { keys: r.clone(), ..j.clone() }, rest.take(j.rows(), dv, 0)));
         }
     }
-    tasks.into_par_iter().for_each_init(Work::default, |w, (job, o)| {
-        // SAFETY: `run`'s instruction set is available and `panels_of` gives the job's panels
-        // (the caller's contract).
-        unsafe { run(cx, panels_of(&job), &job, o, w) }
-    });
+    tasks.into_par_iter().for_each_init(Work::default, |w, (job, o)| block(&job, o, w));
     let mut offsets = Vec::with_capacity(jobs.len());
     jobs.iter().fold(0, |acc, (j, _)| {
         offsets.push(acc);

@@ -20,8 +20,8 @@ use std::ops::Range;
 use super::block::TileWork;
 use super::forward::tiles::Seg;
 use super::pack::pair;
-use super::simd::KvElem;
 use crate::amx::{Tiles, TILE_ROWS, TILE_SLOTS};
+use crate::simd::KvElem;
 
 /// Rows per block: two tiles.
 const BLOCK: usize = 2 * TILE_ROWS;

@@ -24,7 +24,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::chunk::{axpy, dot, on_isa, prefetch, prefetch_rows, Keys};
+use super::chunk::{axpy, dot, prefetch, prefetch_rows, spread_on_isa, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
 use super::segment::Plan;
@@ -32,9 +32,9 @@ use super::{check_len, check_out, head, validate, FeatureMap, LinearDims, Linear
 use crate::alloc;
 use crate::error::Result;
 use crate::grad::AttnGrads;
-use crate::isa::Isa;
 use crate::lines::Lines;
 use crate::reference::Real;
+use crate::simd::Isa;
 use crate::view::View4;
 
 mod causal;
@@ -260,13 +260,13 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
             if p.causal {
                 w.states = kept.lock().ok().and_then(|mut k| k.pop()).unwrap_or_default();
                 w.states.try_resize_for_overwrite(STATES, &states, T::zero())?;
-                on_isa(
+                spread_on_isa(
                     isa,
                     #[inline(always)]
                     || key_states(&head(0), w),
                 );
             } else {
-                on_isa(
+                spread_on_isa(
                     isa,
                     #[inline(always)]
                     || all_keys(&head(0), w),
@@ -275,7 +275,7 @@ fn backward<T: Real>(d: &LinearDims, p: &LinearParams, inputs: Inputs<T>, g: Gra
             for (gi, dq) in dq.chunks_exact_mut(d.lq * d.d).enumerate() {
                 let hd = head(gi);
                 let acc = Acc { dq, dk: &mut *dk, dv: &mut *dvo, base: 0, fresh: gi == 0 };
-                on_isa(
+                spread_on_isa(
                     isa,
                     #[inline(always)]
                     || if p.causal { causal(&hd, w, acc) } else { global(&hd, w, acc) },

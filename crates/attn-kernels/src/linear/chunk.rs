@@ -5,9 +5,9 @@ use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
 use super::transpose::transpose;
 use super::{head, FeatureMap, LinearDims, LinearParams};
-use crate::isa::Isa;
 use crate::lines::Lines;
 use crate::reference::Real;
+use crate::simd::Isa;
 use crate::view::View4;
 
 /// One key/value head as a query head reads it: its keys mapped chunk by chunk
@@ -133,7 +133,7 @@ pub(crate) fn tril_products<T: Real>(
 /// between their products (a burst of them all waits for the CPU's miss buffers), so that reading
 /// them from memory overlaps the current chunk's work rather than stalling the next chunk's first
 /// loads (see docs/performance-log.md, "attn-kernels/src/linear/chunk.rs: prefetch"). Inside
-/// [`on_isa`] the lines are queued and asked for one per step of the products
+/// [`spread_on_isa`] the lines are queued and asked for one per step of the products
 /// ([`Spread`](crate::prefetch::Spread)). A hint that changes no result; nothing off x86-64 nor on
 /// Intel CPUs ([`prefetches`]).
 #[inline(always)]
@@ -182,37 +182,9 @@ fn prefetches() -> bool {
 /// for the baseline instruction set, with all it inlines (the backward's key-state pass and
 /// feature-map Jacobians ran on 4-lane SSE so).
 #[inline(always)]
-pub(crate) fn on_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+pub(crate) fn spread_on_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     let _spread = crate::prefetch::Spread::start();
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller chose `isa` among the available ones (`Isa::best`).
-        Isa::Avx512 => unsafe { on_avx512(f) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { on_avx2(f) },
-        _ => f(),
-    }
-}
-
-/// `f()` compiled for AVX-512F.
-///
-/// # Safety
-/// The CPU has AVX-512F and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn on_avx512<R>(f: impl FnOnce() -> R) -> R {
-    f()
-}
-
-/// `f()` compiled for AVX2 with FMA.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn on_avx2<R>(f: impl FnOnce() -> R) -> R {
-    f()
+    crate::simd::on_isa(isa, f)
 }
 
 /// Independent partial sums of [`dot`] and [`sum`]: a vector's worth, so that the compiler can

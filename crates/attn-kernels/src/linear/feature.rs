@@ -14,8 +14,8 @@ use super::favor::FavorFeatures;
 use super::gemm::{as_f32, as_f32_mut, gemm, Lhs};
 use super::vector::exp_scaled_f32;
 use crate::error::{AttnError, Result};
-use crate::isa::Isa;
 use crate::reference::Real;
+use crate::simd::Isa;
 use crate::view::View4;
 
 use super::head;

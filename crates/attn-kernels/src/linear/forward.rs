@@ -19,16 +19,16 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, ahead, dot, on_isa, prefetch, sum, tril_products, Keys};
+use super::chunk::{add_rows, ahead, dot, prefetch, spread_on_isa, sum, tril_products, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
 use super::segment::{key_prefixes, key_state, key_totals, Plan};
 use super::{check_len, validate, LinearDims, LinearParams};
 use crate::alloc;
 use crate::error::Result;
-use crate::isa::Isa;
 use crate::lines::Lines;
 use crate::reference::Real;
+use crate::simd::Isa;
 use crate::view::View4;
 
 /// Linear attention of `q: [B, Hq, Lq, D]` over `k: [B, Hkv, Lk, D]`, `v: [B, Hkv, Lk, Dv]`:
@@ -80,7 +80,7 @@ fn forward<T: Real>(d: &LinearDims, p: &LinearParams, (q, k, v): (View4<T>, View
             let mut outs: Vec<_> = o.chunks_exact_mut(d.lq * d.dv).collect();
             let heads = heads_of(&q, keys, group);
             w.clear_state();
-            on_isa(
+            spread_on_isa(
                 isa,
                 #[inline(always)]
                 || {
@@ -123,7 +123,7 @@ fn segmented<T: Real>(
             |w, (i, mut outs)| {
                 w.st.copy_from_slice(&init[i * width..][..width]);
                 let heads = heads_of(q, keys[i / plan.segs], group);
-                on_isa(
+                spread_on_isa(
                     isa,
                     #[inline(always)]
                     || causal(isa, d, p, &heads, w, plan.rows(i % plan.segs), &mut outs),
@@ -140,7 +140,7 @@ fn segmented<T: Real>(
             let (b, h) = (bh / d.hq, bh % d.hq);
             let kh = b * d.hkv + h / group;
             w.st.copy_from_slice(&init[kh * width..][..width]);
-            on_isa(
+            spread_on_isa(
                 isa,
                 #[inline(always)]
                 || queries(isa, d, p, Head { q, b, h, keys: keys[kh] }, w, plan.rows(s), o),

@@ -1,15 +1,15 @@
 //! The small dense products the chunked linear-attention kernels are made of, `O += A·B` (or
 //! `O = A·B`, [`Lhs::write`]: no clearing pass before it) with `A` read either row-major (`[m, k]`)
 //! or transposed (`[k, m]`), where `A` may be triangular (its zeros skipped) or only the lower
-//! triangle of `O` wanted ([`Part`]). `f32` on AVX-512F or AVX2
-//! runs the vector micro-kernel (`micro`: 6 rows × up to 64 columns in registers); `f64` and the
-//! portable path run plain loops over 4 × 32 register blocks that the compiler vectorises.
+//! triangle of `O` wanted ([`Part`]). `f32` on AVX-512F or AVX2 runs the vector micro-kernel
+//! (`micro`: 6 rows × up to 64 columns in registers); `f64` and the portable path run plain loops over 4 × 32 register blocks that the compiler vectorises.
 
 use std::any::TypeId;
 
 use super::micro::gemm_f32;
-use crate::isa::Isa;
+use crate::problem::Precision;
 use crate::reference::Real;
+use crate::simd::{Isa, Simd, SimdJob, Target};
 
 /// Rows of `O` per register block.
 const R: usize = 4;
@@ -118,25 +118,46 @@ pub(crate) fn gemm<T: Real>(
     // Every index the kernels read or write, checked once here.
     assert!(a.a.len() > (m - 1) * a.row + (k - 1) * a.col, "A too short");
     assert!(b.len() >= (k - 1) * ldb + n && o.len() >= (m - 1) * ldo + n, "B or O too short");
-    #[cfg(target_arch = "x86_64")]
-    if let (Some(a32), Some(b32), Some(o32)) = (as_f32(a.a), as_f32(b), as_f32_mut(o)) {
-        let a32 = Lhs { a: a32, row: a.row, col: a.col, part: a.part, write: a.write };
-        match isa {
-            // SAFETY: the caller chose `isa` among the available ones; the bounds are checked above.
-            Isa::Avx512 => return unsafe { f32_avx512(m, n, k, a32, b32, ldb, o32, ldo) },
-            // SAFETY: as above.
-            Isa::Avx2 => return unsafe { f32_avx2(m, n, k, a32, b32, ldb, o32, ldo) },
-            Isa::Portable => {}
+    Target::new(isa, Precision::F32).run(Gemm { m, n, k, a, b, ldb, o, ldo });
+}
+
+/// [`gemm`]'s operands (checked) as a job: `f32` on a vector instruction set runs the micro-kernel
+/// ([`f32_body`]: 6 rows × `S::PV_VECTORS` vectors per tile, 24 accumulators of AVX-512's 32
+/// registers, 12 of the 16 of AVX2), everything else [`body`]'s loops, compiled for the
+/// instruction set.
+struct Gemm<'a, T> {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Lhs<'a, T>,
+    b: &'a [T],
+    ldb: usize,
+    o: &'a mut [T],
+    ldo: usize,
+}
+
+impl<T: Real> SimdJob for Gemm<'_, T> {
+    type Out = ();
+
+    #[inline(always)]
+    unsafe fn run<S: Simd>(self) {
+        let Gemm { m, n, k, a, b, ldb, o, ldo } = self;
+        // A branch on the constant: the portable instance has neither fused multiply-adds nor
+        // the micro-kernel.
+        if !S::FMA {
+            return body::<T, false>(m, n, k, a, b, ldb, o, ldo);
         }
-    }
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller chose `isa` among the available ones (`Isa::is_available`).
-        Isa::Avx512 => unsafe { gemm_avx512(m, n, k, a, b, ldb, o, ldo) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { gemm_avx2(m, n, k, a, b, ldb, o, ldo) },
-        _ => body::<T, false>(m, n, k, a, b, ldb, o, ldo),
+        if let (Some(a32), Some(b32), Some(o32)) = (as_f32(a.a), as_f32(b), as_f32_mut(o)) {
+            let a32 = Lhs { a: a32, row: a.row, col: a.col, part: a.part, write: a.write };
+            // SAFETY: the CPU has `S` (the caller's contract); `gemm` checked the bounds.
+            return unsafe {
+                match S::PV_VECTORS {
+                    4 => f32_body::<S, 6, 4>(m, n, k, a32, b32, ldb, o32, ldo),
+                    _ => f32_body::<S, 6, 2>(m, n, k, a32, b32, ldb, o32, ldo),
+                }
+            };
+        }
+        body::<T, true>(m, n, k, a, b, ldb, o, ldo)
     }
 }
 
@@ -144,10 +165,9 @@ pub(crate) fn gemm<T: Real>(
 ///
 /// # Safety
 /// The CPU has `S`'s instruction set; the operands hold the sizes (as [`gemm`] checks).
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn f32_body<S: crate::flash::simd::Simd, const RB: usize, const NV: usize>(
+unsafe fn f32_body<S: Simd, const RB: usize, const NV: usize>(
     m: usize,
     n: usize,
     k: usize,
@@ -163,53 +183,6 @@ unsafe fn f32_body<S: crate::flash::simd::Simd, const RB: usize, const NV: usize
         // SAFETY: forwarded from the caller; the spans stay within `m × n × k`.
         unsafe { gemm_f32::<S, RB, NV>(m, (p0, KB.min(k - p0)), span, a.write, ap, bp, op) };
     }
-}
-
-/// [`f32_body`] on AVX-512F, tiles of 6 rows × up to 64 columns (24 accumulators of the 32 registers).
-///
-/// # Safety
-/// The CPU has AVX-512F; the operands hold the sizes.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn f32_avx512(m: usize, n: usize, k: usize, a: Lhs<f32>, b: &[f32], ldb: usize, o: &mut [f32], ldo: usize) {
-    // SAFETY: forwarded from the caller.
-    unsafe { f32_body::<crate::flash::simd::Avx512, 6, 4>(m, n, k, a, b, ldb, o, ldo) }
-}
-
-/// [`f32_body`] on AVX2 with FMA, tiles of 6 rows × up to 16 columns (12 accumulators of the 16
-/// registers).
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C; the operands hold the sizes.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn f32_avx2(m: usize, n: usize, k: usize, a: Lhs<f32>, b: &[f32], ldb: usize, o: &mut [f32], ldo: usize) {
-    // SAFETY: forwarded from the caller.
-    unsafe { f32_body::<crate::flash::simd::Avx2, 6, 2>(m, n, k, a, b, ldb, o, ldo) }
-}
-
-/// [`body`] compiled for AVX-512F.
-///
-/// # Safety
-/// The CPU has AVX-512F and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_avx512<T: Real>(m: usize, n: usize, k: usize, a: Lhs<T>, b: &[T], ldb: usize, o: &mut [T], ldo: usize) {
-    body::<T, true>(m, n, k, a, b, ldb, o, ldo)
-}
-
-/// [`body`] compiled for AVX2 with FMA.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_avx2<T: Real>(m: usize, n: usize, k: usize, a: Lhs<T>, b: &[T], ldb: usize, o: &mut [T], ldo: usize) {
-    body::<T, true>(m, n, k, a, b, ldb, o, ldo)
 }
 
 /// `a·b + c`, fused when `FMA` (only instantiated where the CPU has it: otherwise `mul_add` would

@@ -8,7 +8,7 @@
 //! "attn-kernels/src/linear/micro.rs: module doc").
 
 use super::gemm::Span;
-use crate::flash::simd::Simd;
+use crate::simd::Simd;
 
 /// Rows of the block that takes what is left after the tiles of `RB` rows.
 const R: usize = 4;

@@ -10,8 +10,8 @@ use super::{check_out, validate, LinearDims, LinearParams};
 use crate::alloc;
 use crate::error::Result;
 use crate::grad::AttnGrads;
-use crate::isa::Isa;
 use crate::reference::Real;
+use crate::simd::Isa;
 use crate::view::View4;
 
 /// The features of one head's queries and valid keys, and its sizes.

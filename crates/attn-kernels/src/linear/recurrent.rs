@@ -8,8 +8,8 @@
 use super::feature::{favor_logits, Stab};
 use super::{validate, FeatureMap, LinearParams};
 use crate::error::{AttnError, Result};
-use crate::isa::Isa;
 use crate::reference::Real;
+use crate::simd::Isa;
 use crate::view::View4;
 
 /// The decoding state of causal linear attention.

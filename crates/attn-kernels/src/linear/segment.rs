@@ -26,11 +26,11 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, ahead, on_isa, Keys};
+use super::chunk::{add_rows, ahead, spread_on_isa, Keys};
 use super::gemm::{gemm, Lhs};
 use super::{FeatureMap, LinearDims, LinearParams};
-use crate::isa::Isa;
 use crate::reference::Real;
+use crate::simd::Isa;
 
 /// The share of a chunk's work that phase 1 repeats (its state product `φ(K_c)ᵀV_c`, one of the
 /// forward's three `C·F·Dv`-sized products at `C = F = Dv`).
@@ -213,7 +213,7 @@ pub(crate) fn key_prefixes<T: Real>(
         |fk, (i, st)| {
             let (kh, s, j) = (i / ((segs - 1) * parts), i / parts % (segs - 1), i % parts);
             let rows = plan.block(s, j);
-            on_isa(
+            spread_on_isa(
                 isa,
                 #[inline(always)]
                 || key_state(isa, p.map, d, &keys[kh], rows, p.chunk, fk, st),
@@ -238,7 +238,7 @@ pub(crate) fn key_totals<T: Real>(isa: Isa, plan: &Plan, p: &LinearParams, d: &L
     parts.par_chunks_mut(width).enumerate().for_each_init(
         || vec![T::zero(); p.chunk * d.f],
         |fk, (i, st)| {
-            on_isa(
+            spread_on_isa(
                 isa,
                 #[inline(always)]
                 || key_state(isa, p.map, d, &keys[i / segs], plan.rows(i % segs), p.chunk, fk, st),

@@ -3,8 +3,8 @@
 //! benchmark spent half its time in scalar `expf` before) and FAVOR+'s `exp(u − c)·s` (a tenth of
 //! a FAVOR+ call's time in scalar `expf`). One dispatch serves both ([`Map`]).
 
-use crate::flash::simd::{exp, Portable, Simd};
-use crate::isa::Isa;
+use crate::problem::Precision;
+use crate::simd::{exp, Isa, Simd, SimdJob, Target};
 
 /// An element-wise map of `f32` vectors, the same for every lane.
 trait Map {
@@ -61,65 +61,47 @@ impl Map for ExpScaled {
 /// `out[c] = elu(x[c]) + 1` for rows of any length.
 pub(crate) fn elu1_f32(x: &[f32], out: &mut [f32]) {
     let n = x.len().min(out.len());
-    // SAFETY: `x` and `out` hold `n` elements each.
-    unsafe { on_best(&Elu1, x.as_ptr(), out.as_mut_ptr(), n) };
+    on_best(&Elu1, Some(&x[..n]), &mut out[..n]);
 }
 
 /// `x[c] = exp(x[c] − shift)·scale` for rows of any length.
 pub(crate) fn exp_scaled_f32(x: &mut [f32], shift: f32, scale: f32) {
-    let p = x.as_mut_ptr();
-    // SAFETY: `x` holds `x.len()` elements; each is read before it is written in place.
-    unsafe { on_best(&ExpScaled { shift, scale }, p, p, x.len()) };
+    on_best(&ExpScaled { shift, scale }, None, x);
 }
 
-/// `out[c] = map(x[c])` for `c < n` on the best instruction set of this CPU.
-///
-/// # Safety
-/// `x` and `out` point to `n` elements each (the same ones, or ones that do not overlap).
-unsafe fn on_best<M: Map>(map: &M, x: *const f32, out: *mut f32, n: usize) {
-    // SAFETY: the instruction set is available (`Isa::best`); the pointers as the caller says.
-    unsafe {
-        match Isa::best() {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512(map, x, out, n),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2(map, x, out, n),
-            _ => run::<Portable, M>(map, x, out, n),
-        }
-    }
+/// `out[c] = map(x[c])` (`x` of `out`'s length, or `None` for `out` in place) on the best
+/// instruction set of this CPU.
+fn on_best<M: Map>(map: &M, x: Option<&[f32]>, out: &mut [f32]) {
+    assert!(x.is_none_or(|x| x.len() == out.len()), "a map's input and output differ in length");
+    Target::new(Isa::best(), Precision::F32).run(Mapped { map, x, out })
 }
 
-/// # Safety
-/// The CPU supports AVX-512F; the pointers as [`on_best`] says.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn avx512<M: Map>(map: &M, x: *const f32, out: *mut f32, n: usize) {
-    // SAFETY: forwarded from the caller.
-    unsafe { run::<crate::flash::simd::Avx512, M>(map, x, out, n) }
+/// A [`Map`] of `x` into `out` (in place when `x` is `None`) as a job.
+struct Mapped<'a, M> {
+    map: &'a M,
+    x: Option<&'a [f32]>,
+    out: &'a mut [f32],
 }
 
-/// # Safety
-/// The CPU supports AVX2, FMA and F16C; the pointers as [`on_best`] says.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2<M: Map>(map: &M, x: *const f32, out: *mut f32, n: usize) {
-    // SAFETY: forwarded from the caller.
-    unsafe { run::<crate::flash::simd::Avx2, M>(map, x, out, n) }
-}
+impl<M: Map> SimdJob for Mapped<'_, M> {
+    type Out = ();
 
-/// # Safety
-/// The CPU supports `S`'s instruction set; the pointers as [`on_best`] says.
-#[inline(always)]
-unsafe fn run<S: Simd, M: Map>(map: &M, x: *const f32, out: *mut f32, n: usize) {
-    let whole = n / S::W * S::W;
-    // SAFETY: the CPU supports `S`; each load and store covers `S::W` elements below `whole`, and
-    // each element below `n` is read before it is written.
-    unsafe {
-        for i in (0..whole).step_by(S::W) {
-            S::store(out.add(i), map.vector::<S>(S::load(x.add(i))));
-        }
-        for i in whole..n {
-            *out.add(i) = map.scalar(*x.add(i));
+    #[inline(always)]
+    unsafe fn run<S: Simd>(self) {
+        let n = self.out.len();
+        let out = self.out.as_mut_ptr();
+        let x = self.x.map_or(out.cast_const(), <[f32]>::as_ptr);
+        let whole = n / S::W * S::W;
+        // SAFETY: the CPU supports `S` (the caller's contract); `x` and `out` hold `n` elements
+        // (`on_best` checks), each load and store covers `S::W` elements below `whole`, and each
+        // element below `n` is read before it is written.
+        unsafe {
+            for i in (0..whole).step_by(S::W) {
+                S::store(out.add(i), self.map.vector::<S>(S::load(x.add(i))));
+            }
+            for i in whole..n {
+                *out.add(i) = self.map.scalar(*x.add(i));
+            }
         }
     }
 }

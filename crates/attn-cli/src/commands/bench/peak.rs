@@ -198,7 +198,13 @@ mod tests {
         }
         if Isa::Avx512.is_available() {
             assert_eq!(measure(1, Kernel::Flash(Isa::Avx512), Precision::F32).map(|p| p.isa), Some("avx512"));
-            let bf16 = if Isa::has_avx512_bf16() { "avx512-bf16" } else { "avx512" };
+            let bf16 = if amx::status() == amx::Status::Ready {
+                "amx-bf16"
+            } else if Isa::has_avx512_bf16() {
+                "avx512-bf16"
+            } else {
+                "avx512"
+            };
             assert_eq!(measure(1, Kernel::Auto, Precision::Bf16).map(|p| p.isa), Some(bf16));
         }
     }

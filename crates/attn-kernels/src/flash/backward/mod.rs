@@ -44,9 +44,9 @@ use super::plan::{self, Path};
 use crate::alloc::{self, AllocError};
 use crate::amx::{TileChoice, TileUnit};
 use crate::grad::{AttnGrads, Saved, SideGrads};
-use crate::problem::{Precision, Problem};
+use crate::problem::Problem;
+use crate::simd::{Isa, Simd, SimdJob, Target};
 use crate::view::View4;
-use crate::Isa;
 use tile::{run_job, BwdWork};
 
 /// Keys per block: a multiple of every ISA's key panel (`2·W` ≤ 32), and a block mask's key block.
@@ -181,8 +181,8 @@ pub(crate) fn backward(
     want_dbias: bool,
     tuning: BackwardTuning,
 ) -> Result<AttnGrads<f32>, AllocError> {
-    assert!(isa.is_available(), "flash backward entered without {isa:?} support");
-    let (run, lanes) = entry::of(isa, pb.compute);
+    let target = Target::new(isa, pb.compute);
+    let lanes = target.lanes();
     let d = pb.dims;
     let bias_len = pb.elem.bias.filter(|_| want_dbias).map(|b| b.data.len());
     let mut g = AttnGrads::zeros(&d, bias_len, pb.sinks.is_some(), pb.score_mod.map(|f| f.table.len()))?;
@@ -241,8 +241,7 @@ pub(crate) fn backward(
                 let mut fresh = BwdWork::default();
                 let mut kept = kept.try_borrow_mut();
                 let w = kept.as_deref_mut().unwrap_or(&mut fresh);
-                // SAFETY: `isa` is available (asserted above).
-                unsafe { run(&cx, &job, w) };
+                target.run(BwdBlock { cx: &cx, job: &job, w });
                 w.trim();
             })
         });
@@ -258,4 +257,21 @@ pub(crate) fn backward(
     Ok(g)
 }
 
-isa_entries!(run_job(cx: &BwdCtx, job: &BwdJob, w: &mut BwdWork));
+/// One job of the backward (`tile::run_job`) for the call's instruction set.
+struct BwdBlock<'a, 'c> {
+    cx: &'a BwdCtx<'c>,
+    job: &'a BwdJob,
+    w: &'a mut BwdWork,
+}
+
+impl SimdJob for BwdBlock<'_, '_> {
+    type Out = ();
+    const ON_AVX512_BF16: bool = true;
+
+    #[inline(always)]
+    unsafe fn run<S: Simd>(self) {
+        // SAFETY: the CPU has `S` (the caller's contract); `backward` runs each `(b, kvh, shard)`
+        // as one job.
+        unsafe { run_job::<S>(self.cx, self.job, self.w) }
+    }
+}

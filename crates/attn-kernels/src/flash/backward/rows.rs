@@ -1,7 +1,7 @@
 //! The backward's vector loops over one row of a tile: `dS = P∘(dP − Δ)` ([`grad_scores`]) and
 //! `dX = scale·dS·dcap` ([`scale_masked`]), each 0 wherever the score is masked.
 
-use crate::flash::simd::Simd;
+use crate::simd::Simd;
 
 /// `dp[c] = factor · P·(dP − Δ)` in place, 0 where the score is masked (−∞) whatever `dP` holds.
 ///

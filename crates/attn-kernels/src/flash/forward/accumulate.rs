@@ -15,8 +15,8 @@ use crate::flash::block::{rows_per_call, with_rows, Work, LDS};
 use crate::flash::micro::{pv, pv_scalar, Bf16Pairs, Fma, Product};
 use crate::flash::nonfinite::BadColumn;
 use crate::flash::pairs::pair_keys;
-use crate::flash::simd::{KvElem, Simd};
 use crate::flash::tile_products::{self, on_unit};
+use crate::simd::{KvElem, Simd};
 
 use super::tiles::{tile_columns, Seg};
 

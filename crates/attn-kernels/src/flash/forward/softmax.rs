@@ -5,7 +5,7 @@
 //! row runs the same vector loop over the tile's padded width.
 
 use crate::flash::block::{Ctx, Job, Work, LDS};
-use crate::flash::simd::{exp, KvElem, Simd};
+use crate::simd::{exp, KvElem, Simd};
 
 use super::tiles::{tile_columns, Seg};
 

@@ -21,11 +21,11 @@ use super::non_causal::{global_keys, global_queries};
 use super::{ascend, descend, Acc, GradsMut, Head, Inputs, Rows, Work};
 use crate::alloc;
 use crate::error::Result;
-use crate::isa::Isa;
-use crate::linear::chunk::{on_isa, Keys};
+use crate::linear::chunk::{spread_on_isa, Keys};
 use crate::linear::transpose::transpose;
 use crate::linear::{LinearDims, LinearParams};
 use crate::reference::Real;
+use crate::simd::Isa;
 
 /// Writes the gradients `g` of a causal call in the segments of `plan`.
 pub(super) fn backward<T: Real>(
@@ -70,7 +70,7 @@ pub(super) fn backward<T: Real>(
                     w.z.copy_from_slice(z);
                     w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
                     (acc.dq, acc.fresh) = (dq, gi == 0);
-                    on_isa(
+                    spread_on_isa(
                         isa,
                         #[inline(always)]
                         || ascend(&head(kh, gi), w, rows.clone(), den, &mut acc, s > 0),
@@ -105,7 +105,7 @@ pub(super) fn backward<T: Real>(
                 w.u.copy_from_slice(u);
                 w.wsum.copy_from_slice(ws);
                 let kept = &stats[2 * (h * d.lq + rows.start)..][..2 * rows.len()];
-                on_isa(
+                spread_on_isa(
                     isa,
                     #[inline(always)]
                     || descend(&head(kh, gi), w, rows.clone(), kept, &mut acc),
@@ -151,7 +151,7 @@ pub(super) fn global<T: Real>(
                     w.z.copy_from_slice(z);
                     w.u.iter_mut().chain(w.wsum.iter_mut()).for_each(|x| *x = T::zero());
                     let mut acc = Acc { dq, dk: &mut [], dv: &mut [], base: rows.start, fresh: false };
-                    on_isa(
+                    spread_on_isa(
                         isa,
                         #[inline(always)]
                         || global_queries(&head(kh, gi), w, rows.clone(), &mut acc),
@@ -182,7 +182,7 @@ pub(super) fn global<T: Real>(
                 let (u, ws) = sums[(kh * group + gi) * width..][..width].split_at(fdv);
                 w.u.copy_from_slice(u);
                 w.wsum.copy_from_slice(ws);
-                on_isa(
+                spread_on_isa(
                     isa,
                     #[inline(always)]
                     || global_keys(&head(kh, gi), w, rows.clone(), &mut acc),

@@ -11,8 +11,8 @@
 use super::{BwdCtx, BwdJob, BwdWork, Form};
 use crate::flash::micro::{Bf16Pairs, Fma, Product};
 use crate::flash::pairs::transpose_pairs;
-use crate::flash::simd::Simd;
 use crate::prefetch;
+use crate::simd::Simd;
 
 /// Most lanes of any instruction set's vector.
 const MAX_LANES: usize = 16;

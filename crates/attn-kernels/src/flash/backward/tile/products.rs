@@ -16,9 +16,9 @@ use crate::flash::forward::tiles::Seg;
 use crate::flash::micro::{qk_panel, Bf16Pairs, Fma, Product};
 use crate::flash::pairs::{pair_keys, pair_rows, transpose_pairs};
 use crate::flash::scores::decode_scores;
-use crate::flash::simd::{KvElem, Portable, Simd};
 use crate::flash::tile_products::{self, on_unit, prepare, prepare_columns};
 use crate::prefetch;
+use crate::simd::{KvElem, Portable, Simd};
 
 /// Copies `rows` rows (from a multiple of the form's unit), row `r` read as `src(r)` (`d` values),
 /// transposed per micro-kernel chunk `(r0, nr)` of [`row_chunks`] for `unit` in the form's slots

@@ -6,7 +6,7 @@ use super::super::rows::{grad_scores, scale_masked};
 use super::{BwdCtx, BwdJob, BwdWork, TileAt, LDB};
 use crate::flash::forward::softmax::exp_row;
 use crate::flash::scores::{mask_row, RowDerivs};
-use crate::flash::simd::Simd;
+use crate::simd::Simd;
 
 /// Step 2: per row, the scores masked, `P = exp((S − lse) − lse_residue)` into `w.p` (`P̄` into
 /// `w.pd` under dropout), the weights' gradient added to `dP`, `dS = P∘(dP − Δ)` in place of `dP`,

@@ -27,6 +27,7 @@ impl<const NATIVE_BF16: bool> Simd for Avx512<NATIVE_BF16> {
     const QK_ROWS: usize = 12;
     const PV_ROWS: usize = 6;
     const PV_VECTORS: usize = 4;
+    const FMA: bool = true;
     type V = __m512;
     #[inline(always)]
     unsafe fn splat(x: f32) -> __m512 {
@@ -211,6 +212,7 @@ impl Simd for Avx2 {
     const QK_ROWS: usize = 6;
     const PV_ROWS: usize = 6;
     const PV_VECTORS: usize = 2;
+    const FMA: bool = true;
     type V = __m256;
     #[inline(always)]
     unsafe fn splat(x: f32) -> __m256 {

@@ -17,6 +17,7 @@ impl Simd for Portable {
     const QK_ROWS: usize = 6;
     const PV_ROWS: usize = 6;
     const PV_VECTORS: usize = 2;
+    const FMA: bool = false;
     type V = [f32; 8];
     #[inline(always)]
     unsafe fn splat(x: f32) -> Self::V {

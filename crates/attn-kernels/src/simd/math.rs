@@ -86,10 +86,10 @@ unsafe fn exp2_neg_poly<S: Simd>(g: S::V) -> S::V {
 #[cfg(test)]
 mod tests {
     use super::{exp, tanh};
+    use crate::simd::Isa;
     #[cfg(target_arch = "x86_64")]
-    use crate::flash::simd::{Avx2, Avx512};
-    use crate::flash::simd::{Portable, Simd};
-    use crate::isa::Isa;
+    use crate::simd::{Avx2, Avx512};
+    use crate::simd::{Portable, Simd};
 
     /// The functions under test.
     #[derive(Clone, Copy, Debug)]

@@ -1,6 +1,7 @@
-//! The 16 × 16 register transpose of the AVX-512 implementation (`Simd::transpose_rows`: a chunk
-//! of queries for `qk_panel`, half of a key panel for `pack::pack_keys`), and its test against the
-//! portable one-value-at-a-time default. Called only from `x86`, whose callers guarantee AVX-512F.
+//! Register transposes: the 16 × 16 one of the AVX-512 implementation (`Simd::transpose_rows`: a
+//! chunk of queries for `qk_panel`, half of a key panel for `pack::pack_keys`) and its streaming
+//! form, with their test against the portable one-value-at-a-time default; and AVX's 8 × 8 blocks
+//! for the linear kernels' transposes ([`transpose_blocks8`]).
 
 use std::arch::x86_64::*;
 
@@ -53,7 +54,7 @@ pub(super) unsafe fn transpose16(v: [__m512; 16]) -> [__m512; 16] {
 /// The CPU has AVX-512F; every row holds `d` values; `out` and `ld` are multiples of 16 floats
 /// (64 bytes) and `out` is valid for `(d − 1)·ld + 16` floats.
 #[inline(always)]
-pub(in crate::flash) unsafe fn transpose_rows_streaming(rows: &[&[f32]; 16], d: usize, out: *mut f32, ld: usize) {
+pub(crate) unsafe fn transpose_rows_streaming(rows: &[&[f32]; 16], d: usize, out: *mut f32, ld: usize) {
     debug_assert!(d.is_multiple_of(16) && ld.is_multiple_of(16) && (out as usize).is_multiple_of(64));
     debug_assert!(rows.iter().all(|r| r.len() >= d));
     // SAFETY: AVX-512F is present and the loads and stores stay within the rows and slots
@@ -71,11 +72,63 @@ pub(in crate::flash) unsafe fn transpose_rows_streaming(rows: &[&[f32]; 16], d: 
     }
 }
 
+/// The 8 × 8 blocks of `[m, n]` (`m` and `n` multiples of 8) at stride `lds` transposed into
+/// `dst`, `[n, m]` at stride `ldd`, each by register shuffles ([`block8`]).
+///
+/// # Safety
+/// The CPU has AVX; `src` holds `[m, n]` with stride `lds`, `dst` `[n, m]` with stride `ldd`.
+#[target_feature(enable = "avx")]
+pub(crate) unsafe fn transpose_blocks8(src: &[f32], lds: usize, m: usize, n: usize, dst: &mut [f32], ldd: usize) {
+    debug_assert!(m.is_multiple_of(8) && n.is_multiple_of(8));
+    for i in (0..m).step_by(8) {
+        for j in (0..n).step_by(8) {
+            // SAFETY: rows `i .. i + 8` and columns `j .. j + 8` are within both (the caller's contract).
+            unsafe { block8(src.as_ptr().add(i * lds + j), lds, dst.as_mut_ptr().add(j * ldd + i), ldd) };
+        }
+    }
+}
+
+/// One 8 × 8 block: eight rows loaded, interleaved in pairs, then in fours, then halves swapped.
+///
+/// # Safety
+/// The CPU has AVX; `s` is valid for 8 rows of 8 floats at stride `lds`, `d` likewise at `ldd`.
+#[inline]
+#[target_feature(enable = "avx")]
+unsafe fn block8(s: *const f32, lds: usize, d: *mut f32, ldd: usize) {
+    // SAFETY: the loads and stores stay within the 8 × 8 blocks (the caller's contract).
+    unsafe {
+        let mut r = [_mm256_setzero_ps(); 8];
+        for (k, x) in r.iter_mut().enumerate() {
+            *x = _mm256_loadu_ps(s.add(k * lds));
+        }
+        // Pairs: t[0] = a0 b0 a1 b1 | a4 b4 a5 b5, t[1] = a2 b2 a3 b3 | a6 b6 a7 b7, ...
+        let mut t = [_mm256_setzero_ps(); 8];
+        for p in 0..4 {
+            t[2 * p] = _mm256_unpacklo_ps(r[2 * p], r[2 * p + 1]);
+            t[2 * p + 1] = _mm256_unpackhi_ps(r[2 * p], r[2 * p + 1]);
+        }
+        // Fours: q[c] holds column c of rows 0–3 (low half) and column c + 4 (high half); q[4 + c]
+        // the same for rows 4–7.
+        let mut q = [_mm256_setzero_ps(); 8];
+        for h in 0..2 {
+            let (x, y) = (4 * h, 4 * h + 2);
+            q[4 * h] = _mm256_shuffle_ps::<0x44>(t[x], t[y]);
+            q[4 * h + 1] = _mm256_shuffle_ps::<0xEE>(t[x], t[y]);
+            q[4 * h + 2] = _mm256_shuffle_ps::<0x44>(t[x + 1], t[y + 1]);
+            q[4 * h + 3] = _mm256_shuffle_ps::<0xEE>(t[x + 1], t[y + 1]);
+        }
+        for c in 0..4 {
+            _mm256_storeu_ps(d.add(c * ldd), _mm256_permute2f128_ps::<0x20>(q[c], q[4 + c]));
+            _mm256_storeu_ps(d.add((c + 4) * ldd), _mm256_permute2f128_ps::<0x31>(q[c], q[4 + c]));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use crate::flash::simd::Avx512;
-    use crate::flash::simd::{Portable, Simd};
-    use crate::isa::Isa;
+    use crate::simd::Avx512;
+    use crate::simd::Isa;
+    use crate::simd::{Portable, Simd};
 
     /// AVX-512's register transpose writes what the one-value-at-a-time default writes, for every
     /// row count of a chunk, slots packed or further apart (a key panel's half), and head

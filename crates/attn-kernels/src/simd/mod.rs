@@ -1,17 +1,23 @@
-//! The vector operations the flash kernel is written in, as one trait ([`Simd`]) with three
-//! implementations: AVX-512F (16 lanes) and AVX2+FMA+F16C (8 lanes) in `x86`, and a portable one
-//! (8 lanes of plain Rust) in `portable`; the vector functions built on them, written once, in
-//! `math` ([`exp`] and [`tanh`], for soft-capping); bfloat16 pairs for the products of
-//! [`crate::Precision::Bf16`] (`pack_bf16`, `dot_bf16`: native on AVX512-BF16 through
-//! `Avx512Bf16`, emulated with FMAs elsewhere); and the storage types of
-//! keys and values ([`KvElem`]: f32, f16, bf16), widened to f32 on load.
+//! The SIMD layer: the vector operations every kernel is written in, as one trait ([`Simd`]) with
+//! three implementations: AVX-512F (16 lanes) and AVX2+FMA+F16C (8 lanes) in `x86`, and a portable
+//! one (8 lanes of plain Rust) in `portable`; their register blocking as the trait's constants; the
+//! vector functions built on them, written once, in `math` ([`exp`] and [`tanh`], for
+//! soft-capping); bfloat16 pairs for the products of [`crate::Precision::Bf16`] (`pack_bf16`,
+//! `dot_bf16`: native on AVX512-BF16 through `Avx512Bf16`, emulated with FMAs elsewhere); the
+//! storage types of keys and values ([`KvElem`]: f32, f16, bf16), widened to f32 on load; the
+//! instruction sets and the one run-time check of which this CPU has ([`Isa`], in `isa`); and the
+//! one way in (`entry`: [`SimdJob`], [`Target`], [`on_isa`]). Code written in one instruction
+//! set's intrinsics (the transposes of `x86_transpose`) lives here too: outside this layer no
+//! function carries `#[target_feature]`. docs/design/simd.md says how to add an instruction set.
 //!
 //! Every method is `#[inline(always)]` and `unsafe`: the x86 implementations may only run on a CPU
-//! with their features, which `Isa::is_available` checks before a kernel instantiated with them is
-//! entered (the entry points carry `#[target_feature]`, so these bodies are compiled with it).
+//! with their features, which [`Target::new`] checks before a job instantiated with them is
+//! entered (the entry functions carry `#[target_feature]`, so these bodies are compiled with it).
 //! Pointer arguments must be valid for `W` elements. Which implementation runs is chosen once per
-//! call by the entry point, never here.
+//! job by its [`Target`], never here.
 
+mod entry;
+mod isa;
 mod math;
 mod portable;
 #[cfg(target_arch = "x86_64")]
@@ -23,6 +29,8 @@ mod x86_transpose;
 
 use half::{bf16, f16};
 
+pub use entry::{on_isa, SimdJob, Target};
+pub use isa::Isa;
 pub use math::{exp, tanh};
 pub use portable::Portable;
 #[cfg(target_arch = "x86_64")]
@@ -30,7 +38,7 @@ pub use x86::Avx512Bf16;
 #[cfg(target_arch = "x86_64")]
 pub use x86::{Avx2, Avx512};
 #[cfg(target_arch = "x86_64")]
-pub(in crate::flash) use x86_transpose::transpose_rows_streaming;
+pub(crate) use x86_transpose::{transpose_blocks8, transpose_rows_streaming};
 
 /// A vector of `W` f32 lanes. Every method may only be called on a CPU with the implementation's
 /// instruction set, and pointer arguments must be valid for `W` elements.
@@ -45,6 +53,9 @@ pub trait Simd: Copy + Send + Sync + 'static {
     const PV_ROWS: usize;
     /// Vectors of output columns per `pv` call: 4 on AVX-512, 2 on 8-lane ISAs (one of the two).
     const PV_VECTORS: usize;
+    /// Whether the instruction set fuses multiply-adds, so that scalar `mul_add` in code compiled
+    /// for it is one instruction (else a library call).
+    const FMA: bool;
     /// The register type.
     type V: Copy;
     /// All lanes `x`.

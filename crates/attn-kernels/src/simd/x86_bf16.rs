@@ -104,8 +104,8 @@ pub unsafe fn pack256(lo: __m256, hi: __m256) -> __m256 {
 
 #[cfg(test)]
 mod tests {
-    use crate::flash::simd::{Avx2, Avx512, Avx512Bf16, Portable, Simd};
-    use crate::isa::Isa;
+    use crate::simd::Isa;
+    use crate::simd::{Avx2, Avx512, Avx512Bf16, Portable, Simd};
 
     /// Inputs for rounding: ties (to even, both ways), the largest finite value and what rounds up
     /// to +∞, ±0, ±∞, quiet and signalling NaN, subnormals, and a spread of ordinary values.
@@ -162,7 +162,7 @@ mod tests {
 
     #[test]
     fn scalar_rounding_is_halfs() {
-        use crate::flash::simd::KvElem;
+        use crate::simd::KvElem;
         for x in inputs() {
             assert_eq!(x.bf16_bits(), half::bf16::from_f32(x).to_bits(), "{x:e} ({:#010x})", x.to_bits());
         }
