@@ -8,9 +8,10 @@ use crate::alloc;
 use crate::error::{AttnError, Result};
 use crate::flash::{self, BackwardTuning, Tuning};
 use crate::grad::{AttnGrads, Saved};
+use crate::output::AttnOutput;
 use crate::problem::AttnParams;
 use crate::problem::Problem;
-use crate::reference::{reference, reference_backward, AttnOutput};
+use crate::reference::{reference, reference_backward};
 use crate::view::View4;
 
 /// Re-exported so that `attn_kernels::dispatch::Isa`, its path before it moved to the SIMD layer,

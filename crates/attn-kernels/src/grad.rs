@@ -3,9 +3,9 @@
 
 use crate::alloc::{self, AllocError, ZeroBits};
 use crate::error::{AttnError, Result};
+use crate::output::Path;
 use crate::problem::Dims;
 use crate::view::View4;
-use crate::Path;
 
 /// Gradients of one attention call.
 #[derive(Debug, Clone, PartialEq)]

@@ -84,7 +84,7 @@ impl ScoreMod for Softcap {
         1.0 - t * t
     }
     fn score_row(&self, _t: &[f32], _row: [usize; 3], _kv0: usize, s: &mut [f32], d: Option<&mut [f32]>) {
-        crate::flash::softcap_any(s, self.0 as f32, d);
+        crate::softcap::softcap_any(s, self.0 as f32, d);
     }
 }
 

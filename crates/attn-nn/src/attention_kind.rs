@@ -11,11 +11,11 @@ use candle_nn::VarBuilder;
 use crate::dropout::Mode;
 use crate::error::{NnError, Result};
 use crate::kv_cache::{Cache, KvCache};
-use crate::layer::Run;
 use crate::linear_attn::{LinearAttention, LinearCache, LinearInput, LinearMap};
 use crate::masks::AttnMasks;
 use crate::mha::{MhaInput, MultiHeadAttention, PackedMhaInput};
 use crate::packed::Packed;
+use crate::run::Run;
 
 /// The kind of a layer's self-attention.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

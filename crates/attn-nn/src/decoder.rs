@@ -12,13 +12,14 @@ use crate::encoder::StackOutput;
 use crate::error::Result;
 use crate::feedforward::FeedForward;
 use crate::kv_cache::{Cache, KvCache};
-use crate::layer::{norm_packed, residual, stack, LayerConfig, LayerOutput, Run};
+use crate::layer::{norm_packed, residual, stack, LayerConfig, LayerOutput};
 use crate::layout::SeqInputs;
 use crate::linear_attn::LinearCache;
 use crate::masks::AttnMasks;
 use crate::mha::{MhaInput, MultiHeadAttention, PackedMhaInput};
 use crate::norm::LayerNorm;
 use crate::packed::Packed;
+use crate::run::Run;
 
 /// The caches of one decoder layer.
 #[derive(Debug, Clone, Default)]
@@ -100,7 +101,7 @@ impl DecoderLayer {
         Ok(Self {
             self_attn: cfg.self_attention(vb.pp("self_attn"))?,
             multihead_attn: cfg.cross_attention(vb.pp("multihead_attn"))?,
-            ff: FeedForward::new(cfg, vb.clone())?,
+            ff: FeedForward::new(&cfg.feedforward(), vb.clone())?,
             norms: [cfg.norm(&vb, "norm1")?, cfg.norm(&vb, "norm2")?, cfg.norm(&vb, "norm3")?],
             dropouts: [cfg.dropout(&vb, "dropout1"), cfg.dropout(&vb, "dropout2"), cfg.dropout(&vb, "dropout3")],
             norm_first: cfg.norm_first,

@@ -10,11 +10,12 @@ use crate::attention_kind::LayerAttention;
 use crate::dropout::{Dropout, Mode};
 use crate::error::Result;
 use crate::feedforward::FeedForward;
-use crate::layer::{norm_packed, residual, stack, LayerConfig, LayerOutput, Run};
+use crate::layer::{norm_packed, residual, stack, LayerConfig, LayerOutput};
 use crate::layout::{Layout, SeqInputs};
 use crate::masks::AttnMasks;
 use crate::norm::LayerNorm;
 use crate::packed::Packed;
+use crate::run::Run;
 
 /// One encoder layer. Weights: `self_attn.*`, `linear1.*`, `linear2.*`, `norm1.*`, `norm2.*`
 /// (no `*.bias`, `self_attn.in_proj_bias` or `self_attn.out_proj.bias` without `cfg.bias`).
@@ -48,7 +49,7 @@ impl EncoderLayer {
     pub fn new(cfg: &LayerConfig, vb: VarBuilder) -> Result<Self> {
         Ok(Self {
             self_attn: cfg.self_attention(vb.pp("self_attn"))?,
-            ff: FeedForward::new(cfg, vb.clone())?,
+            ff: FeedForward::new(&cfg.feedforward(), vb.clone())?,
             norm1: cfg.norm(&vb, "norm1")?,
             norm2: cfg.norm(&vb, "norm2")?,
             dropout1: cfg.dropout(&vb, "dropout1"),

@@ -8,7 +8,6 @@ use crate::linear::Linear;
 
 use crate::dropout::{Dropout, Mode};
 use crate::error::Result;
-use crate::layer::LayerConfig;
 
 /// The activation between the two linear maps.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,6 +29,24 @@ impl Activation {
     }
 }
 
+/// Configuration of a [`FeedForward`] block (a layer's:
+/// [`LayerConfig::feedforward`](crate::LayerConfig::feedforward)).
+#[derive(Debug, Clone, Copy)]
+pub struct FeedForwardConfig {
+    /// Model width (the input and output).
+    pub d_model: usize,
+    /// Hidden width.
+    pub dim_feedforward: usize,
+    /// The activation between the maps.
+    pub activation: Activation,
+    /// Dropout after the activation.
+    pub dropout: f32,
+    /// Biases in both maps.
+    pub bias: bool,
+    /// Seed of the dropout stream.
+    pub seed: u64,
+}
+
 /// `linear1: d_model → dim_feedforward`, activation, dropout, `linear2: dim_feedforward → d_model`.
 #[derive(Debug)]
 pub struct FeedForward {
@@ -44,7 +61,7 @@ impl FeedForward {
     /// `[d_model, dim_feedforward]` and, with `cfg.bias`, their biases from `vb`; `cfg.dropout`
     /// applies after the activation `cfg.activation` (PyTorch's `dropout`), its seeds keyed by
     /// `cfg.seed` and `vb`'s path.
-    pub fn new(cfg: &LayerConfig, vb: VarBuilder) -> Result<Self> {
+    pub fn new(cfg: &FeedForwardConfig, vb: VarBuilder) -> Result<Self> {
         let load = if cfg.bias { Linear::load } else { Linear::load_no_bias };
         Ok(Self {
             linear1: load(cfg.d_model, cfg.dim_feedforward, vb.pp("linear1"))?,

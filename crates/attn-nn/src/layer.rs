@@ -1,6 +1,6 @@
 //! What the Transformer layers share: their configuration (PyTorch's `TransformerEncoderLayer` /
-//! `TransformerDecoderLayer` arguments), how a call runs ([`Run`]: training, weights) and what a
-//! layer returns ([`LayerOutput`]: the output and, when asked, its attention weights).
+//! `TransformerDecoderLayer` arguments) and what a layer returns ([`LayerOutput`]: the output and,
+//! when asked, its attention weights); how a call runs is [`Run`](crate::Run).
 
 use attn::{Kernel, Precision};
 use candle_core::Tensor;
@@ -9,9 +9,9 @@ use candle_nn::VarBuilder;
 use crate::attention_kind::{self, AttentionKind, LayerAttention};
 use crate::dropout::{Dropout, Mode};
 use crate::error::Result;
-use crate::feedforward::Activation;
+use crate::feedforward::{Activation, FeedForwardConfig};
 use crate::layout::{Layout, SeqInputs};
-use crate::mha::{MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights};
+use crate::mha::{MultiHeadAttention, MultiHeadAttentionConfig};
 use crate::norm::{LayerNorm, LayerNormConfig};
 use crate::packed::Packed;
 
@@ -50,6 +50,18 @@ pub struct LayerConfig {
 }
 
 impl LayerConfig {
+    /// The configuration of its feed-forward block.
+    pub fn feedforward(&self) -> FeedForwardConfig {
+        FeedForwardConfig {
+            d_model: self.d_model,
+            dim_feedforward: self.dim_feedforward,
+            activation: self.activation,
+            dropout: self.dropout,
+            bias: self.bias,
+            seed: self.seed,
+        }
+    }
+
     /// PyTorch's defaults for `d_model` and `nhead`, except batch first.
     pub fn new(d_model: usize, nhead: usize) -> Self {
         Self {
@@ -127,37 +139,6 @@ pub(crate) fn norm_packed(norm: Option<&LayerNorm>, x: Packed) -> Result<Packed>
     match norm {
         Some(norm) => x.with_data(norm.forward(x.data())?),
         None => Ok(x),
-    }
-}
-
-/// How a layer call runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Run {
-    /// Evaluation or training (dropout on).
-    pub mode: Mode,
-    /// Return the attention weights (computed only then).
-    pub need_weights: Option<NeedWeights>,
-}
-
-impl Run {
-    /// Evaluation, no weights.
-    pub fn eval() -> Self {
-        Self::default()
-    }
-
-    /// Training with a fresh dropout seed per call, no weights.
-    pub fn train() -> Self {
-        Self { mode: Mode::Train, need_weights: None }
-    }
-
-    /// Training step `step` (dropout masks a function of the module and the step), no weights.
-    pub fn train_step(step: u64) -> Self {
-        Self { mode: Mode::TrainStep(step), need_weights: None }
-    }
-
-    /// Also return the weights.
-    pub fn with_weights(self, which: NeedWeights) -> Self {
-        Self { need_weights: Some(which), ..self }
     }
 }
 

@@ -15,11 +15,11 @@ use candle_nn::{Embedding, Module, VarBuilder};
 use crate::decoder::DecoderCache;
 use crate::dropout::Mode;
 use crate::error::{NnError, Result};
-use crate::layer::Run;
 use crate::linear::Linear;
 use crate::masks::AttnMasks;
 use crate::packed::Packed;
 use crate::position::sinusoidal::PositionalEncoding;
+use crate::run::Run;
 use crate::transformer::{Seq2SeqMasks, Transformer, TransformerConfig, TransformerOutput};
 
 /// Configuration of [`Seq2Seq`].

@@ -10,9 +10,10 @@ use crate::decoder::{DecoderCache, TransformerDecoder};
 use crate::dropout::Mode;
 use crate::encoder::{StackOutput, TransformerEncoder};
 use crate::error::Result;
-use crate::layer::{LayerConfig, Run};
+use crate::layer::LayerConfig;
 use crate::masks::AttnMasks;
 use crate::packed::Packed;
+use crate::run::Run;
 
 /// Configuration of [`Transformer`].
 #[derive(Debug, Clone)]

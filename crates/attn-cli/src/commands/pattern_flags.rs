@@ -1,15 +1,12 @@
 //! The block-sparse pattern flags of `attn run` and `attn bench` (part of their attention flags):
 //! `--pattern NAME` and the pattern's own parameters, made into an [`attn::sparse::Pattern`] by
 //! the library ([`PatternParts::pattern`]); `--window` and `--seed` are the shared attention
-//! flags', which a pattern with a window or random blocks takes as its own. A refusal names the
-//! flag.
+//! flags', which a pattern with a window or random blocks takes as its own. A refusal is the
+//! library's; `sdpa_flags::pattern_error` names the flag.
 
 use attn::sparse::{Pattern, PatternParts, PATTERN_NAMES};
 use attn::{AttnError, Window};
 use clap::builder::PossibleValuesParser;
-
-use super::flag_of;
-use super::sdpa_flags::SdpaFlags;
 
 /// `--pattern` and its parameters.
 #[derive(clap::Args, Debug, Clone)]
@@ -50,7 +47,7 @@ pub struct PatternFlags {
 impl PatternFlags {
     /// The pattern asked for with the shared flags' `window` and `seed`, its parameters checked
     /// (its sizes are checked when its block mask is built); `None` without `--pattern`.
-    pub fn pattern(&self, window: Option<Window>, seed: Option<u64>) -> anyhow::Result<Option<Pattern>> {
+    pub fn pattern(&self, window: Option<Window>, seed: Option<u64>) -> Result<Option<Pattern>, AttnError> {
         let Some(name) = &self.pattern else { return Ok(None) };
         let parts = PatternParts {
             window,
@@ -63,17 +60,6 @@ impl PatternFlags {
             prefix: self.prefix,
             sink_tokens: self.sink_tokens,
         };
-        parts.pattern(name).map(Some).map_err(pattern_error)
+        parts.pattern(name).map(Some)
     }
-}
-
-/// A refusal of the pattern library as the user of the flags sees it: a parameter is named by
-/// its flag (`doc_lengths` → `--doc-lengths`).
-pub fn pattern_error(e: AttnError) -> anyhow::Error {
-    if let AttnError::Param { field, reason } = &e {
-        if let Some(long) = flag_of::<SdpaFlags>(field) {
-            return anyhow::anyhow!("--{long}: {reason}");
-        }
-    }
-    e.into()
 }

@@ -15,7 +15,10 @@
 
 mod inputs;
 mod linear;
+#[cfg(test)]
+mod options_spelled;
 mod packed;
+mod sourced;
 
 use std::path::{Path, PathBuf};
 

@@ -10,11 +10,12 @@ use std::fmt::Display;
 use std::str::FromStr;
 
 use attn::sparse::Pattern;
-use attn::{Align, Dropout, Kernel, Precision, SdpaOptions, Window};
+use attn::{Align, AttnError, Dropout, Kernel, Precision, SdpaOptions, Window};
 use attn_kernels::Dims;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::ArgGroup;
 
+use super::flag_of;
 use super::pattern_flags::PatternFlags;
 
 /// How one attention call is computed, as given on the command line.
@@ -60,22 +61,31 @@ impl SdpaFlags {
     /// which come from files and other flags, nor the pattern's block mask, which needs the
     /// sequence lengths: see [`SdpaFlags::pattern`]).
     pub fn options(&self) -> SdpaOptions {
+        // Both sides spelled out, so that a new flag or a new library option fails to compile
+        // here until it is wired or named as coming from elsewhere (`run::options_spelled`).
+        let SdpaFlags { causal, align, window: _, scale, softcap, dropout, seed, kernel, compute, pattern: _ } = *self;
         SdpaOptions {
-            scale: self.scale,
-            causal: self.causal,
-            align: self.align,
+            scale,
+            causal,
+            align,
             window: self.own_window(),
-            softcap: self.softcap,
-            dropout: self.dropout.map(|p| Dropout { p, seed: self.seed.unwrap_or(DEFAULT_SEED) }),
-            kernel: self.kernel,
-            compute: self.compute,
-            ..SdpaOptions::default()
+            mask: None,
+            bias: None,
+            key_lengths: None,
+            block_mask: None,
+            softcap,
+            dropout: dropout.map(|p| Dropout { p, seed: seed.unwrap_or(DEFAULT_SEED) }),
+            sinks: None,
+            score_mod: None,
+            kernel,
+            compute,
+            return_weights: false,
         }
     }
 
     /// The block-sparse pattern asked for, its parameters checked; `None` without `--pattern`.
     pub fn pattern(&self) -> anyhow::Result<Option<Pattern>> {
-        self.pattern.pattern(self.window, self.seed)
+        self.pattern.pattern(self.window, self.seed).map_err(pattern_error)
     }
 
     /// `--window` unless it is a part of the pattern (which then must not apply it again).
@@ -255,6 +265,17 @@ fn parse_window(s: &str) -> Result<Window, String> {
     Ok(Window { left: side(left)?, right: side(right)? })
 }
 
+/// A refusal of the pattern library as the user of the flags sees it: a parameter is named by
+/// its flag (`doc_lengths` → `--doc-lengths`).
+pub fn pattern_error(e: AttnError) -> anyhow::Error {
+    if let AttnError::Param { field, reason } = &e {
+        if let Some(long) = flag_of::<SdpaFlags>(field) {
+            return anyhow::anyhow!("--{long}: {reason}");
+        }
+    }
+    e.into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,7 +397,7 @@ mod tests {
         let e = flags(&["--pattern", "prefix-lm", "--prefix", "3", "--sink-tokens", "2"]).pattern().unwrap_err();
         assert_eq!(e.to_string(), "--sink-tokens: the prefix-lm pattern does not take it");
         let unnamed = attn::AttnError::Param { field: "block_mask", reason: "too many keys".into() };
-        assert_eq!(super::super::pattern_flags::pattern_error(unnamed).to_string(), "block_mask: too many keys");
+        assert_eq!(pattern_error(unnamed).to_string(), "block_mask: too many keys");
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub struct Ctx<'a, E> {
     /// non-finite number, sorted (`nonfinite::nonfinite_rows`); `None` where the call did not list
     /// them (the decode path, which scans its tiles' value rows itself).
     pub bad_values: Option<Vec<Vec<usize>>>,
-    /// The tiles the bfloat16 prefill products run on (`tile_products`), if any.
+    /// The tiles the bfloat16 prefill products run on (`amx_products`), if any.
     pub tiles: Option<TileUnit>,
 }
 
@@ -210,7 +210,7 @@ pub struct Work {
     pub(super) blocks: TileBlocks,
     /// Per segment of the tile last scored, the columns that no row masks (`scores::scores`).
     pub(super) clean: Vec<Range<usize>>,
-    /// On tiles: the queries as row-major bfloat16 pairs (`tile_products::prepare`), their
+    /// On tiles: the queries as row-major bfloat16 pairs (`amx_products::prepare`), their
     /// row stride, the accumulators' buffer, and the software tiles when emulated.
     pub(super) tiles: TileWork,
 }
@@ -222,7 +222,7 @@ pub(in crate::flash) struct TileWork {
     pub(in crate::flash) q: Vec<f32>,
     /// The query pairs' row stride.
     pub(in crate::flash) ldq: usize,
-    /// Four accumulators stored (`tile_products::ACC_LEN` once used).
+    /// Four accumulators stored (`amx_products::ACC_LEN` once used).
     pub(in crate::flash) acc: Vec<f32>,
     /// The emulated tiles (made on first use).
     pub(in crate::flash) emulated: Option<Box<Emulated>>,

@@ -16,10 +16,12 @@
 //! micro-kernels (`micro`), written once over `simd::Simd` and run through the SIMD layer's one
 //! dispatch (`simd::SimdJob`).
 
+mod amx_products;
 mod backward;
 mod block;
 pub mod cache;
 mod forward;
+mod key_tiles;
 mod micro;
 mod nonfinite;
 mod pack;
@@ -27,9 +29,7 @@ mod pairs;
 mod plan;
 mod row_masks;
 mod scores;
-mod softcap;
 mod split;
-mod tile_products;
 mod workspace;
 
 use rayon::prelude::*;
@@ -37,8 +37,8 @@ use rayon::prelude::*;
 use crate::amx::{TileChoice, TileUnit};
 use crate::error::Result;
 use crate::merge::{fold_sink_rows, SinkRows};
+use crate::output::{AttnOutput, Path};
 use crate::problem::{Dims, Precision, Problem};
-use crate::reference::AttnOutput;
 use crate::simd::{Isa, KvElem, Simd, SimdJob, Target};
 use crate::view::View4;
 pub(crate) use backward::backward;
@@ -46,8 +46,7 @@ pub use backward::BackwardTuning;
 use block::{Ctx, Job, Outs, Rest, Work};
 use forward::run;
 use plan::Plan;
-pub use plan::{decodes, Path, Tuning, BLOCK_ROWS, BLOCK_ROWS_STREAMING, DECODE_ROWS, MIN_SHARD_KEYS, PACK_BUDGET};
-pub(crate) use softcap::softcap_any;
+pub use plan::{decodes, Tuning, BLOCK_ROWS, BLOCK_ROWS_STREAMING, DECODE_ROWS, MIN_SHARD_KEYS, PACK_BUDGET};
 
 /// One block of query rows through the forward (`forward::run`) as a job for the call's
 /// instruction set.
@@ -85,7 +84,7 @@ pub(crate) fn forward<E: KvElem>(
     want_weights: bool,
     tuning: Tuning,
 ) -> Result<AttnOutput<f32>> {
-    let target = Target::new(isa, pb.compute);
+    let target = Target::new(isa).bf16_products(pb.compute == Precision::Bf16);
     let w = target.lanes();
     let d = pb.dims;
     let AttnOutput { mut out, mut lse, mut lse_residue, mut weights, .. } =
@@ -135,9 +134,9 @@ pub(crate) fn forward<E: KvElem>(
 }
 
 /// The tiles a call's forward products run on: the bfloat16 prefill products, where `choice`
-/// resolves to a unit and the sizes fit the tiles (`tile_products::fits` for vector width `w`).
+/// resolves to a unit and the sizes fit the tiles (`amx_products::fits` for vector width `w`).
 fn tile_unit(choice: TileChoice, compute: Precision, decode: bool, d: &Dims, w: usize) -> Option<TileUnit> {
-    let fit = compute == Precision::Bf16 && !decode && tile_products::fits(d.dk, d.dv, w);
+    let fit = compute == Precision::Bf16 && !decode && amx_products::fits(d.dk, d.dv, w);
     choice.resolve().filter(|_| fit)
 }
 
@@ -145,7 +144,7 @@ fn tile_unit(choice: TileChoice, compute: Precision, decode: bool, d: &Dims, w: 
 /// automatic plan, runs its forward products on the CPU's AMX tiles (what `attn bench` reports).
 pub fn runs_on_amx(isa: Isa, compute: Precision, d: &Dims) -> bool {
     isa.is_available() && {
-        let w = Target::new(isa, compute).lanes();
+        let w = Target::new(isa).lanes();
         tile_unit(TileChoice::Auto, compute, decodes(d), d, w) == Some(TileUnit::Hardware)
     }
 }

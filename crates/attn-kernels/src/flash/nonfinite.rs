@@ -9,7 +9,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::block::{Work, LDS};
-use super::forward::tiles::Seg;
+use super::key_tiles::Seg;
 use crate::simd::KvElem;
 use crate::view::View4;
 

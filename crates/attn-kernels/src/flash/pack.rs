@@ -50,7 +50,7 @@ fn pack_panels<E: KvElem>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if w == 16 && k.dims()[3] > 0 && Isa::Avx512.is_available() && E::as_f32(&[]).is_some() {
-        return Target::new(Isa::Avx512, Precision::F32).run(PackF32 { k, b, h, keys, out, streaming });
+        return Target::new(Isa::Avx512).run(PackF32 { k, b, h, keys, out, streaming });
     }
     // Only the AVX-512 panels stream; the loop stores as it always did.
     let _ = streaming;

@@ -15,6 +15,7 @@ use std::ops::Range;
 use super::block::Job;
 use super::pack;
 use crate::amx::TileChoice;
+use crate::output::Path;
 use crate::problem::{Dims, Precision};
 
 /// Query rows per prefill job when a head's keys and values fit in half of the L2 cache.
@@ -37,15 +38,6 @@ pub const MIN_SHARD_KEYS: usize = 512;
 const SHARD_ALIGN: usize = 32;
 /// Jobs per thread below which keys are split.
 const JOBS_PER_THREAD: usize = 4;
-
-/// How the work of a call is cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Path {
-    /// Packed keys, blocks of one head's queries.
-    Prefill,
-    /// Keys read in place, every query head of a group stacked.
-    Decode,
-}
 
 /// Overrides of the automatic plan, for tests and experiments; `Default` chooses automatically.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

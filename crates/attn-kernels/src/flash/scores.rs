@@ -6,18 +6,18 @@
 //!
 //! The product takes one of three paths, chosen by whether the keys were packed and the call runs
 //! on tiles: packed panels (prefill, `qk_panel` on queries stored transposed, or with bfloat16
-//! products on AMX tiles `tile_products::qk`) or keys in place (decode, `qk_rows`). The
+//! products on AMX tiles `amx_products::qk`) or keys in place (decode, `qk_rows`). The
 //! soft-cap runs with vectors, the element masks as `row_masks` applies them; band edges are
 //! masked only on the tiles that cross them.
 
+use super::amx_products::{on_unit, qk};
 use super::block::{qk_chunks, rows_per_call, with_rows, Ctx, Job, Work, LDS};
-use super::forward::tiles::{tile_columns, Seg};
+use super::key_tiles::{tile_columns, Seg};
 use super::micro::{qk_panel, qk_rows, Bf16Pairs, Fma};
 use super::row_masks::{add_bias, apply_keep, select_kept};
-use super::softcap::softcap_row;
-use super::tile_products::{on_unit, qk};
 use crate::problem::{Precision, Problem};
 use crate::simd::{KvElem, Simd};
+use crate::softcap::softcap_row;
 use crate::sparse::{BlockMask, TileBlocks, TileSeg, SPARSE_BLOCK};
 
 /// Scaled (and soft-capped, biased) scores of every row of `job` against the keys of the tile
@@ -53,7 +53,7 @@ pub(super) unsafe fn scores<S: Simd, E: KvElem>(
 /// whose columns beyond the tile's hold unspecified values.
 ///
 /// # Safety
-/// The CPU supports `S`'s instruction set; the tile is one of `forward::tiles::key_tiles` for
+/// The CPU supports `S`'s instruction set; the tile is one of `key_tiles::key_tiles` for
 /// `align = 2·S::W`. With `panels`, they are the packing of the job's `(b, kvh)` by `pack_head`
 /// for `S::W` and the call's precision (the queries in `w.q` stored to match), and every segment
 /// starts at a multiple of `2·S::W`; without, `k` holds the segments' keys of the head at row

@@ -24,9 +24,10 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::chunk::{axpy, dot, prefetch, prefetch_rows, spread_on_isa, Keys};
+use super::chunk::{prefetch, prefetch_rows, spread_on_isa, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
+use super::rows::{axpy, dot};
 use super::segment::Plan;
 use super::{check_len, check_out, head, validate, FeatureMap, LinearDims, LinearParams};
 use crate::alloc;

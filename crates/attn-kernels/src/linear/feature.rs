@@ -9,9 +9,9 @@
 //!   cancels between numerator and denominator, the keys' is common to all of them, so both only
 //!   move the result through `ε`. Like Performer's code, the backward treats `c` as a constant.
 
-use super::chunk::{dot, sum};
 use super::favor::FavorFeatures;
 use super::gemm::{as_f32, as_f32_mut, gemm, Lhs};
+use super::rows::{dot, sum};
 use super::vector::exp_scaled_f32;
 use crate::error::{AttnError, Result};
 use crate::reference::Real;

@@ -19,9 +19,10 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, ahead, dot, prefetch, spread_on_isa, sum, tril_products, Keys};
+use super::chunk::{ahead, prefetch, spread_on_isa, tril_products, Keys};
 use super::feature::Stab;
 use super::gemm::{gemm, Lhs, Part};
+use super::rows::{add_rows, dot, sum};
 use super::segment::{key_prefixes, key_state, key_totals, Plan};
 use super::{check_len, validate, LinearDims, LinearParams};
 use crate::alloc;

@@ -6,8 +6,7 @@
 
 use std::any::TypeId;
 
-use super::micro::gemm_f32;
-use crate::problem::Precision;
+use super::micro::{gemm_f32, Span};
 use crate::reference::Real;
 use crate::simd::{Isa, Simd, SimdJob, Target};
 
@@ -30,14 +29,6 @@ pub(crate) enum Part {
     /// Only the columns `c ≤ i` of row `i` are wanted: others up to the block's last row (rounded
     /// up to a vector) may be computed too, and the caller clears them.
     LowerOut,
-}
-
-/// The products `lo .. hi` and the columns `0 .. n` one block of rows computes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Span {
-    pub lo: usize,
-    pub hi: usize,
-    pub n: usize,
 }
 
 impl Part {
@@ -118,7 +109,7 @@ pub(crate) fn gemm<T: Real>(
     // Every index the kernels read or write, checked once here.
     assert!(a.a.len() > (m - 1) * a.row + (k - 1) * a.col, "A too short");
     assert!(b.len() >= (k - 1) * ldb + n && o.len() >= (m - 1) * ldo + n, "B or O too short");
-    Target::new(isa, Precision::F32).run(Gemm { m, n, k, a, b, ldb, o, ldo });
+    Target::new(isa).run(Gemm { m, n, k, a, b, ldb, o, ldo });
 }
 
 /// [`gemm`]'s operands (checked) as a job: `f32` on a vector instruction set runs the micro-kernel

@@ -1,5 +1,5 @@
-//! The `f32` register-blocked micro-kernel of [`gemm`](super::gemm::gemm), written over the flash
-//! kernels' vector layer ([`Simd`]): a tile of `O` of `RB` rows × up to `NV` vectors stays in
+//! The `f32` register-blocked micro-kernel of [`gemm`](super::gemm::gemm), written over the SIMD
+//! layer ([`Simd`]): a tile of `O` of `RB` rows × up to `NV` vectors stays in
 //! registers while the products run over `k` (each step one load per vector of `B`, one broadcast
 //! of `A` per row: on AVX-512F 6 rows × 4 vectors, 24 fused multiply-adds for 10 loads; on AVX2
 //! 6 × 2), then the next tile; the rows left over go in a block of 4, then one at a time, and the
@@ -7,11 +7,18 @@
 //! four, where four rows left the loads the limit (see docs/performance-log.md,
 //! "attn-kernels/src/linear/micro.rs: module doc").
 
-use super::gemm::Span;
 use crate::simd::Simd;
 
 /// Rows of the block that takes what is left after the tiles of `RB` rows.
 const R: usize = 4;
+
+/// The products `lo .. hi` and the columns `0 .. n` one block of rows computes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    pub lo: usize,
+    pub hi: usize,
+    pub n: usize,
+}
 
 /// `O[i, c] += Σ_p A(i, p)·B[p, c]` over the rows of `spans` (`span(i0, rows)` gives, for a block of
 /// rows, the range of `p` and the number of columns it needs), for `p` in `p0 .. p0 + kb`; with

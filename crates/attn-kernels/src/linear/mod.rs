@@ -39,6 +39,7 @@ mod gemm;
 mod micro;
 mod naive;
 mod recurrent;
+mod rows;
 mod segment;
 mod transpose;
 mod vector;

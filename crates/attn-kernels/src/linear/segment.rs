@@ -26,8 +26,9 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::chunk::{add_rows, ahead, spread_on_isa, Keys};
+use super::chunk::{ahead, spread_on_isa, Keys};
 use super::gemm::{gemm, Lhs};
+use super::rows::add_rows;
 use super::{FeatureMap, LinearDims, LinearParams};
 use crate::reference::Real;
 use crate::simd::Isa;

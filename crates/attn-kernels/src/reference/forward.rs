@@ -1,10 +1,11 @@
 //! The reference forward: attention computed as the formula in the parent module's header reads,
 //! one query row at a time (steps 1 to 5 there), in the caller's precision.
 
-use super::{row_scores, softmax_stats, AttnOutput, Real, Score};
+use super::{row_scores, softmax_stats, Real, Score};
 use crate::alloc;
 use crate::error::Result;
 use crate::lse::lse_parts;
+use crate::output::AttnOutput;
 use crate::problem::{AttnParams, Problem};
 use crate::view::View4;
 

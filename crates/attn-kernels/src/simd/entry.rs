@@ -8,7 +8,6 @@
 #[cfg(target_arch = "x86_64")]
 use super::{Avx2, Avx512, Avx512Bf16};
 use super::{Isa, Portable, Simd};
-use crate::problem::Precision;
 
 /// Work written once over [`Simd`], run on one instruction set by [`Target::run`]. Its `run` must
 /// be `#[inline(always)]` (one the compiler keeps as a function of its own is compiled for the
@@ -43,14 +42,19 @@ pub struct Target {
 }
 
 impl Target {
-    /// `isa` for products in `compute`: `VDPBF16PS` with [`Precision::Bf16`] on AVX-512 where
-    /// the CPU has AVX512-BF16.
+    /// `isa`, its bfloat16 products (if any) emulated with FMAs until [`Target::bf16_products`].
     ///
     /// # Panics
     /// When this CPU lacks `isa` (callers check [`Isa::is_available`] first).
-    pub fn new(isa: Isa, compute: Precision) -> Target {
+    pub fn new(isa: Isa) -> Target {
         assert!(isa.is_available(), "{isa:?} entered on a CPU without it");
-        Target { isa, native_bf16: isa == Isa::Avx512 && compute == Precision::Bf16 && Isa::has_avx512_bf16() }
+        Target { isa, native_bf16: false }
+    }
+
+    /// With `bf16` (the call's products are bfloat16 pairs), AVX-512 multiplies them with
+    /// `VDPBF16PS` where the CPU has AVX512-BF16.
+    pub fn bf16_products(self, bf16: bool) -> Target {
+        Target { native_bf16: bf16 && self.isa == Isa::Avx512 && Isa::has_avx512_bf16(), ..self }
     }
 
     /// Lanes of its vectors ([`Simd::W`]).
@@ -113,7 +117,7 @@ pub fn on_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
             (self.0)()
         }
     }
-    Target::new(isa, Precision::F32).run(Compiled(f))
+    Target::new(isa).run(Compiled(f))
 }
 
 /// # Safety
@@ -151,8 +155,8 @@ mod tests {
     fn every_available_target_runs_its_own_vectors() {
         for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|i| i.is_available()) {
             let want = if isa == Isa::Avx512 { 16 } else { 8 };
-            assert_eq!(Target::new(isa, Precision::F32).lanes(), want, "{isa:?}");
-            assert_eq!(Target::new(isa, Precision::Bf16).lanes(), want, "{isa:?}");
+            assert_eq!(Target::new(isa).lanes(), want, "{isa:?}");
+            assert_eq!(Target::new(isa).bf16_products(true).lanes(), want, "{isa:?}");
             assert_eq!(on_isa(isa, || 3 + 4), 7);
         }
     }

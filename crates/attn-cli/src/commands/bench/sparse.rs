@@ -7,7 +7,7 @@ use std::sync::Arc;
 use attn::sparse::{BlockMask, Pattern};
 use attn_kernels::Dims;
 
-use crate::commands::pattern_flags::pattern_error;
+use crate::commands::sdpa_flags::pattern_error;
 use crate::measure::{self, Budget, Held, Measurement};
 
 /// A case's block mask and the timing of its building.

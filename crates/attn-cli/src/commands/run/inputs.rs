@@ -19,31 +19,14 @@ use candle_core::{DType, Tensor, Var};
 
 use super::linear::refuse_softmax_only;
 use super::packed::{self, Offsets};
+use super::sourced::Sourced;
 use super::Args;
-use crate::commands::pattern_flags::pattern_error;
+use crate::commands::sdpa_flags::pattern_error;
 use crate::io::{read_npy, read_tensors, HostData, HostTensor, IoError, IoErrorKind};
 
 /// Tensor names accepted in the input file.
 const ACCEPTED: [&str; 10] =
     ["q", "k", "v", "mask", "bias", "key_lengths", "grad_out", "sinks", "cu_seqlens_q", "cu_seqlens_k"];
-
-/// A tensor and the file it came from.
-pub(super) struct Sourced {
-    pub(super) file: String,
-    pub(super) tensor: HostTensor,
-}
-
-impl Sourced {
-    /// The tensor converted by `f`; a refusal names the file and the tensor `name`.
-    pub(super) fn convert<T>(
-        self,
-        name: &str,
-        f: impl FnOnce(HostTensor) -> Result<T, IoErrorKind>,
-    ) -> Result<T, IoError> {
-        let Sourced { file, tensor } = self;
-        f(tensor).map_err(|kind| IoError::tensor(file, name, kind))
-    }
-}
 
 /// The input tensors of one run.
 pub(super) struct Inputs {

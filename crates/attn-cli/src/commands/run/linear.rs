@@ -6,7 +6,7 @@
 
 use attn::linear::{FeatureMap, LinearOptions};
 
-use super::inputs::Sourced;
+use super::sourced::Sourced;
 use crate::io::{IoError, IoErrorKind};
 
 /// The feature maps `attn run --linear` offers (FAVOR+ is the library's and `attn bench`'s).

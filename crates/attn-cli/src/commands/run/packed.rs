@@ -2,7 +2,7 @@
 //! (I32/I64 `[B + 1]`) asks for attention over packed variable-length sequences, `q: [total_q, Hq,
 //! Dk]`, `k: [total_k, Hkv, Dk]`, `v: [total_k, Hkv, Dv]`, through `attn::sdpa_varlen_full`.
 
-use super::inputs::Sourced;
+use super::sourced::Sourced;
 use crate::io::{HostTensor, IoError, IoErrorKind};
 
 /// The offsets of packed sequences, `[B + 1]` each.

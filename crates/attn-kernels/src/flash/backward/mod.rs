@@ -30,9 +30,9 @@
 //! sink, so `P = exp(S − lse)` and `Δ = dO·O` are already those of the softmax with the sink, and
 //! `dsinks` is one pass over the rows afterwards ([`sinks`]).
 
+mod job;
 mod rows;
 mod sinks;
-mod tile;
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -40,14 +40,15 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::plan::{self, Path};
+use super::plan;
 use crate::alloc::{self, AllocError};
 use crate::amx::{TileChoice, TileUnit};
 use crate::grad::{AttnGrads, Saved, SideGrads};
-use crate::problem::Problem;
+use crate::output::Path;
+use crate::problem::{Precision, Problem};
 use crate::simd::{Isa, Simd, SimdJob, Target};
 use crate::view::View4;
-use tile::{run_job, BwdWork};
+use job::{run_job, BwdWork};
 
 /// Keys per block: a multiple of every ISA's key panel (`2·W` ≤ 32), and a block mask's key block.
 pub const KEY_BLOCK: usize = 64;
@@ -57,12 +58,13 @@ const _: () = assert!(KEY_BLOCK == crate::sparse::SPARSE_BLOCK, "a key block is 
 /// products' passes over the block's `dK`, `dV` accumulators) over more rows, and a key block's
 /// short last tile rarer (see docs/performance-log.md, "attn-kernels/src/flash/backward/mod.rs:
 /// TILE_ROWS").
-pub const TILE_ROWS: usize = 60;
+pub const BWD_TILE_ROWS: usize = 60;
 /// Query rows per tile under a block mask: one query block, so that a listed block is one tile,
 /// never cut into a full tile and a short one nor widened into its unlisted neighbours.
-pub const SPARSE_TILE_ROWS: usize = crate::sparse::SPARSE_BLOCK;
+pub const BWD_SPARSE_TILE_ROWS: usize = crate::sparse::SPARSE_BLOCK;
 /// The most query rows of any tile.
-const MAX_TILE_ROWS: usize = if TILE_ROWS > SPARSE_TILE_ROWS { TILE_ROWS } else { SPARSE_TILE_ROWS };
+const BWD_MAX_TILE_ROWS: usize =
+    if BWD_TILE_ROWS > BWD_SPARSE_TILE_ROWS { BWD_TILE_ROWS } else { BWD_SPARSE_TILE_ROWS };
 /// Jobs per thread wanted before the keys are split into shards.
 const JOBS_PER_THREAD: usize = 4;
 /// Most bytes of `dq` partials when the keys are split.
@@ -136,7 +138,7 @@ pub(super) struct BwdCtx<'a> {
     /// forward's and `P = exp(S − lse)` matches its log-sum-exp. A score rounded differently by
     /// one ulp of `|S|` shifts a whole row's `P` by that much relative (`|S|·ε`, several ulp).
     pub decode_scores: bool,
-    /// The tiles of the bfloat16 products `S`, `dV`, `dK` and `dQ`, if any (`tile_products`).
+    /// The tiles of the bfloat16 products `S`, `dV`, `dK` and `dQ`, if any (`amx_products`).
     pub tiles: Option<TileUnit>,
 }
 
@@ -181,7 +183,7 @@ pub(crate) fn backward(
     want_dbias: bool,
     tuning: BackwardTuning,
 ) -> Result<AttnGrads<f32>, AllocError> {
-    let target = Target::new(isa, pb.compute);
+    let target = Target::new(isa).bf16_products(pb.compute == Precision::Bf16);
     let lanes = target.lanes();
     let d = pb.dims;
     let bias_len = pb.elem.bias.filter(|_| want_dbias).map(|b| b.data.len());
@@ -257,7 +259,7 @@ pub(crate) fn backward(
     Ok(g)
 }
 
-/// One job of the backward (`tile::run_job`) for the call's instruction set.
+/// One job of the backward (`job::run_job`) for the call's instruction set.
 struct BwdBlock<'a, 'c> {
     cx: &'a BwdCtx<'c>,
     job: &'a BwdJob,

@@ -11,14 +11,14 @@
 use std::ops::Range;
 
 use crate::amx::TileUnit;
+use crate::flash::amx_products::{self, on_unit};
 use crate::flash::block::{rows_per_call, with_rows, Work, LDS};
 use crate::flash::micro::{pv, pv_scalar, Bf16Pairs, Fma, Product};
 use crate::flash::nonfinite::BadColumn;
 use crate::flash::pairs::pair_keys;
-use crate::flash::tile_products::{self, on_unit};
 use crate::simd::{KvElem, Simd};
 
-use super::tiles::{tile_columns, Seg};
+use crate::flash::key_tiles::{tile_columns, Seg};
 
 /// Row stride of the probability pairs in `Work::p2`.
 const LDP: usize = LDS / 2;
@@ -26,14 +26,14 @@ const LDP: usize = LDS / 2;
 /// `o: [rows, dv] += P · V` for the tile `segs` with bfloat16 products: `P` the probabilities in
 /// `w.s` (columns from the tile's end on are set to 0 here), rounded to bfloat16 pairs in `w.p2`,
 /// each segment's times its keys' pairs in `vpairs`, the head's value pairs as `pack::pack_head`
-/// lays them out; on `tiles` when given (`tile_products::pv`), else the `pv` micro-kernel.
+/// lays them out; on `tiles` when given (`amx_products::pv`), else the `pv` micro-kernel.
 ///
 /// # Safety
 /// The CPU supports `S`'s instruction set; every segment starts (in keys and in columns) at a
 /// multiple of `2·S::W` and every one but the last spans whole multiples of it; `vpairs` holds the
 /// pairs of keys `0..j0 + n` rounded up to `2·S::W` keys, `dv` slots each, for each segment's
 /// `j0..j0 + n`; `o` holds `rows` rows of `dv`; with `tiles`, they are configured on this thread
-/// and the call fits them (`tile_products::fits`).
+/// and the call fits them (`amx_products::fits`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn accumulate_bf16<S: Simd>(
@@ -61,7 +61,7 @@ pub(super) unsafe fn accumulate_bf16<S: Simd>(
         // SAFETY: the tiles are configured by the caller (`forward::run`); `w.p2` holds `room`
         // rows, `vpairs` and `o` as the caller guarantees, `dv` a multiple of 32 (`fits`).
         unsafe {
-            on_unit!(unit, tw.emulated, t => tile_products::pv(t, &w.p2, LDP, vpairs, segs, dv, o, rows, &mut tw.acc))
+            on_unit!(unit, tw.emulated, t => amx_products::pv(t, &w.p2, LDP, vpairs, segs, dv, o, rows, &mut tw.acc))
         };
         return;
     }

@@ -12,20 +12,20 @@
 //! `panels` is given: packed keys (prefill, queries stored transposed per micro-kernel call, tiles
 //! aligned to the panel width) or keys read in place (decode). With bfloat16 products (prefill
 //! only) the queries are stored as bfloat16 pairs and `P·V` takes `accumulate_bf16`; on AMX tiles
-//! (`Ctx::tiles`) the rows are stored row-major for them (`tile_products::prepare`) and the tiles
+//! (`Ctx::tiles`) the rows are stored row-major for them (`amx_products::prepare`) and the tiles
 //! stay configured for the block's run.
 
 pub(super) mod accumulate;
 pub(super) mod softmax;
-pub(super) mod tiles;
 
+use super::amx_products::prepare;
 use super::block::{head, qk_chunks, rows_per_call, tile_keys, Ctx, Job, Outs, Work, MAX_ROWS_PER_CALL};
 use super::nonfinite::bad_columns;
 use super::pack::values_at;
 use super::pairs::transpose_pairs;
 use super::scores::scores;
-use super::tile_products::prepare;
 use crate::amx::{Hardware, TileUnit, Tiles};
+use crate::flash::key_tiles::{key_tiles, tiles};
 use crate::lse::lse_parts;
 use crate::prefetch;
 use crate::problem::Precision;
@@ -33,7 +33,6 @@ use crate::simd::{KvElem, Simd};
 use crate::sparse::{BlockMask, SPARSE_BLOCK};
 use accumulate::{accumulate, accumulate_bf16};
 use softmax::{softmax_update, write_weights};
-use tiles::{key_tiles, tiles};
 
 /// Runs one block; `panels` holds the packed keys of the block's head in the prefill path.
 /// Writes the block's rows of `outs`: `o: [rows, Dv]`, `lse: [rows]` and, when given,

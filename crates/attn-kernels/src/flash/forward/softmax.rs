@@ -7,7 +7,7 @@
 use crate::flash::block::{Ctx, Job, Work, LDS};
 use crate::simd::{exp, KvElem, Simd};
 
-use super::tiles::{tile_columns, Seg};
+use crate::flash::key_tiles::{tile_columns, Seg};
 
 /// Online-softmax step for one tile of keys (its segments `segs`): new running maxima, rescaled output rows
 /// `o: [rows, Dv]` and denominators, and the tile's probabilities `exp(s − m)` in place of the

@@ -11,8 +11,9 @@
 use std::ops::Range;
 
 use super::{key_grads, Acc, Head, KeyState, KeyTerms, Work};
-use crate::linear::chunk::{ahead, dot, prefetch_rows, sum, tril_products};
+use crate::linear::chunk::{ahead, prefetch_rows, tril_products};
 use crate::linear::gemm::{gemm, Lhs, Part};
+use crate::linear::rows::{dot, sum};
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
 

@@ -6,7 +6,8 @@
 use std::ops::Range;
 
 use super::{key_grads, Acc, Head, KeyState, KeyTerms, Work};
-use crate::linear::chunk::{ahead, dot};
+use crate::linear::chunk::ahead;
+use crate::linear::rows::dot;
 use crate::linear::transpose::transpose;
 use crate::reference::Real;
 

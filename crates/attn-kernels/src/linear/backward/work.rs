@@ -4,8 +4,8 @@
 //! states from ([`KeyState`]).
 
 use super::{Acc, Head};
-use crate::linear::chunk::{add_rows, axpy};
 use crate::linear::gemm::{gemm, Lhs};
+use crate::linear::rows::{add_rows, axpy};
 use crate::linear::LinearDims;
 use crate::lines::Lines;
 use crate::reference::Real;

@@ -3,7 +3,8 @@
 //! dropout replayed, `dS`, its additions to `dbias` and the modification's table, and `dX`.
 
 use super::super::rows::{grad_scores, scale_masked};
-use super::{BwdCtx, BwdJob, BwdWork, TileAt, LDB};
+use super::super::{BwdCtx, BwdJob};
+use super::work::{BwdWork, TileAt, LDB};
 use crate::flash::forward::softmax::exp_row;
 use crate::flash::scores::{mask_row, RowDerivs};
 use crate::simd::Simd;

@@ -8,7 +8,8 @@
 //! A head with a sink takes the products and their sum in `f64` instead: its one-key exactness is
 //! gone (`dS = P·dP·p_sink`, not 0), and what is left of `Δ`'s error is `O`'s rounding.
 
-use super::{BwdCtx, BwdJob, BwdWork, Form};
+use super::super::{BwdCtx, BwdJob};
+use super::work::{BwdWork, Form};
 use crate::flash::micro::{Bf16Pairs, Fma, Product};
 use crate::flash::pairs::transpose_pairs;
 use crate::prefetch;

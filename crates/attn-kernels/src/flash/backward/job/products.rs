@@ -8,15 +8,16 @@
 
 use std::ops::Range;
 
-use super::{row_chunks, transposes_queries, BwdCtx, BwdJob, BwdWork, Form, TileAt, LDB};
+use super::super::{BwdCtx, BwdJob};
+use super::work::{row_chunks, transposes_queries, BwdWork, Form, TileAt, LDB};
 use crate::amx::TILE_SLOTS;
+use crate::flash::amx_products::{self, on_unit, prepare, prepare_columns};
 use crate::flash::block::{head, rows_per_call, with_rows, MAX_ROWS_PER_CALL};
 use crate::flash::forward::accumulate::{pv_block, pv_spans};
-use crate::flash::forward::tiles::Seg;
+use crate::flash::key_tiles::Seg;
 use crate::flash::micro::{qk_panel, Bf16Pairs, Fma, Product};
 use crate::flash::pairs::{pair_keys, pair_rows, transpose_pairs};
 use crate::flash::scores::decode_scores;
-use crate::flash::tile_products::{self, on_unit, prepare, prepare_columns};
 use crate::prefetch;
 use crate::simd::{KvElem, Portable, Simd};
 
@@ -143,7 +144,7 @@ pub(super) unsafe fn products<S: Simd>(cx: &BwdCtx, job: &BwdJob, w: &mut BwdWor
             let tw = &mut w.tiles;
             prepare(tw, nr, |r| cx.q.row(b, h, i0 + r), d.dk);
             let seg = [Seg { col: 0, j0: 0, n }];
-            on_unit!(unit, tw.emulated, t => tile_products::qk(t, &tw.q, tw.ldq, &w.kp, &seg, scale, w.s.as_mut_ptr(), LDB, nr, &mut tw.acc));
+            on_unit!(unit, tw.emulated, t => amx_products::qk(t, &tw.q, tw.ldq, &w.kp, &seg, scale, w.s.as_mut_ptr(), LDB, nr, &mut tw.acc));
         } else if form.bf16 {
             panel_product::<S, Bf16Pairs>(&w.qt[qt..], &w.kp, dks, nr, form.unit, np, scale, &w.band, &mut w.s);
         } else {
@@ -247,12 +248,12 @@ pub(super) unsafe fn accumulate_pairs<S: Simd>(cx: &BwdCtx, job: &BwdJob, w: &mu
     };
     // SAFETY: `P̄` and `dX` hold `nr` rows of `LDB >= width` at stride `LDB` (0 outside the band,
     // and so are their pairs outside `pairs_seeing`); Q and dO rows
-    // `i0..i0+nr` exist; `w.rows2` holds `⌈MAX_TILE_ROWS/2⌉` rows of `max(LDB, Dk, Dv)`, `w.keys2`
-    // `MAX_TILE_ROWS` rows of `LDB/2`, `w.kk` the block's keys in pairs (`width/2` rows of `Dk`); the
+    // `i0..i0+nr` exist; `w.rows2` holds `⌈BWD_MAX_TILE_ROWS/2⌉` rows of `max(LDB, Dk, Dv)`, `w.keys2`
+    // `BWD_MAX_TILE_ROWS` rows of `LDB/2`, `w.kk` the block's keys in pairs (`width/2` rows of `Dk`); the
     // accumulators hold `n` rows, `dq` `nr` rows.
     unsafe {
         // The pairs of `P̄` or `dX` in `rows2`'s first rows, up to the next 16 (zero for the tiles;
-        // `MAX_TILE_ROWS / 2` is a multiple of 16), the vectors' pairs of `dO` or `Q` after them.
+        // `BWD_MAX_TILE_ROWS / 2` is a multiple of 16), the vectors' pairs of `dO` or `Q` after them.
         let padded = half.div_ceil(TILE_SLOTS) * TILE_SLOTS;
         let (pairs, values) = w.rows2.split_at_mut(padded * LDB);
         if cx.tiles.is_some() {
@@ -268,7 +269,7 @@ pub(super) unsafe fn accumulate_pairs<S: Simd>(cx: &BwdCtx, job: &BwdJob, w: &mu
                 Some(unit) => {
                     let row = |r: usize| std::slice::from_raw_parts(rows.add(r * ld), dim);
                     let lda = prepare_columns(&mut tw.q, nr, row, dim, seeing.clone());
-                    on_unit!(unit, tw.emulated, t => tile_products::reduce_rows(t, &tw.q, lda, pairs.as_ptr(), LDB, dim, n, acc, &mut tw.acc));
+                    on_unit!(unit, tw.emulated, t => amx_products::reduce_rows(t, &tw.q, lda, pairs.as_ptr(), LDB, dim, n, acc, &mut tw.acc));
                 }
                 None => {
                     pair_rows::<S>(rows, ld, nr, dim, values.as_mut_ptr(), dim);
@@ -279,10 +280,10 @@ pub(super) unsafe fn accumulate_pairs<S: Simd>(cx: &BwdCtx, job: &BwdJob, w: &mu
         }
         pair_keys::<S>(w.dp.as_mut_ptr(), LDB, nr, n, width, w.keys2.as_mut_ptr(), LDB / 2);
         match cx.tiles {
-            // `keys2` holds `MAX_TILE_ROWS` (a multiple of 32) rows: the padding rows the tiles read.
+            // `keys2` holds `BWD_MAX_TILE_ROWS` (a multiple of 32) rows: the padding rows the tiles read.
             Some(unit) => {
                 let seg = [Seg { col: 0, j0: 0, n }];
-                on_unit!(unit, tw.emulated, t => tile_products::pv(t, &w.keys2, LDB / 2, &w.kk, &seg, d.dk, dq, nr, &mut tw.acc));
+                on_unit!(unit, tw.emulated, t => amx_products::pv(t, &w.keys2, LDB / 2, &w.kk, &seg, d.dk, dq, nr, &mut tw.acc));
             }
             None => pv_block::<S, Bf16Pairs, f32>(
                 w.keys2.as_ptr(),

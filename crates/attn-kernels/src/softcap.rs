@@ -4,7 +4,6 @@
 //! CPU, which the [`Softcap`](crate::score_mod::Softcap) score modification calls so that it
 //! computes, element for element, what the built-in soft-cap computes.
 
-use crate::problem::Precision;
 use crate::simd::{tanh, Isa, Simd, SimdJob, Target};
 
 /// `row[c] = cap · tanh(row[c] / cap)` in place, and with `dcap`, `dcap[c] = 1 − tanh²` there.
@@ -12,7 +11,7 @@ use crate::simd::{tanh, Isa, Simd, SimdJob, Target};
 /// # Safety
 /// The CPU supports `S`'s instruction set, and `row.len()` is a multiple of `S::W`.
 #[inline(always)]
-pub(super) unsafe fn softcap_row<S: Simd>(row: &mut [f32], cap: f32, dcap: Option<&mut [f32]>) {
+pub(crate) unsafe fn softcap_row<S: Simd>(row: &mut [f32], cap: f32, dcap: Option<&mut [f32]>) {
     // SAFETY: the CPU supports `S` (the caller's contract); the loop reads and writes whole
     // vectors inside `row`, whose length is a multiple of `S::W`.
     unsafe {
@@ -39,7 +38,7 @@ fn derivative(row: &[f32], cap: f32, dcap: &mut [f32]) {
 /// [`softcap_row`] on a row of any length (the tail through a padded copy), on the best
 /// instruction set of this CPU.
 pub(crate) fn softcap_any(row: &mut [f32], cap: f32, dcap: Option<&mut [f32]>) {
-    Target::new(Isa::best(), Precision::F32).run(Padded { row, cap, dcap })
+    Target::new(Isa::best()).run(Padded { row, cap, dcap })
 }
 
 /// [`softcap_any`]'s arguments as a job.

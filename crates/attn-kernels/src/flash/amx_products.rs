@@ -18,7 +18,7 @@
 use std::ops::Range;
 
 use super::block::TileWork;
-use super::forward::tiles::Seg;
+use super::key_tiles::Seg;
 use super::pack::pair;
 use crate::amx::{Tiles, TILE_ROWS, TILE_SLOTS};
 use crate::simd::KvElem;
