@@ -1,7 +1,7 @@
 """attn's attention as PyTorch operators: ``attn::sdpa_forward`` and ``attn::sdpa_backward``
-(``torch.library.custom_op``), with fake (meta) implementations for ``torch.compile`` and the
-autograd formula that runs the fused backward kernel on the forward's saved log-sum-exp,
-replaying dropout from its seed.
+(``torch.library.define``, their schemas made from one list of options, ``OPTIONS``), with fake
+(meta) implementations for ``torch.compile`` and the autograd formula that runs the fused backward
+kernel on the forward's saved log-sum-exp, replaying dropout from its seed.
 
 The operators take 4-D CPU tensors: ``q: [B, Hq, Lq, Dk]`` in the compute type (float32, or
 float64), ``k: [B, Hkv, Lk, Dk]`` and ``v: [B, Hkv, Lk, Dv]`` in float32, float16 or bfloat16
@@ -15,8 +15,6 @@ empty tensor). ``out``, ``lse`` and the weights are differentiable: the backward
 gradient that arrived (``dS = A∘(dA + dW − Δ − ω + dlse)``, see the Rust ``SideGrads``).
 """
 
-from typing import List, Optional, Tuple
-
 import torch
 from torch import Tensor
 from torch.utils.dlpack import to_dlpack
@@ -25,29 +23,55 @@ from . import _attn
 
 STORAGE = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
+# The options both operators take, in this order, with their schema types: spelled once here,
+# for the schemas, the native options dictionary and the autograd context alike.
+OPTIONS = (
+    ("dropout_p", "float"),
+    ("is_causal", "bool"),
+    ("scale", "float?"),
+    ("window", "int[]?"),
+    ("softcap", "float?"),
+    ("bottom_right", "bool"),
+    ("key_lengths", "int[]?"),
+    ("seed", "int"),
+    ("compute", "str"),
+)
+N_OPTIONS = len(OPTIONS)
+_SCHEMA_OPTIONS = ", ".join(f"{kind} {name}" for name, kind in OPTIONS)
+FORWARD_SCHEMA = (
+    f"(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, {_SCHEMA_OPTIONS}, bool want_weights=False, "
+    "Tensor? sinks=None) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+BACKWARD_SCHEMA = (
+    "(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor lse_residue, Tensor? attn_mask, "
+    f"bool want_dbias, {_SCHEMA_OPTIONS}, Tensor? grad_lse=None, Tensor? weights=None, Tensor? grad_weights=None, "
+    "Tensor? sinks=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
 
-def native_options(
-    attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute, sinks=None
-):
-    """The native module's options dictionary from the operators' arguments."""
+
+def native_options(attn_mask, options, sinks=None):
+    """The native module's options dictionary from the mask, the operators' ``options`` (the
+    values of ``OPTIONS``, in order) and the sinks."""
+    o = dict(zip((name for name, _ in OPTIONS), options, strict=True))
     keep = bias = None
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             keep = to_dlpack(attn_mask)
         else:
             bias = to_dlpack(attn_mask)
+    window = o["window"]
     return {
         "keep": keep,
         "bias": bias,
-        "causal": is_causal,
+        "causal": o["is_causal"],
         "window": None if window is None else tuple(None if x < 0 else x for x in window),
-        "bottom_right": bottom_right,
-        "key_lengths": key_lengths,
-        "scale": scale,
-        "softcap": softcap,
-        "dropout_p": dropout_p,
-        "seed": seed,
-        "bf16_products": compute == "bf16",
+        "bottom_right": o["bottom_right"],
+        "key_lengths": o["key_lengths"],
+        "scale": o["scale"],
+        "softcap": o["softcap"],
+        "dropout_p": o["dropout_p"],
+        "seed": o["seed"],
+        "bf16_products": o["compute"] == "bf16",
         "sinks": None if sinks is None else to_dlpack(sinks),
     }
 
@@ -58,27 +82,26 @@ def run_forward(q, k, v, opts, want_weights):
     return _attn.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), opts, want_weights)
 
 
-def forward_tensors(
-    q, k, v, attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute,
-    want_weights=False, sinks=None,
-):
-    """The forward operator's computation (its arguments and results), without the dispatcher."""
-    opts = native_options(
-        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute, sinks
-    )
-    out, lse, res, weights = run_forward(q, k, v, opts, want_weights)
+def _tail(rest, defaults):
+    """The options and the trailing arguments (with their defaults) of an operator's ``rest``."""
+    options, tail = rest[:N_OPTIONS], rest[N_OPTIONS:]
+    return options, tuple(tail) + defaults[len(tail):]
+
+
+def forward_tensors(q, k, v, attn_mask, *rest):
+    """The forward operator's computation (``FORWARD_SCHEMA``'s arguments and results), without
+    the dispatcher."""
+    options, (want_weights, sinks) = _tail(rest, (False, None))
+    out, lse, res, weights = run_forward(q, k, v, native_options(attn_mask, options, sinks), want_weights)
     weights = q.new_empty(0) if weights is None else torch.from_numpy(weights)
     return torch.from_numpy(out), torch.from_numpy(lse), torch.from_numpy(res), weights
 
 
-def backward_tensors(
-    grad, q, k, v, out, lse, lse_residue, attn_mask, want_dbias, dropout_p, is_causal, scale, window, softcap,
-    bottom_right, key_lengths, seed, compute, grad_lse=None, weights=None, grad_weights=None, sinks=None,
-):
-    """The backward operator's computation (its arguments and results), without the dispatcher."""
-    opts = native_options(
-        attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute, sinks
-    )
+def backward_tensors(grad, q, k, v, out, lse, lse_residue, attn_mask, want_dbias, *rest):
+    """The backward operator's computation (``BACKWARD_SCHEMA``'s arguments and results), without
+    the dispatcher."""
+    options, (grad_lse, weights, grad_weights, sinks) = _tail(rest, (None, None, None, None))
+    opts = native_options(attn_mask, options, sinks)
     grad = grad.to(q.dtype)
     if grad.dim() == 4 and grad.shape[-1] > 1 and grad.stride(-1) != 1:
         grad = grad.contiguous()
@@ -90,87 +113,39 @@ def backward_tensors(
     return torch.from_numpy(dq), torch.from_numpy(dk).to(k.dtype), torch.from_numpy(dv).to(v.dtype), dbias, dsinks
 
 
-@torch.library.custom_op("attn::sdpa_forward", mutates_args=(), device_types="cpu")
-def sdpa_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    attn_mask: Optional[Tensor],
-    dropout_p: float,
-    is_causal: bool,
-    scale: Optional[float],
-    window: Optional[List[int]],
-    softcap: Optional[float],
-    bottom_right: bool,
-    key_lengths: Optional[List[int]],
-    seed: int,
-    compute: str,
-    want_weights: bool = False,
-    sinks: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    return forward_tensors(
-        q, k, v, attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute,
-        want_weights, sinks,
-    )
+torch.library.define("attn::sdpa_forward", FORWARD_SCHEMA)
+torch.library.define("attn::sdpa_backward", BACKWARD_SCHEMA)
+torch.library.impl("attn::sdpa_forward", "cpu", forward_tensors)
+torch.library.impl("attn::sdpa_backward", "cpu", backward_tensors)
+sdpa_forward = torch.ops.attn.sdpa_forward.default
+sdpa_backward = torch.ops.attn.sdpa_backward.default
 
 
-@sdpa_forward.register_fake
-def _(q, k, v, attn_mask, dropout_p, is_causal, scale, window, softcap, bottom_right, key_lengths, seed, compute,
-      want_weights=False, sinks=None):
+@torch.library.register_fake("attn::sdpa_forward")
+def _(q, k, v, attn_mask, *rest):
+    _, (want_weights, _sinks) = _tail(rest, (False, None))
     lse = q.new_empty(q.shape[:-1])
     weights = q.new_empty((*q.shape[:-1], k.shape[-2])) if want_weights else q.new_empty(0)
     return q.new_empty((*q.shape[:-1], v.shape[-1])), lse, torch.empty_like(lse), weights
 
 
-@torch.library.custom_op("attn::sdpa_backward", mutates_args=(), device_types="cpu")
-def sdpa_backward(
-    grad: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    lse_residue: Tensor,
-    attn_mask: Optional[Tensor],
-    want_dbias: bool,
-    dropout_p: float,
-    is_causal: bool,
-    scale: Optional[float],
-    window: Optional[List[int]],
-    softcap: Optional[float],
-    bottom_right: bool,
-    key_lengths: Optional[List[int]],
-    seed: int,
-    compute: str,
-    grad_lse: Optional[Tensor] = None,
-    weights: Optional[Tensor] = None,
-    grad_weights: Optional[Tensor] = None,
-    sinks: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    return backward_tensors(
-        grad, q, k, v, out, lse, lse_residue, attn_mask, want_dbias, dropout_p, is_causal, scale, window, softcap,
-        bottom_right, key_lengths, seed, compute, grad_lse, weights, grad_weights, sinks,
-    )
-
-
-@sdpa_backward.register_fake
-def _(grad, q, k, v, out, lse, lse_residue, attn_mask, want_dbias, dropout_p, is_causal, scale, window, softcap,
-      bottom_right, key_lengths, seed, compute, grad_lse=None, weights=None, grad_weights=None, sinks=None):
+@torch.library.register_fake("attn::sdpa_backward")
+def _(grad, q, k, v, out, lse, lse_residue, attn_mask, want_dbias, *rest):
+    _, (_grad_lse, _weights, _grad_weights, sinks) = _tail(rest, (None, None, None, None))
     dbias = attn_mask.new_empty(attn_mask.shape) if want_dbias else q.new_empty(0)
     dsinks = q.new_empty(0) if sinks is None else torch.empty_like(sinks)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dbias, dsinks
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, attn_mask, *options = inputs
+    q, k, v, attn_mask, *rest = inputs
     out, lse, res, weights = output
     ctx.save_for_backward(q, k, v, out, lse, res, attn_mask, weights)
     # Outputs no loss read get ``None``, not zeros: the backward then takes no side gradient.
     ctx.set_materialize_grads(False)
-    # The nine options both operators take (dropout_p … compute); ``want_weights`` stays behind,
-    # the sinks (the forward's last input, when given) are saved apart.
-    ctx.options = options[:9]
-    ctx.sinks = options[10] if len(options) > 10 else None
+    # The options both operators take; ``want_weights`` stays behind, the sinks (the forward's
+    # last input, when given) are saved apart.
+    ctx.options, (_want_weights, ctx.sinks) = _tail(rest, (False, None))
     ctx.inputs = len(inputs)
     ctx.want_dbias = attn_mask is not None and attn_mask.dtype != torch.bool and ctx.needs_input_grad[3]
 
@@ -194,7 +169,7 @@ def _backward(ctx, grad_out, grad_lse, _grad_res, grad_weights):
     return _gradients(sdpa_backward, ctx, grad_out, grad_lse, grad_weights)
 
 
-sdpa_forward.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("attn::sdpa_forward", _backward, setup_context=_setup_context)
 
 
 def storageless(*tensors):

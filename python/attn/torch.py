@@ -25,7 +25,7 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from . import _args
 from ._attn import InternalError
-from ._ops import STORAGE, Eager, native_options, run_forward, sdpa_forward, storageless
+from ._ops import OPTIONS, STORAGE, Eager, native_options, run_forward, sdpa_forward, storageless
 
 __all__ = ["patch", "unpatch", "patched"]
 
@@ -94,10 +94,11 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
     mask = _mask(attn_mask, compute, single)
     sinks = _sinks(extras["sinks"], compute, q.shape[1])
     win = None if o["window"] is None else [-1 if x is None else x for x in o["window"]]
-    args = (
-        o["dropout_p"], o["causal"], o["scale"], win, o["softcap"], o["bottom_right"], o["key_lengths"], o["seed"],
-        extras["compute"],
+    named = dict(
+        dropout_p=o["dropout_p"], is_causal=o["causal"], scale=o["scale"], window=win, softcap=o["softcap"],
+        bottom_right=o["bottom_right"], key_lengths=o["key_lengths"], seed=o["seed"], compute=extras["compute"],
     )
+    args = tuple(named[name] for name, _ in OPTIONS)
     tracked = any(t is not None and t.requires_grad for t in (q, k, v, mask, sinks))
     if torch.compiler.is_compiling() or storageless(q, k, v, mask, sinks):
         out, lse, _, weights = sdpa_forward(q, k, v, mask, *args, bool(return_weights), sinks)
@@ -105,7 +106,7 @@ def sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, 
         out, lse, _, weights = Eager.apply(q, k, v, mask, *args, bool(return_weights), sinks)
     else:
         out, lse, _, weights = (None if x is None else torch.from_numpy(x) for x in run_forward(
-            q, k, v, native_options(mask, *args, sinks), bool(return_weights)))
+            q, k, v, native_options(mask, args, sinks), bool(return_weights)))
     weights = weights if return_weights else None
     if single:
         out = out.squeeze(1)
