@@ -56,27 +56,41 @@ impl<'py> Options<'py> {
 
     /// The kernels' parameters in compute type `T`, borrowing the masks and the key lengths.
     pub(crate) fn params<'a, T: Elem + Default>(&'a self, masks: &Masks<'a>) -> PyResult<AttnParams<'a, T>> {
+        // Both sides spelled out, so that a new key here or a new kernel option fails to compile
+        // rather than doing nothing from Python. Score modifications are Rust closures and block
+        // masks Rust values: Python hands neither.
+        let Options {
+            keep: _,
+            bias: _,
+            causal,
+            window,
+            bottom_right,
+            key_lengths,
+            scale,
+            softcap,
+            dropout_p,
+            seed,
+            bf16_products,
+            sinks: _,
+        } = self;
         let keep = masks.keep.as_ref().map(broadcast::<bool>).transpose()?;
         let bias = masks.bias.as_ref().map(broadcast::<T>).transpose()?;
-        let dropout = (self.dropout_p != 0.0).then_some(Dropout { p: self.dropout_p, seed: self.seed });
+        let dropout = (*dropout_p != 0.0).then_some(Dropout { p: *dropout_p, seed: *seed });
         Ok(AttnParams {
-            scale: self.scale,
+            scale: *scale,
             mask: MaskSpec {
-                causal: self.causal,
-                window: self.window.map(|(left, right)| Window { left, right }),
-                align: if self.bottom_right { Align::BottomRight } else { Align::TopLeft },
-                key_lengths: self.key_lengths.as_deref(),
+                causal: *causal,
+                window: window.map(|(left, right)| Window { left, right }),
+                align: if *bottom_right { Align::BottomRight } else { Align::TopLeft },
+                key_lengths: key_lengths.as_deref(),
                 keep,
                 bias,
                 block: None,
             },
-            softcap: self.softcap,
+            softcap: *softcap,
             dropout,
-            compute: if self.bf16_products { Precision::Bf16 } else { Precision::F32 },
+            compute: if *bf16_products { Precision::Bf16 } else { Precision::F32 },
             sinks: masks.sinks.as_ref().map(|s| s.contiguous::<T>()).transpose()?,
-            // Every field spelled out, so that a new kernel option fails to compile here rather
-            // than doing nothing from Python. Score modifications are Rust closures and block
-            // masks Rust values: Python hands neither.
             score_mod: None,
         })
     }

@@ -11,10 +11,7 @@
 //! CPU's tiles where it has them.
 
 use crate::common;
-// The gradient suite's harness, of which this suite uses a part.
-#[allow(dead_code)]
-#[path = "gradients_parts/harness.rs"]
-mod harness;
+use crate::gradients_parts::harness;
 
 use attn_kernels::{
     attention_tuned, AttnGrads, AttnOutput, BackwardTuning, Dropout, Kernel, KvView, Path, Precision, Tuning, View4,

@@ -9,11 +9,7 @@
 //!   K/V stored as f16 and as bf16 (the oracle then runs on the rounded values).
 
 use crate::common;
-/// The golden suites' helpers in `tests/golden_parts/`.
-mod golden_parts {
-    pub mod compare;
-    pub mod fixture;
-}
+use crate::golden_parts;
 
 use attn_kernels::{attention_tuned, reference, Isa, Kernel, KvView, Path, Tuning, View4};
 use attn_testkit::oracle;

@@ -8,11 +8,7 @@
 //! without it), the emulation on AVX2 and portable Rust.
 
 use crate::common;
-/// The golden suites' fixture reader in `tests/golden_parts/` (this suite builds its own views).
-mod golden_parts {
-    #[allow(dead_code)]
-    pub mod fixture;
-}
+use crate::golden_parts;
 
 use attn_kernels::{attention, attention_backward, AttnParams, Kernel, KvView, Precision, Saved, View4};
 use attn_testkit::oracle::{self, GRADIENT_FACTOR, OUTPUT_FACTOR};

@@ -15,11 +15,7 @@
 //!   (as `tests/gradients_parts/harness.rs` does).
 
 use crate::common;
-/// The golden suites' helpers in `tests/golden_parts/`.
-mod golden_parts {
-    pub mod compare;
-    pub mod fixture;
-}
+use crate::golden_parts;
 
 use attn_kernels::{
     attention, attention_backward, reference, reference_backward, AttnGrads, AttnParams, Broadcast, Isa, Kernel,

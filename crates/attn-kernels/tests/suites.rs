@@ -13,6 +13,11 @@ mod golden;
 mod golden_bf16;
 #[path = "golden_gradients.rs"]
 mod golden_gradients;
+/// The golden suites' helpers in `tests/golden_parts/`.
+mod golden_parts {
+    pub mod compare;
+    pub mod fixture;
+}
 #[path = "gradients.rs"]
 mod gradients;
 mod gradients_parts;

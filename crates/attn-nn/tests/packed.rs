@@ -14,11 +14,7 @@
 //! Also: bf16 products (`compute`) reach the packed kernels; the packed type's conversions and its
 //! refusals, and the modules' refusals of what has no packed form.
 
-mod pytorch_parity_parts {
-    pub mod check;
-    pub mod fixture;
-    pub mod models;
-}
+use crate::pytorch_parity_parts;
 
 use attn::Kernel;
 use attn_nn::{AttnMasks, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, NnError, Packed, PackedMhaInput};

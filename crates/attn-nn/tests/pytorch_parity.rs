@@ -17,11 +17,7 @@
 //! Position helpers (ALiBi slopes and bias, the sinusoidal table) are checked to `1e-6`.
 //! Loading a state dict with a missing, mis-shaped or unused weight must fail naming the tensor.
 
-mod pytorch_parity_parts {
-    pub mod check;
-    pub mod fixture;
-    pub mod models;
-}
+use crate::pytorch_parity_parts;
 
 use std::collections::HashMap;
 

@@ -20,5 +20,11 @@ mod loading;
 mod packed;
 #[path = "pytorch_parity.rs"]
 mod pytorch_parity;
+/// The parity suites' helpers in `tests/pytorch_parity_parts/`.
+mod pytorch_parity_parts {
+    pub mod check;
+    pub mod fixture;
+    pub mod models;
+}
 #[path = "semantics.rs"]
 mod semantics;

@@ -105,23 +105,42 @@ impl<T> KernelParams<'_, T> {
 
     /// The kernels' parameters of the call, borrowing the host copies.
     pub fn attn_params(&self) -> Result<AttnParams<'_, T>> {
-        let o = &*self.opts;
+        // Every option named, so that a new one fails to compile here until it reaches the
+        // kernels or is named as used elsewhere: the tensors through their host copies, `kernel`
+        // and `return_weights` by the caller.
+        let SdpaOptions {
+            scale,
+            causal,
+            align,
+            window,
+            mask: _,
+            bias: _,
+            key_lengths,
+            block_mask,
+            softcap,
+            dropout,
+            sinks: _,
+            score_mod,
+            kernel: _,
+            compute,
+            return_weights: _,
+        } = &*self.opts;
         Ok(AttnParams {
-            scale: o.scale,
+            scale: *scale,
             mask: MaskSpec {
-                causal: o.causal,
-                window: o.window,
-                align: o.align,
-                key_lengths: o.key_lengths.as_deref(),
+                causal: *causal,
+                window: *window,
+                align: *align,
+                key_lengths: key_lengths.as_deref(),
                 keep: broadcast("mask", &self.keep)?,
                 bias: broadcast("bias", &self.bias)?,
-                block: o.block_mask.as_deref(),
+                block: block_mask.as_deref(),
             },
-            softcap: o.softcap,
-            dropout: o.dropout,
-            score_mod: o.score_mod.as_ref().map(|s| ScoreFn { m: &*s.m, table: &self.table }),
+            softcap: *softcap,
+            dropout: *dropout,
+            score_mod: score_mod.as_ref().map(|s| ScoreFn { m: &*s.m, table: &self.table }),
             sinks: self.sinks.as_deref(),
-            compute: o.compute,
+            compute: *compute,
         })
     }
 }
