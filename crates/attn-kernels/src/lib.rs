@@ -9,6 +9,8 @@
 //! - [`sparse`]: programmable masks ([`MaskMod`]) and their block-sparse description ([`BlockMask`]).
 //! - [`linear`]: linear attention (kernel feature maps, causal chunked and recurrent), forward and
 //!   backward, with its naive oracle.
+//! - [`delta`]: the gated delta rule (Gated DeltaNet, KDA) of current hybrid models: the
+//!   token-by-token recurrence and its exact backward.
 //! - [`varlen`]: packed variable-length sequences (FlashAttention's `flash_attn_varlen_func`),
 //!   forward and backward, on the same kernels.
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
@@ -16,6 +18,7 @@
 
 pub mod alloc;
 pub mod amx;
+pub mod delta;
 pub mod dispatch;
 pub mod dropout;
 pub mod error;

@@ -5,6 +5,8 @@
 #[path = "bf16_compute.rs"]
 mod bf16_compute;
 mod common;
+#[path = "delta_rule.rs"]
+mod delta_rule;
 #[path = "differential.rs"]
 mod differential;
 #[path = "golden.rs"]
