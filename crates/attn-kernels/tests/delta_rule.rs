@@ -275,3 +275,72 @@ fn bad_inputs_are_refused_naming_the_argument() {
     let e = delta_rule_reference(&d, &c.inputs(), &DeltaParams { scale: Some(f64::INFINITY), ..p }).unwrap_err();
     assert!(field(e).starts_with("scale"));
 }
+
+/// `x` rounded to f32.
+fn f32s(x: &[f64]) -> Vec<f32> {
+    x.iter().map(|&v| v as f32).collect()
+}
+
+/// `x` widened to f64.
+fn f64s(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| v as f64).collect()
+}
+
+/// The largest difference of `a` from `b`.
+fn max_diff(a: &[f32], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (*x as f64 - y).abs()).fold(0.0, f64::max)
+}
+
+#[test]
+fn chunks_pass_the_oracle_rule_at_every_edge() {
+    use attn_kernels::delta::{delta_rule, CHUNK};
+    let lengths = [0, 1, 2, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 3];
+    let mut cases = 0;
+    for (n, t) in lengths.into_iter().enumerate() {
+        for gate in [Gate::Scalar, Gate::Channel] {
+            for l2 in [true, false] {
+                let d = dims(2, t, 1, 2, 16, 12);
+                let p = DeltaParams { scale: None, l2norm_qk: l2, gate };
+                let mut c = Case::random(d, p, n % 2 == 0, 40 + n as u64);
+                if !l2 {
+                    // Unnormalised keys: a bounded state needs β·|k|² ≤ 2.
+                    c.k.iter_mut().for_each(|x| *x *= 0.3);
+                }
+                // Strong decay at some tokens, none at others; β at 0 and at 1.
+                for (i, g) in c.g.iter_mut().enumerate() {
+                    *g = match i % 7 {
+                        0 => -6.0,
+                        1 => 0.0,
+                        _ => *g,
+                    };
+                }
+                for (i, b) in c.beta.iter_mut().enumerate() {
+                    *b = match i % 5 {
+                        0 => 0.0,
+                        1 => 1.0,
+                        _ => *b,
+                    };
+                }
+                let (q, k, v, g, beta) = (f32s(&c.q), f32s(&c.k), f32s(&c.v), f32s(&c.g), f32s(&c.beta));
+                let init = c.init.as_deref().map(f32s);
+                let x32 = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, initial_state: init.as_deref() };
+                let (q6, k6, v6, g6, b6) = (f64s(&q), f64s(&k), f64s(&v), f64s(&g), f64s(&beta));
+                let i6 = init.as_deref().map(f64s);
+                let x64 = DeltaInputs { q: &q6, k: &k6, v: &v6, g: &g6, beta: &b6, initial_state: i6.as_deref() };
+                let oracle = delta_rule_reference(&d, &x64, &p).unwrap();
+                let naive = delta_rule_reference(&d, &x32, &p).unwrap();
+                let fast = delta_rule(&d, &x32, &p).unwrap();
+                let floor = 1e-6;
+                for (what, f, n32, o) in [
+                    ("out", &fast.out, &naive.out, &oracle.out),
+                    ("final state", &fast.final_state, &naive.final_state, &oracle.final_state),
+                ] {
+                    let (err, base) = (max_diff(f, o), max_diff(n32, o));
+                    assert!(err <= 2.0 * base + floor, "T {t} {gate:?} l2 {l2} {what}: {err:e} vs naive32 {base:e}");
+                }
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 28);
+}

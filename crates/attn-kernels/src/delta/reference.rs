@@ -45,7 +45,7 @@ impl At<'_> {
 }
 
 /// `x`, L2-normalised when `norm` (`x / √(Σx² + ε)`), times `scale`; and the normaliser `r`.
-fn prepared<T: Real>(x: &[T], norm: bool, scale: T) -> (Vec<T>, T) {
+pub(super) fn prepared<T: Real>(x: &[T], norm: bool, scale: T) -> (Vec<T>, T) {
     let r = if norm {
         let eps = T::from_f64(L2NORM_EPS).expect("a float");
         (x.iter().fold(T::zero(), |s, &v| s + v * v) + eps).sqrt().recip()
@@ -56,7 +56,7 @@ fn prepared<T: Real>(x: &[T], norm: bool, scale: T) -> (Vec<T>, T) {
 }
 
 /// The decay of each state row of one token: `exp(g)` for every row, or `exp(g_i)` for row `i`.
-fn decays<T: Real>(g: &[T], at: usize, gate: Gate, dk: usize) -> Vec<T> {
+pub(super) fn decays<T: Real>(g: &[T], at: usize, gate: Gate, dk: usize) -> Vec<T> {
     match gate {
         Gate::Scalar => vec![g[at].exp(); dk],
         Gate::Channel => g[at..at + dk].iter().map(|x| x.exp()).collect(),
@@ -65,7 +65,7 @@ fn decays<T: Real>(g: &[T], at: usize, gate: Gate, dk: usize) -> Vec<T> {
 
 /// One token's step on `s` (`[Dk, Dv]`, in place): decay, read `pred = S'ᵀk`, write `k uᵀ` with
 /// `u = β(v − pred)`; returns `u` and `v − pred`.
-fn step<T: Real>(s: &mut [T], a: &[T], k: &[T], v: &[T], beta: T) -> (Vec<T>, Vec<T>) {
+pub(super) fn step<T: Real>(s: &mut [T], a: &[T], k: &[T], v: &[T], beta: T) -> (Vec<T>, Vec<T>) {
     let dv = v.len();
     for (row, &ai) in s.chunks_exact_mut(dv).zip(a) {
         row.iter_mut().for_each(|x| *x = *x * ai);

@@ -35,13 +35,13 @@ mod chunk;
 mod favor;
 mod feature;
 mod forward;
-mod gemm;
+pub(crate) mod gemm;
 mod micro;
 mod naive;
 mod recurrent;
 mod rows;
 mod segment;
-mod transpose;
+pub(crate) mod transpose;
 mod vector;
 
 pub use backward::{linear_attention_backward, linear_attention_backward_into, GradsMut};
