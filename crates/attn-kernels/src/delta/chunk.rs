@@ -47,9 +47,10 @@ pub fn delta_rule(d: &DeltaDims, x: &DeltaInputs<f32>, p: &DeltaParams) -> Resul
         .map(|(bh, s)| {
             let (b, h) = (bh / hv, bh % hv);
             let mut o = vec![0.0f32; t * dv];
+            let head = Head { d, x, p, scale, b, h };
             match p.gate {
-                Gate::Scalar => head_chunked(isa, d, x, p, scale, b, h, s, &mut o),
-                Gate::Channel => head_recurrent(d, x, p, scale, b, h, s, &mut o),
+                Gate::Scalar => head.chunked(isa, s, &mut o),
+                Gate::Channel => head.recurrent(s, &mut o),
             }
             o
         })
@@ -73,127 +74,112 @@ struct Rows {
     g: Vec<f32>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn rows(
-    d: &DeltaDims,
-    x: &DeltaInputs<f32>,
-    p: &DeltaParams,
+/// One (batch, value head) of a call.
+struct Head<'a> {
+    d: &'a DeltaDims,
+    x: &'a DeltaInputs<'a, f32>,
+    p: &'a DeltaParams,
     scale: f32,
     b: usize,
     h: usize,
-    t0: usize,
-    n: usize,
-) -> Rows {
-    let kh = h / (d.hv / d.hk);
-    let (mut q, mut k, mut v) =
-        (Vec::with_capacity(n * d.dk), Vec::with_capacity(n * d.dk), Vec::with_capacity(n * d.dv));
-    let (mut beta, mut g) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for t in t0..t0 + n {
-        let qk = ((b * d.t + t) * d.hk + kh) * d.dk;
-        q.extend(prepared(&x.q[qk..][..d.dk], p.l2norm_qk, scale).0);
-        k.extend(prepared(&x.k[qk..][..d.dk], p.l2norm_qk, 1.0).0);
-        v.extend_from_slice(&x.v[((b * d.t + t) * d.hv + h) * d.dv..][..d.dv]);
-        let i = (b * d.t + t) * d.hv + h;
-        beta.push(x.beta[i]);
-        g.push(x.g[i]);
-    }
-    Rows { q, k, v, beta, g }
 }
 
-/// One head in chunks: `s` (`[Dk, Dv]`) holds the initial state and is left holding the final one;
-/// `o` (`[T, Dv]`) receives the outputs.
-#[allow(clippy::too_many_arguments)]
-fn head_chunked(
-    isa: Isa,
-    d: &DeltaDims,
-    x: &DeltaInputs<f32>,
-    p: &DeltaParams,
-    scale: f32,
-    b: usize,
-    h: usize,
-    s: &mut [f32],
-    o: &mut [f32],
-) {
-    let (dk, dv) = (d.dk, d.dv);
-    let mut kt = vec![0.0f32; dk * CHUNK];
-    let mut gram = vec![0.0f32; CHUNK * CHUNK];
-    let mut qk = vec![0.0f32; CHUNK * CHUNK];
-    let mut u = vec![0.0f32; CHUNK * dv];
-    for t0 in (0..d.t).step_by(CHUNK) {
-        let n = CHUNK.min(d.t - t0);
-        let r = rows(d, x, p, scale, b, h, t0, n);
-        // Cumulative log decays from the chunk's start, summed in f64: their differences are
-        // what the decays are made of, and f32 sums of strong decays lose them.
-        let mut gamma: Vec<f64> = r.g.iter().map(|&g| f64::from(g)).collect();
-        for i in 1..n {
-            gamma[i] += gamma[i - 1];
+impl Head<'_> {
+    /// The head's rows of tokens `t0..t0 + n`.
+    fn rows(&self, t0: usize, n: usize) -> Rows {
+        let Head { d, x, p, scale, b, h } = *self;
+        let kh = h / (d.hv / d.hk);
+        let (mut q, mut k, mut v) =
+            (Vec::with_capacity(n * d.dk), Vec::with_capacity(n * d.dk), Vec::with_capacity(n * d.dv));
+        let (mut beta, mut g) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for t in t0..t0 + n {
+            let qk = ((b * d.t + t) * d.hk + kh) * d.dk;
+            q.extend(prepared(&x.q[qk..][..d.dk], p.l2norm_qk, scale).0);
+            k.extend(prepared(&x.k[qk..][..d.dk], p.l2norm_qk, 1.0).0);
+            v.extend_from_slice(&x.v[((b * d.t + t) * d.hv + h) * d.dv..][..d.dv]);
+            let i = (b * d.t + t) * d.hv + h;
+            beta.push(x.beta[i]);
+            g.push(x.g[i]);
         }
-        let ratio = |a: f64, b: f64| (a - b).exp() as f32;
-        // u = K·S₀ first (then each row is turned into its correction).
-        gemm(isa, n, dv, dk, Lhs::rows(&r.k, dk).write(true), s, dv, &mut u, dv);
-        transpose(isa, &r.k, dk, n, dk, &mut kt, n);
-        gemm(isa, n, n, dk, Lhs::rows(&r.k, dk).write(true), &kt, n, &mut gram, n);
-        gemm(isa, n, n, dk, Lhs::rows(&r.q, dk).write(true), &kt, n, &mut qk, n);
-        // The triangular solve, row by row: u_s = β_s(v_s − Γ_s·(K S₀)_s − Σ_{j<s} G_sj u_j).
-        for i in 0..n {
-            let decay = gamma[i].exp() as f32;
-            let (done, rest) = u.split_at_mut(i * dv);
-            let row = &mut rest[..dv];
-            for (x, &v) in row.iter_mut().zip(&r.v[i * dv..][..dv]) {
-                *x = v - decay * *x;
-            }
-            for (j, prev) in done.chunks_exact(dv).enumerate() {
-                let c = ratio(gamma[i], gamma[j]) * gram[i * n + j];
-                row.iter_mut().zip(prev).for_each(|(x, &y)| *x -= c * y);
-            }
-            row.iter_mut().for_each(|x| *x *= r.beta[i]);
-        }
-        // o = diag(Γ)·Q·S₀ + (M∘QKᵀ)·U, M_rs = exp(γ_r − γ_s) for s ≤ r.
-        let out = &mut o[t0 * dv..][..n * dv];
-        gemm(isa, n, dv, dk, Lhs::rows(&r.q, dk).write(true), s, dv, out, dv);
-        for i in 0..n {
-            let decay = gamma[i].exp() as f32;
-            out[i * dv..][..dv].iter_mut().for_each(|x| *x *= decay);
-            for j in 0..n {
-                qk[i * n + j] = if j <= i { ratio(gamma[i], gamma[j]) * qk[i * n + j] } else { 0.0 };
-            }
-        }
-        gemm(isa, n, dv, n, Lhs::rows(&qk, n), &u, dv, out, dv);
-        // S = Γ_C·S₀ + Kᵀ·diag(exp(γ_C − γ_s))·U.
-        let last = gamma[n - 1];
-        s.iter_mut().for_each(|x| *x *= last.exp() as f32);
-        for i in 0..n {
-            let c = ratio(last, gamma[i]);
-            u[i * dv..][..dv].iter_mut().for_each(|x| *x *= c);
-        }
-        gemm(isa, dk, dv, n, Lhs::transposed(&r.k, dk), &u, dv, s, dv);
+        Rows { q, k, v, beta, g }
     }
-}
 
-/// One head token by token (the reference's step in `f32`).
-#[allow(clippy::too_many_arguments)]
-fn head_recurrent(
-    d: &DeltaDims,
-    x: &DeltaInputs<f32>,
-    p: &DeltaParams,
-    scale: f32,
-    b: usize,
-    h: usize,
-    s: &mut [f32],
-    o: &mut [f32],
-) {
-    let (dk, dv) = (d.dk, d.dv);
-    let kh = h / (d.hv / d.hk);
-    for t in 0..d.t {
-        let at = ((b * d.t + t) * d.hk + kh) * dk;
-        let (q, _) = prepared(&x.q[at..][..dk], p.l2norm_qk, scale);
-        let (k, _) = prepared(&x.k[at..][..dk], p.l2norm_qk, 1.0);
-        let i = (b * d.t + t) * d.hv + h;
-        let a = decays(x.g, i * dk, Gate::Channel, dk);
-        step(s, &a, &k, &x.v[i * dv..][..dv], x.beta[i]);
-        let row = &mut o[t * dv..][..dv];
-        for (srow, &qi) in s.chunks_exact(dv).zip(&q) {
-            row.iter_mut().zip(srow).for_each(|(o, &x)| *o += x * qi);
+    /// The head in chunks: `s` (`[Dk, Dv]`) holds the initial state and is left holding the final
+    /// one; `o` (`[T, Dv]`) receives the outputs.
+    fn chunked(&self, isa: Isa, s: &mut [f32], o: &mut [f32]) {
+        let d = self.d;
+        let (dk, dv) = (d.dk, d.dv);
+        let mut kt = vec![0.0f32; dk * CHUNK];
+        let mut gram = vec![0.0f32; CHUNK * CHUNK];
+        let mut qk = vec![0.0f32; CHUNK * CHUNK];
+        let mut u = vec![0.0f32; CHUNK * dv];
+        for t0 in (0..d.t).step_by(CHUNK) {
+            let n = CHUNK.min(d.t - t0);
+            let r = self.rows(t0, n);
+            // Cumulative log decays from the chunk's start, summed in f64: their differences are
+            // what the decays are made of, and f32 sums of strong decays lose them.
+            let mut gamma: Vec<f64> = r.g.iter().map(|&g| f64::from(g)).collect();
+            for i in 1..n {
+                gamma[i] += gamma[i - 1];
+            }
+            let ratio = |a: f64, b: f64| (a - b).exp() as f32;
+            // u = K·S₀ first (then each row is turned into its correction).
+            gemm(isa, n, dv, dk, Lhs::rows(&r.k, dk).write(true), s, dv, &mut u, dv);
+            transpose(isa, &r.k, dk, n, dk, &mut kt, n);
+            gemm(isa, n, n, dk, Lhs::rows(&r.k, dk).write(true), &kt, n, &mut gram, n);
+            gemm(isa, n, n, dk, Lhs::rows(&r.q, dk).write(true), &kt, n, &mut qk, n);
+            // The triangular solve, row by row: u_s = β_s(v_s − Γ_s·(K S₀)_s − Σ_{j<s} G_sj u_j).
+            for i in 0..n {
+                let decay = gamma[i].exp() as f32;
+                let (done, rest) = u.split_at_mut(i * dv);
+                let row = &mut rest[..dv];
+                for (x, &v) in row.iter_mut().zip(&r.v[i * dv..][..dv]) {
+                    *x = v - decay * *x;
+                }
+                for (j, prev) in done.chunks_exact(dv).enumerate() {
+                    let c = ratio(gamma[i], gamma[j]) * gram[i * n + j];
+                    row.iter_mut().zip(prev).for_each(|(x, &y)| *x -= c * y);
+                }
+                row.iter_mut().for_each(|x| *x *= r.beta[i]);
+            }
+            // o = diag(Γ)·Q·S₀ + (M∘QKᵀ)·U, M_rs = exp(γ_r − γ_s) for s ≤ r.
+            let out = &mut o[t0 * dv..][..n * dv];
+            gemm(isa, n, dv, dk, Lhs::rows(&r.q, dk).write(true), s, dv, out, dv);
+            for i in 0..n {
+                let decay = gamma[i].exp() as f32;
+                out[i * dv..][..dv].iter_mut().for_each(|x| *x *= decay);
+                for j in 0..n {
+                    qk[i * n + j] = if j <= i { ratio(gamma[i], gamma[j]) * qk[i * n + j] } else { 0.0 };
+                }
+            }
+            gemm(isa, n, dv, n, Lhs::rows(&qk, n), &u, dv, out, dv);
+            // S = Γ_C·S₀ + Kᵀ·diag(exp(γ_C − γ_s))·U.
+            let last = gamma[n - 1];
+            s.iter_mut().for_each(|x| *x *= last.exp() as f32);
+            for i in 0..n {
+                let c = ratio(last, gamma[i]);
+                u[i * dv..][..dv].iter_mut().for_each(|x| *x *= c);
+            }
+            gemm(isa, dk, dv, n, Lhs::transposed(&r.k, dk), &u, dv, s, dv);
+        }
+    }
+
+    /// The head token by token (the reference's step in `f32`), `s` and `o` as in [`Head::chunked`].
+    fn recurrent(&self, s: &mut [f32], o: &mut [f32]) {
+        let Head { d, x, p, scale, b, h } = *self;
+        let (dk, dv) = (d.dk, d.dv);
+        let kh = h / (d.hv / d.hk);
+        for t in 0..d.t {
+            let at = ((b * d.t + t) * d.hk + kh) * dk;
+            let (q, _) = prepared(&x.q[at..][..dk], p.l2norm_qk, scale);
+            let (k, _) = prepared(&x.k[at..][..dk], p.l2norm_qk, 1.0);
+            let i = (b * d.t + t) * d.hv + h;
+            let a = decays(x.g, i * dk, Gate::Channel, dk);
+            step(s, &a, &k, &x.v[i * dv..][..dv], x.beta[i]);
+            let row = &mut o[t * dv..][..dv];
+            for (srow, &qi) in s.chunks_exact(dv).zip(&q) {
+                row.iter_mut().zip(srow).for_each(|(o, &x)| *o += x * qi);
+            }
         }
     }
 }
