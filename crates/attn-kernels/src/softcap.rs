@@ -4,7 +4,7 @@
 //! CPU, which the [`Softcap`](crate::score_mod::Softcap) score modification calls so that it
 //! computes, element for element, what the built-in soft-cap computes.
 
-use crate::simd::{tanh, Isa, Simd, SimdJob, Target};
+use crate::simd::{tanh, Simd, SimdJob, Target};
 
 /// `row[c] = cap · tanh(row[c] / cap)` in place, and with `dcap`, `dcap[c] = 1 − tanh²` there.
 ///
@@ -38,7 +38,7 @@ fn derivative(row: &[f32], cap: f32, dcap: &mut [f32]) {
 /// [`softcap_row`] on a row of any length (the tail through a padded copy), on the best
 /// instruction set of this CPU.
 pub(crate) fn softcap_any(row: &mut [f32], cap: f32, dcap: Option<&mut [f32]>) {
-    Target::new(Isa::best()).run(Padded { row, cap, dcap })
+    Target::best().run(Padded { row, cap, dcap })
 }
 
 /// [`softcap_any`]'s arguments as a job.

@@ -17,7 +17,7 @@
 
 use rayon::prelude::*;
 
-use super::reference::{decays, prepared, step};
+use super::reference::{head_forward, prepared, At};
 use super::{check, DeltaDims, DeltaInputs, DeltaOutput, DeltaParams, Gate};
 use crate::alloc;
 use crate::error::Result;
@@ -88,18 +88,16 @@ impl Head<'_> {
     /// The head's rows of tokens `t0..t0 + n`.
     fn rows(&self, t0: usize, n: usize) -> Rows {
         let Head { d, x, p, scale, b, h } = *self;
-        let kh = h / (d.hv / d.hk);
+        let at = At { d, gate: p.gate };
         let (mut q, mut k, mut v) =
             (Vec::with_capacity(n * d.dk), Vec::with_capacity(n * d.dk), Vec::with_capacity(n * d.dv));
         let (mut beta, mut g) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for t in t0..t0 + n {
-            let qk = ((b * d.t + t) * d.hk + kh) * d.dk;
-            q.extend(prepared(&x.q[qk..][..d.dk], p.l2norm_qk, scale).0);
-            k.extend(prepared(&x.k[qk..][..d.dk], p.l2norm_qk, 1.0).0);
-            v.extend_from_slice(&x.v[((b * d.t + t) * d.hv + h) * d.dv..][..d.dv]);
-            let i = (b * d.t + t) * d.hv + h;
-            beta.push(x.beta[i]);
-            g.push(x.g[i]);
+            q.extend(prepared(&x.q[at.qk(b, t, h)..][..d.dk], p.l2norm_qk, scale).0);
+            k.extend(prepared(&x.k[at.qk(b, t, h)..][..d.dk], p.l2norm_qk, 1.0).0);
+            v.extend_from_slice(&x.v[at.v(b, t, h)..][..d.dv]);
+            beta.push(x.beta[at.beta(b, t, h)]);
+            g.push(x.g[at.g(b, t, h)]);
         }
         Rows { q, k, v, beta, g }
     }
@@ -164,22 +162,10 @@ impl Head<'_> {
         }
     }
 
-    /// The head token by token (the reference's step in `f32`), `s` and `o` as in [`Head::chunked`].
+    /// The head token by token (the reference's recurrence in `f32`), `s` and `o` as in
+    /// [`Head::chunked`].
     fn recurrent(&self, s: &mut [f32], o: &mut [f32]) {
-        let Head { d, x, p, scale, b, h } = *self;
-        let (dk, dv) = (d.dk, d.dv);
-        let kh = h / (d.hv / d.hk);
-        for t in 0..d.t {
-            let at = ((b * d.t + t) * d.hk + kh) * dk;
-            let (q, _) = prepared(&x.q[at..][..dk], p.l2norm_qk, scale);
-            let (k, _) = prepared(&x.k[at..][..dk], p.l2norm_qk, 1.0);
-            let i = (b * d.t + t) * d.hv + h;
-            let a = decays(x.g, i * dk, Gate::Channel, dk);
-            step(s, &a, &k, &x.v[i * dv..][..dv], x.beta[i]);
-            let row = &mut o[t * dv..][..dv];
-            for (srow, &qi) in s.chunks_exact(dv).zip(&q) {
-                row.iter_mut().zip(srow).for_each(|(o, &x)| *o += x * qi);
-            }
-        }
+        let at = At { d: self.d, gate: self.p.gate };
+        head_forward(&at, self.x, self.p, self.scale, (self.b, self.h), s, o, |t| t * self.d.dv);
     }
 }

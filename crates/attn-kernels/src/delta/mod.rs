@@ -144,16 +144,18 @@ pub struct DeltaGrads<T> {
     pub dinitial_state: Vec<T>,
 }
 
+/// Refuses a tensor of `found` elements where the call's sizes need `expected`.
+pub(crate) fn len(tensor: &'static str, expected: usize, found: usize) -> Result<()> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(AttnError::DimMismatch { tensor, dim: "length", expected, found })
+    }
+}
+
 /// Checks the inputs against `d` and `p`: lengths, head grouping, `g ≤ 0`, `β ∈ [0, 1]`, a finite
 /// scale; returns the scale.
 pub(crate) fn check<T: Real>(d: &DeltaDims, x: &DeltaInputs<T>, p: &DeltaParams) -> Result<f64> {
-    let len = |tensor, expected: usize, found: usize| {
-        if expected == found {
-            Ok(())
-        } else {
-            Err(AttnError::DimMismatch { tensor, dim: "length", expected, found })
-        }
-    };
     if d.hk == 0 || !d.hv.is_multiple_of(d.hk) {
         return Err(AttnError::Heads(format!(
             "v has {} heads, not a multiple of the {} key heads (at least 1)",

@@ -2,36 +2,36 @@
 //! reverse-mode derivative, in the caller's precision. The backward keeps each head's states
 //! before every token (`T·Dk·Dv` values of one head at a time) and walks the tokens back.
 
-use super::{check, DeltaDims, DeltaGrads, DeltaInputs, DeltaOutput, DeltaParams, Gate, L2NORM_EPS};
+use super::{check, len, DeltaDims, DeltaGrads, DeltaInputs, DeltaOutput, DeltaParams, Gate, L2NORM_EPS};
 use crate::alloc;
 use crate::error::Result;
 use crate::reference::Real;
 
 /// Where a call's rows sit: the row-major offsets of the module header's layouts.
-struct At<'a> {
-    d: &'a DeltaDims,
-    gate: Gate,
+pub(super) struct At<'a> {
+    pub(super) d: &'a DeltaDims,
+    pub(super) gate: Gate,
 }
 
 impl At<'_> {
     /// Query/key row of token `t` of batch `b` for value head `h` (its key head).
-    fn qk(&self, b: usize, t: usize, h: usize) -> usize {
+    pub(super) fn qk(&self, b: usize, t: usize, h: usize) -> usize {
         let kh = h / (self.d.hv / self.d.hk);
         ((b * self.d.t + t) * self.d.hk + kh) * self.d.dk
     }
 
     /// Value (and output) row.
-    fn v(&self, b: usize, t: usize, h: usize) -> usize {
+    pub(super) fn v(&self, b: usize, t: usize, h: usize) -> usize {
         ((b * self.d.t + t) * self.d.hv + h) * self.d.dv
     }
 
     /// `beta`'s entry (and a scalar `g`'s).
-    fn beta(&self, b: usize, t: usize, h: usize) -> usize {
+    pub(super) fn beta(&self, b: usize, t: usize, h: usize) -> usize {
         (b * self.d.t + t) * self.d.hv + h
     }
 
     /// `g`'s first entry for the token and head.
-    fn g(&self, b: usize, t: usize, h: usize) -> usize {
+    pub(super) fn g(&self, b: usize, t: usize, h: usize) -> usize {
         match self.gate {
             Gate::Scalar => self.beta(b, t, h),
             Gate::Channel => self.beta(b, t, h) * self.d.dk,
@@ -39,7 +39,7 @@ impl At<'_> {
     }
 
     /// The state of `(b, h)`.
-    fn state(&self, b: usize, h: usize) -> usize {
+    pub(super) fn state(&self, b: usize, h: usize) -> usize {
         (b * self.d.hv + h) * self.d.dk * self.d.dv
     }
 }
@@ -88,26 +88,43 @@ pub fn delta_rule_reference<T: Real>(d: &DeltaDims, x: &DeltaInputs<T>, p: &Delt
     let at = At { d, gate: p.gate };
     let mut out = alloc::zeroed("delta rule output", &[d.v_len()])?;
     let mut final_state = alloc::zeroed("delta rule final state", &[d.state_len()])?;
-    let (dk, dv) = (d.dk, d.dv);
+    let dk = d.dk;
     for b in 0..d.b {
         for h in 0..d.hv {
-            let s = &mut final_state[at.state(b, h)..][..dk * dv];
+            let s = &mut final_state[at.state(b, h)..][..dk * d.dv];
             if let Some(init) = x.initial_state {
-                s.copy_from_slice(&init[at.state(b, h)..][..dk * dv]);
+                s.copy_from_slice(&init[at.state(b, h)..][..dk * d.dv]);
             }
-            for t in 0..d.t {
-                let (q, _) = prepared(&x.q[at.qk(b, t, h)..][..dk], p.l2norm_qk, scale);
-                let (k, _) = prepared(&x.k[at.qk(b, t, h)..][..dk], p.l2norm_qk, T::one());
-                let a = decays(x.g, at.g(b, t, h), p.gate, dk);
-                step(s, &a, &k, &x.v[at.v(b, t, h)..][..dv], x.beta[at.beta(b, t, h)]);
-                let o = &mut out[at.v(b, t, h)..][..dv];
-                for (row, &qi) in s.chunks_exact(dv).zip(&q) {
-                    o.iter_mut().zip(row).for_each(|(o, &x)| *o = *o + x * qi);
-                }
-            }
+            head_forward(&at, x, p, scale, (b, h), s, &mut out, |t| at.v(b, t, h));
         }
     }
     Ok(DeltaOutput { out, final_state })
+}
+
+/// Head `(b, h)`'s tokens through the recurrence: `s` (`[Dk, Dv]`) goes from the initial state to
+/// the final one, and token `t`'s output is added into `out[row(t)..][..Dv]`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn head_forward<T: Real>(
+    at: &At,
+    x: &DeltaInputs<T>,
+    p: &DeltaParams,
+    scale: T,
+    (b, h): (usize, usize),
+    s: &mut [T],
+    out: &mut [T],
+    row: impl Fn(usize) -> usize,
+) {
+    let (dk, dv) = (at.d.dk, at.d.dv);
+    for t in 0..at.d.t {
+        let (q, _) = prepared(&x.q[at.qk(b, t, h)..][..dk], p.l2norm_qk, scale);
+        let (k, _) = prepared(&x.k[at.qk(b, t, h)..][..dk], p.l2norm_qk, T::one());
+        let a = decays(x.g, at.g(b, t, h), p.gate, dk);
+        step(s, &a, &k, &x.v[at.v(b, t, h)..][..dv], x.beta[at.beta(b, t, h)]);
+        let o = &mut out[row(t)..][..dv];
+        for (srow, &qi) in s.chunks_exact(dv).zip(&q) {
+            o.iter_mut().zip(srow).for_each(|(o, &x)| *o = *o + x * qi);
+        }
+    }
 }
 
 /// The gradients of every input of [`delta_rule_reference`] given the output's gradient
@@ -120,16 +137,9 @@ pub fn delta_rule_reference_backward<T: Real>(
     dfinal: Option<&[T]>,
 ) -> Result<DeltaGrads<T>> {
     let scale = T::from_f64(check(d, x, p)?).expect("a float");
-    let expect = |tensor, expected: usize, found: usize| {
-        if expected == found {
-            Ok(())
-        } else {
-            Err(crate::AttnError::DimMismatch { tensor, dim: "length", expected, found })
-        }
-    };
-    expect("dout", d.v_len(), dout.len())?;
+    len("dout", d.v_len(), dout.len())?;
     if let Some(f) = dfinal {
-        expect("dfinal_state", d.state_len(), f.len())?;
+        len("dfinal_state", d.state_len(), f.len())?;
     }
     let at = At { d, gate: p.gate };
     let (dk, dv) = (d.dk, d.dv);

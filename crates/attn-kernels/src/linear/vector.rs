@@ -3,7 +3,7 @@
 //! benchmark spent half its time in scalar `expf` before) and FAVOR+'s `exp(u − c)·s` (a tenth of
 //! a FAVOR+ call's time in scalar `expf`). One dispatch serves both ([`Map`]).
 
-use crate::simd::{exp, Isa, Simd, SimdJob, Target};
+use crate::simd::{exp, Simd, SimdJob, Target};
 
 /// An element-wise map of `f32` vectors, the same for every lane.
 trait Map {
@@ -72,7 +72,7 @@ pub(crate) fn exp_scaled_f32(x: &mut [f32], shift: f32, scale: f32) {
 /// instruction set of this CPU.
 fn on_best<M: Map>(map: &M, x: Option<&[f32]>, out: &mut [f32]) {
     assert!(x.is_none_or(|x| x.len() == out.len()), "a map's input and output differ in length");
-    Target::new(Isa::best()).run(Mapped { map, x, out })
+    Target::best().run(Mapped { map, x, out })
 }
 
 /// A [`Map`] of `x` into `out` (in place when `x` is `None`) as a job.

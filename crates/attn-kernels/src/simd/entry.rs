@@ -51,6 +51,11 @@ impl Target {
         Target { isa, native_bf16: false }
     }
 
+    /// The fastest instruction set this CPU has ([`Isa::best`]).
+    pub fn best() -> Target {
+        Target { isa: Isa::best(), native_bf16: false }
+    }
+
     /// With `bf16` (the call's products are bfloat16 pairs), AVX-512 multiplies them with
     /// `VDPBF16PS` where the CPU has AVX512-BF16.
     pub fn bf16_products(self, bf16: bool) -> Target {
