@@ -1,5 +1,5 @@
-//! Criterion benchmarks of the gated delta rule's forward (`attn_kernels::delta`): the chunked
-//! kernel against the recurrence in `f32`, on Qwen3-Next's head layout (16 value heads over 16 key
+//! Criterion benchmarks of the gated delta rule (`attn_kernels::delta`): the chunked forward against
+//! the recurrence in `f32`, and the chunked backward (the forward's recomputation included), on Qwen3-Next's head layout (16 value heads over 16 key
 //! heads, `Dk = Dv = 128`), one sequence of `T` tokens, scalar gate, L2-normalised `q` and `k`.
 //! Throughput is `Elements(flops)` of the recurrence, `4·Dk·Dv·2` per token and head (decay, read,
 //! write, output: a multiply and an add each).
@@ -9,7 +9,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use attn_kernels::delta::{delta_rule, delta_rule_reference, DeltaDims, DeltaInputs, DeltaParams};
+use attn_kernels::delta::{delta_rule, delta_rule_backward, delta_rule_reference, DeltaDims, DeltaInputs, DeltaParams};
 use attn_kernels::rng::SplitMix64;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
@@ -32,6 +32,10 @@ fn bench(c: &mut Criterion) {
         });
         group.bench_function(BenchmarkId::from_parameter("recurrent"), |b| {
             b.iter(|| black_box(delta_rule_reference(&d, &x, &p).unwrap()))
+        });
+        let dout = rng.uniform(d.v_len(), -1.0, 1.0);
+        group.bench_function(BenchmarkId::from_parameter("chunked_backward"), |b| {
+            b.iter(|| black_box(delta_rule_backward(&d, &x, &p, &dout, None).unwrap()))
         });
         group.finish();
     }

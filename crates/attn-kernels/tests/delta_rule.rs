@@ -3,7 +3,9 @@
 //! value heads and an initial state; the algebra the rule promises (a unit key written with β = 1
 //! reads back its value; β = 0 and g = 0 leave the state alone; equal channel gates are the scalar
 //! gate); grouped heads equal repeated ones; a sequence cut in two and resumed from its state
-//! equals the whole; f32 within the oracle rule of f64; refusals naming the argument.
+//! equals the whole; f32 within the oracle rule of f64; refusals naming the argument; the chunked
+//! forward and backward (`delta_rule`, `delta_rule_backward`) within the oracle rule at and around
+//! the chunk's edges.
 
 use attn_kernels::delta::{
     delta_rule_reference, delta_rule_reference_backward, DeltaDims, DeltaInputs, DeltaParams, Gate,
@@ -291,11 +293,13 @@ fn max_diff(a: &[f32], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (*x as f64 - y).abs()).fold(0.0, f64::max)
 }
 
-#[test]
-fn chunks_pass_the_oracle_rule_at_every_edge() {
-    use attn_kernels::delta::{delta_rule, CHUNK};
+/// Cases at and around the chunk's edges for both gates, with and without the L2 normalisation:
+/// strong decay at some tokens and none at others, β at 0 and at 1, initial states on every other
+/// length, inputs rounded to f32 (the oracle runs on the rounded values).
+fn edge_cases() -> Vec<Case> {
+    use attn_kernels::delta::CHUNK;
     let lengths = [0, 1, 2, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 3];
-    let mut cases = 0;
+    let mut cases = Vec::new();
     for (n, t) in lengths.into_iter().enumerate() {
         for gate in [Gate::Scalar, Gate::Channel] {
             for l2 in [true, false] {
@@ -306,7 +310,6 @@ fn chunks_pass_the_oracle_rule_at_every_edge() {
                     // Unnormalised keys: a bounded state needs β·|k|² ≤ 2.
                     c.k.iter_mut().for_each(|x| *x *= 0.3);
                 }
-                // Strong decay at some tokens, none at others; β at 0 and at 1.
                 for (i, g) in c.g.iter_mut().enumerate() {
                     *g = match i % 7 {
                         0 => -6.0,
@@ -321,26 +324,103 @@ fn chunks_pass_the_oracle_rule_at_every_edge() {
                         _ => *b,
                     };
                 }
-                let (q, k, v, g, beta) = (f32s(&c.q), f32s(&c.k), f32s(&c.v), f32s(&c.g), f32s(&c.beta));
-                let init = c.init.as_deref().map(f32s);
-                let x32 = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, initial_state: init.as_deref() };
-                let (q6, k6, v6, g6, b6) = (f64s(&q), f64s(&k), f64s(&v), f64s(&g), f64s(&beta));
-                let i6 = init.as_deref().map(f64s);
-                let x64 = DeltaInputs { q: &q6, k: &k6, v: &v6, g: &g6, beta: &b6, initial_state: i6.as_deref() };
-                let oracle = delta_rule_reference(&d, &x64, &p).unwrap();
-                let naive = delta_rule_reference(&d, &x32, &p).unwrap();
-                let fast = delta_rule(&d, &x32, &p).unwrap();
-                let floor = 1e-6;
-                for (what, f, n32, o) in [
-                    ("out", &fast.out, &naive.out, &oracle.out),
-                    ("final state", &fast.final_state, &naive.final_state, &oracle.final_state),
-                ] {
-                    let (err, base) = (max_diff(f, o), max_diff(n32, o));
-                    assert!(err <= 2.0 * base + floor, "T {t} {gate:?} l2 {l2} {what}: {err:e} vs naive32 {base:e}");
+                let round = |x: &mut Vec<f64>| *x = f64s(&f32s(x));
+                for x in [&mut c.q, &mut c.k, &mut c.v, &mut c.g, &mut c.beta] {
+                    round(x);
                 }
-                cases += 1;
+                if let Some(init) = &mut c.init {
+                    round(init);
+                }
+                cases.push(c);
             }
         }
     }
-    assert_eq!(cases, 28);
+    cases
+}
+
+/// A case's inputs in f32 (exact: its values are f32-rounded).
+struct Inputs32 {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    init: Option<Vec<f32>>,
+}
+
+impl Inputs32 {
+    fn of(c: &Case) -> Inputs32 {
+        Inputs32 {
+            q: f32s(&c.q),
+            k: f32s(&c.k),
+            v: f32s(&c.v),
+            g: f32s(&c.g),
+            beta: f32s(&c.beta),
+            init: c.init.as_deref().map(f32s),
+        }
+    }
+
+    fn inputs(&self) -> DeltaInputs<'_, f32> {
+        DeltaInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            g: &self.g,
+            beta: &self.beta,
+            initial_state: self.init.as_deref(),
+        }
+    }
+}
+
+#[test]
+fn chunks_pass_the_oracle_rule_at_every_edge() {
+    use attn_kernels::delta::delta_rule;
+    let cases = edge_cases();
+    for c in &cases {
+        let (d, p) = (c.d, c.p);
+        let x32 = Inputs32::of(c);
+        let oracle = delta_rule_reference(&d, &c.inputs(), &p).unwrap();
+        let naive = delta_rule_reference(&d, &x32.inputs(), &p).unwrap();
+        let fast = delta_rule(&d, &x32.inputs(), &p).unwrap();
+        for (what, f, n32, o) in [
+            ("out", &fast.out, &naive.out, &oracle.out),
+            ("final state", &fast.final_state, &naive.final_state, &oracle.final_state),
+        ] {
+            let (err, base) = (max_diff(f, o), max_diff(n32, o));
+            assert!(err <= 2.0 * base + 1e-6, "T {} {p:?} {what}: {err:e} vs naive32 {base:e}", d.t);
+        }
+    }
+    assert_eq!(cases.len(), 28);
+}
+
+#[test]
+fn chunked_gradients_pass_the_oracle_rule_at_every_edge() {
+    use attn_kernels::delta::delta_rule_backward;
+    let mut checked = 0;
+    for (n, c) in edge_cases().iter().enumerate() {
+        let (d, p) = (c.d, c.p);
+        let x32 = Inputs32::of(c);
+        let mut rng = SplitMix64::new(70 + n as u64);
+        let dout = rng.uniform(d.v_len(), -1.0, 1.0);
+        // The final state's gradient on every other case, none on the others.
+        let dfinal = (n % 2 == 1).then(|| rng.uniform(d.state_len(), -1.0, 1.0));
+        let (dout6, dfinal6) = (f64s(&dout), dfinal.as_deref().map(f64s));
+        let oracle = delta_rule_reference_backward(&d, &c.inputs(), &p, &dout6, dfinal6.as_deref()).unwrap();
+        let naive = delta_rule_reference_backward(&d, &x32.inputs(), &p, &dout, dfinal.as_deref()).unwrap();
+        let fast = delta_rule_backward(&d, &x32.inputs(), &p, &dout, dfinal.as_deref()).unwrap();
+        for (what, f, n32, o) in [
+            ("dq", &fast.dq, &naive.dq, &oracle.dq),
+            ("dk", &fast.dk, &naive.dk, &oracle.dk),
+            ("dv", &fast.dv, &naive.dv, &oracle.dv),
+            ("dg", &fast.dg, &naive.dg, &oracle.dg),
+            ("dbeta", &fast.dbeta, &naive.dbeta, &oracle.dbeta),
+            ("dinitial_state", &fast.dinitial_state, &naive.dinitial_state, &oracle.dinitial_state),
+        ] {
+            let (err, base) = (max_diff(f, o), max_diff(n32, o));
+            assert!(f.iter().all(|x| x.is_finite()), "T {} {p:?} {what}: not finite", d.t);
+            assert!(err <= 3.0 * base + 1e-5, "T {} {p:?} {what}: {err:e} vs naive32 {base:e}", d.t);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 28 * 6);
 }

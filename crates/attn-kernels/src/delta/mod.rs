@@ -14,8 +14,8 @@
 //! or `[B, T, Hv, Dk]`, the initial and final states `[B, Hv, Dk, Dv]`; `Hv` a multiple of `Hk`
 //! (value head `h` reads key head `h / (Hv/Hk)`, as Qwen3-Next groups them).
 //!
-//! - [`delta_rule`] (`chunk`): the fast forward in `f32`, in chunks of [`CHUNK`] tokens whose
-//!   products are matrix products.
+//! - [`delta_rule`] / [`delta_rule_backward`] (`chunk`): the fast forward and backward in `f32`, in
+//!   chunks of [`CHUNK`] tokens whose products are matrix products.
 //! - [`delta_rule_reference`] / [`delta_rule_reference_backward`] (`reference`): the token-by-token
 //!   recurrence and its exact reverse-mode derivative, generic over `f32`/`f64` (the `f64` one is
 //!   the oracle; the `f32` one is the recurrent decode, one token in `O(Dk·Dv)`).
@@ -23,7 +23,7 @@
 mod chunk;
 mod reference;
 
-pub use chunk::{delta_rule, CHUNK};
+pub use chunk::{delta_rule, delta_rule_backward, CHUNK};
 pub use reference::{delta_rule_reference, delta_rule_reference_backward};
 
 use crate::error::{AttnError, Result};

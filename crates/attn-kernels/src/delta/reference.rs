@@ -241,7 +241,7 @@ pub fn delta_rule_reference_backward<T: Real>(
 
 /// `acc += ∂(x·r)/∂x · dn` for the normalised `n = x·r`, `r = (Σx² + ε)^(−1/2)`: `r·(dn − (n·dn)·n)`;
 /// `acc += dn` without the normalisation.
-fn add_normalised<T: Real>(acc: &mut [T], x: &[T], dn: &[T], r: T, norm: bool) {
+pub(super) fn add_normalised<T: Real>(acc: &mut [T], x: &[T], dn: &[T], r: T, norm: bool) {
     if !norm {
         acc.iter_mut().zip(dn).for_each(|(a, &g)| *a = *a + g);
         return;

@@ -1,0 +1,308 @@
+//! The chunked backward: per head, the forward again keeping each chunk's start state, then the
+//! chunks in reverse, carrying `dS` (the gradient of the state at the chunk's end) back to the
+//! chunk's start. Inside a chunk, with the forward's names (module header) and `c_s = exp(γ_C − γ_s)`:
+//!
+//! - `S₁ = Γ_C·S₀ + Kᵀ·diag(c)·U`: `dU = diag(c)·K·dS₁`, `dK += diag(c)·U·dS₁ᵀ`, `dS₀ = Γ_C·dS₁`;
+//! - `O = diag(Γ)·Q·S₀ + P·U`: `dU += Pᵀ·dO`, `dP = dO·Uᵀ`, `dQ = (M∘dP)·K + diag(Γ)·dO·S₀ᵀ`,
+//!   `dK += (M∘dP)ᵀ·Q`, `dS₀ += Qᵀ·diag(Γ)·dO` (`M` the decays of `P`);
+//! - `(I + A)·U = Y`: `dY = (I + A)⁻ᵀ·dU`, `dA = −dY·Uᵀ` below the diagonal;
+//! - `Y = diag(β)·(V − diag(Γ)·K·S₀)`: `dV = diag(β)·dY`, `dW = −diag(Γ)·dV`, `dK += dW·S₀ᵀ`,
+//!   `dS₀ += Kᵀ·dW`, `dβ_s = dY_s·(v_s − Γ_s·w_s) + Σ_j dA_sj·A_sj/β_s`;
+//! - `A = diag(β)·(M'∘K·Kᵀ)`: `dK += dG·K + dGᵀ·K` with `dG = M'∘(diag(β)·dA)`;
+//!
+//! and each decay `exp(γ_a − γ_b)` adds its product's gradient to `dγ_a` and takes it from `dγ_b`;
+//! `dg` is `dγ` summed from the end of the chunk (`γ_r = Σ_{i≤r} g_i`).
+
+use rayon::prelude::*;
+
+use super::{ratio, Chunk, Head, Rows, CHUNK};
+use crate::alloc;
+use crate::delta::reference::{add_normalised, delta_rule_reference_backward, prepared};
+use crate::delta::{check, len, DeltaDims, DeltaGrads, DeltaInputs, DeltaParams, Gate};
+use crate::error::Result;
+use crate::linear::gemm::{gemm, Lhs, Part};
+use crate::linear::transpose::transpose;
+use crate::simd::Isa;
+
+/// The gradients of every input of [`super::delta_rule`] in `f32` given the output's gradient
+/// `dout: [B, T, Hv, Dv]` and, when the final state is used, its gradient `dfinal: [B, Hv, Dk, Dv]`;
+/// refuses inputs that do not match `d` and `p`, naming the argument. The channel gate (KDA) runs
+/// the reference's reverse recurrence in `f32`.
+pub fn delta_rule_backward(
+    d: &DeltaDims,
+    x: &DeltaInputs<f32>,
+    p: &DeltaParams,
+    dout: &[f32],
+    dfinal: Option<&[f32]>,
+) -> Result<DeltaGrads<f32>> {
+    if p.gate == Gate::Channel {
+        return delta_rule_reference_backward(d, x, p, dout, dfinal);
+    }
+    let scale = check(d, x, p)? as f32;
+    len("dout", d.v_len(), dout.len())?;
+    if let Some(f) = dfinal {
+        len("dfinal_state", d.state_len(), f.len())?;
+    }
+    let mut g = DeltaGrads {
+        dq: alloc::zeroed("dq", &[d.qk_len()])?,
+        dk: alloc::zeroed("dk", &[d.qk_len()])?,
+        dv: alloc::zeroed("dv", &[d.v_len()])?,
+        dg: alloc::zeroed("dg", &[d.g_len(p.gate)])?,
+        dbeta: alloc::zeroed("dbeta", &[d.beta_len()])?,
+        dinitial_state: alloc::zeroed("dinitial_state", &[d.state_len()])?,
+    };
+    let isa = Isa::best();
+    let (dk, dv, hv, t, sl) = (d.dk, d.dv, d.hv, d.t, d.dk * d.dv);
+    let heads: Vec<HeadGrads> = (0..d.b * hv)
+        .into_par_iter()
+        .map(|bh| {
+            let head = Head { d, x, p, scale, b: bh / hv, h: bh % hv };
+            head.backward(isa, dout, dfinal.map(|f| &f[bh * sl..][..sl]))
+        })
+        .collect();
+    // Grouped value heads add into the rows of the key head they share.
+    let at = crate::delta::reference::At { d, gate: p.gate };
+    for (bh, hg) in heads.iter().enumerate() {
+        let (b, h) = (bh / hv, bh % hv);
+        for r in 0..t {
+            let (qi, vi, bi) = (at.qk(b, r, h), at.v(b, r, h), at.beta(b, r, h));
+            let add = |acc: &mut [f32], src: &[f32]| acc.iter_mut().zip(src).for_each(|(a, &s)| *a += s);
+            add(&mut g.dq[qi..][..dk], &hg.dq[r * dk..][..dk]);
+            add(&mut g.dk[qi..][..dk], &hg.dk[r * dk..][..dk]);
+            g.dv[vi..][..dv].copy_from_slice(&hg.dv[r * dv..][..dv]);
+            g.dg[bi] = hg.dg[r];
+            g.dbeta[bi] = hg.dbeta[r];
+        }
+        if x.initial_state.is_some() {
+            g.dinitial_state[bh * sl..][..sl].copy_from_slice(&hg.ds);
+        }
+    }
+    Ok(g)
+}
+
+/// One head's gradients: `dq`, `dk` `[T, Dk]` (of the raw inputs), `dv` `[T, Dv]`, `dg`, `dbeta`
+/// `[T]`, and the initial state's `ds` `[Dk, Dv]`.
+struct HeadGrads {
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    dg: Vec<f32>,
+    dbeta: Vec<f32>,
+    ds: Vec<f32>,
+}
+
+/// The buffers of one chunk's backward, kept across the chunks of a head.
+struct Scratch {
+    /// `dO` rows of the chunk, then `diag(Γ)·dO`, `[n, Dv]`.
+    dout: Vec<f32>,
+    /// `Uᵀ`, `[Dv, n]`.
+    ut: Vec<f32>,
+    /// `S₀ᵀ` and `dS₁ᵀ`, `[Dv, Dk]`.
+    s0t: Vec<f32>,
+    ds1t: Vec<f32>,
+    /// `dU`, `dY`, and a product's rows, `[n, Dv]`.
+    du: Vec<f32>,
+    dy: Vec<f32>,
+    tmp: Vec<f32>,
+    /// `dP` then `M∘dP`; `dA` then `dG`; `[n, n]`.
+    dp: Vec<f32>,
+    da: Vec<f32>,
+    /// `dγ`, `[n]`.
+    dgamma: Vec<f64>,
+}
+
+impl Scratch {
+    fn new(dk: usize, dv: usize) -> Scratch {
+        let rows = vec![0.0; CHUNK * dv];
+        Scratch {
+            dout: rows.clone(),
+            ut: rows.clone(),
+            s0t: vec![0.0; dk * dv],
+            ds1t: vec![0.0; dk * dv],
+            du: rows.clone(),
+            dy: rows.clone(),
+            tmp: rows,
+            dp: vec![0.0; CHUNK * CHUNK],
+            da: vec![0.0; CHUNK * CHUNK],
+            dgamma: Vec::with_capacity(CHUNK),
+        }
+    }
+}
+
+/// `Σ a·b` of two rows.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+impl Head<'_> {
+    /// The head's gradients given `dout` (the whole call's) and the final state's gradient.
+    fn backward(&self, isa: Isa, dout: &[f32], dfinal: Option<&[f32]>) -> HeadGrads {
+        let (d, at) = (self.d, self.at());
+        let (dk, dv, t) = (d.dk, d.dv, d.t);
+        let mut c = Chunk::new(dk, dv);
+        // The forward again, keeping the state at each chunk's start.
+        let starts: Vec<usize> = (0..t).step_by(CHUNK).collect();
+        let mut states = vec![0.0f32; starts.len() * dk * dv];
+        let mut s = match self.x.initial_state {
+            Some(init) => init[at.state(self.b, self.h)..][..dk * dv].to_vec(),
+            None => vec![0.0; dk * dv],
+        };
+        for (i, &t0) in starts.iter().enumerate() {
+            states[i * dk * dv..][..dk * dv].copy_from_slice(&s);
+            let r = self.rows(t0, CHUNK.min(t - t0));
+            c.fill(isa, &r, &s, (dk, dv), false);
+            c.advance(isa, &r, &mut s, (dk, dv));
+        }
+        let mut hg = HeadGrads {
+            dq: vec![0.0; t * dk],
+            dk: vec![0.0; t * dk],
+            dv: vec![0.0; t * dv],
+            dg: vec![0.0; t],
+            dbeta: vec![0.0; t],
+            ds: dfinal.map_or_else(|| vec![0.0; dk * dv], <[f32]>::to_vec),
+        };
+        let mut ds0 = vec![0.0f32; dk * dv];
+        let mut w = Scratch::new(dk, dv);
+        for (i, &t0) in starts.iter().enumerate().rev() {
+            let n = CHUNK.min(t - t0);
+            let r = self.rows(t0, n);
+            let s0 = &states[i * dk * dv..][..dk * dv];
+            c.fill(isa, &r, s0, (dk, dv), true);
+            for row in 0..n {
+                w.dout[row * dv..][..dv].copy_from_slice(&dout[at.v(self.b, t0 + row, self.h)..][..dv]);
+            }
+            let (dq, dkk) = (&mut hg.dq[t0 * dk..][..n * dk], &mut hg.dk[t0 * dk..][..n * dk]);
+            let (dvv, dbeta) = (&mut hg.dv[t0 * dv..][..n * dv], &mut hg.dbeta[t0..][..n]);
+            chunk_backward(isa, &c, &r, s0, &hg.ds, &mut w, (dq, dkk, dvv, dbeta), &mut ds0, (dk, dv));
+            // dg_i = Σ_{r ≥ i} dγ_r.
+            let mut acc = 0.0f64;
+            for (x, &dgam) in hg.dg[t0..][..n].iter_mut().zip(&w.dgamma).rev() {
+                acc += dgam;
+                *x = acc as f32;
+            }
+            std::mem::swap(&mut hg.ds, &mut ds0);
+        }
+        // Through the scale and the L2 normalisation to the raw q and k.
+        for row in 0..t {
+            let i = at.qk(self.b, row, self.h);
+            let (qr, kr) = (&self.x.q[i..][..dk], &self.x.k[i..][..dk]);
+            let (_, rq) = prepared(qr, self.p.l2norm_qk, 1.0);
+            let (_, rk) = prepared(kr, self.p.l2norm_qk, 1.0);
+            let dqn: Vec<f32> = hg.dq[row * dk..][..dk].iter().map(|&x| x * self.scale).collect();
+            let dkn = hg.dk[row * dk..][..dk].to_vec();
+            let (dq, dkk) = (&mut hg.dq[row * dk..][..dk], &mut hg.dk[row * dk..][..dk]);
+            dq.fill(0.0);
+            dkk.fill(0.0);
+            add_normalised(dq, qr, &dqn, rq, self.p.l2norm_qk);
+            add_normalised(dkk, kr, &dkn, rk, self.p.l2norm_qk);
+        }
+        hg
+    }
+}
+
+/// The gradients of one chunk (module header): `dq`, `dk` (of the normalised, scaled rows), `dv`,
+/// `dbeta` written, `w.dgamma` filled, `ds0` the gradient of the chunk's start state `s0` given
+/// `ds1`, that of its end state.
+#[allow(clippy::too_many_arguments)]
+fn chunk_backward(
+    isa: Isa,
+    c: &Chunk,
+    r: &Rows,
+    s0: &[f32],
+    ds1: &[f32],
+    w: &mut Scratch,
+    (dq, dk_, dv_, dbeta): (&mut [f32], &mut [f32], &mut [f32], &mut [f32]),
+    ds0: &mut [f32],
+    (dk, dv): (usize, usize),
+) {
+    let (n, gamma) = (c.n, &c.gamma);
+    let last = gamma[n - 1];
+    w.dgamma.clear();
+    w.dgamma.resize(n, 0.0);
+    let dgamma = &mut w.dgamma;
+    transpose(isa, &c.u, dv, n, dv, &mut w.ut, n);
+    transpose(isa, s0, dv, dk, dv, &mut w.s0t, dk);
+    transpose(isa, ds1, dv, dk, dv, &mut w.ds1t, dk);
+
+    // The state: S₁ = Γ_C·S₀ + Kᵀ·diag(c)·U.
+    gemm(isa, n, dv, dk, Lhs::rows(&r.k, dk).write(true), ds1, dv, &mut w.tmp, dv);
+    for s in 0..n {
+        let cs = ratio(last, gamma[s]);
+        let (kds, u) = (&w.tmp[s * dv..][..dv], &c.u[s * dv..][..dv]);
+        let dc = f64::from(cs * dot(kds, u));
+        dgamma[n - 1] += dc;
+        dgamma[s] -= dc;
+        w.du[s * dv..][..dv].iter_mut().zip(kds).for_each(|(x, &y)| *x = cs * y);
+        // diag(c)·U, for dK below.
+        w.dy[s * dv..][..dv].iter_mut().zip(u).for_each(|(x, &y)| *x = cs * y);
+    }
+    gemm(isa, n, dk, dv, Lhs::rows(&w.dy, dv).write(true), &w.ds1t, dk, dk_, dk);
+    let decay_c = last.exp() as f32;
+    dgamma[n - 1] += f64::from(decay_c * dot(s0, ds1));
+    ds0.iter_mut().zip(ds1).for_each(|(x, &y)| *x = decay_c * y);
+
+    // The outputs: O = diag(Γ)·Q·S₀ + P·U.
+    gemm(isa, n, dv, n, Lhs::transposed(&c.p, n).part(Part::UpperA), &w.dout, dv, &mut w.du, dv);
+    gemm(isa, n, n, dv, Lhs::rows(&w.dout, dv).part(Part::LowerOut).write(true), &w.ut, n, &mut w.dp, n);
+    for i in 0..n {
+        let (dp, p) = (&mut w.dp[i * n..][..n], &c.p[i * n..][..n]);
+        for j in 0..n {
+            if j > i {
+                dp[j] = 0.0;
+                continue;
+            }
+            let e = f64::from(dp[j] * p[j]);
+            dgamma[i] += e;
+            dgamma[j] -= e;
+            dp[j] *= ratio(gamma[i], gamma[j]);
+        }
+    }
+    gemm(isa, n, dk, n, Lhs::rows(&w.dp, n).part(Part::LowerA).write(true), &r.k, dk, dq, dk);
+    gemm(isa, n, dk, n, Lhs::transposed(&w.dp, n).part(Part::UpperA), &r.q, dk, dk_, dk);
+    gemm(isa, n, dv, dk, Lhs::rows(&r.q, dk).write(true), s0, dv, &mut w.tmp, dv);
+    for (i, &g) in gamma.iter().enumerate() {
+        let decay = g.exp() as f32;
+        let row = &mut w.dout[i * dv..][..dv];
+        dgamma[i] += f64::from(decay * dot(&w.tmp[i * dv..][..dv], row));
+        row.iter_mut().for_each(|x| *x *= decay);
+    }
+    gemm(isa, n, dk, dv, Lhs::rows(&w.dout, dv), &w.s0t, dk, dq, dk);
+    gemm(isa, dk, dv, n, Lhs::transposed(&r.q, dk), &w.dout, dv, ds0, dv);
+
+    // The solve: (I + A)·U = Y.
+    gemm(isa, n, dv, n, Lhs::transposed(&c.inv, n).part(Part::UpperA).write(true), &w.du, dv, &mut w.dy, dv);
+    gemm(isa, n, n, dv, Lhs::rows(&w.dy, dv).part(Part::LowerOut).write(true), &w.ut, n, &mut w.da, n);
+    // Y = diag(β)·(V − diag(Γ)·W): dV = β·dY, dW = −Γ·dV (in tmp).
+    for s in 0..n {
+        let decay = gamma[s].exp() as f32;
+        let (dy, wr, v) = (&w.dy[s * dv..][..dv], &c.w[s * dv..][..dv], &r.v[s * dv..][..dv]);
+        let mut db = 0.0f32;
+        for j in 0..dv {
+            db += dy[j] * (v[j] - decay * wr[j]);
+        }
+        let dvr = &mut dv_[s * dv..][..dv];
+        dvr.iter_mut().zip(dy).for_each(|(x, &y)| *x = r.beta[s] * y);
+        dgamma[s] -= f64::from(decay * dot(wr, dvr));
+        w.tmp[s * dv..][..dv].iter_mut().zip(dvr.iter()).for_each(|(x, &y)| *x = -decay * y);
+        // A = diag(β)·(M'∘K·Kᵀ), dA = −dY·Uᵀ below the diagonal; dG = M'∘(diag(β)·dA) in da.
+        let (da, a, gram) = (&mut w.da[s * n..][..n], &c.a[s * n..][..n], &c.gram[s * n..][..n]);
+        for j in 0..n {
+            if j >= s {
+                da[j] = 0.0;
+                continue;
+            }
+            let m = ratio(gamma[s], gamma[j]);
+            let d_a = -da[j];
+            db += d_a * m * gram[j];
+            let f = f64::from(d_a * a[j]);
+            dgamma[s] += f;
+            dgamma[j] -= f;
+            da[j] = r.beta[s] * d_a * m;
+        }
+        dbeta[s] = db;
+    }
+    gemm(isa, n, dk, dv, Lhs::rows(&w.tmp, dv), &w.s0t, dk, dk_, dk);
+    gemm(isa, dk, dv, n, Lhs::transposed(&r.k, dk), &w.tmp, dv, ds0, dv);
+    gemm(isa, n, dk, n, Lhs::rows(&w.da, n).part(Part::LowerA), &r.k, dk, dk_, dk);
+    gemm(isa, n, dk, n, Lhs::transposed(&w.da, n).part(Part::UpperA), &r.k, dk, dk_, dk);
+}
