@@ -22,7 +22,7 @@ fn bench(c: &mut Criterion) {
         let v = rng.uniform(d.v_len(), -1.0, 1.0);
         let g = rng.uniform(d.beta_len(), -0.2, -0.01);
         let beta = rng.uniform(d.beta_len(), 0.1, 0.9);
-        let x = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, initial_state: None };
+        let x = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, initial_state: None, cu_seqlens: None };
         let p = DeltaParams { l2norm_qk: true, ..DeltaParams::default() };
         let mut group = c.benchmark_group(format!("delta_rule_T{t}"));
         group.sample_size(10).measurement_time(Duration::from_secs(5));

@@ -5,7 +5,8 @@
 //! gate); grouped heads equal repeated ones; a sequence cut in two and resumed from its state
 //! equals the whole; f32 within the oracle rule of f64; refusals naming the argument; the chunked
 //! forward and backward (`delta_rule`, `delta_rule_backward`) within the oracle rule at and around
-//! the chunk's edges.
+//! the chunk's edges; packed sequences (`cu_seqlens`) equal to separate calls, and refused when
+//! malformed.
 
 use attn_kernels::delta::{
     delta_rule_reference, delta_rule_reference_backward, DeltaDims, DeltaInputs, DeltaParams, Gate,
@@ -24,6 +25,7 @@ struct Case {
     g: Vec<f64>,
     beta: Vec<f64>,
     init: Option<Vec<f64>>,
+    cu: Option<Vec<usize>>,
 }
 
 impl Case {
@@ -37,7 +39,8 @@ impl Case {
             v: uniform(d.v_len(), -1.0, 1.0),
             g: uniform(d.g_len(p.gate), -0.7, -0.05),
             beta: uniform(d.beta_len(), 0.1, 0.9),
-            init: init.then(|| uniform(d.state_len(), -0.5, 0.5)),
+            init: init.then(|| uniform(d.state_len(d.b), -0.5, 0.5)),
+            cu: None,
             d,
             p,
         }
@@ -51,6 +54,7 @@ impl Case {
             g: &self.g,
             beta: &self.beta,
             initial_state: self.init.as_deref(),
+            cu_seqlens: self.cu.as_deref(),
         }
     }
 
@@ -80,7 +84,7 @@ fn gradients_equal_finite_differences_for_every_input() {
                 let c = Case::random(d, p, n == 0, 11 + n as u64);
                 let mut rng = SplitMix64::new(5);
                 let wo: Vec<f64> = (0..d.v_len()).map(|_| rng.unit_f64() - 0.5).collect();
-                let wf: Vec<f64> = (0..d.state_len()).map(|_| rng.unit_f64() - 0.5).collect();
+                let wf: Vec<f64> = (0..d.state_len(d.b)).map(|_| rng.unit_f64() - 0.5).collect();
                 let gr = delta_rule_reference_backward(&d, &c.inputs(), &p, &wo, Some(&wf)).unwrap();
                 let h = 1e-6;
                 let fields: [(&str, Field, &Vec<f64>); 5] = [
@@ -203,6 +207,7 @@ fn a_sequence_resumed_from_its_state_equals_the_whole() {
         g: part(&c.g, gg, from, to),
         beta: part(&c.beta, bt, from, to),
         init,
+        cu: None,
     };
     let first = piece(0, cut, c.init.clone());
     let a = delta_rule_reference(&first.d, &first.inputs(), &p).unwrap();
@@ -233,13 +238,15 @@ fn f32_is_within_the_oracle_rule_of_f64_and_zero_keys_stay_finite() {
         let f = |x: &[f64]| -> Vec<f32> { x.iter().map(|&v| v as f32).collect() };
         let (q, k, v, g, beta) = (f(&c.q), f(&c.k), f(&c.v), f(&c.g), f(&c.beta));
         let init = c.init.as_deref().map(f);
-        let x32 = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, initial_state: init.as_deref() };
+        let x32 =
+            DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, initial_state: init.as_deref(), cu_seqlens: None };
         let o32 = delta_rule_reference(&d, &x32, &p).unwrap();
         // The oracle on the f32-rounded inputs.
         let w = |x: &[f32]| -> Vec<f64> { x.iter().map(|&v| v as f64).collect() };
         let (q6, k6, v6, g6, b6) = (w(&q), w(&k), w(&v), w(&g), w(&beta));
         let i6 = init.as_deref().map(w);
-        let x64 = DeltaInputs { q: &q6, k: &k6, v: &v6, g: &g6, beta: &b6, initial_state: i6.as_deref() };
+        let x64 =
+            DeltaInputs { q: &q6, k: &k6, v: &v6, g: &g6, beta: &b6, initial_state: i6.as_deref(), cu_seqlens: None };
         let o64 = delta_rule_reference(&d, &x64, &p).unwrap();
         let err = o32.out.iter().zip(&o64.out).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
         assert!(o32.out.iter().all(|x| x.is_finite()));
@@ -346,6 +353,7 @@ struct Inputs32 {
     g: Vec<f32>,
     beta: Vec<f32>,
     init: Option<Vec<f32>>,
+    cu: Option<Vec<usize>>,
 }
 
 impl Inputs32 {
@@ -357,6 +365,7 @@ impl Inputs32 {
             g: f32s(&c.g),
             beta: f32s(&c.beta),
             init: c.init.as_deref().map(f32s),
+            cu: c.cu.clone(),
         }
     }
 
@@ -368,6 +377,7 @@ impl Inputs32 {
             g: &self.g,
             beta: &self.beta,
             initial_state: self.init.as_deref(),
+            cu_seqlens: self.cu.as_deref(),
         }
     }
 }
@@ -403,7 +413,7 @@ fn chunked_gradients_pass_the_oracle_rule_at_every_edge() {
         let mut rng = SplitMix64::new(70 + n as u64);
         let dout = rng.uniform(d.v_len(), -1.0, 1.0);
         // The final state's gradient on every other case, none on the others.
-        let dfinal = (n % 2 == 1).then(|| rng.uniform(d.state_len(), -1.0, 1.0));
+        let dfinal = (n % 2 == 1).then(|| rng.uniform(d.state_len(d.b), -1.0, 1.0));
         let (dout6, dfinal6) = (f64s(&dout), dfinal.as_deref().map(f64s));
         let oracle = delta_rule_reference_backward(&d, &c.inputs(), &p, &dout6, dfinal6.as_deref()).unwrap();
         let naive = delta_rule_reference_backward(&d, &x32.inputs(), &p, &dout, dfinal.as_deref()).unwrap();
@@ -423,4 +433,80 @@ fn chunked_gradients_pass_the_oracle_rule_at_every_edge() {
         }
     }
     assert_eq!(checked, 28 * 6);
+}
+
+#[test]
+fn packed_sequences_equal_separate_calls() {
+    use attn_kernels::delta::{delta_rule, delta_rule_backward, CHUNK};
+    let lengths = [3, 0, CHUNK + 6, CHUNK, 1];
+    let cu: Vec<usize> = std::iter::once(0)
+        .chain(lengths.iter().scan(0, |end, &l| {
+            *end += l;
+            Some(*end)
+        }))
+        .collect();
+    let total = *cu.last().unwrap();
+    for gate in [Gate::Scalar, Gate::Channel] {
+        let p = DeltaParams { l2norm_qk: true, gate, ..DeltaParams::default() };
+        let d = dims(1, total, 1, 2, 16, 8);
+        let mut packed = Case::random(d, p, false, 21);
+        let mut rng = SplitMix64::new(22);
+        let states = d.state_len(lengths.len());
+        packed.init = Some((0..states).map(|_| rng.unit_f64() - 0.5).collect());
+        packed.cu = Some(cu.clone());
+        let x32 = Inputs32::of(&packed);
+        let dout = rng.uniform(d.v_len(), -1.0, 1.0);
+        let dfinal = rng.uniform(states, -1.0, 1.0);
+        let all = delta_rule(&d, &x32.inputs(), &p).unwrap();
+        let all_grads = delta_rule_backward(&d, &x32.inputs(), &p, &dout, Some(&dfinal)).unwrap();
+        let all64 = delta_rule_reference(&d, &packed.inputs(), &p).unwrap();
+        let (per_qk, per_v, per_b, per_g, per_s) = (16, 2 * 8, 2, d.g_len(gate) / total, 2 * 16 * 8);
+        for (n, w) in cu.windows(2).enumerate() {
+            let (from, to) = (w[0], w[1]);
+            let cut = |x: &[f32], per: usize| x[from * per..to * per].to_vec();
+            let one = dims(1, to - from, 1, 2, 16, 8);
+            let state = |x: &[f32]| x[n * per_s..][..per_s].to_vec();
+            let own = Inputs32 {
+                q: cut(&x32.q, per_qk),
+                k: cut(&x32.k, per_qk),
+                v: cut(&x32.v, per_v),
+                g: cut(&x32.g, per_g),
+                beta: cut(&x32.beta, per_b),
+                init: Some(state(x32.init.as_ref().unwrap())),
+                cu: None,
+            };
+            let o = delta_rule(&one, &own.inputs(), &p).unwrap();
+            assert_eq!(o.out, cut(&all.out, per_v), "{gate:?} sequence {n}: outputs");
+            assert_eq!(o.final_state, state(&all.final_state), "{gate:?} sequence {n}: final state");
+            let gr = delta_rule_backward(&one, &own.inputs(), &p, &cut(&dout, per_v), Some(&state(&dfinal))).unwrap();
+            assert_eq!(gr.dq, cut(&all_grads.dq, per_qk), "{gate:?} sequence {n}: dq");
+            assert_eq!(gr.dk, cut(&all_grads.dk, per_qk));
+            assert_eq!(gr.dv, cut(&all_grads.dv, per_v));
+            assert_eq!(gr.dg, cut(&all_grads.dg, per_g));
+            assert_eq!(gr.dbeta, cut(&all_grads.dbeta, per_b));
+            assert_eq!(gr.dinitial_state, state(&all_grads.dinitial_state));
+            // The f64 reference keeps the sequences apart too (within f32 rounding of the above).
+            let ref_out = &all64.out[from * per_v..to * per_v];
+            assert!(max_diff(&o.out, ref_out) < 1e-5, "{gate:?} sequence {n}: reference");
+        }
+    }
+}
+
+#[test]
+fn bad_packed_sequences_are_refused() {
+    let p = DeltaParams::default();
+    let mut c = Case::random(dims(1, 5, 1, 1, 2, 2), p, false, 2);
+    let refusal = |c: &Case| delta_rule_reference(&c.d, &c.inputs(), &p).unwrap_err().to_string();
+    c.cu = Some(vec![0, 2, 4]);
+    assert!(refusal(&c).contains("must start at 0 and end at the 5 tokens"), "{}", refusal(&c));
+    c.cu = Some(vec![1, 5]);
+    assert!(refusal(&c).starts_with("cu_seqlens"));
+    c.cu = Some(vec![0, 3, 2, 5]);
+    assert!(refusal(&c).contains("entry 2 (2) is below entry 1 (3)"), "{}", refusal(&c));
+    c.cu = Some(vec![0, 5]);
+    c.init = Some(vec![0.0; 8]);
+    assert!(refusal(&c).starts_with("initial_state: dimension length is 8, expected 4"), "{}", refusal(&c));
+    let mut batch = Case::random(dims(2, 5, 1, 1, 2, 2), p, false, 3);
+    batch.cu = Some(vec![0, 5]);
+    assert!(refusal(&batch).contains("packed sequences need a batch of 1, found 2"));
 }

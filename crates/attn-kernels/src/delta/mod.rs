@@ -11,8 +11,9 @@
 //! divided by `√(Σx² + 1e-6)` (transformers' `l2norm`, fla's `use_qk_l2norm_in_kernel`).
 //!
 //! Layouts (fla's): `q, k: [B, T, Hk, Dk]`, `v: [B, T, Hv, Dv]`, `beta: [B, T, Hv]`, `g: [B, T, Hv]`
-//! or `[B, T, Hv, Dk]`, the initial and final states `[B, Hv, Dk, Dv]`; `Hv` a multiple of `Hk`
-//! (value head `h` reads key head `h / (Hv/Hk)`, as Qwen3-Next groups them).
+//! or `[B, T, Hv, Dk]`, the initial and final states `[N, Hv, Dk, Dv]` for `N` sequences (the `B`
+//! rows, or with `B = 1` the packed sequences of [`DeltaInputs::cu_seqlens`]); `Hv` a multiple of
+//! `Hk` (value head `h` reads key head `h / (Hv/Hk)`, as Qwen3-Next groups them).
 //!
 //! - [`delta_rule`] / [`delta_rule_backward`] (`chunk`): the fast forward and backward in `f32`, in
 //!   chunks of [`CHUNK`] tokens whose products are matrix products.
@@ -84,9 +85,10 @@ impl DeltaDims {
         }
     }
 
-    /// Elements of a state `[B, Hv, Dk, Dv]`.
-    pub fn state_len(&self) -> usize {
-        self.b * self.hv * self.dk * self.dv
+    /// Elements of the states of `sequences` sequences, `[N, Hv, Dk, Dv]` (`N` is `B`, or the
+    /// packed sequences' count: [`DeltaInputs::sequences`]).
+    pub fn state_len(&self, sequences: usize) -> usize {
+        sequences * self.hv * self.dk * self.dv
     }
 }
 
@@ -114,8 +116,19 @@ pub struct DeltaInputs<'a, T> {
     pub g: &'a [T],
     /// Step sizes in `[0, 1]`, `[B, T, Hv]`.
     pub beta: &'a [T],
-    /// `[B, Hv, Dk, Dv]`; zero when `None`.
+    /// `[N, Hv, Dk, Dv]`; zero when `None`.
     pub initial_state: Option<&'a [T]>,
+    /// Packed sequences (fla's `cu_seqlens`): with `B = 1`, sequence `n` is tokens
+    /// `cu_seqlens[n]..cu_seqlens[n + 1]` and starts from its own state; `None`: the `B` rows of
+    /// the batch are the sequences.
+    pub cu_seqlens: Option<&'a [usize]>,
+}
+
+impl<T> DeltaInputs<'_, T> {
+    /// `N`, the number of sequences: `B`, or `cu_seqlens.len() − 1`.
+    pub fn sequences(&self, d: &DeltaDims) -> usize {
+        self.cu_seqlens.map_or(d.b, |c| c.len().saturating_sub(1))
+    }
 }
 
 /// What the forward returns.
@@ -123,7 +136,7 @@ pub struct DeltaInputs<'a, T> {
 pub struct DeltaOutput<T> {
     /// `o: [B, T, Hv, Dv]`.
     pub out: Vec<T>,
-    /// The state after the last token, `[B, Hv, Dk, Dv]`.
+    /// The state after each sequence's last token, `[N, Hv, Dk, Dv]`.
     pub final_state: Vec<T>,
 }
 
@@ -140,7 +153,7 @@ pub struct DeltaGrads<T> {
     pub dg: Vec<T>,
     /// `[B, T, Hv]`.
     pub dbeta: Vec<T>,
-    /// `[B, Hv, Dk, Dv]` (zeros when no initial state was given: the gradient of a zero state).
+    /// `[N, Hv, Dk, Dv]` (zeros when no initial state was given: the gradient of a zero state).
     pub dinitial_state: Vec<T>,
 }
 
@@ -153,8 +166,8 @@ pub(crate) fn len(tensor: &'static str, expected: usize, found: usize) -> Result
     }
 }
 
-/// Checks the inputs against `d` and `p`: lengths, head grouping, `g ≤ 0`, `β ∈ [0, 1]`, a finite
-/// scale; returns the scale.
+/// Checks the inputs against `d` and `p`: lengths, head grouping, packed sequences, `g ≤ 0`,
+/// `β ∈ [0, 1]`, a finite scale; returns the scale.
 pub(crate) fn check<T: Real>(d: &DeltaDims, x: &DeltaInputs<T>, p: &DeltaParams) -> Result<f64> {
     if d.hk == 0 || !d.hv.is_multiple_of(d.hk) {
         return Err(AttnError::Heads(format!(
@@ -167,8 +180,20 @@ pub(crate) fn check<T: Real>(d: &DeltaDims, x: &DeltaInputs<T>, p: &DeltaParams)
     len("v", d.v_len(), x.v.len())?;
     len("g", d.g_len(p.gate), x.g.len())?;
     len("beta", d.beta_len(), x.beta.len())?;
+    if let Some(cu) = x.cu_seqlens {
+        let bad = |reason: String| Err(AttnError::Param { field: "cu_seqlens", reason });
+        if d.b != 1 {
+            return bad(format!("packed sequences need a batch of 1, found {}", d.b));
+        }
+        if cu.first() != Some(&0) || cu.last() != Some(&d.t) {
+            return bad(format!("{cu:?} must start at 0 and end at the {} tokens", d.t));
+        }
+        if let Some(w) = cu.windows(2).position(|w| w[1] < w[0]) {
+            return bad(format!("entry {} ({}) is below entry {w} ({})", w + 1, cu[w + 1], cu[w]));
+        }
+    }
     if let Some(s) = x.initial_state {
-        len("initial_state", d.state_len(), s.len())?;
+        len("initial_state", d.state_len(x.sequences(d)), s.len())?;
     }
     if let Some((at, g)) = x.g.iter().enumerate().find(|(_, g)| g.is_nan() || **g > T::zero()) {
         return Err(AttnError::Param { field: "g", reason: format!("entry {at} is {g:?}; expected a log decay <= 0") });

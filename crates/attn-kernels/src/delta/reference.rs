@@ -7,40 +7,56 @@ use crate::alloc;
 use crate::error::Result;
 use crate::reference::Real;
 
-/// Where a call's rows sit: the row-major offsets of the module header's layouts.
+/// Where a call's rows sit: the row-major offsets of the module header's layouts, for sequence `n`
+/// (a batch row, or a packed sequence) and its token `t`.
 pub(super) struct At<'a> {
     pub(super) d: &'a DeltaDims,
     pub(super) gate: Gate,
+    pub(super) cu_seqlens: Option<&'a [usize]>,
 }
 
-impl At<'_> {
-    /// Query/key row of token `t` of batch `b` for value head `h` (its key head).
-    pub(super) fn qk(&self, b: usize, t: usize, h: usize) -> usize {
+impl<'a> At<'a> {
+    pub(super) fn new<T>(d: &'a DeltaDims, x: &DeltaInputs<'a, T>, gate: Gate) -> At<'a> {
+        At { d, gate, cu_seqlens: x.cu_seqlens }
+    }
+
+    /// Sequence `n`'s tokens.
+    pub(super) fn tokens(&self, n: usize) -> usize {
+        self.cu_seqlens.map_or(self.d.t, |c| c[n + 1] - c[n])
+    }
+
+    /// The token row (of `B·T`) of token `t` of sequence `n`.
+    fn row(&self, n: usize, t: usize) -> usize {
+        self.cu_seqlens.map_or(n * self.d.t, |c| c[n]) + t
+    }
+
+    /// Query/key row of token `t` of sequence `n` for value head `h` (its key head).
+    pub(super) fn qk(&self, n: usize, t: usize, h: usize) -> usize {
         let kh = h / (self.d.hv / self.d.hk);
-        ((b * self.d.t + t) * self.d.hk + kh) * self.d.dk
+        (self.row(n, t) * self.d.hk + kh) * self.d.dk
     }
 
     /// Value (and output) row.
-    pub(super) fn v(&self, b: usize, t: usize, h: usize) -> usize {
-        ((b * self.d.t + t) * self.d.hv + h) * self.d.dv
+    pub(super) fn v(&self, n: usize, t: usize, h: usize) -> usize {
+        (self.row(n, t) * self.d.hv + h) * self.d.dv
     }
 
     /// `beta`'s entry (and a scalar `g`'s).
-    pub(super) fn beta(&self, b: usize, t: usize, h: usize) -> usize {
-        (b * self.d.t + t) * self.d.hv + h
+    pub(super) fn beta(&self, n: usize, t: usize, h: usize) -> usize {
+        self.row(n, t) * self.d.hv + h
     }
 
     /// `g`'s first entry for the token and head.
-    pub(super) fn g(&self, b: usize, t: usize, h: usize) -> usize {
+    pub(super) fn g(&self, n: usize, t: usize, h: usize) -> usize {
         match self.gate {
-            Gate::Scalar => self.beta(b, t, h),
-            Gate::Channel => self.beta(b, t, h) * self.d.dk,
+            Gate::Scalar => self.beta(n, t, h),
+            Gate::Channel => self.beta(n, t, h) * self.d.dk,
         }
     }
 
-    /// The state of `(b, h)`.
-    pub(super) fn state(&self, b: usize, h: usize) -> usize {
-        (b * self.d.hv + h) * self.d.dk * self.d.dv
+    /// The state of `(n, h)`.
+    pub(super) fn state(&self, n: usize, h: usize) -> usize {
+        (n * self.d.hv + h) * self.d.dk * self.d.dv
     }
 }
 
@@ -81,45 +97,45 @@ pub(super) fn step<T: Real>(s: &mut [T], a: &[T], k: &[T], v: &[T], beta: T) -> 
     (u, err)
 }
 
-/// The gated delta rule's outputs `o: [B, T, Hv, Dv]` and final states `[B, Hv, Dk, Dv]`;
+/// The gated delta rule's outputs `o: [B, T, Hv, Dv]` and final states `[N, Hv, Dk, Dv]`;
 /// refuses inputs that do not match `d` and `p` (module header), naming the argument.
 pub fn delta_rule_reference<T: Real>(d: &DeltaDims, x: &DeltaInputs<T>, p: &DeltaParams) -> Result<DeltaOutput<T>> {
     let scale = T::from_f64(check(d, x, p)?).expect("a float");
-    let at = At { d, gate: p.gate };
+    let at = At::new(d, x, p.gate);
     let mut out = alloc::zeroed("delta rule output", &[d.v_len()])?;
-    let mut final_state = alloc::zeroed("delta rule final state", &[d.state_len()])?;
+    let mut final_state = alloc::zeroed("delta rule final state", &[d.state_len(x.sequences(d))])?;
     let dk = d.dk;
-    for b in 0..d.b {
+    for n in 0..x.sequences(d) {
         for h in 0..d.hv {
-            let s = &mut final_state[at.state(b, h)..][..dk * d.dv];
+            let s = &mut final_state[at.state(n, h)..][..dk * d.dv];
             if let Some(init) = x.initial_state {
-                s.copy_from_slice(&init[at.state(b, h)..][..dk * d.dv]);
+                s.copy_from_slice(&init[at.state(n, h)..][..dk * d.dv]);
             }
-            head_forward(&at, x, p, scale, (b, h), s, &mut out, |t| at.v(b, t, h));
+            head_forward(&at, x, p, scale, (n, h), s, &mut out, |t| at.v(n, t, h));
         }
     }
     Ok(DeltaOutput { out, final_state })
 }
 
-/// Head `(b, h)`'s tokens through the recurrence: `s` (`[Dk, Dv]`) goes from the initial state to
-/// the final one, and token `t`'s output is added into `out[row(t)..][..Dv]`.
+/// The tokens of sequence `n` through head `h`'s recurrence: `s` (`[Dk, Dv]`) goes from the
+/// initial state to the final one, and token `t`'s output is added into `out[row(t)..][..Dv]`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn head_forward<T: Real>(
     at: &At,
     x: &DeltaInputs<T>,
     p: &DeltaParams,
     scale: T,
-    (b, h): (usize, usize),
+    (n, h): (usize, usize),
     s: &mut [T],
     out: &mut [T],
     row: impl Fn(usize) -> usize,
 ) {
     let (dk, dv) = (at.d.dk, at.d.dv);
-    for t in 0..at.d.t {
-        let (q, _) = prepared(&x.q[at.qk(b, t, h)..][..dk], p.l2norm_qk, scale);
-        let (k, _) = prepared(&x.k[at.qk(b, t, h)..][..dk], p.l2norm_qk, T::one());
-        let a = decays(x.g, at.g(b, t, h), p.gate, dk);
-        step(s, &a, &k, &x.v[at.v(b, t, h)..][..dv], x.beta[at.beta(b, t, h)]);
+    for t in 0..at.tokens(n) {
+        let (q, _) = prepared(&x.q[at.qk(n, t, h)..][..dk], p.l2norm_qk, scale);
+        let (k, _) = prepared(&x.k[at.qk(n, t, h)..][..dk], p.l2norm_qk, T::one());
+        let a = decays(x.g, at.g(n, t, h), p.gate, dk);
+        step(s, &a, &k, &x.v[at.v(n, t, h)..][..dv], x.beta[at.beta(n, t, h)]);
         let o = &mut out[row(t)..][..dv];
         for (srow, &qi) in s.chunks_exact(dv).zip(&q) {
             o.iter_mut().zip(srow).for_each(|(o, &x)| *o = *o + x * qi);
@@ -128,7 +144,7 @@ pub(super) fn head_forward<T: Real>(
 }
 
 /// The gradients of every input of [`delta_rule_reference`] given the output's gradient
-/// `dout: [B, T, Hv, Dv]` and, when the final state is used, its gradient `dfinal: [B, Hv, Dk, Dv]`.
+/// `dout: [B, T, Hv, Dv]` and, when the final state is used, its gradient `dfinal: [N, Hv, Dk, Dv]`.
 pub fn delta_rule_reference_backward<T: Real>(
     d: &DeltaDims,
     x: &DeltaInputs<T>,
@@ -138,10 +154,11 @@ pub fn delta_rule_reference_backward<T: Real>(
 ) -> Result<DeltaGrads<T>> {
     let scale = T::from_f64(check(d, x, p)?).expect("a float");
     len("dout", d.v_len(), dout.len())?;
+    let states = d.state_len(x.sequences(d));
     if let Some(f) = dfinal {
-        len("dfinal_state", d.state_len(), f.len())?;
+        len("dfinal_state", states, f.len())?;
     }
-    let at = At { d, gate: p.gate };
+    let at = At::new(d, x, p.gate);
     let (dk, dv) = (d.dk, d.dv);
     let mut g = DeltaGrads {
         dq: alloc::zeroed("dq", &[d.qk_len()])?,
@@ -149,40 +166,40 @@ pub fn delta_rule_reference_backward<T: Real>(
         dv: alloc::zeroed("dv", &[d.v_len()])?,
         dg: alloc::zeroed("dg", &[d.g_len(p.gate)])?,
         dbeta: alloc::zeroed("dbeta", &[d.beta_len()])?,
-        dinitial_state: alloc::zeroed("dinitial_state", &[d.state_len()])?,
+        dinitial_state: alloc::zeroed("dinitial_state", &[states])?,
     };
     let mut before = alloc::zeroed::<T>("delta rule states", &[d.t, dk * dv])?;
-    for b in 0..d.b {
+    for n in 0..x.sequences(d) {
         for h in 0..d.hv {
             // The forward again, keeping the state before each token.
             let mut s = match x.initial_state {
-                Some(init) => init[at.state(b, h)..][..dk * dv].to_vec(),
+                Some(init) => init[at.state(n, h)..][..dk * dv].to_vec(),
                 None => vec![T::zero(); dk * dv],
             };
-            for t in 0..d.t {
+            for t in 0..at.tokens(n) {
                 before[t * dk * dv..][..dk * dv].copy_from_slice(&s);
-                let (k, _) = prepared(&x.k[at.qk(b, t, h)..][..dk], p.l2norm_qk, T::one());
-                let a = decays(x.g, at.g(b, t, h), p.gate, dk);
-                step(&mut s, &a, &k, &x.v[at.v(b, t, h)..][..dv], x.beta[at.beta(b, t, h)]);
+                let (k, _) = prepared(&x.k[at.qk(n, t, h)..][..dk], p.l2norm_qk, T::one());
+                let a = decays(x.g, at.g(n, t, h), p.gate, dk);
+                step(&mut s, &a, &k, &x.v[at.v(n, t, h)..][..dv], x.beta[at.beta(n, t, h)]);
             }
             let mut ds = match dfinal {
-                Some(f) => f[at.state(b, h)..][..dk * dv].to_vec(),
+                Some(f) => f[at.state(n, h)..][..dk * dv].to_vec(),
                 None => vec![T::zero(); dk * dv],
             };
-            for t in (0..d.t).rev() {
+            for t in (0..at.tokens(n)).rev() {
                 let prev = &before[t * dk * dv..][..dk * dv];
-                let (qr, kr) = (&x.q[at.qk(b, t, h)..][..dk], &x.k[at.qk(b, t, h)..][..dk]);
+                let (qr, kr) = (&x.q[at.qk(n, t, h)..][..dk], &x.k[at.qk(n, t, h)..][..dk]);
                 let (q, rq) = prepared(qr, p.l2norm_qk, scale);
                 let (k, rk) = prepared(kr, p.l2norm_qk, T::one());
-                let a = decays(x.g, at.g(b, t, h), p.gate, dk);
-                let beta = x.beta[at.beta(b, t, h)];
-                let v = &x.v[at.v(b, t, h)..][..dv];
+                let a = decays(x.g, at.g(n, t, h), p.gate, dk);
+                let beta = x.beta[at.beta(n, t, h)];
+                let v = &x.v[at.v(n, t, h)..][..dv];
                 let mut st = prev.to_vec();
                 let (u, err) = step(&mut st, &a, &k, v, beta);
                 // S' = diag(a)·prev.
                 let sp: Vec<T> =
                     prev.chunks_exact(dv).zip(&a).flat_map(|(row, &ai)| row.iter().map(move |&x| x * ai)).collect();
-                let o_grad = &dout[at.v(b, t, h)..][..dv];
+                let o_grad = &dout[at.v(n, t, h)..][..dv];
                 // o = S_tᵀ q: dq = S_t do, dS += q doᵀ.
                 let mut dqs = vec![T::zero(); dk];
                 for i in 0..dk {
@@ -202,8 +219,8 @@ pub fn delta_rule_reference_backward<T: Real>(
                 }
                 // u = β(v − S'ᵀk).
                 let db = du.iter().zip(&err).fold(T::zero(), |acc, (&x, &e)| acc + x * e);
-                g.dbeta[at.beta(b, t, h)] = db;
-                let dvr = &mut g.dv[at.v(b, t, h)..][..dv];
+                g.dbeta[at.beta(n, t, h)] = db;
+                let dvr = &mut g.dv[at.v(n, t, h)..][..dv];
                 dvr.iter_mut().zip(&du).for_each(|(o, &x)| *o = beta * x);
                 let dpred: Vec<T> = du.iter().map(|&x| -(beta * x)).collect();
                 // pred = S'ᵀk: dS' += k dpredᵀ, dk += S' dpred.
@@ -215,7 +232,7 @@ pub fn delta_rule_reference_backward<T: Real>(
                     }
                 }
                 // S' = diag(a)·prev: dprev = diag(a)·dS', da_i = Σ_j dS'_ij prev_ij, dg = da·a.
-                let gi = at.g(b, t, h);
+                let gi = at.g(n, t, h);
                 for i in 0..dk {
                     let da = (0..dv).fold(T::zero(), |acc, j| acc + ds[i * dv + j] * prev[i * dv + j]);
                     match p.gate {
@@ -226,13 +243,13 @@ pub fn delta_rule_reference_backward<T: Real>(
                 }
                 // Through the scale and the L2 normalisation to the raw q and k (summed over the
                 // value heads that share the key head).
-                let qi = at.qk(b, t, h);
+                let qi = at.qk(n, t, h);
                 let dqn: Vec<T> = dqs.iter().map(|&x| x * scale).collect();
                 add_normalised(&mut g.dq[qi..][..dk], qr, &dqn, rq, p.l2norm_qk);
                 add_normalised(&mut g.dk[qi..][..dk], kr, &dkn, rk, p.l2norm_qk);
             }
             if x.initial_state.is_some() {
-                g.dinitial_state[at.state(b, h)..][..dk * dv].copy_from_slice(&ds);
+                g.dinitial_state[at.state(n, h)..][..dk * dv].copy_from_slice(&ds);
             }
         }
     }

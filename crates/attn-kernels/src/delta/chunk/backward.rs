@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use super::{ratio, Chunk, Head, Rows, CHUNK};
 use crate::alloc;
-use crate::delta::reference::{add_normalised, delta_rule_reference_backward, prepared};
+use crate::delta::reference::{add_normalised, delta_rule_reference_backward, prepared, At};
 use crate::delta::{check, len, DeltaDims, DeltaGrads, DeltaInputs, DeltaParams, Gate};
 use crate::error::Result;
 use crate::linear::gemm::{gemm, Lhs, Part};
@@ -25,7 +25,7 @@ use crate::linear::transpose::transpose;
 use crate::simd::Isa;
 
 /// The gradients of every input of [`super::delta_rule`] in `f32` given the output's gradient
-/// `dout: [B, T, Hv, Dv]` and, when the final state is used, its gradient `dfinal: [B, Hv, Dk, Dv]`;
+/// `dout: [B, T, Hv, Dv]` and, when the final state is used, its gradient `dfinal: [N, Hv, Dk, Dv]`;
 /// refuses inputs that do not match `d` and `p`, naming the argument. The channel gate (KDA) runs
 /// the reference's reverse recurrence in `f32`.
 pub fn delta_rule_backward(
@@ -40,8 +40,9 @@ pub fn delta_rule_backward(
     }
     let scale = check(d, x, p)? as f32;
     len("dout", d.v_len(), dout.len())?;
+    let sequences = x.sequences(d);
     if let Some(f) = dfinal {
-        len("dfinal_state", d.state_len(), f.len())?;
+        len("dfinal_state", d.state_len(sequences), f.len())?;
     }
     let mut g = DeltaGrads {
         dq: alloc::zeroed("dq", &[d.qk_len()])?,
@@ -49,23 +50,23 @@ pub fn delta_rule_backward(
         dv: alloc::zeroed("dv", &[d.v_len()])?,
         dg: alloc::zeroed("dg", &[d.g_len(p.gate)])?,
         dbeta: alloc::zeroed("dbeta", &[d.beta_len()])?,
-        dinitial_state: alloc::zeroed("dinitial_state", &[d.state_len()])?,
+        dinitial_state: alloc::zeroed("dinitial_state", &[d.state_len(sequences)])?,
     };
     let isa = Isa::best();
-    let (dk, dv, hv, t, sl) = (d.dk, d.dv, d.hv, d.t, d.dk * d.dv);
-    let heads: Vec<HeadGrads> = (0..d.b * hv)
+    let (dk, dv, hv, sl) = (d.dk, d.dv, d.hv, d.dk * d.dv);
+    let heads: Vec<HeadGrads> = (0..sequences * hv)
         .into_par_iter()
-        .map(|bh| {
-            let head = Head { d, x, p, scale, b: bh / hv, h: bh % hv };
-            head.backward(isa, dout, dfinal.map(|f| &f[bh * sl..][..sl]))
+        .map(|nh| {
+            let head = Head { d, x, p, scale, n: nh / hv, h: nh % hv };
+            head.backward(isa, dout, dfinal.map(|f| &f[nh * sl..][..sl]))
         })
         .collect();
     // Grouped value heads add into the rows of the key head they share.
-    let at = crate::delta::reference::At { d, gate: p.gate };
-    for (bh, hg) in heads.iter().enumerate() {
-        let (b, h) = (bh / hv, bh % hv);
-        for r in 0..t {
-            let (qi, vi, bi) = (at.qk(b, r, h), at.v(b, r, h), at.beta(b, r, h));
+    let at = At::new(d, x, p.gate);
+    for (nh, hg) in heads.iter().enumerate() {
+        let (n, h) = (nh / hv, nh % hv);
+        for r in 0..at.tokens(n) {
+            let (qi, vi, bi) = (at.qk(n, r, h), at.v(n, r, h), at.beta(n, r, h));
             let add = |acc: &mut [f32], src: &[f32]| acc.iter_mut().zip(src).for_each(|(a, &s)| *a += s);
             add(&mut g.dq[qi..][..dk], &hg.dq[r * dk..][..dk]);
             add(&mut g.dk[qi..][..dk], &hg.dk[r * dk..][..dk]);
@@ -74,7 +75,7 @@ pub fn delta_rule_backward(
             g.dbeta[bi] = hg.dbeta[r];
         }
         if x.initial_state.is_some() {
-            g.dinitial_state[bh * sl..][..sl].copy_from_slice(&hg.ds);
+            g.dinitial_state[nh * sl..][..sl].copy_from_slice(&hg.ds);
         }
     }
     Ok(g)
@@ -138,13 +139,13 @@ impl Head<'_> {
     /// The head's gradients given `dout` (the whole call's) and the final state's gradient.
     fn backward(&self, isa: Isa, dout: &[f32], dfinal: Option<&[f32]>) -> HeadGrads {
         let (d, at) = (self.d, self.at());
-        let (dk, dv, t) = (d.dk, d.dv, d.t);
+        let (dk, dv, t) = (d.dk, d.dv, self.tokens());
         let mut c = Chunk::new(dk, dv);
         // The forward again, keeping the state at each chunk's start.
         let starts: Vec<usize> = (0..t).step_by(CHUNK).collect();
         let mut states = vec![0.0f32; starts.len() * dk * dv];
         let mut s = match self.x.initial_state {
-            Some(init) => init[at.state(self.b, self.h)..][..dk * dv].to_vec(),
+            Some(init) => init[at.state(self.n, self.h)..][..dk * dv].to_vec(),
             None => vec![0.0; dk * dv],
         };
         for (i, &t0) in starts.iter().enumerate() {
@@ -169,7 +170,7 @@ impl Head<'_> {
             let s0 = &states[i * dk * dv..][..dk * dv];
             c.fill(isa, &r, s0, (dk, dv), true);
             for row in 0..n {
-                w.dout[row * dv..][..dv].copy_from_slice(&dout[at.v(self.b, t0 + row, self.h)..][..dv]);
+                w.dout[row * dv..][..dv].copy_from_slice(&dout[at.v(self.n, t0 + row, self.h)..][..dv]);
             }
             let (dq, dkk) = (&mut hg.dq[t0 * dk..][..n * dk], &mut hg.dk[t0 * dk..][..n * dk]);
             let (dvv, dbeta) = (&mut hg.dv[t0 * dv..][..n * dv], &mut hg.dbeta[t0..][..n]);
@@ -184,7 +185,7 @@ impl Head<'_> {
         }
         // Through the scale and the L2 normalisation to the raw q and k.
         for row in 0..t {
-            let i = at.qk(self.b, row, self.h);
+            let i = at.qk(self.n, row, self.h);
             let (qr, kr) = (&self.x.q[i..][..dk], &self.x.k[i..][..dk]);
             let (_, rq) = prepared(qr, self.p.l2norm_qk, 1.0);
             let (_, rk) = prepared(kr, self.p.l2norm_qk, 1.0);

@@ -5,43 +5,44 @@ use rayon::prelude::*;
 
 use super::{Chunk, Head};
 use crate::alloc;
-use crate::delta::reference::head_forward;
+use crate::delta::reference::{head_forward, At};
 use crate::delta::{check, DeltaDims, DeltaInputs, DeltaOutput, DeltaParams, Gate};
 use crate::error::Result;
 use crate::linear::gemm::{gemm, Lhs, Part};
 use crate::simd::Isa;
 
-/// The gated delta rule's outputs `o: [B, T, Hv, Dv]` and final states `[B, Hv, Dk, Dv]` in `f32`
+/// The gated delta rule's outputs `o: [B, T, Hv, Dv]` and final states `[N, Hv, Dk, Dv]` in `f32`
 /// (the `delta` module's header); refuses inputs that do not match `d` and `p`, naming the
 /// argument.
 pub fn delta_rule(d: &DeltaDims, x: &DeltaInputs<f32>, p: &DeltaParams) -> Result<DeltaOutput<f32>> {
     let scale = check(d, x, p)? as f32;
     let mut out = alloc::zeroed("delta rule output", &[d.v_len()])?;
-    let mut final_state = alloc::zeroed("delta rule final state", &[d.state_len()])?;
-    let (dk, dv, hv, t) = (d.dk, d.dv, d.hv, d.t);
+    let mut final_state = alloc::zeroed("delta rule final state", &[d.state_len(x.sequences(d))])?;
+    let (dk, dv, hv) = (d.dk, d.dv, d.hv);
     if let Some(init) = x.initial_state {
         final_state.copy_from_slice(init);
     }
     let isa = Isa::best();
-    // Each (b, h) owns its state and writes its own output rows (`Dv` apart from those of the
+    // Each (n, h) owns its state and writes its own output rows (`Dv` apart from those of the
     // other heads of the token): the rows are gathered per head and scattered after.
     let heads: Vec<Vec<f32>> = final_state
         .par_chunks_mut(dk * dv)
         .enumerate()
         .map(|(bh, s)| {
-            let head = Head { d, x, p, scale, b: bh / hv, h: bh % hv };
-            let mut o = vec![0.0f32; t * dv];
+            let head = Head { d, x, p, scale, n: bh / hv, h: bh % hv };
+            let mut o = vec![0.0f32; head.tokens() * dv];
             match p.gate {
                 Gate::Scalar => head.forward(isa, s, &mut o),
-                Gate::Channel => head_forward(&head.at(), x, p, scale, (head.b, head.h), s, &mut o, |t| t * dv),
+                Gate::Channel => head_forward(&head.at(), x, p, scale, (head.n, head.h), s, &mut o, |t| t * dv),
             }
             o
         })
         .collect();
-    for (bh, o) in heads.iter().enumerate() {
-        let (b, h) = (bh / hv, bh % hv);
-        for (r, row) in o.chunks_exact(dv).enumerate() {
-            out[((b * t + r) * hv + h) * dv..][..dv].copy_from_slice(row);
+    let at = At::new(d, x, p.gate);
+    for (nh, o) in heads.iter().enumerate() {
+        let (n, h) = (nh / hv, nh % hv);
+        for (t, row) in o.chunks_exact(dv).enumerate() {
+            out[at.v(n, t, h)..][..dv].copy_from_slice(row);
         }
     }
     Ok(DeltaOutput { out, final_state })
@@ -53,8 +54,9 @@ impl Head<'_> {
     fn forward(&self, isa: Isa, s: &mut [f32], o: &mut [f32]) {
         let (dk, dv) = (self.d.dk, self.d.dv);
         let mut c = Chunk::new(dk, dv);
-        for t0 in (0..self.d.t).step_by(super::CHUNK) {
-            let n = super::CHUNK.min(self.d.t - t0);
+        let t = self.tokens();
+        for t0 in (0..t).step_by(super::CHUNK) {
+            let n = super::CHUNK.min(t - t0);
             let r = self.rows(t0, n);
             c.fill(isa, &r, s, (dk, dv), true);
             let out = &mut o[t0 * dv..][..n * dv];

@@ -1,5 +1,5 @@
 //! The gated delta rule in chunks (Yang et al. 2024, "Parallelizing Linear Transformers with the
-//! Delta Rule over Sequence Length"), `f32`, parallel over (batch, value head). Inside a chunk of
+//! Delta Rule over Sequence Length"), `f32`, parallel over (sequence, value head). Inside a chunk of
 //! [`CHUNK`] tokens with the state `S₀` at its start and `γ_r` the cumulative log decay from the
 //! chunk's start (so `Γ_r = exp(γ_r) ≤ 1`), the corrections `U` of the recurrence solve a unit
 //! lower-triangular system,
@@ -46,25 +46,31 @@ struct Rows {
     g: Vec<f32>,
 }
 
-/// One (batch, value head) of a call.
+/// One (sequence, value head) of a call.
 #[derive(Clone, Copy)]
 struct Head<'a> {
     d: &'a DeltaDims,
     x: &'a DeltaInputs<'a, f32>,
     p: &'a DeltaParams,
     scale: f32,
-    b: usize,
+    /// The sequence.
+    n: usize,
     h: usize,
 }
 
-impl Head<'_> {
-    fn at(&self) -> At<'_> {
-        At { d: self.d, gate: self.p.gate }
+impl<'a> Head<'a> {
+    fn at(&self) -> At<'a> {
+        At::new(self.d, self.x, self.p.gate)
+    }
+
+    /// The sequence's tokens.
+    fn tokens(&self) -> usize {
+        self.at().tokens(self.n)
     }
 
     /// The head's rows of tokens `t0..t0 + n`.
     fn rows(&self, t0: usize, n: usize) -> Rows {
-        let Head { d, x, p, scale, b, h } = *self;
+        let Head { d, x, p, scale, n: b, h } = *self;
         let at = self.at();
         let (mut q, mut k, mut v) =
             (Vec::with_capacity(n * d.dk), Vec::with_capacity(n * d.dk), Vec::with_capacity(n * d.dv));
@@ -145,7 +151,9 @@ impl Chunk {
             gemm(isa, n, n, dk, Lhs::rows(&r.q, dk).part(Part::LowerOut).write(true), &self.kt, n, &mut self.p, n);
             for i in 0..n {
                 let row = &mut self.p[i * n..][..n];
-                row.iter_mut().enumerate().for_each(|(j, x)| *x = if j <= i { ratio(gamma[i], gamma[j]) * *x } else { 0.0 });
+                row.iter_mut()
+                    .enumerate()
+                    .for_each(|(j, x)| *x = if j <= i { ratio(gamma[i], gamma[j]) * *x } else { 0.0 });
             }
         }
         for i in 0..n {
