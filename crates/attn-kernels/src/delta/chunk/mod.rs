@@ -173,8 +173,8 @@ impl Chunk {
             }
             row[i] = 1.0;
         }
-        for i in 0..n {
-            let decay = gamma[i].exp() as f32;
+        for (i, g) in gamma.iter().enumerate() {
+            let decay = g.exp() as f32;
             let (y, w, v) = (&mut self.y[i * dv..][..dv], &self.w[i * dv..][..dv], &r.v[i * dv..][..dv]);
             y.iter_mut().zip(w).zip(v).for_each(|((y, &w), &v)| *y = r.beta[i] * (v - decay * w));
         }
