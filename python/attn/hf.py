@@ -13,11 +13,20 @@ weights ``[B, Hq, Lq, Lk]`` when the model is asked for them (``output_attention
 argument or in the config), ``None`` otherwise. The weights are those before dropout
 (``eager``'s are after it), differentiable, and a row sums to less than 1 with sinks (as
 ``eager``'s for gpt-oss, which leave the sink out).
+
+``register()`` also points the linear-attention layers of the hybrid models — Qwen3-Next, Qwen3.5
+(and its MoE), OLMo-hybrid (Gated DeltaNet) and Kimi Linear (KDA) — at ``attn.fla``'s kernels
+instead of their PyTorch fallbacks (``torch_chunk_gated_delta_rule`` and the rest, the names the
+layers call when the ``fla`` package is absent): it replaces those names in the models' modules,
+so it works for models built before or after the call, and packed sequences (``cu_seqlens``),
+which the fallbacks refuse, run. ``restore_delta_rule()`` puts the fallbacks back.
 """
+
+import importlib
 
 import torch
 
-from . import sdpa
+from . import fla, sdpa
 
 NAME = "attn"
 
@@ -69,10 +78,47 @@ def attn_attention_forward(
     return out.transpose(1, 2).contiguous(), weights
 
 
+# The models' modules and, in each, the fallback's name -> attn's kernel.
+_GATED = {"torch_chunk_gated_delta_rule": fla.chunk_gated_delta_rule,
+          "torch_recurrent_gated_delta_rule": fla.fused_recurrent_gated_delta_rule}
+DELTA_RULE_MODULES = {
+    "qwen3_next": _GATED,
+    "qwen3_5": _GATED,
+    "qwen3_5_moe": _GATED,
+    "olmo_hybrid": _GATED,
+    "kimi_linear": {"chunk_kimi_delta_attention": fla.chunk_kda,
+                    "recurrent_kimi_delta_attention": fla.fused_recurrent_kda},
+}
+_FALLBACKS = {}
+
+
+def _delta_rule_modules():
+    """The models' modules this ``transformers`` has, with their replacements."""
+    for name, functions in DELTA_RULE_MODULES.items():
+        try:
+            module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        except ImportError:
+            continue
+        yield module, functions
+
+
+def restore_delta_rule():
+    """Puts the models' own delta-rule functions back (undoes that part of ``register()``)."""
+    for module, functions in _delta_rule_modules():
+        for fn in functions:
+            if (module.__name__, fn) in _FALLBACKS:
+                setattr(module, fn, _FALLBACKS.pop((module.__name__, fn)))
+
+
 def register():
-    """Makes ``attn_implementation="attn"`` available (idempotent)."""
+    """Makes ``attn_implementation="attn"`` available and the hybrid models' linear attention run
+    on attn's delta-rule kernels (idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(NAME, attn_attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    for module, functions in _delta_rule_modules():
+        for fn, kernel in functions.items():
+            _FALLBACKS.setdefault((module.__name__, fn), getattr(module, fn))
+            setattr(module, fn, kernel)

@@ -8,8 +8,10 @@
 //! `out: [B, Hq, Lq, Dv]`, `lse`, `lse_residue: [B, Hq, Lq]`, `weights: [B, Hq, Lq, Lk]`.
 //! Types: `float32` queries with `float32`, `float16` or `bfloat16` keys and values run the fast
 //! kernel in `f32` (or with bfloat16 products, `bf16_products`); `float64` everything runs the
-//! reference kernel in `f64`.
+//! reference kernel in `f64`. The gated delta rule's forward and backward (`delta`) take fla's
+//! layouts.
 
+mod delta;
 mod dlpack;
 mod options;
 mod pool;
@@ -238,6 +240,8 @@ fn panic_for_tests(py: Python<'_>) -> PyResult<()> {
 fn _attn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_backward, m)?)?;
     m.add_function(wrap_pyfunction!(panic_for_tests, m)?)?;
     m.add_function(wrap_pyfunction!(pool::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(pool::get_num_threads, m)?)?;

@@ -267,7 +267,7 @@ fn bad_inputs_are_refused_naming_the_argument() {
     bad.g[2] = 0.25;
     assert!(field(delta_rule_reference(&d, &bad.inputs(), &p).unwrap_err()).starts_with("g: entry 2 is 0.25"));
     let mut bad = c.clone();
-    bad.beta[1] = 1.5;
+    bad.beta[1] = 2.5;
     assert!(field(delta_rule_reference(&d, &bad.inputs(), &p).unwrap_err()).starts_with("beta: entry 1"));
     let mut bad = c.clone();
     bad.beta[0] = f64::NAN;
@@ -301,7 +301,7 @@ fn max_diff(a: &[f32], b: &[f64]) -> f64 {
 }
 
 /// Cases at and around the chunk's edges for both gates, with and without the L2 normalisation:
-/// strong decay at some tokens and none at others, β at 0 and at 1, initial states on every other
+/// strong decay at some tokens and none at others, β at 0, 1 and 1.8, initial states on every other
 /// length, inputs rounded to f32 (the oracle runs on the rounded values).
 fn edge_cases() -> Vec<Case> {
     use attn_kernels::delta::CHUNK;
@@ -324,10 +324,12 @@ fn edge_cases() -> Vec<Case> {
                         _ => *g,
                     };
                 }
+                // β above 1 (a negative eigenvalue, OLMo-hybrid's) where the keys are unit vectors.
                 for (i, b) in c.beta.iter_mut().enumerate() {
                     *b = match i % 5 {
                         0 => 0.0,
                         1 => 1.0,
+                        2 if l2 => 1.8,
                         _ => *b,
                     };
                 }

@@ -114,7 +114,8 @@ pub struct DeltaInputs<'a, T> {
     pub v: &'a [T],
     /// Log decays, `≤ 0`: `[B, T, Hv]` or, with [`Gate::Channel`], `[B, T, Hv, Dk]`.
     pub g: &'a [T],
-    /// Step sizes in `[0, 1]`, `[B, T, Hv]`.
+    /// Step sizes in `[0, 2]`, `[B, T, Hv]` (above 1 the step gives the state's transition a
+    /// negative eigenvalue, as OLMo-hybrid's `linear_allow_neg_eigval` does with `2·sigmoid`).
     pub beta: &'a [T],
     /// `[N, Hv, Dk, Dv]`; zero when `None`.
     pub initial_state: Option<&'a [T]>,
@@ -167,7 +168,7 @@ pub(crate) fn len(tensor: &'static str, expected: usize, found: usize) -> Result
 }
 
 /// Checks the inputs against `d` and `p`: lengths, head grouping, packed sequences, `g ≤ 0`,
-/// `β ∈ [0, 1]`, a finite scale; returns the scale.
+/// `β ∈ [0, 2]`, a finite scale; returns the scale.
 pub(crate) fn check<T: Real>(d: &DeltaDims, x: &DeltaInputs<T>, p: &DeltaParams) -> Result<f64> {
     if d.hk == 0 || !d.hv.is_multiple_of(d.hk) {
         return Err(AttnError::Heads(format!(
@@ -198,10 +199,11 @@ pub(crate) fn check<T: Real>(d: &DeltaDims, x: &DeltaInputs<T>, p: &DeltaParams)
     if let Some((at, g)) = x.g.iter().enumerate().find(|(_, g)| g.is_nan() || **g > T::zero()) {
         return Err(AttnError::Param { field: "g", reason: format!("entry {at} is {g:?}; expected a log decay <= 0") });
     }
-    if let Some((at, b)) = x.beta.iter().enumerate().find(|(_, b)| b.is_nan() || **b < T::zero() || **b > T::one()) {
+    let two = T::one() + T::one();
+    if let Some((at, b)) = x.beta.iter().enumerate().find(|(_, b)| b.is_nan() || **b < T::zero() || **b > two) {
         return Err(AttnError::Param {
             field: "beta",
-            reason: format!("entry {at} is {b:?}; expected 0 <= beta <= 1"),
+            reason: format!("entry {at} is {b:?}; expected 0 <= beta <= 2"),
         });
     }
     let scale = p.scale.unwrap_or(1.0 / (d.dk.max(1) as f64).sqrt());
