@@ -48,6 +48,10 @@ pub fn delta_rule(d: &DeltaDims, x: &DeltaInputs<f32>, p: &DeltaParams) -> Resul
     Ok(DeltaOutput { out, final_state })
 }
 
+/// Sequences shorter than this run token by token (decoding: one token against a cached state),
+/// where a chunk's products and inverse would cost more than the two passes over the state.
+const SHORT: usize = 4;
+
 impl Head<'_> {
     /// The head in chunks: `s` (`[Dk, Dv]`) holds the initial state and is left holding the final
     /// one; `o` (`[T, Dv]`) receives the outputs.
@@ -55,6 +59,9 @@ impl Head<'_> {
         let (dk, dv) = (self.d.dk, self.d.dv);
         let mut c = Chunk::new(dk, dv);
         let t = self.tokens();
+        if t < SHORT {
+            return self.tokens_one_by_one(s, o);
+        }
         for t0 in (0..t).step_by(super::CHUNK) {
             let n = super::CHUNK.min(t - t0);
             let r = self.rows(t0, n);
@@ -67,6 +74,31 @@ impl Head<'_> {
             }
             gemm(isa, n, dv, n, Lhs::rows(&c.p, n).part(Part::LowerA), &c.u, dv, out, dv);
             c.advance(isa, &r, s, (dk, dv));
+        }
+    }
+
+    /// The head token by token, each token two passes over the state (the prediction `S'ᵀk` read,
+    /// then every row decayed, corrected and read into the output); `s` and `o` as in
+    /// [`Head::forward`].
+    fn tokens_one_by_one(&self, s: &mut [f32], o: &mut [f32]) {
+        let dv = self.d.dv;
+        let mut u = vec![0.0f32; dv];
+        for t in 0..self.tokens() {
+            let r = self.rows(t, 1);
+            let decay = r.g[0].exp();
+            u.fill(0.0);
+            for (row, &ki) in s.chunks_exact(dv).zip(&r.k) {
+                let c = ki * decay;
+                u.iter_mut().zip(row).for_each(|(u, &x)| *u += c * x);
+            }
+            u.iter_mut().zip(&r.v).for_each(|(u, &v)| *u = r.beta[0] * (v - *u));
+            let out = &mut o[t * dv..][..dv];
+            for (row, (&ki, &qi)) in s.chunks_exact_mut(dv).zip(r.k.iter().zip(&r.q)) {
+                for ((x, &uj), o) in row.iter_mut().zip(&u).zip(out.iter_mut()) {
+                    *x = decay * *x + ki * uj;
+                    *o += qi * *x;
+                }
+            }
         }
     }
 }
