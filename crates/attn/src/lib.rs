@@ -83,6 +83,7 @@ mod autograd;
 #[cfg(feature = "pictures")]
 pub mod chart;
 mod convert;
+pub mod delta;
 pub mod error;
 #[cfg(feature = "pictures")]
 pub mod heatmap;
@@ -108,6 +109,7 @@ pub use attn_kernels::score_mod;
 pub use attn_kernels::sparse;
 pub use attn_kernels::{Align, AllocError, AttnError, Dropout, Kernel, Precision, Window};
 pub use candle_core;
+pub use delta::{delta_rule, DeltaOptions, DeltaResult};
 pub use error::{AttnLibError, Result};
 pub use linear::{linear_attention, LinearOptions};
 pub use mask::{key_lengths_from_tokens, padding_mask, Mask, Polarity};

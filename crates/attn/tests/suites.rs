@@ -10,6 +10,8 @@ mod autograd;
 #[path = "chart.rs"]
 mod chart;
 mod common;
+#[path = "delta.rs"]
+mod delta;
 #[cfg(feature = "pictures")]
 #[path = "heatmap.rs"]
 mod heatmap;
