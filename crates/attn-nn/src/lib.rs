@@ -6,6 +6,8 @@
 //!   embeddings and a [`KvCache`] for incremental decoding;
 //! - [`LinearAttention`]: multi-head linear attention (`elu+1`, ReLU, identity, FAVOR+) with
 //!   `MultiHeadAttention`'s weights and a recurrent [`LinearCache`] for decoding;
+//! - [`GatedDeltaNet`]: the gated delta rule layer of Qwen3-Next and Qwen3.5 (transformers'
+//!   weight names), with a recurrent [`GatedDeltaCache`] for decoding;
 //! - [`AdditiveAttention`]: Bahdanau's `vᵀ·tanh(W_q·q + W_k·k)`;
 //! - [`EncoderLayer`], [`DecoderLayer`], [`TransformerEncoder`], [`TransformerDecoder`],
 //!   [`Transformer`]: `nn.TransformerEncoderLayer` and friends (with `bias=False` and
@@ -16,7 +18,7 @@
 //!   `MultiHeadAttention`, the layers, stacks, `Transformer` and `Seq2Seq` take through their
 //!   `forward_packed` methods;
 //! - [`LayerNorm`]: `nn.LayerNorm`, with or without affine parameters or bias; [`RmsNorm`]:
-//!   `nn.RMSNorm` (Llama's);
+//!   `nn.RMSNorm` (Llama's); [`GatedRmsNorm`]: Gated DeltaNet's normalise-then-gate;
 //! - [`position`]: sinusoidal encodings, RoPE and ALiBi;
 //! - [`load`]: PyTorch state dicts loaded strictly, frozen or into trainable variables listed by
 //!   name.
@@ -61,6 +63,7 @@ pub mod encoder;
 pub mod error;
 pub mod feedforward;
 pub mod fused;
+pub mod gated_delta;
 pub mod init;
 pub mod kv_cache;
 pub mod layer;
@@ -88,6 +91,7 @@ pub use dropout::Mode;
 pub use encoder::{EncoderLayer, StackOutput, TransformerEncoder};
 pub use error::{NnError, Result};
 pub use feedforward::{Activation, FeedForward, FeedForwardConfig};
+pub use gated_delta::{GatedDeltaCache, GatedDeltaNet, GatedDeltaNetConfig};
 pub use kv_cache::{Cache, KvCache};
 pub use layer::{LayerConfig, LayerOutput};
 pub use linear::Linear;
@@ -95,7 +99,7 @@ pub use linear_attn::{LinearAttention, LinearAttentionConfig, LinearCache, Linea
 pub use load::{named_parameters, StateDict, Trainable};
 pub use masks::{AttnMask, AttnMasks};
 pub use mha::{MhaInput, MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig, NeedWeights, PackedMhaInput};
-pub use norm::{LayerNorm, LayerNormConfig, RmsNorm};
+pub use norm::{GatedRmsNorm, LayerNorm, LayerNormConfig, RmsNorm};
 pub use packed::Packed;
 pub use position::rope::RopeConfig;
 pub use run::Run;

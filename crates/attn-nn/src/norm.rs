@@ -2,7 +2,7 @@
 //! `elementwise_affine`, `bias=False`), through this crate's fused op with its own backward
 //! ([`crate::fused::layer_norm`]): candle-nn's `LayerNorm` takes a fused fast path with no
 //! backward for contiguous inputs, which would silently cut gradients; and `nn.RMSNorm` (Llama's
-//! `LlamaRMSNorm`), from differentiable tensor ops.
+//! `LlamaRMSNorm`) and Gated DeltaNet's gated RMSNorm, from differentiable tensor ops.
 
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
@@ -87,5 +87,34 @@ impl RmsNorm {
         let mean_square = x32.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
         let normed = x32.broadcast_div(&(mean_square + self.eps)?.sqrt()?)?.to_dtype(dtype)?;
         Ok(normed.broadcast_mul(&self.weight.to_dtype(dtype)?)?)
+    }
+}
+
+/// `y = weight · x / sqrt(mean(x²) + eps) · silu(gate)` over the last dimension: the gated
+/// RMSNorm of Gated DeltaNet's output heads (Hugging Face's `Qwen3NextRMSNormGated`, fla's
+/// `FusedRMSNormGated`), normalising before the gate. Computed in `f32` for half-precision inputs
+/// (as transformers does), in the input's dtype otherwise.
+#[derive(Debug, Clone)]
+pub struct GatedRmsNorm {
+    /// `[D]`.
+    weight: Tensor,
+    eps: f64,
+}
+
+impl GatedRmsNorm {
+    /// Loads `weight` of width `dim` (initialised to ones).
+    pub fn new(dim: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        Ok(Self { weight: vb.get_with_hints(dim, "weight", candle_nn::Init::Const(1.0))?, eps })
+    }
+
+    /// `x, gate: [.., D]` → `[.., D]` in `x`'s dtype.
+    pub fn forward(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        let wide = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+        let x = x.to_dtype(wide)?;
+        let mean_square = x.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+        let normed = x.broadcast_div(&(mean_square + self.eps)?.sqrt()?)?;
+        let gated = (normed.broadcast_mul(&self.weight.to_dtype(wide)?)? * gate.to_dtype(wide)?.silu()?)?;
+        Ok(gated.to_dtype(dtype)?)
     }
 }

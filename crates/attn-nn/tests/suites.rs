@@ -10,6 +10,8 @@ mod decoding;
 mod errors;
 #[path = "fused.rs"]
 mod fused;
+#[path = "gated_delta_net.rs"]
+mod gated_delta_net;
 #[path = "gradient_flow.rs"]
 mod gradient_flow;
 #[path = "linear_attention.rs"]

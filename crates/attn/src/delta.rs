@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 
 use attn_kernels::delta::{
     delta_rule as chunked, delta_rule_backward, delta_rule_reference, delta_rule_reference_backward, DeltaDims,
-    DeltaGrads, DeltaInputs, DeltaOutput, DeltaParams,
+    DeltaGrads, DeltaInputs, DeltaOutput,
 };
+pub use attn_kernels::delta::{DeltaParams, Gate};
 use attn_kernels::{AttnError, Real};
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, WithDType};
 
