@@ -30,6 +30,8 @@ mod cli_models;
 mod cli_output_files;
 #[path = "cli_run.rs"]
 mod cli_run;
+#[path = "cli_run_delta.rs"]
+mod cli_run_delta;
 #[path = "cli_run_errors.rs"]
 mod cli_run_errors;
 #[path = "cli_run_grads.rs"]

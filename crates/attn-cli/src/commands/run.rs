@@ -12,7 +12,9 @@
 //! `--threads` threads; the output line names the kernel `auto` resolved to and the dropout seed.
 //! `--pattern` adds a named block-sparse pattern's block mask, built for the inputs' `Lq × Lk`
 //! (the output line gives its parameters and the fraction of 64×64 blocks it lists).
+//! `--delta-rule` runs the gated delta rule on its own inputs instead (see `delta`).
 
+mod delta;
 mod inputs;
 mod linear;
 #[cfg(test)]
@@ -27,6 +29,7 @@ use anyhow::Result;
 use super::sdpa_flags::SdpaFlags;
 use super::threads::Threads;
 use crate::io::{check_not_an_input, write_tensors, HostTensor, IoError, TensorFormat};
+use delta::DeltaRule;
 use inputs::Inputs;
 use linear::LinearMap;
 
@@ -95,6 +98,23 @@ pub struct Args {
     /// `dk`, `dv`; takes no mask, bias, sinks or packed sequences.
     #[arg(long, value_name = "MAP", conflicts_with_all = ["weights", "window", "scale", "softcap", "dropout", "align"])]
     pub linear: Option<LinearMap>,
+    /// The gated delta rule instead of attention (`gated`: Gated DeltaNet, `kda`: Kimi Delta
+    /// Attention), fla's conventions: per value head a state `S: [Dk, Dv]`, decayed by `exp(g_t)`
+    /// (per key channel for `kda`), then `S += k_t ⊗ β_t (v_t − Sᵀk_t)` and `o_t = Sᵀ (scale · q_t)`
+    /// (`--scale`, default `1/√Dk`). INPUT holds `q, k: [B, T, Hk, Dk]`, `v: [B, T, Hv, Dv]`
+    /// (`Hv` a multiple of `Hk`), `g ≤ 0` (`[B, T, Hv]`; `kda`: `[B, T, Hv, Dk]`), `beta: [B, T,
+    /// Hv]`, optionally `initial_state: [N, Hv, Dk, Dv]`, `cu_seqlens` (I32/I64 `[N + 1]`, packed
+    /// sequences with `B = 1`, each from its own state) and `grad_out: [B, T, Hv, Dv]`. Writes
+    /// `out: [B, T, Hv, Dv]`, `final_state: [N, Hv, Dk, Dv]` and, with `grad_out`, `dq`, `dk`,
+    /// `dv`, `dg`, `dbeta` (and `dinitial_state`).
+    #[arg(long, value_name = "RULE", requires = "input", conflicts_with_all = [
+        "linear", "weights", "causal", "window", "softcap", "dropout", "align", "kernel", "compute", "pattern",
+    ])]
+    pub delta_rule: Option<DeltaRule>,
+    /// With `--delta-rule`: L2-normalise `q` and `k` inside the rule (fla's
+    /// `use_qk_l2norm_in_kernel`, as Qwen3-Next and Kimi Linear call it).
+    #[arg(long, requires = "delta_rule")]
+    pub qk_l2norm: bool,
     /// Also write the attention weights (before dropout).
     #[arg(long)]
     pub weights: bool,
@@ -115,6 +135,9 @@ pub fn main(args: Args) -> Result<()> {
     check_not_an_input(&args.output, args.input_files())?;
     let format = TensorFormat::for_output(&args.output)?;
     let pool = args.threads.pool()?;
+    if let (Some(rule), Some(input)) = (args.delta_rule, &args.input) {
+        return pool.install(|| delta::main(&args, rule, input, format));
+    }
     let pattern = args.sdpa.pattern()?;
     let inputs = match &args.input {
         Some(path) => Inputs::from_file(path)?,

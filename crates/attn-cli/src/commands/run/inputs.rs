@@ -175,7 +175,7 @@ impl Inputs {
 
 impl HostTensor {
     /// A float tensor converted to a CPU `F32` candle tensor of the same shape.
-    fn into_f32_tensor(self) -> Result<Tensor, IoErrorKind> {
+    pub(super) fn into_f32_tensor(self) -> Result<Tensor, IoErrorKind> {
         HostTensor { data: HostData::F32(self.to_f32_vec()?), shape: self.shape }.into_float_tensor()
     }
 }
