@@ -50,14 +50,20 @@ fn variants_sweeps_writes_its_plots_and_tables() {
     assert_eq!(flash[0][1], "O(L²·D)");
     assert!(flash[0][3].parse::<f64>().is_ok(), "{:?}", flash[0]);
     assert_eq!(rows(&md, "exact reference")[0][3], "-");
-    for v in
-        ["sliding window 256", "strided sparse, stride ≈ √L", "linear elu+1", "linear FAVOR+ 64", "linear FAVOR+ 256"]
-    {
+    for v in [
+        "sliding window 256",
+        "strided sparse, stride ≈ √L",
+        "linear elu+1",
+        "linear FAVOR+ 64",
+        "linear FAVOR+ 256",
+        "gated delta rule",
+    ] {
         assert_eq!(rows(&md, v).len(), 1, "{v}: {md}");
     }
-    // The points: 7 variants × 2 passes at L = 64; at 128 no reference and no flash backward.
-    assert_eq!(rows(&md, "64").len(), 14, "{md}");
-    assert_eq!(rows(&md, "128").len(), 11, "{md}");
+    // The points: 8 variants × 2 passes at L = 64; at 128 no reference and no flash backward.
+    assert_eq!(rows(&md, "64").len(), 16, "{md}");
+    assert_eq!(rows(&md, "128").len(), 13, "{md}");
+    assert_eq!(printed(&["128", "gated delta rule", "forward + backward"]), 1, "{stdout}");
     assert!(rows(&md, "128").iter().all(|r| r[1] != "exact reference"));
     // FAVOR+'s errors: 16 and 32 features, finite and below 1.
     for m in ["16", "32"] {

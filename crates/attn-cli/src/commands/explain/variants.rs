@@ -3,8 +3,8 @@
 //! `[1, H, L, D]` causal self-attention, 8 heads of 64 by default), the forward and the
 //! forward + backward of exact attention by the reference kernel (the formula one query row at a
 //! time on one thread, up to `--dense-max`), flash attention, a sliding window, a block-sparse pattern
-//! (Sparse Transformer's strided), and linear attention (`elu+1`, FAVOR+ with 64 and 256
-//! features) are timed and their memory measured (`sweep`); log-log plots give each series its
+//! (Sparse Transformer's strided), linear attention (`elu+1`, FAVOR+ with 64 and 256
+//! features) and the gated delta rule (Gated DeltaNet's, as Qwen3-Next calls it) are timed and their memory measured (`sweep`); log-log plots give each series its
 //! fitted slope, and the seed table's complexity column is printed and written with the slopes
 //! measured beside it. Then FAVOR+'s error against exact softmax attention as its features grow
 //! (`favor`). A progress bar counts the cases; Ctrl-C stops after the case running, and the

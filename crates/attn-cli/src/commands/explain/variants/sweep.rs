@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use attn::alloc::human_bytes;
 use attn::chart::{draw_lines, log_log_slope, LineChart, Series};
+use attn::delta::{DeltaOptions, DeltaParams};
 use attn::linear::FeatureMap;
 use attn::sparse::Pattern;
 use attn::{Kernel, LinearOptions, SdpaOptions};
@@ -30,9 +31,10 @@ pub(super) enum Variant {
     Strided,
     LinearElu,
     Favor(usize),
+    GatedDelta,
 }
 
-const VARIANTS: [Variant; 7] = [
+const VARIANTS: [Variant; 8] = [
     Variant::Dense,
     Variant::Flash,
     Variant::Window,
@@ -40,6 +42,7 @@ const VARIANTS: [Variant; 7] = [
     Variant::LinearElu,
     Variant::Favor(64),
     Variant::Favor(256),
+    Variant::GatedDelta,
 ];
 
 /// Keys before the diagonal of the sliding window.
@@ -54,6 +57,7 @@ impl Variant {
             Variant::Strided => "strided sparse, stride ≈ √L".into(),
             Variant::LinearElu => "linear elu+1".into(),
             Variant::Favor(m) => format!("linear FAVOR+ {m}"),
+            Variant::GatedDelta => "gated delta rule".into(),
         }
     }
 
@@ -66,6 +70,7 @@ impl Variant {
             Variant::Strided => ("O(L·√L·D)", "O(L) + mask"),
             Variant::LinearElu => ("O(L·D²)", "O(L·D)"),
             Variant::Favor(_) => ("O(L·m·D)", "O(L·m)"),
+            Variant::GatedDelta => ("O(L·D²) (+ O(L·C·D) in chunks of C = 64)", "O(L·D)"),
         }
     }
 
@@ -119,6 +124,18 @@ impl Point {
 /// The attention of `variant` on `q`, `k`, `v` (`[1, H, L, D]`), causal.
 type Call = Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> anyhow::Result<Tensor> + Send + Sync>;
 
+/// The gated delta rule as Qwen3-Next calls it (L2-normalised `q` and `k`, a scalar decay per
+/// head and token), `q, k, v: [1, H, L, D]` read as `[1, L, H, D]`, with a fixed mild decay
+/// `g = −0.05` and step size `β = 0.5` (their values do not change the work).
+fn gated_delta(q: &Tensor, k: &Tensor, v: &Tensor) -> anyhow::Result<Tensor> {
+    let (b, h, l, _) = q.dims4()?;
+    let g = Tensor::full(-0.05f32, (b, l, h), q.device())?;
+    let beta = Tensor::full(0.5f32, (b, l, h), q.device())?;
+    let [q, k, v] = [q, k, v].map(|x| x.transpose(1, 2));
+    let opts = DeltaOptions { params: DeltaParams { l2norm_qk: true, ..DeltaParams::default() }, cu_seqlens: None };
+    Ok(attn::delta_rule(&q?, &k?, &v?, &g, &beta, None, &opts)?.out)
+}
+
 /// The call of `variant` at length `l` (a pattern's mask built here, untimed).
 fn call(variant: Variant, l: usize, d: usize, pool: &rayon::ThreadPool) -> anyhow::Result<Call> {
     let sdpa = |opts: SdpaOptions| -> Call { Box::new(move |q, k, v| Ok(attn::sdpa(q, k, v, &opts)?)) };
@@ -138,6 +155,7 @@ fn call(variant: Variant, l: usize, d: usize, pool: &rayon::ThreadPool) -> anyho
         }
         Variant::LinearElu => linear(LinearOptions::new(FeatureMap::Elu)),
         Variant::Favor(m) => linear(LinearOptions::favor(d, m, 0)?),
+        Variant::GatedDelta => Box::new(gated_delta),
     })
 }
 
