@@ -226,3 +226,35 @@ fn linear_rows_say_whether_the_outputs_were_reused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--linear"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// `--delta-rule`: a row per shape with the FLOPs of the printed rule, counted chunk by chunk here
+/// (T = 70: one chunk of 64 tokens and one of 6), and refusals of what the rule does not take.
+#[test]
+fn delta_rule_rows_count_the_chunked_flops() {
+    let (dk, dv) = (8u64, 4u64);
+    let fwd = |n: u64| 6 * n * dk * dv + 2 * n * n * (dk + dv) + n * n * n / 3;
+    let bwd = |n: u64| 14 * n * dk * dv + 4 * n * n * (dk + dv);
+    for (backward, per_head) in [(false, fwd(64) + fwd(6)), (true, 2 * (fwd(64) + fwd(6)) + bwd(64) + bwd(6))] {
+        let mut args = vec!["--delta-rule", "gated", "--shape", "2,4,70,8", "--kv-heads", "2", "--dv", "4"];
+        args.extend(["--threads", "2", "--iters", "2", "--json"]);
+        if backward {
+            args.push("--backward");
+        }
+        let rows = json_lines(&attn_bench(&args));
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!(
+            (r["delta_rule"].as_str(), r["key_heads"].as_u64(), r["backward"].as_bool()),
+            (Some("gated"), Some(2), Some(backward))
+        );
+        assert_eq!(r["flops"].as_u64(), Some(2 * 4 * per_head), "{r}");
+        let gflops = r["flops"].as_f64().unwrap() / r["median_s"].as_f64().unwrap() / 1e9;
+        assert!((r["gflops"].as_f64().unwrap() - gflops).abs() <= 1e-9 * gflops.max(1.0), "{r}");
+    }
+    let kda = json_lines(&attn_bench(&["--delta-rule", "kda", "--shape", "1,2,9,8", "--iters", "1", "--json"]));
+    assert_eq!(kda[0]["flops"].as_u64(), Some(2 * 9 * 8 * 8 * 8));
+    let out = attn_bench(&["--delta-rule", "gated", "--shape", "1,2,8,8", "--causal"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--causal"));
+    let out = attn_bench(&["--delta-rule", "gated", "--shape", "1,2,8,8", "--kv-heads", "3"]);
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+}

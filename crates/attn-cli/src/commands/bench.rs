@@ -20,6 +20,7 @@
 use std::time::Duration;
 
 mod backward;
+mod delta;
 mod inputs;
 mod linear;
 mod packed;
@@ -111,6 +112,15 @@ pub struct Args {
     /// command prints.
     #[arg(long, value_name = "MAP", conflicts_with_all = ["seq_lens", "pattern", "autograd", "window", "softcap", "dropout"])]
     pub linear: Option<linear::BenchMap>,
+    /// Time the gated delta rule instead (`gated`: Gated DeltaNet's chunked kernels, `kda`: Kimi
+    /// Delta Attention's per-channel decay), the kernels called directly, `q` and `k`
+    /// L2-normalised: --shape B,H,T,D is H value heads of key width D over T tokens, --kv-heads
+    /// the key heads, --dv the value width; with --backward forward plus backward. FLOPs: see
+    /// the line the command prints.
+    #[arg(long, value_name = "RULE", conflicts_with_all = [
+        "linear", "seq_lens", "pattern", "autograd", "window", "softcap", "dropout", "causal", "kv_len", "kv_dtype",
+    ])]
+    pub delta_rule: Option<super::run::DeltaRule>,
     /// Random features of `--linear favor`.
     #[arg(long, value_name = "M", default_value_t = 256, requires = "linear")]
     pub features: usize,
@@ -161,6 +171,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let peak = if args.peak { Some(peak::measure(threads, args.sdpa.kernel, args.sdpa.compute)) } else { None };
     if let Some(p) = peak {
         print_peak(&args, p, threads);
+    }
+    if let Some(rule) = args.delta_rule {
+        return delta::main(&args, rule, cases, &pool, peak.flatten().map(|p| p.all_gflops));
     }
     if let Some(map) = args.linear {
         return linear::main(&args, map, cases, &pool, peak.flatten().map(|p| p.all_gflops));

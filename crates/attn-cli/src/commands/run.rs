@@ -29,7 +29,7 @@ use anyhow::Result;
 use super::sdpa_flags::SdpaFlags;
 use super::threads::Threads;
 use crate::io::{check_not_an_input, write_tensors, HostTensor, IoError, TensorFormat};
-use delta::DeltaRule;
+pub use delta::DeltaRule;
 use inputs::Inputs;
 use linear::LinearMap;
 

@@ -27,7 +27,8 @@ pub enum DeltaRule {
 }
 
 impl DeltaRule {
-    fn gate(self) -> Gate {
+    /// The kernels' gate of this rule.
+    pub fn gate(self) -> Gate {
         match self {
             DeltaRule::Gated => Gate::Scalar,
             DeltaRule::Kda => Gate::Channel,
@@ -38,6 +39,14 @@ impl DeltaRule {
         match self {
             DeltaRule::Gated => "gated delta rule",
             DeltaRule::Kda => "KDA delta rule",
+        }
+    }
+
+    /// The flag's value, `gated` or `kda`.
+    pub fn flag(self) -> &'static str {
+        match self {
+            DeltaRule::Gated => "gated",
+            DeltaRule::Kda => "kda",
         }
     }
 }
