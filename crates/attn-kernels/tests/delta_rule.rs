@@ -405,6 +405,47 @@ fn chunks_pass_the_oracle_rule_at_every_edge() {
     assert_eq!(cases.len(), 28);
 }
 
+/// The channel gate's chunks through the factorised products (mild decays: a channel's decay over a
+/// chunk stays within `exp(−60)`) and token by token (some channels decaying faster), in one call
+/// (one value head mild, the other strong) and in calls of each kind, grouped heads, initial states.
+#[test]
+fn channel_gate_chunks_pass_the_oracle_rule_mild_and_strong() {
+    use attn_kernels::delta::{delta_rule, CHUNK};
+    let d = dims(2, 3 * CHUNK + 5, 1, 2, 16, 12);
+    for (name, lo_hi) in
+        [("mild", [(-0.2, -0.01); 2]), ("strong", [(-3.0, -0.5); 2]), ("mixed", [(-0.2, -0.01), (-3.0, -0.5)])]
+    {
+        for l2 in [true, false] {
+            let p = DeltaParams { l2norm_qk: l2, gate: Gate::Channel, ..DeltaParams::default() };
+            let mut c = Case::random(d, p, true, 90);
+            let mut rng = SplitMix64::new(91);
+            // `g: [B, T, Hv, Dk]`: value head `h` draws from its own range.
+            for (i, g) in c.g.iter_mut().enumerate() {
+                let (lo, hi) = lo_hi[(i / d.dk) % d.hv];
+                *g = f64::from((lo + (hi - lo) * rng.unit_f64()) as f32);
+            }
+            if !l2 {
+                c.k.iter_mut().for_each(|x| *x *= 0.3);
+            }
+            for x in [&mut c.q, &mut c.k, &mut c.v, &mut c.beta] {
+                *x = f64s(&f32s(x));
+            }
+            c.init = c.init.as_deref().map(|x| f64s(&f32s(x)));
+            let x32 = Inputs32::of(&c);
+            let oracle = delta_rule_reference(&d, &c.inputs(), &p).unwrap();
+            let naive = delta_rule_reference(&d, &x32.inputs(), &p).unwrap();
+            let fast = delta_rule(&d, &x32.inputs(), &p).unwrap();
+            for (what, f, n32, o) in [
+                ("out", &fast.out, &naive.out, &oracle.out),
+                ("final state", &fast.final_state, &naive.final_state, &oracle.final_state),
+            ] {
+                let (err, base) = (max_diff(f, o), max_diff(n32, o));
+                assert!(err <= 2.0 * base + 1e-6, "{name} l2 {l2} {what}: {err:e} vs naive32 {base:e}");
+            }
+        }
+    }
+}
+
 #[test]
 fn chunked_gradients_pass_the_oracle_rule_at_every_edge() {
     use attn_kernels::delta::delta_rule_backward;

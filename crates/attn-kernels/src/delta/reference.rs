@@ -111,16 +111,15 @@ pub fn delta_rule_reference<T: Real>(d: &DeltaDims, x: &DeltaInputs<T>, p: &Delt
             if let Some(init) = x.initial_state {
                 s.copy_from_slice(&init[at.state(n, h)..][..dk * d.dv]);
             }
-            head_forward(&at, x, p, scale, (n, h), s, &mut out, |t| at.v(n, t, h));
+            head_forward(&at, x, p, scale, (n, h), s, &mut out);
         }
     }
     Ok(DeltaOutput { out, final_state })
 }
 
 /// The tokens of sequence `n` through head `h`'s recurrence: `s` (`[Dk, Dv]`) goes from the
-/// initial state to the final one, and token `t`'s output is added into `out[row(t)..][..Dv]`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn head_forward<T: Real>(
+/// initial state to the final one, and token `t`'s output is added into its row of `out`.
+fn head_forward<T: Real>(
     at: &At,
     x: &DeltaInputs<T>,
     p: &DeltaParams,
@@ -128,7 +127,6 @@ pub(super) fn head_forward<T: Real>(
     (n, h): (usize, usize),
     s: &mut [T],
     out: &mut [T],
-    row: impl Fn(usize) -> usize,
 ) {
     let (dk, dv) = (at.d.dk, at.d.dv);
     for t in 0..at.tokens(n) {
@@ -136,7 +134,7 @@ pub(super) fn head_forward<T: Real>(
         let (k, _) = prepared(&x.k[at.qk(n, t, h)..][..dk], p.l2norm_qk, T::one());
         let a = decays(x.g, at.g(n, t, h), p.gate, dk);
         step(s, &a, &k, &x.v[at.v(n, t, h)..][..dv], x.beta[at.beta(n, t, h)]);
-        let o = &mut out[row(t)..][..dv];
+        let o = &mut out[at.v(n, t, h)..][..dv];
         for (srow, &qi) in s.chunks_exact(dv).zip(&q) {
             o.iter_mut().zip(srow).for_each(|(o, &x)| *o = *o + x * qi);
         }

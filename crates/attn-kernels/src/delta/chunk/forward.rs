@@ -1,11 +1,11 @@
-//! The chunked forward: per head, each chunk's outputs `O = diag(Γ)·Q·S₀ + P·U` and the state
-//! carried to the next chunk (the module header's algebra).
+//! The chunked forward: per head, each chunk's outputs `O = diag(Γ)·Q·S₀ + P·U` (the channel
+//! gate's `Q⁺·S₀ + P·U`) and the state carried to the next chunk (the module header's algebra).
 
 use rayon::prelude::*;
 
 use super::{Chunk, Head};
 use crate::alloc;
-use crate::delta::reference::{head_forward, At};
+use crate::delta::reference::At;
 use crate::delta::{check, DeltaDims, DeltaInputs, DeltaOutput, DeltaParams, Gate};
 use crate::error::Result;
 use crate::linear::gemm::{gemm, Lhs, Part};
@@ -31,10 +31,7 @@ pub fn delta_rule(d: &DeltaDims, x: &DeltaInputs<f32>, p: &DeltaParams) -> Resul
         .map(|(bh, s)| {
             let head = Head { d, x, p, scale, n: bh / hv, h: bh % hv };
             let mut o = vec![0.0f32; head.tokens() * dv];
-            match p.gate {
-                Gate::Scalar => head.forward(isa, s, &mut o),
-                Gate::Channel => head_forward(&head.at(), x, p, scale, (head.n, head.h), s, &mut o, |t| t * dv),
-            }
+            head.forward(isa, s, &mut o);
             o
         })
         .collect();
@@ -60,42 +57,58 @@ impl Head<'_> {
         let mut c = Chunk::new(dk, dv);
         let t = self.tokens();
         if t < SHORT {
-            return self.tokens_one_by_one(s, o);
+            return self.tokens_one_by_one(0, t, s, o);
         }
         for t0 in (0..t).step_by(super::CHUNK) {
             let n = super::CHUNK.min(t - t0);
             let r = self.rows(t0, n);
-            c.fill(isa, &r, s, (dk, dv), true);
             let out = &mut o[t0 * dv..][..n * dv];
-            gemm(isa, n, dv, dk, Lhs::rows(&r.q, dk).write(true), s, dv, out, dv);
-            for (row, g) in out.chunks_exact_mut(dv).zip(&c.gamma) {
-                let decay = g.exp() as f32;
-                row.iter_mut().for_each(|x| *x *= decay);
+            if self.p.gate == Gate::Channel {
+                if !c.fill_channel(isa, &r, s, (dk, dv), true) {
+                    self.tokens_one_by_one(t0, n, s, &mut o[..(t0 + n) * dv]);
+                    continue;
+                }
+                gemm(isa, n, dv, dk, Lhs::rows(&c.qplus, dk).write(true), s, dv, out, dv);
+            } else {
+                c.fill(isa, &r, s, (dk, dv), true);
+                gemm(isa, n, dv, dk, Lhs::rows(&r.q, dk).write(true), s, dv, out, dv);
+                for (row, g) in out.chunks_exact_mut(dv).zip(&c.gamma) {
+                    let decay = g.exp() as f32;
+                    row.iter_mut().for_each(|x| *x *= decay);
+                }
             }
             gemm(isa, n, dv, n, Lhs::rows(&c.p, n).part(Part::LowerA), &c.u, dv, out, dv);
-            c.advance(isa, &r, s, (dk, dv));
+            if self.p.gate == Gate::Channel {
+                c.advance_channel(isa, &r, s, (dk, dv));
+            } else {
+                c.advance(isa, &r, s, (dk, dv));
+            }
         }
     }
 
-    /// The head token by token, each token two passes over the state (the prediction `S'ᵀk` read,
-    /// then every row decayed, corrected and read into the output); `s` and `o` as in
-    /// [`Head::forward`].
-    fn tokens_one_by_one(&self, s: &mut [f32], o: &mut [f32]) {
-        let dv = self.d.dv;
+    /// Tokens `t0..t0 + n` of the head one by one, each token two passes over the state (the
+    /// prediction `S'ᵀk` read, then every row decayed, corrected and read into the output); `s`
+    /// and `o` as in [`Head::forward`].
+    fn tokens_one_by_one(&self, t0: usize, n: usize, s: &mut [f32], o: &mut [f32]) {
+        let (dk, dv) = (self.d.dk, self.d.dv);
         let mut u = vec![0.0f32; dv];
-        for t in 0..self.tokens() {
+        let mut decays = vec![0.0f32; dk];
+        for t in t0..t0 + n {
             let r = self.rows(t, 1);
-            let decay = r.g[0].exp();
+            match self.p.gate {
+                Gate::Scalar => decays.fill(r.g[0].exp()),
+                Gate::Channel => decays.iter_mut().zip(&r.g).for_each(|(a, g)| *a = g.exp()),
+            }
             u.fill(0.0);
-            for (row, &ki) in s.chunks_exact(dv).zip(&r.k) {
-                let c = ki * decay;
+            for ((row, &ki), &a) in s.chunks_exact(dv).zip(&r.k).zip(&decays) {
+                let c = ki * a;
                 u.iter_mut().zip(row).for_each(|(u, &x)| *u += c * x);
             }
             u.iter_mut().zip(&r.v).for_each(|(u, &v)| *u = r.beta[0] * (v - *u));
             let out = &mut o[t * dv..][..dv];
-            for (row, (&ki, &qi)) in s.chunks_exact_mut(dv).zip(r.k.iter().zip(&r.q)) {
+            for ((row, (&ki, &qi)), &a) in s.chunks_exact_mut(dv).zip(r.k.iter().zip(&r.q)).zip(&decays) {
                 for ((x, &uj), o) in row.iter_mut().zip(&u).zip(out.iter_mut()) {
-                    *x = decay * *x + ki * uj;
+                    *x = a * *x + ki * uj;
                     *o += qi * *x;
                 }
             }

@@ -17,8 +17,13 @@
 //!   each chunk's start (`T/C` states per head), then the chunks in reverse, each chunk's quantities
 //!   recomputed from its start state and differentiated as products.
 //!
-//! The channel gate (KDA) runs the recurrence per head in both directions (the chunked form's decays
-//! would be per channel and pair of tokens).
+//! The channel gate (KDA) decays each key channel `c` by its own `γ_{r,c}`, so a pair's decay
+//! `exp(γ_{r,c} − γ_{s,c})` differs per channel and cannot multiply a product's entry afterwards.
+//! Its forward factorises it instead: with `K⁺ = K∘exp(γ)`, `Q⁺ = Q∘exp(γ)` and `K⁻ = K∘exp(−γ)`,
+//! `A_sj = β_s·(K⁺·K⁻ᵀ)_sj`, `P = Q⁺·K⁻ᵀ`, `O = Q⁺·S₀ + P·U`, `Y = diag(β)·(V − K⁺·S₀)` and the
+//! next state `diag(exp(γ_C))·S₀ + (K∘exp(γ_C − γ))ᵀ·U`, the same products as the scalar gate's. A
+//! chunk in which some channel decays by more than `exp(−CHANNEL_SPREAD)` (where `exp(−γ)` would
+//! leave `f32`'s range) runs token by token instead. Its backward runs the recurrence per head.
 
 mod backward;
 mod forward;
@@ -27,7 +32,7 @@ pub use backward::delta_rule_backward;
 pub use forward::delta_rule;
 
 use super::reference::{prepared, At};
-use super::{DeltaDims, DeltaInputs, DeltaParams};
+use super::{DeltaDims, DeltaInputs, DeltaParams, Gate};
 use crate::linear::gemm::{gemm, Lhs, Part};
 use crate::linear::transpose::transpose;
 use crate::simd::Isa;
@@ -36,8 +41,13 @@ use crate::simd::Isa;
 /// `C·Dk·Dv`.
 pub const CHUNK: usize = 64;
 
+/// The most a channel's cumulative log decay may fall inside a chunk for the channel gate's
+/// factorised products: `exp(±60)` and sums of 2¹⁰ of them stay well inside `f32`'s range.
+const CHANNEL_SPREAD: f64 = 60.0;
+
 /// Rows of one head's inputs for tokens `t0..t0 + n`: `q` (normalised and scaled), `k`
-/// (normalised), `v`, `β` and the scalar log decays.
+/// (normalised), `v`, `β` and the log decays (one per token, or `Dk` per token with the channel
+/// gate).
 struct Rows {
     q: Vec<f32>,
     k: Vec<f32>,
@@ -74,13 +84,14 @@ impl<'a> Head<'a> {
         let at = self.at();
         let (mut q, mut k, mut v) =
             (Vec::with_capacity(n * d.dk), Vec::with_capacity(n * d.dk), Vec::with_capacity(n * d.dv));
-        let (mut beta, mut g) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let per_token = if p.gate == Gate::Channel { d.dk } else { 1 };
+        let (mut beta, mut g) = (Vec::with_capacity(n), Vec::with_capacity(n * per_token));
         for t in t0..t0 + n {
             q.extend(prepared(&x.q[at.qk(b, t, h)..][..d.dk], p.l2norm_qk, scale).0);
             k.extend(prepared(&x.k[at.qk(b, t, h)..][..d.dk], p.l2norm_qk, 1.0).0);
             v.extend_from_slice(&x.v[at.v(b, t, h)..][..d.dv]);
             beta.push(x.beta[at.beta(b, t, h)]);
-            g.push(x.g[at.g(b, t, h)]);
+            g.extend_from_slice(&x.g[at.g(b, t, h)..][..per_token]);
         }
         Rows { q, k, v, beta, g }
     }
@@ -114,6 +125,13 @@ struct Chunk {
     y: Vec<f32>,
     /// `U`, `[n, Dv]`.
     u: Vec<f32>,
+    /// The channel gate's: `γ` per token and channel, `[n, Dk]` (`f64`, as `gamma`).
+    gamma_c: Vec<f64>,
+    /// The channel gate's `K⁺ = K∘exp(γ)` (then, in [`Chunk::advance_channel`], `K∘exp(γ_C − γ)`)
+    /// and `Q⁺ = Q∘exp(γ)`, `[n, Dk]`, and `K⁻ = K∘exp(−γ)` transposed, `[Dk, n]`.
+    kplus: Vec<f32>,
+    qplus: Vec<f32>,
+    kminus_t: Vec<f32>,
 }
 
 impl Chunk {
@@ -130,6 +148,10 @@ impl Chunk {
             w: vec![0.0; CHUNK * dv],
             y: vec![0.0; CHUNK * dv],
             u: vec![0.0; CHUNK * dv],
+            gamma_c: Vec::new(),
+            kplus: Vec::new(),
+            qplus: Vec::new(),
+            kminus_t: Vec::new(),
         }
     }
 
@@ -162,6 +184,63 @@ impl Chunk {
                 *x = if j < i { r.beta[i] * ratio(gamma[i], gamma[j]) * gram[j] } else { 0.0 };
             }
         }
+        self.solve(isa, r, dv, true);
+    }
+
+    /// The channel gate's [`Chunk::fill`] through the factorised products (module header); `false`,
+    /// with nothing usable filled, when a channel decays by more than [`CHANNEL_SPREAD`] over the
+    /// chunk.
+    fn fill_channel(&mut self, isa: Isa, r: &Rows, s: &[f32], (dk, dv): (usize, usize), outputs: bool) -> bool {
+        let n = r.beta.len();
+        self.n = n;
+        self.gamma_c.resize(n * dk, 0.0);
+        for c in 0..dk {
+            let mut acc = 0.0f64;
+            for i in 0..n {
+                acc += f64::from(r.g[i * dk + c]);
+                self.gamma_c[i * dk + c] = acc;
+            }
+        }
+        if self.gamma_c[(n - 1) * dk..].iter().any(|&g| g < -CHANNEL_SPREAD) {
+            return false;
+        }
+        let mut kminus = vec![0.0f32; n * dk];
+        self.kplus.resize(n * dk, 0.0);
+        self.qplus.resize(n * dk, 0.0);
+        self.kminus_t.resize(n * dk, 0.0);
+        for (i, gamma) in self.gamma_c.iter().enumerate() {
+            let (up, down) = (gamma.exp() as f32, (-gamma).exp() as f32);
+            self.kplus[i] = r.k[i] * up;
+            self.qplus[i] = r.q[i] * up;
+            kminus[i] = r.k[i] * down;
+        }
+        transpose(isa, &kminus, dk, n, dk, &mut self.kminus_t, n);
+        gemm(isa, n, dv, dk, Lhs::rows(&self.kplus, dk).write(true), s, dv, &mut self.w, dv);
+        let lower = |lhs: &[f32], out: &mut [f32]| {
+            gemm(isa, n, n, dk, Lhs::rows(lhs, dk).part(Part::LowerOut).write(true), &self.kminus_t, n, out, n);
+            for i in 0..n {
+                out[i * n + i + 1..(i + 1) * n].fill(0.0);
+            }
+        };
+        lower(&self.kplus, &mut self.gram);
+        if outputs {
+            lower(&self.qplus, &mut self.p);
+        }
+        for i in 0..n {
+            let (gram, a) = (&self.gram[i * n..][..n], &mut self.a[i * n..][..n]);
+            for (j, x) in a.iter_mut().enumerate() {
+                *x = if j < i { r.beta[i] * gram[j] } else { 0.0 };
+            }
+        }
+        self.solve(isa, r, dv, false);
+        true
+    }
+
+    /// `(I + A)⁻¹`, `Y` and `U = (I + A)⁻¹·Y` from `A` and `W`; `Y = diag(β)·(V − diag(Γ)·W)`
+    /// with the scalar gate's `Γ` when `decay_w`, `diag(β)·(V − W)` otherwise (the channel gate's
+    /// `W` is decayed already).
+    fn solve(&mut self, isa: Isa, r: &Rows, dv: usize, decay_w: bool) {
+        let n = self.n;
         // (I + A)⁻¹ row by row: row i = e_i − Σ_{j<i} A_ij·row j (row j is zero past column j).
         for i in 0..n {
             let (done, rest) = self.inv.split_at_mut(i * n);
@@ -173,8 +252,8 @@ impl Chunk {
             }
             row[i] = 1.0;
         }
-        for (i, g) in gamma.iter().enumerate() {
-            let decay = g.exp() as f32;
+        for i in 0..n {
+            let decay = if decay_w { self.gamma[i].exp() as f32 } else { 1.0 };
             let (y, w, v) = (&mut self.y[i * dv..][..dv], &self.w[i * dv..][..dv], &r.v[i * dv..][..dv]);
             y.iter_mut().zip(w).zip(v).for_each(|((y, &w), &v)| *y = r.beta[i] * (v - decay * w));
         }
@@ -194,5 +273,48 @@ impl Chunk {
             self.u[i * dv..][..dv].iter_mut().for_each(|x| *x *= c);
         }
         gemm(isa, dk, dv, n, Lhs::transposed(&r.k, dk), &self.u, dv, s, dv);
+    }
+
+    /// The channel gate's [`Chunk::advance`]: `diag(exp(γ_C))·S₀ + (K∘exp(γ_C − γ))ᵀ·U`, the
+    /// decayed keys written over `K⁺`.
+    fn advance_channel(&mut self, isa: Isa, r: &Rows, s: &mut [f32], (dk, dv): (usize, usize)) {
+        let n = self.n;
+        let last = &self.gamma_c[(n - 1) * dk..][..dk];
+        for (row, g) in s.chunks_exact_mut(dv).zip(last) {
+            let decay = g.exp() as f32;
+            row.iter_mut().for_each(|x| *x *= decay);
+        }
+        for (i, kd) in self.kplus.chunks_exact_mut(dk).enumerate() {
+            let (k, gamma) = (&r.k[i * dk..][..dk], &self.gamma_c[i * dk..][..dk]);
+            for (((x, &k), &gl), &g) in kd.iter_mut().zip(k).zip(last).zip(gamma) {
+                *x = k * ratio(gl, g);
+            }
+        }
+        gemm(isa, dk, dv, n, Lhs::transposed(&self.kplus, dk), &self.u, dv, s, dv);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The channel gate's factorised products are taken while every channel's decay over the
+    /// chunk stays within `exp(−CHANNEL_SPREAD)`, and refused (token by token instead) past it.
+    #[test]
+    fn the_factorised_channel_chunk_is_refused_only_past_the_spread() {
+        let (n, dk, dv) = (CHUNK, 4, 3);
+        let rows = |g: f32| Rows {
+            q: vec![0.5; n * dk],
+            k: vec![0.5; n * dk],
+            v: vec![1.0; n * dv],
+            beta: vec![0.5; n],
+            g: vec![g; n * dk],
+        };
+        let s = vec![0.0; dk * dv];
+        let mut c = Chunk::new(dk, dv);
+        let per_token = (CHANNEL_SPREAD / n as f64) as f32;
+        assert!(c.fill_channel(Isa::best(), &rows(-0.9 * per_token), &s, (dk, dv), true));
+        assert!(c.u.iter().all(|x| x.is_finite()));
+        assert!(!c.fill_channel(Isa::best(), &rows(-1.1 * per_token), &s, (dk, dv), true));
     }
 }
