@@ -1,6 +1,7 @@
 //! The gated delta rule token by token (the module header's recurrence), forward and its exact
-//! reverse-mode derivative, in the caller's precision. The backward keeps each head's states
-//! before every token (`T·Dk·Dv` values of one head at a time) and walks the tokens back.
+//! reverse-mode derivative, in the caller's precision. The backward works head by head
+//! ([`head_backward`], which the chunked backward runs in parallel for the channel gate): the
+//! states at every 64th token kept, each span's states recomputed from them, its tokens walked back.
 
 use super::{check, len, DeltaDims, DeltaGrads, DeltaInputs, DeltaOutput, DeltaParams, Gate, L2NORM_EPS};
 use crate::alloc;
@@ -151,107 +152,186 @@ pub fn delta_rule_reference_backward<T: Real>(
     dfinal: Option<&[T]>,
 ) -> Result<DeltaGrads<T>> {
     let scale = T::from_f64(check(d, x, p)?).expect("a float");
-    len("dout", d.v_len(), dout.len())?;
-    let states = d.state_len(x.sequences(d));
-    if let Some(f) = dfinal {
-        len("dfinal_state", states, f.len())?;
-    }
+    let mut g = DeltaGrads::zeroed(d, x, p, dout, dfinal)?;
     let at = At::new(d, x, p.gate);
-    let (dk, dv) = (d.dk, d.dv);
-    let mut g = DeltaGrads {
-        dq: alloc::zeroed("dq", &[d.qk_len()])?,
-        dk: alloc::zeroed("dk", &[d.qk_len()])?,
-        dv: alloc::zeroed("dv", &[d.v_len()])?,
-        dg: alloc::zeroed("dg", &[d.g_len(p.gate)])?,
-        dbeta: alloc::zeroed("dbeta", &[d.beta_len()])?,
-        dinitial_state: alloc::zeroed("dinitial_state", &[states])?,
-    };
-    let mut before = alloc::zeroed::<T>("delta rule states", &[d.t, dk * dv])?;
     for n in 0..x.sequences(d) {
         for h in 0..d.hv {
-            // The forward again, keeping the state before each token.
-            let mut s = match x.initial_state {
-                Some(init) => init[at.state(n, h)..][..dk * dv].to_vec(),
-                None => vec![T::zero(); dk * dv],
-            };
-            for t in 0..at.tokens(n) {
-                before[t * dk * dv..][..dk * dv].copy_from_slice(&s);
-                let (k, _) = prepared(&x.k[at.qk(n, t, h)..][..dk], p.l2norm_qk, T::one());
-                let a = decays(x.g, at.g(n, t, h), p.gate, dk);
-                step(&mut s, &a, &k, &x.v[at.v(n, t, h)..][..dv], x.beta[at.beta(n, t, h)]);
-            }
-            let mut ds = match dfinal {
-                Some(f) => f[at.state(n, h)..][..dk * dv].to_vec(),
-                None => vec![T::zero(); dk * dv],
-            };
-            for t in (0..at.tokens(n)).rev() {
-                let prev = &before[t * dk * dv..][..dk * dv];
-                let (qr, kr) = (&x.q[at.qk(n, t, h)..][..dk], &x.k[at.qk(n, t, h)..][..dk]);
-                let (q, rq) = prepared(qr, p.l2norm_qk, scale);
-                let (k, rk) = prepared(kr, p.l2norm_qk, T::one());
-                let a = decays(x.g, at.g(n, t, h), p.gate, dk);
-                let beta = x.beta[at.beta(n, t, h)];
-                let v = &x.v[at.v(n, t, h)..][..dv];
-                let mut st = prev.to_vec();
-                let (u, err) = step(&mut st, &a, &k, v, beta);
-                // S' = diag(a)·prev.
-                let sp: Vec<T> =
-                    prev.chunks_exact(dv).zip(&a).flat_map(|(row, &ai)| row.iter().map(move |&x| x * ai)).collect();
-                let o_grad = &dout[at.v(n, t, h)..][..dv];
-                // o = S_tᵀ q: dq = S_t do, dS += q doᵀ.
-                let mut dqs = vec![T::zero(); dk];
-                for i in 0..dk {
-                    let row = &st[i * dv..][..dv];
-                    dqs[i] = row.iter().zip(o_grad).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
-                    for j in 0..dv {
-                        ds[i * dv + j] = ds[i * dv + j] + q[i] * o_grad[j];
-                    }
-                }
-                // S_t = S' + k uᵀ: dk += dS u, du = dSᵀ k.
-                let mut dkn = vec![T::zero(); dk];
-                let mut du = vec![T::zero(); dv];
-                for i in 0..dk {
-                    let row = &ds[i * dv..][..dv];
-                    dkn[i] = row.iter().zip(&u).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
-                    du.iter_mut().zip(row).for_each(|(du, &x)| *du = *du + x * k[i]);
-                }
-                // u = β(v − S'ᵀk).
-                let db = du.iter().zip(&err).fold(T::zero(), |acc, (&x, &e)| acc + x * e);
-                g.dbeta[at.beta(n, t, h)] = db;
-                let dvr = &mut g.dv[at.v(n, t, h)..][..dv];
-                dvr.iter_mut().zip(&du).for_each(|(o, &x)| *o = beta * x);
-                let dpred: Vec<T> = du.iter().map(|&x| -(beta * x)).collect();
-                // pred = S'ᵀk: dS' += k dpredᵀ, dk += S' dpred.
-                for i in 0..dk {
-                    let row = &sp[i * dv..][..dv];
-                    dkn[i] = dkn[i] + row.iter().zip(&dpred).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
-                    for j in 0..dv {
-                        ds[i * dv + j] = ds[i * dv + j] + k[i] * dpred[j];
-                    }
-                }
-                // S' = diag(a)·prev: dprev = diag(a)·dS', da_i = Σ_j dS'_ij prev_ij, dg = da·a.
-                let gi = at.g(n, t, h);
-                for i in 0..dk {
-                    let da = (0..dv).fold(T::zero(), |acc, j| acc + ds[i * dv + j] * prev[i * dv + j]);
-                    match p.gate {
-                        Gate::Scalar => g.dg[gi] = g.dg[gi] + da * a[i],
-                        Gate::Channel => g.dg[gi + i] = da * a[i],
-                    }
-                    (0..dv).for_each(|j| ds[i * dv + j] = ds[i * dv + j] * a[i]);
-                }
-                // Through the scale and the L2 normalisation to the raw q and k (summed over the
-                // value heads that share the key head).
-                let qi = at.qk(n, t, h);
-                let dqn: Vec<T> = dqs.iter().map(|&x| x * scale).collect();
-                add_normalised(&mut g.dq[qi..][..dk], qr, &dqn, rq, p.l2norm_qk);
-                add_normalised(&mut g.dk[qi..][..dk], kr, &dkn, rk, p.l2norm_qk);
-            }
-            if x.initial_state.is_some() {
-                g.dinitial_state[at.state(n, h)..][..dk * dv].copy_from_slice(&ds);
-            }
+            let hg = head_backward(&at, x, p, scale, (n, h), dout, dfinal);
+            g.add_head(&at, (n, h), &hg, x.initial_state.is_some());
         }
     }
     Ok(g)
+}
+
+impl<T: Real> DeltaGrads<T> {
+    /// Zeroed gradients of a call, after checking `dout` and `dfinal` against its sizes.
+    pub(super) fn zeroed(
+        d: &DeltaDims,
+        x: &DeltaInputs<T>,
+        p: &DeltaParams,
+        dout: &[T],
+        dfinal: Option<&[T]>,
+    ) -> Result<DeltaGrads<T>> {
+        len("dout", d.v_len(), dout.len())?;
+        let states = d.state_len(x.sequences(d));
+        if let Some(f) = dfinal {
+            len("dfinal_state", states, f.len())?;
+        }
+        Ok(DeltaGrads {
+            dq: alloc::zeroed("dq", &[d.qk_len()])?,
+            dk: alloc::zeroed("dk", &[d.qk_len()])?,
+            dv: alloc::zeroed("dv", &[d.v_len()])?,
+            dg: alloc::zeroed("dg", &[d.g_len(p.gate)])?,
+            dbeta: alloc::zeroed("dbeta", &[d.beta_len()])?,
+            dinitial_state: alloc::zeroed("dinitial_state", &[states])?,
+        })
+    }
+
+    /// Adds head `(n, h)`'s gradients: `dq` and `dk` into the rows of the key head it shares with
+    /// the other value heads of its group, the rest copied; the initial state's when `init`.
+    pub(super) fn add_head(&mut self, at: &At, (n, h): (usize, usize), hg: &HeadGrads<T>, init: bool) {
+        let (dk, dv) = (at.d.dk, at.d.dv);
+        let w = hg.dg.len() / at.tokens(n).max(1);
+        let add = |acc: &mut [T], src: &[T]| acc.iter_mut().zip(src).for_each(|(a, &s)| *a = *a + s);
+        for r in 0..at.tokens(n) {
+            let (qi, vi, bi, gi) = (at.qk(n, r, h), at.v(n, r, h), at.beta(n, r, h), at.g(n, r, h));
+            add(&mut self.dq[qi..][..dk], &hg.dq[r * dk..][..dk]);
+            add(&mut self.dk[qi..][..dk], &hg.dk[r * dk..][..dk]);
+            self.dv[vi..][..dv].copy_from_slice(&hg.dv[r * dv..][..dv]);
+            self.dg[gi..][..w].copy_from_slice(&hg.dg[r * w..][..w]);
+            self.dbeta[bi] = hg.dbeta[r];
+        }
+        if init {
+            self.dinitial_state[at.state(n, h)..][..dk * dv].copy_from_slice(&hg.ds);
+        }
+    }
+}
+
+/// One head's gradients, by the head's own token rows: `dq`, `dk` `[T, Dk]` (of the raw inputs),
+/// `dv` `[T, Dv]`, `dg` `[T]` (`[T, Dk]` with the channel gate), `dbeta` `[T]`, and the initial
+/// state's `ds` `[Dk, Dv]`.
+pub(super) struct HeadGrads<T> {
+    pub(super) dq: Vec<T>,
+    pub(super) dk: Vec<T>,
+    pub(super) dv: Vec<T>,
+    pub(super) dg: Vec<T>,
+    pub(super) dbeta: Vec<T>,
+    pub(super) ds: Vec<T>,
+}
+
+/// Tokens between the states [`head_backward`] keeps: it recomputes the states before each token
+/// of a span from the one at its start (`T/SPAN + SPAN` states held instead of `T`).
+const SPAN: usize = 64;
+
+/// Head `(n, h)`'s gradients by the recurrence's exact reverse: the forward again keeping the
+/// state at the start of every [`SPAN`] tokens, then the spans in reverse, each span's states
+/// before its tokens recomputed, its tokens walked back.
+pub(super) fn head_backward<T: Real>(
+    at: &At,
+    x: &DeltaInputs<T>,
+    p: &DeltaParams,
+    scale: T,
+    (n, h): (usize, usize),
+    dout: &[T],
+    dfinal: Option<&[T]>,
+) -> HeadGrads<T> {
+    let (dk, dv, tokens) = (at.d.dk, at.d.dv, at.tokens(n));
+    let sl = dk * dv;
+    let w = if p.gate == Gate::Channel { dk } else { 1 };
+    let key = |t: usize| prepared(&x.k[at.qk(n, t, h)..][..dk], p.l2norm_qk, T::one()).0;
+    let forward = |s: &mut [T], t: usize| {
+        let a = decays(x.g, at.g(n, t, h), p.gate, dk);
+        step(s, &a, &key(t), &x.v[at.v(n, t, h)..][..dv], x.beta[at.beta(n, t, h)]);
+    };
+    let spans = tokens.div_ceil(SPAN);
+    let mut starts = vec![T::zero(); spans * sl];
+    let mut s = match x.initial_state {
+        Some(init) => init[at.state(n, h)..][..sl].to_vec(),
+        None => vec![T::zero(); sl],
+    };
+    for t in 0..tokens {
+        if t % SPAN == 0 {
+            starts[t / SPAN * sl..][..sl].copy_from_slice(&s);
+        }
+        forward(&mut s, t);
+    }
+    let mut hg = HeadGrads {
+        dq: vec![T::zero(); tokens * dk],
+        dk: vec![T::zero(); tokens * dk],
+        dv: vec![T::zero(); tokens * dv],
+        dg: vec![T::zero(); tokens * w],
+        dbeta: vec![T::zero(); tokens],
+        ds: dfinal.map_or_else(|| vec![T::zero(); sl], |f| f[at.state(n, h)..][..sl].to_vec()),
+    };
+    let ds = &mut hg.ds;
+    let mut before = vec![T::zero(); SPAN.min(tokens) * sl];
+    for span in (0..spans).rev() {
+        let t0 = span * SPAN;
+        let mut s = starts[span * sl..][..sl].to_vec();
+        for t in t0..tokens.min(t0 + SPAN) {
+            before[(t - t0) * sl..][..sl].copy_from_slice(&s);
+            forward(&mut s, t);
+        }
+        for t in (t0..tokens.min(t0 + SPAN)).rev() {
+            let prev = &before[(t - t0) * sl..][..sl];
+            let (qr, kr) = (&x.q[at.qk(n, t, h)..][..dk], &x.k[at.qk(n, t, h)..][..dk]);
+            let (q, rq) = prepared(qr, p.l2norm_qk, scale);
+            let (k, rk) = prepared(kr, p.l2norm_qk, T::one());
+            let a = decays(x.g, at.g(n, t, h), p.gate, dk);
+            let beta = x.beta[at.beta(n, t, h)];
+            let v = &x.v[at.v(n, t, h)..][..dv];
+            let mut st = prev.to_vec();
+            let (u, err) = step(&mut st, &a, &k, v, beta);
+            // S' = diag(a)·prev.
+            let sp: Vec<T> =
+                prev.chunks_exact(dv).zip(&a).flat_map(|(row, &ai)| row.iter().map(move |&x| x * ai)).collect();
+            let o_grad = &dout[at.v(n, t, h)..][..dv];
+            // o = S_tᵀ q: dq = S_t do, dS += q doᵀ.
+            let mut dqs = vec![T::zero(); dk];
+            for i in 0..dk {
+                let row = &st[i * dv..][..dv];
+                dqs[i] = row.iter().zip(o_grad).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
+                for j in 0..dv {
+                    ds[i * dv + j] = ds[i * dv + j] + q[i] * o_grad[j];
+                }
+            }
+            // S_t = S' + k uᵀ: dk += dS u, du = dSᵀ k.
+            let mut dkn = vec![T::zero(); dk];
+            let mut du = vec![T::zero(); dv];
+            for i in 0..dk {
+                let row = &ds[i * dv..][..dv];
+                dkn[i] = row.iter().zip(&u).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
+                du.iter_mut().zip(row).for_each(|(du, &x)| *du = *du + x * k[i]);
+            }
+            // u = β(v − S'ᵀk).
+            hg.dbeta[t] = du.iter().zip(&err).fold(T::zero(), |acc, (&x, &e)| acc + x * e);
+            hg.dv[t * dv..][..dv].iter_mut().zip(&du).for_each(|(o, &x)| *o = beta * x);
+            let dpred: Vec<T> = du.iter().map(|&x| -(beta * x)).collect();
+            // pred = S'ᵀk: dS' += k dpredᵀ, dk += S' dpred.
+            for i in 0..dk {
+                let row = &sp[i * dv..][..dv];
+                dkn[i] = dkn[i] + row.iter().zip(&dpred).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
+                for j in 0..dv {
+                    ds[i * dv + j] = ds[i * dv + j] + k[i] * dpred[j];
+                }
+            }
+            // S' = diag(a)·prev: dprev = diag(a)·dS', da_i = Σ_j dS'_ij prev_ij, dg = da·a.
+            let dg = &mut hg.dg[t * w..][..w];
+            for i in 0..dk {
+                let da = (0..dv).fold(T::zero(), |acc, j| acc + ds[i * dv + j] * prev[i * dv + j]);
+                match p.gate {
+                    Gate::Scalar => dg[0] = dg[0] + da * a[i],
+                    Gate::Channel => dg[i] = da * a[i],
+                }
+                (0..dv).for_each(|j| ds[i * dv + j] = ds[i * dv + j] * a[i]);
+            }
+            // Through the scale and the L2 normalisation to the raw q and k.
+            let dqn: Vec<T> = dqs.iter().map(|&x| x * scale).collect();
+            add_normalised(&mut hg.dq[t * dk..][..dk], qr, &dqn, rq, p.l2norm_qk);
+            add_normalised(&mut hg.dk[t * dk..][..dk], kr, &dkn, rk, p.l2norm_qk);
+        }
+    }
+    hg
 }
 
 /// `acc += ∂(x·r)/∂x · dn` for the normalised `n = x·r`, `r = (Σx² + ε)^(−1/2)`: `r·(dn − (n·dn)·n)`;

@@ -16,9 +16,8 @@
 use rayon::prelude::*;
 
 use super::{ratio, Chunk, Head, Rows, CHUNK};
-use crate::alloc;
-use crate::delta::reference::{add_normalised, delta_rule_reference_backward, prepared, At};
-use crate::delta::{check, len, DeltaDims, DeltaGrads, DeltaInputs, DeltaParams, Gate};
+use crate::delta::reference::{add_normalised, head_backward, prepared, At, HeadGrads};
+use crate::delta::{check, DeltaDims, DeltaGrads, DeltaInputs, DeltaParams, Gate};
 use crate::error::Result;
 use crate::linear::gemm::{gemm, Lhs, Part};
 use crate::linear::transpose::transpose;
@@ -26,8 +25,8 @@ use crate::simd::Isa;
 
 /// The gradients of every input of [`super::delta_rule`] in `f32` given the output's gradient
 /// `dout: [B, T, Hv, Dv]` and, when the final state is used, its gradient `dfinal: [N, Hv, Dk, Dv]`;
-/// refuses inputs that do not match `d` and `p`, naming the argument. The channel gate (KDA) runs
-/// the reference's reverse recurrence in `f32`.
+/// refuses inputs that do not match `d` and `p`, naming the argument. Parallel over (sequence,
+/// value head); the channel gate (KDA) runs each head's reverse recurrence.
 pub fn delta_rule_backward(
     d: &DeltaDims,
     x: &DeltaInputs<f32>,
@@ -35,61 +34,25 @@ pub fn delta_rule_backward(
     dout: &[f32],
     dfinal: Option<&[f32]>,
 ) -> Result<DeltaGrads<f32>> {
-    if p.gate == Gate::Channel {
-        return delta_rule_reference_backward(d, x, p, dout, dfinal);
-    }
     let scale = check(d, x, p)? as f32;
-    len("dout", d.v_len(), dout.len())?;
-    let sequences = x.sequences(d);
-    if let Some(f) = dfinal {
-        len("dfinal_state", d.state_len(sequences), f.len())?;
-    }
-    let mut g = DeltaGrads {
-        dq: alloc::zeroed("dq", &[d.qk_len()])?,
-        dk: alloc::zeroed("dk", &[d.qk_len()])?,
-        dv: alloc::zeroed("dv", &[d.v_len()])?,
-        dg: alloc::zeroed("dg", &[d.g_len(p.gate)])?,
-        dbeta: alloc::zeroed("dbeta", &[d.beta_len()])?,
-        dinitial_state: alloc::zeroed("dinitial_state", &[d.state_len(sequences)])?,
-    };
+    let mut g = DeltaGrads::zeroed(d, x, p, dout, dfinal)?;
     let isa = Isa::best();
-    let (dk, dv, hv, sl) = (d.dk, d.dv, d.hv, d.dk * d.dv);
-    let heads: Vec<HeadGrads> = (0..sequences * hv)
+    let (hv, sl) = (d.hv, d.dk * d.dv);
+    let at = At::new(d, x, p.gate);
+    let heads: Vec<HeadGrads<f32>> = (0..x.sequences(d) * hv)
         .into_par_iter()
         .map(|nh| {
-            let head = Head { d, x, p, scale, n: nh / hv, h: nh % hv };
-            head.backward(isa, dout, dfinal.map(|f| &f[nh * sl..][..sl]))
+            let (n, h) = (nh / hv, nh % hv);
+            match p.gate {
+                Gate::Scalar => Head { d, x, p, scale, n, h }.backward(isa, dout, dfinal.map(|f| &f[nh * sl..][..sl])),
+                Gate::Channel => head_backward(&at, x, p, scale, (n, h), dout, dfinal),
+            }
         })
         .collect();
-    // Grouped value heads add into the rows of the key head they share.
-    let at = At::new(d, x, p.gate);
     for (nh, hg) in heads.iter().enumerate() {
-        let (n, h) = (nh / hv, nh % hv);
-        for r in 0..at.tokens(n) {
-            let (qi, vi, bi) = (at.qk(n, r, h), at.v(n, r, h), at.beta(n, r, h));
-            let add = |acc: &mut [f32], src: &[f32]| acc.iter_mut().zip(src).for_each(|(a, &s)| *a += s);
-            add(&mut g.dq[qi..][..dk], &hg.dq[r * dk..][..dk]);
-            add(&mut g.dk[qi..][..dk], &hg.dk[r * dk..][..dk]);
-            g.dv[vi..][..dv].copy_from_slice(&hg.dv[r * dv..][..dv]);
-            g.dg[bi] = hg.dg[r];
-            g.dbeta[bi] = hg.dbeta[r];
-        }
-        if x.initial_state.is_some() {
-            g.dinitial_state[nh * sl..][..sl].copy_from_slice(&hg.ds);
-        }
+        g.add_head(&at, (nh / hv, nh % hv), hg, x.initial_state.is_some());
     }
     Ok(g)
-}
-
-/// One head's gradients: `dq`, `dk` `[T, Dk]` (of the raw inputs), `dv` `[T, Dv]`, `dg`, `dbeta`
-/// `[T]`, and the initial state's `ds` `[Dk, Dv]`.
-struct HeadGrads {
-    dq: Vec<f32>,
-    dk: Vec<f32>,
-    dv: Vec<f32>,
-    dg: Vec<f32>,
-    dbeta: Vec<f32>,
-    ds: Vec<f32>,
 }
 
 /// The buffers of one chunk's backward, kept across the chunks of a head.
@@ -137,7 +100,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 impl Head<'_> {
     /// The head's gradients given `dout` (the whole call's) and the final state's gradient.
-    fn backward(&self, isa: Isa, dout: &[f32], dfinal: Option<&[f32]>) -> HeadGrads {
+    fn backward(&self, isa: Isa, dout: &[f32], dfinal: Option<&[f32]>) -> HeadGrads<f32> {
         let (d, at) = (self.d, self.at());
         let (dk, dv, t) = (d.dk, d.dv, self.tokens());
         let mut c = Chunk::new(dk, dv);
