@@ -132,6 +132,8 @@ struct Chunk {
     kplus: Vec<f32>,
     qplus: Vec<f32>,
     kminus_t: Vec<f32>,
+    /// The channel gate's `exp(−γ)`, `[n, Dk]`.
+    down: Vec<f32>,
 }
 
 impl Chunk {
@@ -152,6 +154,7 @@ impl Chunk {
             kplus: Vec::new(),
             qplus: Vec::new(),
             kminus_t: Vec::new(),
+            down: Vec::new(),
         }
     }
 
@@ -205,14 +208,17 @@ impl Chunk {
             return false;
         }
         let mut kminus = vec![0.0f32; n * dk];
-        self.kplus.resize(n * dk, 0.0);
-        self.qplus.resize(n * dk, 0.0);
-        self.kminus_t.resize(n * dk, 0.0);
+        for buf in [&mut self.kplus, &mut self.qplus, &mut self.kminus_t, &mut self.down] {
+            buf.resize(n * dk, 0.0);
+        }
+        // One `exp` per entry: `exp(−γ)` is its reciprocal.
         for (i, gamma) in self.gamma_c.iter().enumerate() {
-            let (up, down) = (gamma.exp() as f32, (-gamma).exp() as f32);
+            let up = gamma.exp();
+            let (down, up) = (up.recip() as f32, up as f32);
             self.kplus[i] = r.k[i] * up;
             self.qplus[i] = r.q[i] * up;
             kminus[i] = r.k[i] * down;
+            self.down[i] = down;
         }
         transpose(isa, &kminus, dk, n, dk, &mut self.kminus_t, n);
         gemm(isa, n, dv, dk, Lhs::rows(&self.kplus, dk).write(true), s, dv, &mut self.w, dv);
@@ -276,18 +282,18 @@ impl Chunk {
     }
 
     /// The channel gate's [`Chunk::advance`]: `diag(exp(γ_C))·S₀ + (K∘exp(γ_C − γ))ᵀ·U`, the
-    /// decayed keys written over `K⁺`.
+    /// decayed keys written over `K⁺` (`exp(γ_C − γ)` as `exp(γ_C)·exp(−γ)`: both within
+    /// [`CHANNEL_SPREAD`], their product at most 1).
     fn advance_channel(&mut self, isa: Isa, r: &Rows, s: &mut [f32], (dk, dv): (usize, usize)) {
         let n = self.n;
-        let last = &self.gamma_c[(n - 1) * dk..][..dk];
-        for (row, g) in s.chunks_exact_mut(dv).zip(last) {
-            let decay = g.exp() as f32;
+        let last: Vec<f32> = self.gamma_c[(n - 1) * dk..][..dk].iter().map(|g| g.exp() as f32).collect();
+        for (row, &decay) in s.chunks_exact_mut(dv).zip(&last) {
             row.iter_mut().for_each(|x| *x *= decay);
         }
         for (i, kd) in self.kplus.chunks_exact_mut(dk).enumerate() {
-            let (k, gamma) = (&r.k[i * dk..][..dk], &self.gamma_c[i * dk..][..dk]);
-            for (((x, &k), &gl), &g) in kd.iter_mut().zip(k).zip(last).zip(gamma) {
-                *x = k * ratio(gl, g);
+            let (k, down) = (&r.k[i * dk..][..dk], &self.down[i * dk..][..dk]);
+            for (((x, &k), &up), &down) in kd.iter_mut().zip(k).zip(&last).zip(down) {
+                *x = k * (up * down);
             }
         }
         gemm(isa, dk, dv, n, Lhs::transposed(&self.kplus, dk), &self.u, dv, s, dv);
