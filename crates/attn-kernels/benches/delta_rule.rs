@@ -4,6 +4,9 @@
 //! Throughput is `Elements(flops)` of the recurrence, `4·Dk·Dv·2` per token and head (decay, read,
 //! write, output: a multiply and an add each).
 //!
+//! Then one decode step of 8 sequences against their states (`delta_rule_decode_B8`, throughput
+//! in the states' bytes).
+//!
 //! Run with `cargo bench -p attn-kernels --bench delta_rule`; add `-- --test` for one quick pass.
 
 use std::hint::black_box;
@@ -41,5 +44,25 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// One decode step: 8 sequences of one new token each against their states (16 value over 8 key
+/// heads, D 128, as `scripts/delta_vs_torch.py`'s decode case), the states 8 MiB in all.
+fn decode(c: &mut Criterion) {
+    let d = DeltaDims { b: 8, t: 1, hk: 8, hv: 16, dk: 128, dv: 128 };
+    let mut rng = SplitMix64::new(2);
+    let q = rng.uniform(d.qk_len(), -1.0, 1.0);
+    let k = rng.uniform(d.qk_len(), -1.0, 1.0);
+    let v = rng.uniform(d.v_len(), -1.0, 1.0);
+    let g = rng.uniform(d.beta_len(), -0.2, -0.01);
+    let beta = rng.uniform(d.beta_len(), 0.1, 0.9);
+    let s0 = rng.uniform(d.state_len(d.b), -0.5, 0.5);
+    let x = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, initial_state: Some(&s0), cu_seqlens: None };
+    let p = DeltaParams { l2norm_qk: true, ..DeltaParams::default() };
+    let mut group = c.benchmark_group("delta_rule_decode_B8");
+    group.sample_size(50).measurement_time(Duration::from_secs(5));
+    group.throughput(Throughput::Bytes((d.state_len(d.b) * 4) as u64));
+    group.bench_function("step", |b| b.iter(|| black_box(delta_rule(&d, &x, &p).unwrap())));
+    group.finish();
+}
+
+criterion_group!(benches, bench, decode);
 criterion_main!(benches);

@@ -18,6 +18,7 @@ mod heatmap;
 #[cfg(feature = "pictures")]
 #[path = "heatmap_masks.rs"]
 mod heatmap_masks;
+#[cfg(feature = "pictures")]
 mod heatmap_parts;
 #[cfg(feature = "pictures")]
 #[path = "heatmap_sparse.rs"]
