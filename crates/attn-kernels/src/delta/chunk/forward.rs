@@ -19,9 +19,6 @@ pub fn delta_rule(d: &DeltaDims, x: &DeltaInputs<f32>, p: &DeltaParams) -> Resul
     let mut out = alloc::zeroed("delta rule output", &[d.v_len()])?;
     let mut final_state = alloc::zeroed("delta rule final state", &[d.state_len(x.sequences(d))])?;
     let (dk, dv, hv) = (d.dk, d.dv, d.hv);
-    if let Some(init) = x.initial_state {
-        final_state.copy_from_slice(init);
-    }
     let isa = Isa::best();
     // Each (n, h) owns its state and writes its own output rows (`Dv` apart from those of the
     // other heads of the token): the rows are gathered per head and scattered after.
@@ -31,7 +28,7 @@ pub fn delta_rule(d: &DeltaDims, x: &DeltaInputs<f32>, p: &DeltaParams) -> Resul
         .map(|(bh, s)| {
             let head = Head { d, x, p, scale, n: bh / hv, h: bh % hv };
             let mut o = vec![0.0f32; head.tokens() * dv];
-            head.forward(isa, s, &mut o);
+            head.forward(isa, x.initial_state.map(|i| &i[bh * dk * dv..][..dk * dv]), s, &mut o);
             o
         })
         .collect();
@@ -50,22 +47,25 @@ pub fn delta_rule(d: &DeltaDims, x: &DeltaInputs<f32>, p: &DeltaParams) -> Resul
 const SHORT: usize = 4;
 
 impl Head<'_> {
-    /// The head in chunks: `s` (`[Dk, Dv]`) holds the initial state and is left holding the final
-    /// one; `o` (`[T, Dv]`) receives the outputs.
-    fn forward(&self, isa: Isa, s: &mut [f32], o: &mut [f32]) {
+    /// The head in chunks from the initial state `init` (zeros when `None`): `s` (`[Dk, Dv]`,
+    /// zeros on entry) is left holding the final state; `o` (`[T, Dv]`) receives the outputs.
+    fn forward(&self, isa: Isa, init: Option<&[f32]>, s: &mut [f32], o: &mut [f32]) {
         let (dk, dv) = (self.d.dk, self.d.dv);
-        let mut c = Chunk::new(dk, dv);
         let t = self.tokens();
         if t < SHORT {
-            return self.tokens_one_by_one(0, t, s, o);
+            return self.tokens_one_by_one(0, t, init, s, o);
         }
+        if let Some(init) = init {
+            s.copy_from_slice(init);
+        }
+        let mut c = Chunk::new(dk, dv);
         for t0 in (0..t).step_by(super::CHUNK) {
             let n = super::CHUNK.min(t - t0);
             let r = self.rows(t0, n);
             let out = &mut o[t0 * dv..][..n * dv];
             if self.p.gate == Gate::Channel {
                 if !c.fill_channel(isa, &r, s, (dk, dv), true) {
-                    self.tokens_one_by_one(t0, n, s, &mut o[..(t0 + n) * dv]);
+                    self.tokens_one_by_one(t0, n, None, s, &mut o[..(t0 + n) * dv]);
                     continue;
                 }
                 gemm(isa, n, dv, dk, Lhs::rows(&c.qplus, dk).write(true), s, dv, out, dv);
@@ -87,11 +87,13 @@ impl Head<'_> {
     }
 
     /// Tokens `t0..t0 + n` of the head one by one, each token two passes over the state (the
-    /// prediction `S'ᵀk` read, then every row decayed, corrected and read into the output); `s`
-    /// and `o` as in [`Head::forward`].
-    fn tokens_one_by_one(&self, t0: usize, n: usize, s: &mut [f32], o: &mut [f32]) {
+    /// prediction `S'ᵀk` read, then every row decayed, corrected and read into the output); the
+    /// first token reads `init` when given (so a decode step reads the cached state straight into
+    /// the new one, with no copy first), every other `s`; `s` and `o` as in [`Head::forward`].
+    fn tokens_one_by_one(&self, t0: usize, n: usize, mut init: Option<&[f32]>, s: &mut [f32], o: &mut [f32]) {
         let (dk, dv) = (self.d.dk, self.d.dv);
         let mut u = vec![0.0f32; dv];
+        let mut old = vec![0.0f32; dv];
         let mut decays = vec![0.0f32; dk];
         for t in t0..t0 + n {
             let r = self.rows(t, 1);
@@ -100,18 +102,26 @@ impl Head<'_> {
                 Gate::Channel => decays.iter_mut().zip(&r.g).for_each(|(a, g)| *a = g.exp()),
             }
             u.fill(0.0);
-            for ((row, &ki), &a) in s.chunks_exact(dv).zip(&r.k).zip(&decays) {
+            let src = init.unwrap_or(s);
+            for ((row, &ki), &a) in src.chunks_exact(dv).zip(&r.k).zip(&decays) {
                 let c = ki * a;
                 u.iter_mut().zip(row).for_each(|(u, &x)| *u += c * x);
             }
             u.iter_mut().zip(&r.v).for_each(|(u, &v)| *u = r.beta[0] * (v - *u));
             let out = &mut o[t * dv..][..dv];
-            for ((row, (&ki, &qi)), &a) in s.chunks_exact_mut(dv).zip(r.k.iter().zip(&r.q)).zip(&decays) {
-                for ((x, &uj), o) in row.iter_mut().zip(&u).zip(out.iter_mut()) {
-                    *x = a * *x + ki * uj;
+            for (i, ((&ki, &qi), &a)) in r.k.iter().zip(&r.q).zip(&decays).enumerate() {
+                old.copy_from_slice(&init.unwrap_or(s)[i * dv..][..dv]);
+                let row = &mut s[i * dv..][..dv];
+                for (((x, &prev), &uj), o) in row.iter_mut().zip(&old).zip(&u).zip(out.iter_mut()) {
+                    *x = a * prev + ki * uj;
                     *o += qi * *x;
                 }
             }
+            init = None;
+        }
+        // No token (an empty sequence): the final state is the initial one.
+        if let Some(init) = init {
+            s.copy_from_slice(init);
         }
     }
 }
