@@ -384,23 +384,29 @@ impl Inputs32 {
     }
 }
 
+/// The chunked forward's output and final state on `c` (its values `f32`-exact) within the oracle
+/// rule of the `f64` recurrence, the `f32` recurrence as baseline; `tag` names the case.
+fn assert_chunks_pass_the_oracle_rule(c: &Case, tag: &str) {
+    use attn_kernels::delta::delta_rule;
+    let (d, p) = (c.d, c.p);
+    let x32 = Inputs32::of(c);
+    let oracle = delta_rule_reference(&d, &c.inputs(), &p).unwrap();
+    let naive = delta_rule_reference(&d, &x32.inputs(), &p).unwrap();
+    let fast = delta_rule(&d, &x32.inputs(), &p).unwrap();
+    for (what, f, n32, o) in [
+        ("out", &fast.out, &naive.out, &oracle.out),
+        ("final state", &fast.final_state, &naive.final_state, &oracle.final_state),
+    ] {
+        let (err, base) = (max_diff(f, o), max_diff(n32, o));
+        assert!(err <= 2.0 * base + 1e-6, "{tag} {what}: {err:e} vs naive32 {base:e}");
+    }
+}
+
 #[test]
 fn chunks_pass_the_oracle_rule_at_every_edge() {
-    use attn_kernels::delta::delta_rule;
     let cases = edge_cases();
     for c in &cases {
-        let (d, p) = (c.d, c.p);
-        let x32 = Inputs32::of(c);
-        let oracle = delta_rule_reference(&d, &c.inputs(), &p).unwrap();
-        let naive = delta_rule_reference(&d, &x32.inputs(), &p).unwrap();
-        let fast = delta_rule(&d, &x32.inputs(), &p).unwrap();
-        for (what, f, n32, o) in [
-            ("out", &fast.out, &naive.out, &oracle.out),
-            ("final state", &fast.final_state, &naive.final_state, &oracle.final_state),
-        ] {
-            let (err, base) = (max_diff(f, o), max_diff(n32, o));
-            assert!(err <= 2.0 * base + 1e-6, "T {} {p:?} {what}: {err:e} vs naive32 {base:e}", d.t);
-        }
+        assert_chunks_pass_the_oracle_rule(c, &format!("T {} {:?}", c.d.t, c.p));
     }
     assert_eq!(cases.len(), 28);
 }
@@ -410,7 +416,7 @@ fn chunks_pass_the_oracle_rule_at_every_edge() {
 /// (one value head mild, the other strong) and in calls of each kind, grouped heads, initial states.
 #[test]
 fn channel_gate_chunks_pass_the_oracle_rule_mild_and_strong() {
-    use attn_kernels::delta::{delta_rule, CHUNK};
+    use attn_kernels::delta::CHUNK;
     let d = dims(2, 3 * CHUNK + 5, 1, 2, 16, 12);
     for (name, lo_hi) in
         [("mild", [(-0.2, -0.01); 2]), ("strong", [(-3.0, -0.5); 2]), ("mixed", [(-0.2, -0.01), (-3.0, -0.5)])]
@@ -431,17 +437,7 @@ fn channel_gate_chunks_pass_the_oracle_rule_mild_and_strong() {
                 *x = f64s(&f32s(x));
             }
             c.init = c.init.as_deref().map(|x| f64s(&f32s(x)));
-            let x32 = Inputs32::of(&c);
-            let oracle = delta_rule_reference(&d, &c.inputs(), &p).unwrap();
-            let naive = delta_rule_reference(&d, &x32.inputs(), &p).unwrap();
-            let fast = delta_rule(&d, &x32.inputs(), &p).unwrap();
-            for (what, f, n32, o) in [
-                ("out", &fast.out, &naive.out, &oracle.out),
-                ("final state", &fast.final_state, &naive.final_state, &oracle.final_state),
-            ] {
-                let (err, base) = (max_diff(f, o), max_diff(n32, o));
-                assert!(err <= 2.0 * base + 1e-6, "{name} l2 {l2} {what}: {err:e} vs naive32 {base:e}");
-            }
+            assert_chunks_pass_the_oracle_rule(&c, &format!("{name} l2 {l2}"));
         }
     }
 }
