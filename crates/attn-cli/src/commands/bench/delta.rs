@@ -22,7 +22,7 @@ use crate::measure::{self, Budget, Held, Measurement};
 pub const DELTA_FLOP_RULE: &str = "delta rule FLOPs, 2 per multiply-add, per value head: gated (chunked) per chunk \
 of n ≤ 64 tokens forward 6·n·Dk·Dv (K·S₀, Q·S₀, Kᵀ·U) + 2·n²·(Dk + Dv) (the lower halves of K·Kᵀ, Q·Kᵀ, \
 (I + A)⁻¹·Y, P·U) + n³/3 (the triangular inverse); backward the forward again (for the chunks' states) plus \
-14·n·Dk·Dv + 4·n²·(Dk + Dv) (its 15 products); kda (the recurrence) 8·Dk·Dv per token forward, 16·Dk·Dv more \
+14·n·Dk·Dv + 4·n²·(Dk + Dv) (its 15 products); kda counted as the recurrence, 8·Dk·Dv per token forward, 16·Dk·Dv more \
 with the backward";
 
 /// FLOPs of one call by [`DELTA_FLOP_RULE`].
