@@ -5,6 +5,9 @@
 #[path = "bf16_compute.rs"]
 mod bf16_compute;
 mod common;
+#[path = "delta_chunks.rs"]
+mod delta_chunks;
+mod delta_common;
 #[path = "delta_rule.rs"]
 mod delta_rule;
 #[path = "differential.rs"]

@@ -32,12 +32,9 @@ pub fn flops(d: &DeltaDims, gate: Gate, backward: bool) -> u64 {
         Gate::Scalar => {
             let chunks = (0..d.t).step_by(CHUNK).map(|t0| CHUNK.min(d.t - t0) as u64);
             let fwd = |n: u64| 6 * n * dk * dv + 2 * n * n * (dk + dv) + n * n * n / 3;
-            chunks
-                .map(|n| {
-                    fwd(n) * if backward { 2 } else { 1 }
-                        + if backward { 14 * n * dk * dv + 4 * n * n * (dk + dv) } else { 0 }
-                })
-                .sum()
+            // The backward makes the forward again, then its own 15 products.
+            let bwd = |n: u64| fwd(n) + 14 * n * dk * dv + 4 * n * n * (dk + dv);
+            chunks.map(|n| fwd(n) + if backward { bwd(n) } else { 0 }).sum()
         }
         Gate::Channel => d.t as u64 * dk * dv * if backward { 24 } else { 8 },
     };

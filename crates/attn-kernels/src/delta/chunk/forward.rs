@@ -65,7 +65,7 @@ impl Head<'_> {
             let out = &mut o[t0 * dv..][..n * dv];
             if self.p.gate == Gate::Channel {
                 if !c.fill_channel(isa, &r, s, (dk, dv), true) {
-                    self.tokens_one_by_one(t0, n, None, s, &mut o[..(t0 + n) * dv]);
+                    self.tokens_one_by_one(t0, n, None, s, o);
                     continue;
                 }
                 gemm(isa, n, dv, dk, Lhs::rows(&c.qplus, dk).write(true), s, dv, out, dv);

@@ -207,20 +207,18 @@ impl Chunk {
         if self.gamma_c[(n - 1) * dk..].iter().any(|&g| g < -CHANNEL_SPREAD) {
             return false;
         }
-        let mut kminus = vec![0.0f32; n * dk];
         for buf in [&mut self.kplus, &mut self.qplus, &mut self.kminus_t, &mut self.down] {
             buf.resize(n * dk, 0.0);
         }
-        // One `exp` per entry: `exp(−γ)` is its reciprocal.
+        // One `exp` per entry: `exp(−γ)` is its reciprocal. `K⁻` is written transposed.
         for (i, gamma) in self.gamma_c.iter().enumerate() {
             let up = gamma.exp();
             let (down, up) = (up.recip() as f32, up as f32);
             self.kplus[i] = r.k[i] * up;
             self.qplus[i] = r.q[i] * up;
-            kminus[i] = r.k[i] * down;
+            self.kminus_t[i % dk * n + i / dk] = r.k[i] * down;
             self.down[i] = down;
         }
-        transpose(isa, &kminus, dk, n, dk, &mut self.kminus_t, n);
         gemm(isa, n, dv, dk, Lhs::rows(&self.kplus, dk).write(true), s, dv, &mut self.w, dv);
         let lower = |lhs: &[f32], out: &mut [f32]| {
             gemm(isa, n, n, dk, Lhs::rows(lhs, dk).part(Part::LowerOut).write(true), &self.kminus_t, n, out, n);
