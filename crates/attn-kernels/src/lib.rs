@@ -11,6 +11,8 @@
 //!   backward, with its naive oracle.
 //! - [`delta`]: the gated delta rule (Gated DeltaNet, KDA) of current hybrid models: the
 //!   token-by-token recurrence and its exact backward.
+//! - [`paged`]: attention over a paged KV cache (FlashAttention's `block_table`), stored as
+//!   f32/f16/bf16 or quantized (q8_0, fp8 e4m3), many sequences of their own lengths per call.
 //! - [`varlen`]: packed variable-length sequences (FlashAttention's `flash_attn_varlen_func`),
 //!   forward and backward, on the same kernels.
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
@@ -30,6 +32,7 @@ mod lse;
 pub mod mask;
 pub mod merge;
 mod output;
+pub mod paged;
 mod prefetch;
 pub mod problem;
 pub mod reference;

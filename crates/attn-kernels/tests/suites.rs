@@ -37,6 +37,8 @@ mod linear_into;
 mod linear_segments;
 #[path = "merge.rs"]
 mod merge;
+#[path = "paged.rs"]
+mod paged;
 #[path = "properties.rs"]
 mod properties;
 #[path = "score_mod.rs"]

@@ -25,6 +25,7 @@ mod key_tiles;
 mod micro;
 mod nonfinite;
 mod pack;
+pub(crate) mod paged;
 mod pairs;
 mod plan;
 mod row_masks;
