@@ -199,6 +199,11 @@ fn cases() -> Vec<(&'static str, Case)> {
             "window crossing pages",
             Case { window: Some(Window { left: Some(21), right: None }), ..Case::new(4, 2, 4, 32, 16, &[90, 18, 33]) },
         ),
+        (
+            // Row 0's window ends in the first chunk of 64 keys, row 8's starts in the second.
+            "narrow window, rows in different chunks",
+            Case { window: Some(Window { left: Some(3), right: None }), ..Case::new(2, 1, 9, 32, 16, &[71, 130]) },
+        ),
         ("soft-cap", Case { softcap: Some(3.0), ..Case::new(2, 2, 2, 32, 16, &[70, 9]) }),
         (
             "sinks, one head without",

@@ -14,6 +14,9 @@
 //! - `heatmap`: drawing weights as pictures; `picture::PictureFormat`: the format a path names;
 //!   `chart`: line charts — with the feature `pictures` (plotters, image and a font; off by
 //!   default, so computing attention compiles none of them).
+//! - [`cache`]: a paged KV cache for serving ([`cache::PagedCache`]: pages allocated as
+//!   sequences grow, forks sharing pages copy-on-write, f32/f16/bf16/int8/fp8 storage quantized on
+//!   write), attended by the kernels' paged attention, many sequences per call.
 //! - [`random`]: seeded random tensors for examples, and the seeded generator behind them.
 //! - [`alloc`]: fallible allocation sized by shapes (the kernels' own, re-exported).
 //! - [`write_file`]: writing a file whole or not at all, with a plainly created file's mode.
@@ -80,6 +83,7 @@
 )]
 
 mod autograd;
+pub mod cache;
 #[cfg(feature = "pictures")]
 pub mod chart;
 mod convert;

@@ -6,6 +6,8 @@
 mod allocation;
 #[path = "autograd.rs"]
 mod autograd;
+#[path = "cache.rs"]
+mod cache;
 #[cfg(feature = "pictures")]
 #[path = "chart.rs"]
 mod chart;

@@ -1,7 +1,9 @@
 //! The paged cache's kernel ([`paged_attention`], whose semantics `crate::paged` states): each
-//! task is one sequence's key/value head, a block of its stacked query rows (`Hq/Hkv · Lq`) and a
-//! shard of its keys, run through the online softmax a chunk of [`CHUNK`] keys at a time. A
-//! chunk's key and value rows are gathered from their pages into two small f32 buffers (widened
+//! task is one sequence, a block of its query rows (all heads', `[Hq, Lq]` in order) and a shard
+//! of its keys, run through the online softmax a chunk of [`CHUNK`] keys at a time, key/value head
+//! by head within a chunk. A task reads its pages' rows of every head it serves, so its reads are
+//! whole runs of memory (one head's rows lie `Hkv·D` apart, a task per head read a memory page
+//! for each key). A chunk's key and value rows of a head are gathered into two small f32 buffers (widened
 //! from f16/bf16 with the SIMD layer, dequantized from q8_0/e4m3), so one instantiation of the
 //! decode path's micro-kernels (`decode_scores`, `pv_block`) serves every storage and page size;
 //! the buffers stay in L1, so the cache itself is read once. Shards are sized so that a call has
@@ -47,20 +49,18 @@ pub fn paged_attention(
     if lse.len() != rows_all {
         return Err(AttnError::Output { tensor: "lse", expected: rows_all, found: lse.len() });
     }
-    let group_rows = lay.hq / cache.heads * lay.lq;
+    let seq_rows = lay.hq * lay.lq;
     let band = |s: usize| Band::new(p.causal, p.window, Align::BottomRight, lay.lq, lay.lens[s]);
-    // The groups (sequence, key/value head, block of rows) and each one's key range.
+    // The groups (sequence, block of its rows) and the keys any of their rows sees.
     let mut groups = Vec::new();
     for s in 0..lay.b {
-        for kvh in 0..cache.heads {
-            for r0 in (0..group_rows).step_by(ROWS) {
-                let nr = ROWS.min(group_rows - r0);
-                let (lo, hi) = (r0..r0 + nr)
-                    .map(|r| band(s).keys(r % lay.lq, lay.lens[s]))
-                    .filter(|(a, b)| a < b)
-                    .fold((usize::MAX, 0), |(a, b), (x, y)| (a.min(x), b.max(y)));
-                groups.push(Group { s, kvh, r0, nr, keys: lo.min(hi)..hi });
-            }
+        for r0 in (0..seq_rows).step_by(ROWS) {
+            let nr = ROWS.min(seq_rows - r0);
+            let (lo, hi) = (r0..r0 + nr)
+                .map(|r| band(s).keys(r % lay.lq, lay.lens[s]))
+                .filter(|(a, b)| a < b)
+                .fold((usize::MAX, 0), |(a, b), (x, y)| (a.min(x), b.max(y)));
+            groups.push(Group { s, r0, nr, keys: lo.min(hi)..hi });
         }
     }
     let total: usize = groups.iter().map(|g| g.keys.len()).sum();
@@ -96,13 +96,13 @@ pub fn paged_attention(
     work.into_par_iter().for_each_init(Scratch::default, |w, (t, o, l)| {
         target.run(TaskJob { cx: &cx, g: &groups[t.group], keys: t.keys.clone(), w, o, l })
     });
-    // Merge each group's shards into its rows of `out` (rows `r0..` of head `kvh·group` onward).
+    // Merge each group's shards into its rows of `out`.
     let mut at = 0;
     let mut x = 0;
     while x < tasks.len() {
         let g = &groups[tasks[x].group];
         let n = tasks[x..].iter().take_while(|t| t.group == tasks[x].group).count();
-        let base = (g.s * cache.heads + g.kvh) * group_rows + g.r0;
+        let base = g.s * seq_rows + g.r0;
         for r in 0..g.nr {
             let parts = (0..n).map(|y| {
                 let off = at + y * g.nr + r;
@@ -120,11 +120,10 @@ pub fn paged_attention(
     Ok(())
 }
 
-/// One sequence's key/value head and a block of its stacked query rows `r0..r0 + nr` (row `r`
-/// is query head `kvh·G + r / Lq`, query `r % Lq`), with the keys any of them sees.
+/// One sequence's block of query rows `r0..r0 + nr` (row `r` is query head `r / Lq`, query
+/// `r % Lq`), with the keys any of them sees.
 struct Group {
     s: usize,
-    kvh: usize,
     r0: usize,
     nr: usize,
     keys: std::ops::Range<usize>,
@@ -156,6 +155,8 @@ struct Scratch {
     m: Vec<f32>,
     l: Vec<f32>,
     range: Vec<(usize, usize)>,
+    /// Each key of the chunk in flight: the row of its first head in the pages.
+    slots: Vec<usize>,
 }
 
 /// One task on the call's instruction set: its rows' normalised outputs `o: [nr, Dv]` and
@@ -183,12 +184,15 @@ impl<B: Fn(usize) -> Band + Sync> SimdJob for TaskJob<'_, B> {
         w.q.clear();
         w.range.clear();
         for r in g.r0..g.r0 + nr {
-            let (h, i) = (g.kvh * group + r / lq, r % lq);
+            let (h, i) = (r / lq, r % lq);
             w.q.extend_from_slice(cx.q.row(g.s, h, i));
             let (lo, hi) = band.keys(i, len);
             w.range.push((lo.max(keys.start), hi.min(keys.end)));
         }
-        for (v, n) in [(&mut w.s, nr * width), (&mut w.k, CHUNK * dk), (&mut w.v, CHUNK * dv)] {
+        // The key/value heads the block's rows use, and each one's rows in the block.
+        let heads = g.r0 / lq / group..(g.r0 + nr - 1) / lq / group + 1;
+        let (h0, nh) = (heads.start, heads.len());
+        for (v, n) in [(&mut w.s, nr * width), (&mut w.k, nh * CHUNK * dk), (&mut w.v, nh * CHUNK * dv)] {
             v.resize(n, 0.0);
         }
         w.m.clear();
@@ -196,59 +200,68 @@ impl<B: Fn(usize) -> Band + Sync> SimdJob for TaskJob<'_, B> {
         w.l.clear();
         w.l.resize(nr, 0.0);
         o.fill(0.0);
+        let rows_of_head = |kvh: usize| {
+            let (a, b) = (kvh * group * lq, (kvh + 1) * group * lq);
+            a.max(g.r0) - g.r0..b.min(g.r0 + nr) - g.r0
+        };
         let max_pages = cx.lay.max_pages;
         let table = &c.block_table[g.s * max_pages..][..max_pages];
-        let row_of = |j: usize| (table[j / c.page_size] as usize * c.page_size + j % c.page_size) * c.heads + g.kvh;
+        // Row of key `j`'s first head in the pages.
+        let slot = |j: usize| (table[j / c.page_size] as usize * c.page_size + j % c.page_size) * c.heads;
         for j0 in keys.clone().step_by(CHUNK) {
             let n = CHUNK.min(keys.end - j0);
-            for x in 0..n {
-                let r = row_of(j0 + x);
-                // SAFETY: the CPU has `S` (the caller's contract); rows were checked in bounds.
-                unsafe {
-                    widen::<S>(&c.k, r, c.heads, dk, &mut w.k[x * dk..][..dk]);
+            w.slots.clear();
+            w.slots.extend((j0..j0 + n).map(slot));
+            // Keys of every head the block uses gathered slot by slot: each slot's heads are one run
+            // of memory, so the reads stream.
+            for (x, &r) in w.slots.iter().enumerate() {
+                for y in 0..nh {
+                    // SAFETY: the CPU has `S` (the caller's contract); rows were checked in bounds.
+                    unsafe { widen::<S>(&c.k, r + h0 + y, c.heads, dk, &mut w.k[(y * CHUNK + x) * dk..][..dk]) };
                 }
             }
-            // SAFETY: the CPU has `S`; `w.q` holds `nr` rows of `dk`, `w.k` `n` rows, `w.s` `nr`
-            // rows of `width ≥ n`.
-            unsafe {
-                decode_scores::<S, f32>(
-                    w.q.as_ptr(),
-                    dk,
-                    w.k.as_ptr(),
-                    dk,
-                    n,
-                    dk,
-                    cx.scale,
-                    nr,
-                    w.s.as_mut_ptr(),
-                    width,
-                )
-            };
-            let mut any = false;
-            for r in 0..nr {
-                let srow = &mut w.s[r * width..][..width];
-                let (lo, hi) = w.range[r];
-                let (a, b) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
-                srow[..a].fill(f32::NEG_INFINITY);
-                srow[b.max(a)..].fill(f32::NEG_INFINITY);
-                if a >= b {
-                    continue;
+            let mut seen = [false; ROWS];
+            for kvh in heads.clone() {
+                let rows = rows_of_head(kvh);
+                let kh = w.k[(kvh - h0) * CHUNK * dk..].as_ptr();
+                let (qh, sh) = (w.q[rows.start * dk..].as_ptr(), w.s[rows.start * width..].as_mut_ptr());
+                // SAFETY: the CPU has `S`; `w.q` holds the head's rows of `dk`, `kh` `n` rows, `w.s`
+                // the head's rows of `width ≥ n`.
+                unsafe { decode_scores::<S, f32>(qh, dk, kh, dk, n, dk, cx.scale, rows.len(), sh, width) };
+                for r in rows.clone() {
+                    let srow = &mut w.s[r * width..][..width];
+                    let (lo, hi) = w.range[r];
+                    let (a, b) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
+                    srow[..a].fill(f32::NEG_INFINITY);
+                    srow[b.max(a)..].fill(f32::NEG_INFINITY);
+                    seen[kvh - h0] |= a < b;
+                    // SAFETY: the CPU has `S`; the row holds `width`, a multiple of `S::W`, floats.
+                    unsafe {
+                        softmax_row::<S>(
+                            srow,
+                            a..b.max(a),
+                            cx.softcap,
+                            &mut w.m[r],
+                            &mut w.l[r],
+                            &mut o[r * dv..][..dv],
+                        )
+                    };
                 }
-                any = true;
-                // SAFETY: the CPU has `S`; the row holds `width`, a multiple of `S::W`, floats.
-                unsafe { softmax_row::<S>(srow, a..b, cx.softcap, &mut w.m[r], &mut w.l[r], &mut o[r * dv..][..dv]) };
             }
-            if !any {
-                continue;
+            for (x, &r) in w.slots.iter().enumerate() {
+                for y in (0..nh).filter(|&y| seen[y]) {
+                    // SAFETY: as for the keys.
+                    unsafe { widen::<S>(&c.v, r + h0 + y, c.heads, dv, &mut w.v[(y * CHUNK + x) * dv..][..dv]) };
+                }
             }
-            for x in 0..n {
-                let r = row_of(j0 + x);
-                // SAFETY: as for the keys.
-                unsafe { widen::<S>(&c.v, r, c.heads, dv, &mut w.v[x * dv..][..dv]) };
+            for kvh in heads.clone().filter(|&h| seen[h - h0]) {
+                let rows = rows_of_head(kvh);
+                let vh = w.v[(kvh - h0) * CHUNK * dv..].as_ptr();
+                let (ph, oh) = (w.s[rows.start * width..].as_ptr(), o[rows.start * dv..].as_mut_ptr());
+                // SAFETY: the CPU has `S`; `w.s` holds the head's rows of `n` probabilities at
+                // stride `width`, `vh` `n` rows of `dv`, `o` the head's rows of `dv`.
+                unsafe { pv_block::<S, Fma, f32>(ph, width, 1, vh, dv, n, oh, dv, rows.len()) };
             }
-            // SAFETY: the CPU has `S`; `w.s` holds `nr` rows of `n` probabilities at stride
-            // `width`, `w.v` `n` rows of `dv`, `o` `nr` rows of `dv`.
-            unsafe { pv_block::<S, Fma, f32>(w.s.as_ptr(), width, 1, w.v.as_ptr(), dv, n, o.as_mut_ptr(), dv, nr) };
         }
         for r in 0..nr {
             let (m, sum) = (w.m[r], w.l[r]);
