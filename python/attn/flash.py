@@ -23,8 +23,10 @@ takes packed sequences, ``q: [total_q, Hq, D]``, ``k, v: [total_k, Hkv, D]``, se
 rows ``cu_seqlens[b]:cu_seqlens[b+1]`` (int32 offsets ``[B + 1]``), with the same options (each
 sequence's causal diagonal and window aligned to its own last key; ALiBi slopes ``[Hq]`` or
 ``[B, Hq]``) → ``[total_q, Hq, Dv]``; ``return_attn_probs=True`` gives ``(out, softmax_lse [Hq,
-total_q], None)`` (no probabilities for packed calls). Sequences are attended one by one; paged
-caches (``block_table``) are refused.
+total_q], None)`` (no probabilities for packed calls). Sequences are attended one by one. With
+``block_table`` (``[B, max_pages]``), ``k`` and ``v`` are pages ``[num_pages, page_size, Hkv, D]``
+and ``cu_seqlens_k`` gives each sequence's cached length: each sequence runs the paged kernel of
+``flash_attn_with_kvcache`` (forward only; no ALiBi or dropout there).
 
 ``flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
 block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -34,12 +36,20 @@ D]`` with ``block_table: [B, max_pages]`` (int32 page numbers); ``cache_seqlens`
 ``[B]``, default: the cache full) says how many positions of each sequence hold keys. New ``k, v:
 [B, Lnew, Hkv, D]`` are written into the cache (in place) at ``cache_seqlens`` first; each
 sequence then attends its first ``cache_seqlens[b] + Lnew`` keys, causal and window aligned to its
-own last key → ``[B, Lq, Hq, Dv]`` (and ``softmax_lse [B, Hq, Lq]``). Sequences are attended one
-by one over their keys gathered from the pages; rotary embedding inside the call
+own last key → ``[B, Lq, Hq, Dv]`` (and ``softmax_lse [B, Hq, Lq]``, float32). Every sequence is
+attended in one call of attn's paged kernel, reading the pages in place (float32, float16 or
+bfloat16; a dense cache is B pages of ``Lmax`` positions), a long sequence's keys split over the
+threads and merged by their log-sum-exps; queries are computed in float32 and the output returned
+in q's dtype. With ``alibi_slopes``, or in float64 (attn's float64 kernel), each sequence is
+attended alone over its keys gathered from the cache. Not
+differentiable (FlashAttention's is not either); rotary embedding inside the call
 (``rotary_cos``/``rotary_sin``) is not taken: apply it before.
 """
 
 import torch
+from torch.utils.dlpack import to_dlpack
+
+from . import _attn
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -84,20 +94,35 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
     """Packed sequences in FlashAttention's names and layout (see the module's docstring)."""
-    if block_table is not None:
-        raise ValueError("block_table: paged KV caches are not supported yet")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 3:
-            raise ValueError(f"{name}: expected a 3-D tensor [total, H, D], found "
+    paged = block_table is not None
+    for name, t, rank in (("q", q, 3), ("k", k, 4 if paged else 3), ("v", v, 4 if paged else 3)):
+        if not isinstance(t, torch.Tensor) or t.dim() != rank:
+            layout = "[num_pages, page_size, H, D] (block_table given)" if rank == 4 else "[total, H, D]"
+            raise ValueError(f"{name}: expected a {rank}-D tensor {layout}, found "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
     cq, ck = (torch.as_tensor(c).tolist() for c in (cu_seqlens_q, cu_seqlens_k))
     batch = len(cq) - 1
+    k_total = ck[-1] if paged and ck else k.shape[0]
     for name, c, total, longest in (("cu_seqlens_q", cq, q.shape[0], max_seqlen_q),
-                                    ("cu_seqlens_k", ck, k.shape[0], max_seqlen_k)):
+                                    ("cu_seqlens_k", ck, k_total, max_seqlen_k)):
         if len(c) != batch + 1 or c[0] != 0 or c[-1] != total or any(b < a for a, b in zip(c, c[1:])):
             raise ValueError(f"{name}: {c} is not {batch + 1} non-decreasing offsets from 0 to {total}")
         if any(b - a > longest for a, b in zip(c, c[1:])):
             raise ValueError(f"{name}: a sequence is longer than max_seqlen ({longest})")
+    if paged:
+        if alibi_slopes is not None or dropout_p > 0:
+            raise ValueError("alibi_slopes, dropout_p: not supported with block_table")
+        outs, lses = [], []
+        for b in range(batch):
+            out, lse = flash_attn_with_kvcache(
+                q[cq[b]:cq[b + 1]].unsqueeze(0), k, v, cache_seqlens=[ck[b + 1] - ck[b]], block_table=block_table[b:b + 1],
+                softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                return_softmax_lse=True)
+            outs.append(out[0])
+            lses.append(lse[0])
+        out = torch.cat(outs) if outs else q.new_zeros(0, q.shape[1], v.shape[3])
+        lse = torch.cat(lses, dim=1) if lses else q.new_zeros(q.shape[1], 0)
+        return (out, lse, None) if return_attn_probs else out
     slopes = None if alibi_slopes is None else torch.as_tensor(alibi_slopes)
     outs, lses = [], []
     for b in range(batch):
@@ -152,24 +177,42 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if len(seqlens) != batch or any(n < 0 or n + new > capacity for n in seqlens):
         raise ValueError(f"cache_seqlens: {seqlens} for {batch} sequences of {new} new keys "
                          f"in a cache of {capacity} positions")
+    for b in range(batch):
+        n = seqlens[b]
+        if new:
+            with torch.no_grad():
+                if paged:
+                    page, off = _positions(block_table, b, n, n + new, k_cache.shape[1])
+                    k_cache[page, off] = k[b].to(k_cache.dtype)
+                    v_cache[page, off] = v[b].to(v_cache.dtype)
+                else:
+                    k_cache[b, n:n + new] = k[b].to(k_cache.dtype)
+                    v_cache[b, n:n + new] = v[b].to(v_cache.dtype)
+    lengths = [n + new for n in seqlens]
+    if alibi_slopes is None and torch.float64 not in (q.dtype, k_cache.dtype, v_cache.dtype):
+        # A dense cache [B, Lmax, Hkv, D] is a paged one of B pages of Lmax positions, page b
+        # sequence b's: one kernel call either way, every sequence against its own length.
+        table = block_table if paged else torch.arange(batch, dtype=torch.int32).view(batch, 1)
+        pages = [c if c.is_contiguous() else c.contiguous() for c in (k_cache, v_cache)]
+        left, right = window_size
+        window = None if (left < 0 and right < 0) else (None if left < 0 else int(left), None if right < 0 else int(right))
+        out, lse = _attn.paged_forward(
+            to_dlpack(q.detach().transpose(1, 2).float()), to_dlpack(pages[0].detach()), to_dlpack(pages[1].detach()),
+            table.to(torch.int32).flatten().tolist(), lengths, softmax_scale, bool(causal), window,
+            softcap if softcap > 0 else None)
+        out = torch.from_numpy(out).transpose(1, 2).to(q.dtype).contiguous()
+        lse = torch.from_numpy(lse)
+        return (out, lse) if return_softmax_lse else out
+    # ALiBi (not a paged-kernel option) or float64 (the reference kernel): each sequence over its
+    # keys gathered from the cache.
     slopes = None if alibi_slopes is None else torch.as_tensor(alibi_slopes)
     outs, lses = [], []
     for b in range(batch):
-        n = seqlens[b]
         if paged:
-            if new:
-                page, off = _positions(block_table, b, n, n + new, k_cache.shape[1])
-                with torch.no_grad():
-                    k_cache[page, off] = k[b].to(k_cache.dtype)
-                    v_cache[page, off] = v[b].to(v_cache.dtype)
-            page, off = _positions(block_table, b, 0, n + new, k_cache.shape[1])
+            page, off = _positions(block_table, b, 0, lengths[b], k_cache.shape[1])
             keys, values = k_cache[page, off], v_cache[page, off]
         else:
-            if new:
-                with torch.no_grad():
-                    k_cache[b, n:n + new] = k[b].to(k_cache.dtype)
-                    v_cache[b, n:n + new] = v[b].to(v_cache.dtype)
-            keys, values = k_cache[b, :n + new], v_cache[b, :n + new]
+            keys, values = k_cache[b, :lengths[b]], v_cache[b, :lengths[b]]
         sb = slopes[b] if slopes is not None and slopes.dim() == 2 else slopes
         out, lse, _ = flash_attn_func(q[b:b + 1], keys[None], values[None], 0.0, softmax_scale, causal, window_size,
                                       softcap, sb, return_attn_probs=True)

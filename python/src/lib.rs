@@ -9,11 +9,12 @@
 //! Types: `float32` queries with `float32`, `float16` or `bfloat16` keys and values run the fast
 //! kernel in `f32` (or with bfloat16 products, `bf16_products`); `float64` everything runs the
 //! reference kernel in `f64`. The gated delta rule's forward and backward (`delta`) take fla's
-//! layouts.
+//! layouts; attention against a paged KV cache (`paged`) takes FlashAttention's pages.
 
 mod delta;
 mod dlpack;
 mod options;
+mod paged;
 mod pool;
 mod views;
 
@@ -242,6 +243,7 @@ fn _attn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(delta::delta_forward, m)?)?;
     m.add_function(wrap_pyfunction!(delta::delta_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(paged::paged_forward, m)?)?;
     m.add_function(wrap_pyfunction!(panic_for_tests, m)?)?;
     m.add_function(wrap_pyfunction!(pool::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(pool::get_num_threads, m)?)?;

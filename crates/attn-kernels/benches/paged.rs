@@ -2,12 +2,15 @@
 //! GQA 32/8, D 128, pages of 16 — the dense call (the flash kernel on a `[B, Hkv, 8K, D]` cache
 //! with per-sequence key lengths) against the paged kernel on f32, bf16, q8_0 and fp8 pages, each
 //! with the bytes of keys and values it reads as throughput (so criterion prints GiB/s); and a
-//! streaming read of 1 GiB, the machine's memory bandwidth to compare them with.
+//! streaming read of 1 GiB, the machine's memory bandwidth to compare them with. Cascade
+//! attention against the flat paged call on a batch sharing a long prefix.
 
 use std::hint::black_box;
 use std::time::Duration;
 
-use attn_kernels::paged::{fp8_encode, paged_attention, q8_encode, PagedKv, PagedParams, Pages, FP8_MAX, Q8_BLOCK};
+use attn_kernels::paged::{
+    cascade_attention, fp8_encode, paged_attention, q8_encode, PagedKv, PagedParams, Pages, FP8_MAX, Q8_BLOCK,
+};
 use attn_kernels::{attention, AttnParams, Isa, Kernel, KvView, MaskSpec, View4};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::{bf16, f16};
@@ -129,7 +132,53 @@ fn bench_paged(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_paged);
+/// Cascade attention: 32 sequences sharing a 4K-token prefix, each with 256 tokens of its own,
+/// decoding one token (GQA 32/8, D 128, f32 pages of 16): the flat paged call (every sequence
+/// reads the prefix) against the cascade (the prefix read once for all 32).
+fn bench_cascade(c: &mut Criterion) {
+    const SEQS: usize = 32;
+    const PREFIX: usize = 4096;
+    const OWN: usize = 256;
+    let (np_prefix, np_own) = (PREFIX / PAGE, OWN / PAGE);
+    let np = np_prefix + SEQS * np_own;
+    let row = HKV * D;
+    let (k, v) = (values(np * PAGE * row, 11), values(np * PAGE * row, 12));
+    let q = values(SEQS * HQ * D, 13);
+    let qv = View4::contiguous("q", &q, [SEQS, HQ, 1, D]).expect("q");
+    let own_pages = |s: usize| (0..np_own).map(move |p| (np_prefix + p * SEQS + s) as i32);
+    let flat: Vec<i32> = (0..SEQS).flat_map(|s| (0..np_prefix as i32).chain(own_pages(s))).collect();
+    let suffix: Vec<i32> = (0..SEQS).flat_map(own_pages).collect();
+    let prefix: Vec<i32> = (0..np_prefix as i32).collect();
+    let (flat_lens, own_lens, prefix_len) =
+        (vec![(PREFIX + OWN) as i32; SEQS], vec![OWN as i32; SEQS], [PREFIX as i32]);
+    let flat_kv = PagedKv {
+        k: Pages::F32(&k),
+        v: Pages::F32(&v),
+        page_size: PAGE,
+        heads: HKV,
+        dk: D,
+        dv: D,
+        block_table: &flat,
+        seqlens: &flat_lens,
+    };
+    let prefix_kv = PagedKv { block_table: &prefix, seqlens: &prefix_len, ..flat_kv };
+    let suffix_kv = PagedKv { block_table: &suffix, seqlens: &own_lens, ..flat_kv };
+    let p = PagedParams { causal: true, ..Default::default() };
+    let (mut out, mut lse) = (vec![0.0f32; SEQS * HQ * D], vec![0.0f32; SEQS * HQ]);
+    let mut group = c.benchmark_group("cascade_b32_prefix4k_own256_hq32_hkv8_d128");
+    group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    group.bench_function(BenchmarkId::from_parameter("flat_paged"), |bench| {
+        bench.iter(|| paged_attention(black_box(&qv), &flat_kv, &p, &mut out, &mut lse).expect("flat"))
+    });
+    group.bench_function(BenchmarkId::from_parameter("cascade"), |bench| {
+        bench.iter(|| {
+            cascade_attention(black_box(&qv), &prefix_kv, &suffix_kv, &p, &mut out, &mut lse).expect("cascade")
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_paged, bench_cascade);
 criterion_main!(benches);
 
 /// The sum of `x` in 16 independent lanes (so the loop vectorises and is bound by the reads).

@@ -71,7 +71,7 @@ pub fn greedy_batch(
         return Err(ModelError::Input(format!("prompt {b} has no tokens")));
     }
     let start = Instant::now();
-    let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
+    let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect::<Result<_>>()?;
     let mut ids: Vec<Vec<u32>> = vec![Vec::with_capacity(stop.max_new_tokens); prompts.len()];
     let mut next = Vec::with_capacity(prompts.len());
     for (prompt, cache) in prompts.iter().zip(&mut caches) {
@@ -116,7 +116,7 @@ pub fn mean_nll(model: &CausalLm, ids: &[u32]) -> Result<f64> {
     if ids.len() < 2 {
         return Err(ModelError::Input(format!("perplexity needs at least 2 tokens, found {}", ids.len())));
     }
-    let logits = model.forward(ids, &mut model.new_cache())?.to_dtype(DType::F32)?;
+    let logits = model.forward(ids, &mut model.new_cache()?)?.to_dtype(DType::F32)?;
     let rows: Vec<Vec<f32>> = logits.to_vec2()?;
     let total: f64 = rows
         .iter()

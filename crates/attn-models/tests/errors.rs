@@ -93,10 +93,10 @@ fn a_prompt_longer_than_the_context_is_refused() {
     };
     let map = candle_nn::VarMap::new();
     let model = CausalLm::new(&cfg, attn_nn::init::seeded(&map, 0)).unwrap();
-    let mut cache = model.new_cache();
+    let mut cache = model.new_cache().unwrap();
     assert_eq!(model.forward(&[1, 2, 3, 4], &mut cache).unwrap().dims(), &[4, 16]);
     let e = message(model.forward(&[5, 6, 7], &mut cache).unwrap_err());
     assert!(e.contains("7 tokens") && e.contains("context of 6"), "{e}");
-    let e = message(model.forward(&[99], &mut model.new_cache()).unwrap_err());
+    let e = message(model.forward(&[99], &mut model.new_cache().unwrap()).unwrap_err());
     assert!(e.contains("99") && e.contains("vocabulary"), "{e}");
 }

@@ -7,7 +7,7 @@ use std::io::Write;
 
 use attn_models::{Decoder, Stop};
 
-use super::models::ModelArg;
+use super::models::{KvDtypeArg, ModelArg};
 use super::threads::Threads;
 
 /// Arguments of `attn generate`.
@@ -33,13 +33,16 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
+    pub kv: KvDtypeArg,
+    #[command(flatten)]
     pub threads: Threads,
 }
 
 /// Runs `attn generate`.
 pub fn main(args: Args) -> anyhow::Result<()> {
     let path = args.model.path()?;
-    let decoder = Decoder::open(&path)?;
+    let mut decoder = Decoder::open(&path)?;
+    decoder.model.set_kv_dtype(args.kv.kv_dtype);
     let prompts = args.prompts.iter().map(|p| decoder.prompt(p, args.chat)).collect::<attn_models::Result<Vec<_>>>()?;
     let stop =
         Stop { max_new_tokens: args.max_new_tokens, eos: if args.ignore_eos { None } else { decoder.tokenizer.eos } };

@@ -43,6 +43,20 @@ impl ModelArg {
     }
 }
 
+/// The `--kv-dtype` argument of the decoding commands.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct KvDtypeArg {
+    /// Keep the KV cache in 16-position pages stored as f32, f16, bf16, int8 (q8_0 blocks of 32)
+    /// or fp8 (e4m3, a scale per head), attended by the paged kernel; without it, dense f32
+    /// buffers attended by the flash kernels.
+    #[arg(long, value_name = "DTYPE", value_parser = kv_dtype)]
+    pub kv_dtype: Option<attn::cache::KvDtype>,
+}
+
+fn kv_dtype(s: &str) -> Result<attn::cache::KvDtype, String> {
+    s.parse().map_err(|e: attn::AttnLibError| e.to_string())
+}
+
 /// Runs `attn models`.
 pub fn main(args: Args) -> anyhow::Result<()> {
     match args.action {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use attn_models::Decoder;
 
-use super::models::ModelArg;
+use super::models::{KvDtypeArg, ModelArg};
 use super::threads::Threads;
 
 /// Arguments of `attn perplexity`.
@@ -24,19 +24,23 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
+    pub kv: KvDtypeArg,
+    #[command(flatten)]
     pub threads: Threads,
 }
 
 /// Runs `attn perplexity`.
 pub fn main(args: Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.text).with_context(|| format!("reading {}", args.text.display()))?;
-    let decoder = Decoder::open(&args.model.path()?)?;
+    let mut decoder = Decoder::open(&args.model.path()?)?;
+    decoder.model.set_kv_dtype(args.kv.kv_dtype);
     let mut ids = decoder.tokenizer.encode(&text)?;
     ids.truncate(args.context as usize);
     let nll = args.threads.pool()?.install(|| attn_models::mean_nll(&decoder.model, &ids))?;
     let ppl = nll.exp();
     if args.json {
-        println!("{}", serde_json::json!({ "tokens": ids.len(), "nll": nll, "ppl": ppl }));
+        let kv = args.kv.kv_dtype.map(|d| d.name());
+        println!("{}", serde_json::json!({ "tokens": ids.len(), "nll": nll, "ppl": ppl, "kv_dtype": kv }));
     } else {
         println!("{}: {} tokens, mean NLL {nll:.4} nats, perplexity {ppl:.3}", args.text.display(), ids.len());
     }

@@ -15,7 +15,9 @@
 //! for the oracle.
 //!
 //! - [`quant`]: the q8_0 and e4m3 formats, encode and decode.
+//! - [`cascade`]: cascade attention, a prefix shared by many sequences attended in one pass.
 
+pub mod cascade;
 pub mod quant;
 
 use half::{bf16, f16};
@@ -23,6 +25,7 @@ use half::{bf16, f16};
 use crate::error::{AttnError, Result};
 use crate::mask::Window;
 use crate::view::View4;
+pub use cascade::cascade_attention;
 pub use quant::{fp8_decode, fp8_encode, q8_decode, q8_encode, FP8_MAX, Q8_BLOCK};
 
 /// The storage of one of a paged cache's tensors, `[num_pages, page_size, Hkv, D]` row-major.

@@ -1,7 +1,8 @@
 //! One decoder layer: pre-norm grouped-query attention with RoPE against each sequence's KV
 //! cache (Gemma 3: QK-norm and sandwich norms), then the gated feed-forward (SwiGLU or GeGLU).
 
-use attn::{Align, SdpaOptions};
+use attn::cache::{PagedCache, PagedParams, SeqId};
+use attn::{Align, SdpaOptions, Window};
 use attn_nn::{Linear, RmsNorm, RopeConfig};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
@@ -9,6 +10,23 @@ use candle_nn::VarBuilder;
 use super::config::{CausalLmConfig, Family, LayerAttention};
 use crate::error::Result;
 use crate::kv_buffer::KvBuffer;
+
+/// One layer's cache of one sequence: dense buffers (attended by `attn::sdpa`) or a paged cache
+/// holding the sequence (attended by the paged kernel).
+#[derive(Debug, Clone)]
+pub(super) enum LayerCache {
+    Dense(KvBuffer),
+    Paged(Box<PagedCache>, SeqId),
+}
+
+impl LayerCache {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            LayerCache::Dense(b) => b.len(),
+            LayerCache::Paged(p, s) => p.len(*s).expect("the cache holds its own sequence"),
+        }
+    }
+}
 
 /// Gemma 3's extra norms.
 #[derive(Debug)]
@@ -76,7 +94,7 @@ impl Layer {
         &self,
         x: &Tensor,
         cfg: &CausalLmConfig,
-        caches: &mut [&mut KvBuffer],
+        caches: &mut [&mut LayerCache],
         mut weights: Option<&mut Vec<Tensor>>,
     ) -> Result<Tensor> {
         let (b, l, _) = x.dims3()?;
@@ -91,25 +109,39 @@ impl Layer {
             k = g.k.forward(&k)?;
         }
         let v = heads(self.v.forward(&h)?, cfg.num_kv_heads)?;
+        let scale = 1.0 / (cfg.head_dim as f64).sqrt();
         let mut opts = SdpaOptions::default()
             .causal(true)
             .align(Align::BottomRight)
-            .scale(1.0 / (cfg.head_dim as f64).sqrt())
+            .scale(scale)
             .return_weights(weights.is_some());
-        if let Some(w) = self.attention.window {
-            opts = opts.window(Some(w.saturating_sub(1)), Some(0));
+        let window = self.attention.window.map(|w| Window { left: Some(w.saturating_sub(1)), right: Some(0) });
+        if let Some(w) = window {
+            opts = opts.window(w.left, w.right);
         }
+        let paged = PagedParams { scale: Some(scale), causal: true, window, ..Default::default() };
         let mut rows = Vec::with_capacity(b);
         for (i, cache) in caches.iter_mut().enumerate() {
             let offset = cache.len();
             let qi = rope.apply(&q.narrow(0, i, 1)?, offset)?;
             let ki = rope.apply(&k.narrow(0, i, 1)?, offset)?;
-            let (ck, cv) = cache.append(&ki, &v.narrow(0, i, 1)?)?;
-            let out = attn::sdpa_full(&qi, &ck, &cv, &opts)?;
-            if let (Some(sink), Some(w)) = (weights.as_deref_mut(), out.weights) {
-                sink.push(w);
+            let vi = v.narrow(0, i, 1)?;
+            match cache {
+                LayerCache::Dense(buf) => {
+                    let (ck, cv) = buf.append(&ki, &vi)?;
+                    let out = attn::sdpa_full(&qi, &ck, &cv, &opts)?;
+                    if let (Some(sink), Some(w)) = (weights.as_deref_mut(), out.weights) {
+                        sink.push(w);
+                    }
+                    rows.push(out.out);
+                }
+                LayerCache::Paged(pages, seq) => {
+                    // The pages hold positions `[n, Hkv, D]`.
+                    let tokens = |t: &Tensor| -> Result<Tensor> { Ok(t.squeeze(0)?.transpose(0, 1)?) };
+                    pages.append(*seq, &tokens(&ki)?, &tokens(&vi)?)?;
+                    rows.push(pages.attend(&qi, &[*seq], &paged)?.0);
+                }
             }
-            rows.push(out.out);
         }
         let out = if rows.len() == 1 { rows.remove(0) } else { Tensor::cat(&rows, 0)? };
         let mut a = self.o.forward(&out.transpose(1, 2)?.reshape((b, l, cfg.num_heads * cfg.head_dim))?)?;

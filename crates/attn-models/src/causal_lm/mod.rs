@@ -14,6 +14,7 @@ mod layer;
 use std::collections::HashMap;
 use std::path::Path;
 
+use attn::cache::{CacheConfig, KvDtype, PagedCache};
 use attn_nn::{Linear, RmsNorm, StateDict};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -25,17 +26,21 @@ use layer::Layer;
 use crate::error::{ModelError, Result};
 use crate::gguf::Gguf;
 use crate::kv_buffer::KvBuffer;
+use layer::LayerCache;
 
-/// The KV cache of a [`CausalLm`]: one per layer.
+/// Positions per page of a paged cache: FlashAttention's smallest page size.
+const PAGE_SIZE: usize = 16;
+
+/// The KV cache of one sequence of a [`CausalLm`]: one per layer.
 #[derive(Debug, Clone, Default)]
 pub struct LmCache {
-    layers: Vec<KvBuffer>,
+    layers: Vec<LayerCache>,
 }
 
 impl LmCache {
     /// How many positions are cached.
     pub fn len(&self) -> usize {
-        self.layers.first().map_or(0, KvBuffer::len)
+        self.layers.first().map_or(0, LayerCache::len)
     }
 
     /// Whether nothing is cached.
@@ -48,6 +53,7 @@ impl LmCache {
 #[derive(Debug)]
 pub struct CausalLm {
     cfg: CausalLmConfig,
+    kv_dtype: Option<KvDtype>,
     embedding: Tensor,
     layers: Vec<Layer>,
     norm: RmsNorm,
@@ -105,6 +111,7 @@ impl CausalLm {
             embedding,
             lm_head,
             cfg: cfg.clone(),
+            kv_dtype: None,
         })
     }
 
@@ -113,9 +120,31 @@ impl CausalLm {
         &self.cfg
     }
 
-    /// An empty cache for this model.
-    pub fn new_cache(&self) -> LmCache {
-        LmCache { layers: vec![KvBuffer::default(); self.layers.len()] }
+    /// How the caches of [`new_cache`](Self::new_cache) keep keys and values: `None` (the
+    /// default) in dense f32 buffers attended by the flash kernels; `Some(dtype)` in an
+    /// [`attn::cache::PagedCache`] of 16-position pages stored as `dtype` (quantized on write),
+    /// attended by the paged kernel, prefill included, so every query reads the stored values.
+    pub fn set_kv_dtype(&mut self, kv: Option<KvDtype>) {
+        self.kv_dtype = kv;
+    }
+
+    /// An empty cache for this model (see [`set_kv_dtype`](Self::set_kv_dtype)).
+    pub fn new_cache(&self) -> Result<LmCache> {
+        let Some(dtype) = self.kv_dtype else { return Ok(self.dense_cache()) };
+        let c = &self.cfg;
+        let cfg = CacheConfig { page_size: PAGE_SIZE, heads: c.num_kv_heads, dk: c.head_dim, dv: c.head_dim, dtype };
+        let layers = (0..self.layers.len())
+            .map(|_| {
+                let mut pages = PagedCache::new(cfg)?;
+                let seq = pages.allocate();
+                Ok(LayerCache::Paged(Box::new(pages), seq))
+            })
+            .collect::<Result<_>>()?;
+        Ok(LmCache { layers })
+    }
+
+    fn dense_cache(&self) -> LmCache {
+        LmCache { layers: vec![LayerCache::Dense(KvBuffer::default()); self.layers.len()] }
     }
 
     /// The logits `[L, V]` of `ids` following the cached positions (a prompt's prefill, one
@@ -134,7 +163,7 @@ impl CausalLm {
     /// The attention weights `[Hq, L, L]` of every layer for the sequence `ids` (causal).
     pub fn attention_weights(&self, ids: &[u32]) -> Result<Vec<Tensor>> {
         let mut weights = Vec::with_capacity(self.layers.len());
-        self.run(ids, &mut self.new_cache(), Some(&mut weights), Positions::Last)?;
+        self.run(ids, &mut self.dense_cache(), Some(&mut weights), Positions::Last)?;
         weights.into_iter().map(|w| Ok(w.squeeze(0)?)).collect()
     }
 
@@ -180,7 +209,7 @@ impl CausalLm {
                 )));
             }
             if cache.layers.len() != self.layers.len() {
-                **cache = self.new_cache();
+                **cache = self.new_cache()?;
             }
         }
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
@@ -197,7 +226,7 @@ impl CausalLm {
             x = (x * f64::from((self.cfg.hidden_size as f32).sqrt()))?;
         }
         for (i, layer) in self.layers.iter().enumerate() {
-            let mut kv: Vec<&mut KvBuffer> = caches.iter_mut().map(|c| &mut c.layers[i]).collect();
+            let mut kv: Vec<&mut LayerCache> = caches.iter_mut().map(|c| &mut c.layers[i]).collect();
             x = layer.forward(&x, &self.cfg, &mut kv, weights.as_deref_mut())?;
         }
         if logits == Positions::Last {

@@ -70,7 +70,7 @@ impl PagedCache {
         if cfg.heads == 0 || cfg.dk == 0 || cfg.dv == 0 {
             return bad("cache", format!("{} heads of Dk {} and Dv {}: none may be 0", cfg.heads, cfg.dk, cfg.dv));
         }
-        if cfg.dtype == KvDtype::Int8 && (cfg.dk % Q8_BLOCK != 0 || cfg.dv % Q8_BLOCK != 0) {
+        if cfg.dtype == KvDtype::Int8 && (!cfg.dk.is_multiple_of(Q8_BLOCK) || !cfg.dv.is_multiple_of(Q8_BLOCK)) {
             return bad(
                 "kv_dtype",
                 format!("int8 stores blocks of {Q8_BLOCK} along D; Dk {} and Dv {} must be multiples", cfg.dk, cfg.dv),
