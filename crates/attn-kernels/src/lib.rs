@@ -13,6 +13,8 @@
 //!   token-by-token recurrence and its exact backward.
 //! - [`paged`]: attention over a paged KV cache (FlashAttention's `block_table`), stored as
 //!   f32/f16/bf16 or quantized (q8_0, fp8 e4m3), many sequences of their own lengths per call.
+//! - [`rows`]: dot products of weight rows with a few input rows (a linear layer's decode step
+//!   for a small batch).
 //! - [`varlen`]: packed variable-length sequences (FlashAttention's `flash_attn_varlen_func`),
 //!   forward and backward, on the same kernels.
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
@@ -36,6 +38,7 @@ pub mod paged;
 mod prefetch;
 pub mod problem;
 pub mod reference;
+pub mod rows;
 pub mod score_mod;
 mod simd;
 mod softcap;

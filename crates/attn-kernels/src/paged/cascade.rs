@@ -3,7 +3,7 @@
 //! prefix's pages at once, so each prefix key is read once for the whole batch and meets a
 //! matrix of query rows instead of one row per sequence — and to their own suffix pages in a
 //! second, paged call; the two halves are merged by their log-sum-exps
-//! ([`merge_partials`](crate::merge::merge_partials)), which is exact.
+//! ([`merge_partials`]), which is exact.
 
 use crate::error::{AttnError, Result};
 use crate::merge::{fold_sinks, merge_partials, Partial};

@@ -32,9 +32,21 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
 struct LinearOp;
 
 /// The element types the products here run in.
-trait Real: WithDType {}
-impl Real for f32 {}
-impl Real for f64 {}
+trait Real: WithDType {
+    /// [`few_rows`]' dot products of a run of weight rows with the input rows.
+    fn row_dots(w: &[Self], x: &[Self], inn: usize, out: &mut [Self]);
+}
+impl Real for f32 {
+    /// On the kernels' SIMD layer (fused multiply-adds on the CPU's widest vectors).
+    fn row_dots(w: &[f32], x: &[f32], inn: usize, out: &mut [f32]) {
+        attn_kernels::rows::weight_row_dots(w, x, inn, out)
+    }
+}
+impl Real for f64 {
+    fn row_dots(w: &[f64], x: &[f64], inn: usize, out: &mut [f64]) {
+        row_dots_portable(w, x, inn, out)
+    }
+}
 
 /// A matrix read from `data` with row stride `rs` and column stride `cs` (elements).
 #[derive(Clone, Copy)]
@@ -111,7 +123,7 @@ fn forward<T: Real>(x: &[T], w: &[T], b: &[T], (rows, inn): (usize, usize)) -> V
 }
 
 /// Up to this many input rows (decode steps of a small batch) take [`few_rows`].
-const FEW_ROWS: usize = 8;
+const FEW_ROWS: usize = attn_kernels::rows::MAX_ROWS;
 
 /// `y[r, o] += w[o, :]·x[r, :]` for `w: [out, in]` row-major and a few rows `x: [rows, in]`: where
 /// `gemm`'s general path reads the weights at well under the memory's speed. Each weight row is
@@ -121,7 +133,29 @@ fn few_rows<T: Real>(y: &mut [T], x: &[T], w: &[T], (rows, inn): (usize, usize))
     use rayon::prelude::*;
     let out = y.len() / rows;
     assert!(x.len() == rows * inn && w.len() == out * inn, "few_rows: weight of {} for [{out}, {inn}]", w.len());
+    if inn == 0 {
+        return; // every dot product is empty
+    }
+    // Outputs per task: enough to amortise a task, few enough to share them among the threads.
+    let per_task = (out / (4 * rayon::current_num_threads())).clamp(16, 1024);
+    // Computed as [out, rows] (each task a run of weight rows), then added into y's [rows, out].
+    let mut transposed = vec![T::zero(); out * rows];
+    transposed.par_chunks_mut(per_task * rows).enumerate().for_each(|(c, part)| {
+        let n = part.len() / rows;
+        T::row_dots(&w[c * per_task * inn..][..n * inn], x, inn, part);
+    });
+    for (o, ys) in transposed.chunks_exact(rows).enumerate() {
+        for (r, &v) in ys.iter().enumerate() {
+            y[r * out + o] += v;
+        }
+    }
+}
+
+/// `out[o, r] = w[o, :]·x[r, :]` (`w: [n, inn]`, `x: [rows, inn]`, `out: [n, rows]`) in plain
+/// Rust: sixteen partial sums keep the adds independent.
+fn row_dots_portable<T: WithDType>(w: &[T], x: &[T], inn: usize, out: &mut [T]) {
     const LANES: usize = 16;
+    let rows = x.len() / inn;
     let dot = |row: &[T], xs: &[T]| -> T {
         let mut acc = [T::zero(); LANES];
         for (r, v) in row.chunks_exact(LANES).zip(xs.chunks_exact(LANES)) {
@@ -132,22 +166,9 @@ fn few_rows<T: Real>(y: &mut [T], x: &[T], w: &[T], (rows, inn): (usize, usize))
         let tail = (inn - inn % LANES..inn).fold(T::zero(), |s, i| s + row[i] * xs[i]);
         acc.iter().fold(tail, |s, &a| s + a)
     };
-    // Outputs per task: enough to amortise a task, few enough to share them among the threads.
-    let per_task = (out / (4 * rayon::current_num_threads())).clamp(16, 1024);
-    // Computed as [out, rows] (each task a run of weight rows), then added into y's [rows, out].
-    let mut transposed = vec![T::zero(); out * rows];
-    transposed.par_chunks_mut(per_task * rows).enumerate().for_each(|(c, part)| {
-        for (i, ys) in part.chunks_exact_mut(rows).enumerate() {
-            let o = c * per_task + i;
-            let row = &w[o * inn..(o + 1) * inn];
-            for (r, yr) in ys.iter_mut().enumerate() {
-                *yr = dot(row, &x[r * inn..(r + 1) * inn]);
-            }
-        }
-    });
-    for (o, ys) in transposed.chunks_exact(rows).enumerate() {
-        for (r, &v) in ys.iter().enumerate() {
-            y[r * out + o] += v;
+    for (row, ys) in w.chunks_exact(inn).zip(out.chunks_exact_mut(rows)) {
+        for (r, yr) in ys.iter_mut().enumerate() {
+            *yr = dot(row, &x[r * inn..(r + 1) * inn]);
         }
     }
 }
