@@ -217,16 +217,7 @@ impl PagedCache {
             row.iter_mut().zip(&s.pages).for_each(|(t, &p)| *t = p as i32);
         }
         let seqlens: Vec<i32> = lists.iter().map(|s| s.len as i32).collect();
-        let cache = PagedKv {
-            k: self.k.pages(&self.unit),
-            v: self.v.pages(&self.unit),
-            page_size: self.cfg.page_size,
-            heads: self.cfg.heads,
-            dk: self.cfg.dk,
-            dv: self.cfg.dv,
-            block_table: &table,
-            seqlens: &seqlens,
-        };
+        let cache = self.kernel_view(&table, &seqlens);
         let qd = float_values::<f32>("q", q)?;
         let mut out = vec![0.0f32; b * hq * lq * self.cfg.dv];
         let mut lse = vec![0.0f32; b * hq * lq];
@@ -243,22 +234,28 @@ impl PagedCache {
         let s = self.seq(seq)?;
         let table: Vec<i32> = if s.pages.is_empty() { vec![0] } else { s.pages.iter().map(|&p| p as i32).collect() };
         let lens = [s.len as i32];
-        let cache = PagedKv {
-            k: self.k.pages(&self.unit),
-            v: self.v.pages(&self.unit),
-            page_size: self.cfg.page_size,
-            heads: self.cfg.heads,
-            dk: self.cfg.dk,
-            dv: self.cfg.dv,
-            block_table: &table,
-            seqlens: &lens,
-        };
+        let cache = self.kernel_view(&table, &lens);
         let (k, v) = cache.gather(0);
         let dev = &candle_core::Device::Cpu;
         Ok((
             Tensor::from_vec(k, (self.cfg.heads, s.len, self.cfg.dk), dev)?,
             Tensor::from_vec(v, (self.cfg.heads, s.len, self.cfg.dv), dev)?,
         ))
+    }
+
+    /// The kernels' view of the pages with a block table and lengths.
+    fn kernel_view<'a>(&'a self, block_table: &'a [i32], seqlens: &'a [i32]) -> PagedKv<'a> {
+        let c = self.cfg;
+        PagedKv {
+            k: self.k.pages(&self.unit),
+            v: self.v.pages(&self.unit),
+            page_size: c.page_size,
+            heads: c.heads,
+            dk: c.dk,
+            dv: c.dv,
+            block_table,
+            seqlens,
+        }
     }
 
     fn seq(&self, seq: SeqId) -> Result<&Seq> {
