@@ -36,14 +36,17 @@ D]`` with ``block_table: [B, max_pages]`` (int32 page numbers); ``cache_seqlens`
 ``[B]``, default: the cache full) says how many positions of each sequence hold keys. New ``k, v:
 [B, Lnew, Hkv, D]`` are written into the cache (in place) at ``cache_seqlens`` first; each
 sequence then attends its first ``cache_seqlens[b] + Lnew`` keys, causal and window aligned to its
-own last key → ``[B, Lq, Hq, Dv]`` (and ``softmax_lse [B, Hq, Lq]``, float32). Every sequence is
+own last key → ``[B, Lq, Hq, Dv]`` (and ``softmax_lse [B, Hq, Lq]``, float32, or float64 for
+float64 inputs). Every sequence is
 attended in one call of attn's paged kernel, reading the pages in place (float32, float16 or
 bfloat16; a dense cache is B pages of ``Lmax`` positions), a long sequence's keys split over the
 threads and merged by their log-sum-exps; queries are computed in float32 and the output returned
 in q's dtype. With ``alibi_slopes``, or in float64 (attn's float64 kernel), each sequence is
-attended alone over its keys gathered from the cache. Not
-differentiable (FlashAttention's is not either); rotary embedding inside the call
-(``rotary_cos``/``rotary_sin``) is not taken: apply it before.
+attended alone over its keys gathered from the cache. Not differentiable (FlashAttention's is
+not either). A row that sees no key (an empty cache and no
+new keys) gives output 0 and ``softmax_lse`` −∞, ``logsumexp``'s value over no terms
+(FlashAttention's CUDA kernels write +∞ there on their unsplit path and −∞ on the split one).
+Rotary embedding inside the call (``rotary_cos``/``rotary_sin``) is not taken: apply it before.
 """
 
 import torch
