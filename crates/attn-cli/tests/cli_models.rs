@@ -1,7 +1,7 @@
 //! The real-model commands' JSON contracts, on the real models (fetched into the cache on first
 //! use): `attn embed --json` (dimension, order, unit vectors, equal to the library's), `attn
 //! generate --json` (greedy ids equal to transformers', `--ignore-eos`, rates), `attn perplexity
-//! --json`; and their errors as one line with exit code 1.
+//! --json`, both with `--kv-dtype`; and their errors as one line with exit code 1.
 
 use std::process::{Command, Output};
 
@@ -169,4 +169,40 @@ fn generate_decodes_several_prompts_as_one_batch_one_json_line_each() {
         assert_eq!(line["ids"], serde_json::json!(want[..6]));
         assert!(line["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
     }
+}
+
+#[test]
+fn perplexity_and_generate_take_a_kv_dtype() {
+    let text = "/usr/share/common-licenses/GPL-3";
+    let ppl = |kv: &[&str]| {
+        let mut args = vec!["perplexity", "--model", "smollm2", "--text", text, "--context", "128", "--json"];
+        args.extend_from_slice(kv);
+        json_of(&args)
+    };
+    let (dense, paged, int8) = (ppl(&[]), ppl(&["--kv-dtype", "f32"]), ppl(&["--kv-dtype", "int8"]));
+    assert_eq!(
+        (&dense["kv_dtype"], &paged["kv_dtype"], &int8["kv_dtype"]),
+        (&Value::Null, &"f32".into(), &"int8".into())
+    );
+    let nll = |v: &Value| v["nll"].as_f64().unwrap();
+    assert!((nll(&paged) / nll(&dense) - 1.0).abs() < 1e-5, "{} vs {}", nll(&paged), nll(&dense));
+    let off = nll(&int8) / nll(&paged) - 1.0;
+    assert!(off != 0.0 && off.abs() < 0.01, "int8 cache off by {off}");
+    let g = json_of(&[
+        "generate",
+        "--model",
+        "smollm2",
+        "--max-new-tokens",
+        "4",
+        "--ignore-eos",
+        "--json",
+        "--kv-dtype",
+        "fp8",
+        "Paris is",
+    ]);
+    assert_eq!(g["ids"].as_array().unwrap().len(), 4);
+    let out = attn(&["perplexity", "--model", "smollm2", "--text", text, "--kv-dtype", "int4"]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("int4") && stderr.contains("f32, f16, bf16, int8, fp8"), "{stderr}");
 }

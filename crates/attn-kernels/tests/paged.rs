@@ -74,6 +74,9 @@ struct Case {
     window: Option<Window>,
     softcap: Option<f64>,
     sinks: Option<Vec<f32>>,
+    /// Pages handed out in order (sequence 0's first, each sequence's consecutive) instead of
+    /// shuffled.
+    in_order: bool,
 }
 
 impl Case {
@@ -83,7 +86,19 @@ impl Case {
     }
 
     fn new(hq: usize, hkv: usize, lq: usize, d: usize, page_size: usize, lens: &[usize]) -> Case {
-        Case { hq, hkv, lq, d, page_size, lens: lens.to_vec(), causal: true, window: None, softcap: None, sinks: None }
+        Case {
+            hq,
+            hkv,
+            lq,
+            d,
+            page_size,
+            lens: lens.to_vec(),
+            causal: true,
+            window: None,
+            softcap: None,
+            sinks: None,
+            in_order: false,
+        }
     }
 }
 
@@ -104,7 +119,7 @@ fn data(c: &Case, seed: u64) -> Data {
     let max_pages = pages_of.iter().copied().max().unwrap_or(0) + 1;
     let np = pages_of.iter().sum::<usize>() + 1;
     let mut order: Vec<usize> = (0..np).collect();
-    for i in (1..np).rev() {
+    for i in (1..np).rev().filter(|_| !c.in_order) {
         order.swap(i, rng.below(i + 1));
     }
     let mut table = vec![-1i32; c.lens.len() * max_pages];
@@ -343,6 +358,7 @@ fn cascade_attention_equals_the_flat_cache_under_the_oracle_rule() {
         ("decode", base.clone_with(1, true)),
         ("chunked prefill of 3", base.clone_with(3, true)),
         ("non-causal", base.clone_with(2, false)),
+        ("prefix pages in order (read in place)", Case { in_order: true, ..base.clone_with(2, true) }),
         (
             "sinks and soft-cap",
             Case {

@@ -1,14 +1,16 @@
 //! Cascade attention (FlashInfer's): sequences sharing a prefix (a system prompt, few-shot
 //! examples) attend to it in one pass — every query row of every sharing sequence against the
-//! prefix's pages at once, so each prefix key is read once for the whole batch and meets a
-//! matrix of query rows instead of one row per sequence — and to their own suffix pages in a
-//! second, paged call; the two halves are merged by their log-sum-exps
-//! ([`merge_partials`]), which is exact.
+//! prefix at once, the rows of the query heads that share a key/value head stacked into one
+//! matrix, run by the flash forward kernel (prefill-shaped: each prefix key read once for the
+//! whole batch) on the pages in place when they are consecutive and unquantized, else on the
+//! prefix gathered and dequantized — and to their own suffix pages in a second, paged call; the
+//! two halves are merged by their log-sum-exps ([`merge_partials`]), which is exact.
 
 use crate::error::{AttnError, Result};
 use crate::merge::{fold_sinks, merge_partials, Partial};
-use crate::paged::{paged_attention, PagedKv, PagedParams};
+use crate::paged::{paged_attention, PagedKv, PagedParams, Pages};
 use crate::view::View4;
+use crate::{attention, AttnParams, Isa, Kernel, KvView};
 
 /// `out: [B, Hq, Lq, Dv]` and `lse: [B, Hq, Lq]` of `q: [B, Hq, Lq, Dk]` against, for each
 /// sequence `b`, the shared `prefix` (one sequence: its block table one row, `seqlens` its
@@ -74,10 +76,24 @@ pub fn cascade_attention(
             }
         }
     }
-    let shared = PagedParams { causal: false, sinks: None, ..*p };
-    let mut po = vec![0.0f32; hq * rows * dv];
-    let mut pl = vec![0.0f32; hq * rows];
-    paged_attention(&View4::contiguous("q", &qp, [1, hq, rows, dk])?, prefix, &shared, &mut po, &mut pl)?;
+    // Query heads sharing a key/value head are consecutive in `qp`: as `[1, Hkv, G·B·Lq, Dk]` they
+    // are one matrix of rows per key/value head, the flash forward's prefill shape.
+    let (hkv, n) = (prefix.heads, prefix.check(1)?[0]);
+    let qf = View4::contiguous("q", &qp, [1, hkv, hq / hkv * rows, dk])?;
+    let shared = AttnParams { scale: p.scale, softcap: p.softcap, ..Default::default() };
+    let gathered;
+    let (kview, vview) = match dense_prefix(prefix, n)? {
+        Some(views) => views,
+        None => {
+            gathered = prefix.gather(0);
+            (
+                KvView::F32(View4::contiguous("prefix k", &gathered.0, [1, hkv, n, dk])?),
+                KvView::F32(View4::contiguous("prefix v", &gathered.1, [1, hkv, n, dv])?),
+            )
+        }
+    };
+    let r = attention(Kernel::Flash(Isa::best()), &qf, &kview, &vview, &shared, false)?;
+    let (po, pl) = (r.out, r.lse);
     // Back to `[B, Hq, Lq]` order, then merged with the suffix halves.
     let mut ro = vec![0.0f32; so.len()];
     let mut rl = vec![0.0f32; sl.len()];
@@ -96,4 +112,25 @@ pub fn cascade_attention(
         fold_sinks(sinks, lq, dv, out, lse)?;
     }
     Ok(())
+}
+
+/// The prefix's keys and values as `[1, Hkv, n, D]` views of the pages themselves, when its pages
+/// are consecutive in the storage and unquantized (`None` otherwise: the caller gathers them).
+fn dense_prefix<'a>(prefix: &PagedKv<'a>, n: usize) -> Result<Option<(KvView<'a>, KvView<'a>)>> {
+    let pages = n.div_ceil(prefix.page_size);
+    let table = &prefix.block_table[..pages.min(prefix.block_table.len())];
+    if n == 0 || table.windows(2).any(|w| w[1] != w[0] + 1) {
+        return Ok(None);
+    }
+    let first = table[0] as usize * prefix.page_size;
+    let view = |pages: &Pages<'a>, d: usize, name| -> Result<Option<KvView<'a>>> {
+        let (start, dims, strides) = (first * prefix.heads * d, [1, prefix.heads, n, d], [0, d, prefix.heads * d]);
+        Ok(Some(match *pages {
+            Pages::F32(x) => KvView::F32(View4::strided(name, &x[start..], dims, strides)?),
+            Pages::F16(x) => KvView::F16(View4::strided(name, &x[start..], dims, strides)?),
+            Pages::Bf16(x) => KvView::Bf16(View4::strided(name, &x[start..], dims, strides)?),
+            _ => return Ok(None),
+        }))
+    };
+    Ok(view(&prefix.k, prefix.dk, "prefix k")?.zip(view(&prefix.v, prefix.dv, "prefix v")?))
 }
