@@ -57,6 +57,12 @@ from . import _attn
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 
+def _window(window_size):
+    """FlashAttention's ``(left, right)``, ``-1`` unbounded, as attn's window (``None``: none)."""
+    left, right = window_size
+    return None if (left < 0 and right < 0) else (None if left < 0 else int(left), None if right < 0 else int(right))
+
+
 def _alibi_bias(slopes, b, h, lq, lk, dtype):
     """``−slope·|i + Lk − Lq − j|`` as a float mask ``[B or 1, Hq, Lq, Lk]``."""
     slopes = torch.as_tensor(slopes)
@@ -80,8 +86,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
     b, lq, hq, _ = q.shape
     lk, hkv = k.shape[1], k.shape[2]
-    left, right = window_size
-    window = None if (left < 0 and right < 0) else (None if left < 0 else int(left), None if right < 0 else int(right))
+    window = _window(window_size)
     mask = None if alibi_slopes is None else _alibi_bias(alibi_slopes, b, hq, lq, lk, q.dtype)
     result = sdpa(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, dropout_p=dropout_p,
@@ -197,8 +202,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         # sequence b's: one kernel call either way, every sequence against its own length.
         table = block_table if paged else torch.arange(batch, dtype=torch.int32).view(batch, 1)
         pages = [c if c.is_contiguous() else c.contiguous() for c in (k_cache, v_cache)]
-        left, right = window_size
-        window = None if (left < 0 and right < 0) else (None if left < 0 else int(left), None if right < 0 else int(right))
+        window = _window(window_size)
         out, lse = _attn.paged_forward(
             to_dlpack(q.detach().transpose(1, 2).float()), to_dlpack(pages[0].detach()), to_dlpack(pages[1].detach()),
             table.to(torch.int32).flatten().tolist(), lengths, softmax_scale, bool(causal), window,
