@@ -4,20 +4,17 @@
 //! length 0 and 1, decode and chunked prefill (bottom-right causal), windows crossing page
 //! boundaries, soft-capping, sinks, grouped heads and sequences long enough to be split over
 //! shards; the quantized caches' distance from the f32 one; every malformed input refused by
-//! name; and cascade attention (a shared prefix in one pass, the suffixes in another) against the
-//! reference on the flat cache.
+//! name. Its cache builders serve `paged_cascade.rs` too.
 
 use crate::common::Rng;
 
-use attn_kernels::paged::{
-    cascade_attention, fp8_encode, paged_attention, q8_encode, PagedKv, PagedParams, Pages, FP8_MAX, Q8_BLOCK,
-};
+use attn_kernels::paged::{fp8_encode, paged_attention, q8_encode, PagedKv, PagedParams, Pages, FP8_MAX, Q8_BLOCK};
 use attn_kernels::{reference, Align, AttnError, AttnParams, MaskSpec, View4, Window};
 use attn_testkit::oracle::{check, OUTPUT_FACTOR};
 use half::{bf16, f16};
 
 /// One tensor of a cache in a storage.
-enum Store {
+pub(crate) enum Store {
     F32(Vec<f32>),
     F16(Vec<f16>),
     Bf16(Vec<bf16>),
@@ -27,7 +24,7 @@ enum Store {
 
 impl Store {
     /// `x: [num_pages, page_size, heads, d]` stored as `kind`.
-    fn new(kind: &str, x: &[f32], heads: usize, d: usize) -> Store {
+    pub(crate) fn new(kind: &str, x: &[f32], heads: usize, d: usize) -> Store {
         match kind {
             "f32" => Store::F32(x.to_vec()),
             "f16" => Store::F16(x.iter().map(|&v| f16::from_f32(v)).collect()),
@@ -63,29 +60,29 @@ impl Store {
 }
 
 /// A paged call's inputs.
-struct Case {
-    hq: usize,
-    hkv: usize,
-    lq: usize,
-    d: usize,
-    page_size: usize,
-    lens: Vec<usize>,
-    causal: bool,
-    window: Option<Window>,
-    softcap: Option<f64>,
-    sinks: Option<Vec<f32>>,
+pub(crate) struct Case {
+    pub(crate) hq: usize,
+    pub(crate) hkv: usize,
+    pub(crate) lq: usize,
+    pub(crate) d: usize,
+    pub(crate) page_size: usize,
+    pub(crate) lens: Vec<usize>,
+    pub(crate) causal: bool,
+    pub(crate) window: Option<Window>,
+    pub(crate) softcap: Option<f64>,
+    pub(crate) sinks: Option<Vec<f32>>,
     /// Pages handed out in order (sequence 0's first, each sequence's consecutive) instead of
     /// shuffled.
-    in_order: bool,
+    pub(crate) in_order: bool,
 }
 
 impl Case {
     /// The same case with `lq` queries per sequence, causal or not.
-    fn clone_with(&self, lq: usize, causal: bool) -> Case {
+    pub(crate) fn clone_with(&self, lq: usize, causal: bool) -> Case {
         Case { lq, causal, lens: self.lens.clone(), sinks: self.sinks.clone(), ..*self }
     }
 
-    fn new(hq: usize, hkv: usize, lq: usize, d: usize, page_size: usize, lens: &[usize]) -> Case {
+    pub(crate) fn new(hq: usize, hkv: usize, lq: usize, d: usize, page_size: usize, lens: &[usize]) -> Case {
         Case {
             hq,
             hkv,
@@ -104,16 +101,16 @@ impl Case {
 
 /// The cache's f32 pages, block table (pages of each sequence in random order among all pages, a
 /// spare page never used) and the queries.
-struct Data {
-    k: Vec<f32>,
-    v: Vec<f32>,
-    table: Vec<i32>,
-    max_pages: usize,
-    lens: Vec<i32>,
-    q: Vec<f32>,
+pub(crate) struct Data {
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+    pub(crate) table: Vec<i32>,
+    pub(crate) max_pages: usize,
+    pub(crate) lens: Vec<i32>,
+    pub(crate) q: Vec<f32>,
 }
 
-fn data(c: &Case, seed: u64) -> Data {
+pub(crate) fn data(c: &Case, seed: u64) -> Data {
     let mut rng = Rng::new(seed);
     let pages_of: Vec<usize> = c.lens.iter().map(|n| n.div_ceil(c.page_size)).collect();
     let max_pages = pages_of.iter().copied().max().unwrap_or(0) + 1;
@@ -147,7 +144,7 @@ fn data(c: &Case, seed: u64) -> Data {
     }
 }
 
-fn cache<'a>(c: &Case, dt: &'a Data, k: &'a Store, v: &'a Store) -> PagedKv<'a> {
+pub(crate) fn cache<'a>(c: &Case, dt: &'a Data, k: &'a Store, v: &'a Store) -> PagedKv<'a> {
     PagedKv {
         k: k.pages(),
         v: v.pages(),
@@ -160,7 +157,7 @@ fn cache<'a>(c: &Case, dt: &'a Data, k: &'a Store, v: &'a Store) -> PagedKv<'a> 
     }
 }
 
-fn params(c: &Case) -> PagedParams<'_> {
+pub(crate) fn params(c: &Case) -> PagedParams<'_> {
     PagedParams { scale: None, causal: c.causal, window: c.window, softcap: c.softcap, sinks: c.sinks.as_deref() }
 }
 
@@ -174,7 +171,7 @@ fn fast(c: &Case, kv: &PagedKv, q: &[f32]) -> (Vec<f32>, Vec<f32>) {
 }
 
 /// The reference in `T` on each sequence's gathered cache, concatenated as the kernel lays them.
-fn reference_on_gathered<T: attn_kernels::Real>(c: &Case, kv: &PagedKv, q: &[f32]) -> (Vec<T>, Vec<T>) {
+pub(crate) fn reference_on_gathered<T: attn_kernels::Real>(c: &Case, kv: &PagedKv, q: &[f32]) -> (Vec<T>, Vec<T>) {
     let t = |x: &[f32]| x.iter().map(|&v| T::from(v).unwrap()).collect::<Vec<T>>();
     let sinks = c.sinks.as_deref().map(t);
     let (mut out, mut lse) = (Vec::new(), Vec::new());
@@ -210,7 +207,7 @@ fn assert_oracle(name: &str, c: &Case, kind: &str, seed: u64) {
     check(&format!("{name} ({kind}) lse"), &lse, &r_lse, &n_lse, OUTPUT_FACTOR).unwrap();
 }
 
-const KINDS: [&str; 5] = ["f32", "f16", "bf16", "int8", "fp8"];
+pub(crate) const KINDS: [&str; 5] = ["f32", "f16", "bf16", "int8", "fp8"];
 
 fn cases() -> Vec<(&'static str, Case)> {
     vec![
@@ -326,83 +323,4 @@ fn malformed_caches_are_refused_by_name() {
     let (mut o, mut l) = (vec![0.0; 5], vec![0.0; 8]);
     let e = field(paged_attention(&q, &good, &p, &mut o, &mut l).unwrap_err());
     assert_eq!(e, "output out");
-}
-
-/// A flat cache whose sequences share their first `prefix` positions (sequence 0's pages), and
-/// the same cache cut for cascade attention: the prefix's table row and the suffixes' rows.
-struct Shared {
-    flat: Vec<i32>,
-    prefix_table: Vec<i32>,
-    suffix_table: Vec<i32>,
-    suffix_lens: Vec<i32>,
-}
-
-fn shared(c: &Case, dt: &Data, prefix: usize) -> Shared {
-    let (mp, np) = (dt.max_pages, prefix / c.page_size);
-    let mut flat = dt.table.clone();
-    for s in 1..c.lens.len() {
-        flat.copy_within(0..np, s * mp);
-    }
-    let mut suffix_table = vec![0i32; c.lens.len() * mp];
-    for s in 0..c.lens.len() {
-        suffix_table[s * mp..s * mp + mp - np].copy_from_slice(&flat[s * mp + np..(s + 1) * mp]);
-    }
-    let suffix_lens = c.lens.iter().map(|&n| (n - prefix) as i32).collect();
-    Shared { prefix_table: flat[..np].to_vec(), flat, suffix_table, suffix_lens }
-}
-
-#[test]
-fn cascade_attention_equals_the_flat_cache_under_the_oracle_rule() {
-    let base = Case::new(6, 2, 1, 32, 16, &[48 + 5, 48 + 3, 48 + 40, 48 + 17]);
-    let cases = [
-        ("decode", base.clone_with(1, true)),
-        ("chunked prefill of 3", base.clone_with(3, true)),
-        ("non-causal", base.clone_with(2, false)),
-        ("prefix pages in order (read in place)", Case { in_order: true, ..base.clone_with(2, true) }),
-        (
-            "sinks and soft-cap",
-            Case {
-                sinks: Some(vec![0.5, -1.0, f32::NEG_INFINITY, 2.0, 0.0, 1.0]),
-                softcap: Some(4.0),
-                ..base.clone_with(1, true)
-            },
-        ),
-    ];
-    for (name, c) in &cases {
-        for kind in KINDS {
-            let dt = data(c, 21);
-            let sh = shared(c, &dt, 48);
-            let (k, v) = (Store::new(kind, &dt.k, c.hkv, c.d), Store::new(kind, &dt.v, c.hkv, c.d));
-            let flat = PagedKv { block_table: &sh.flat, ..cache(c, &dt, &k, &v) };
-            let prefix = PagedKv { block_table: &sh.prefix_table, seqlens: &[48], ..flat };
-            let suffix = PagedKv { block_table: &sh.suffix_table, seqlens: &sh.suffix_lens, ..flat };
-            let b = c.lens.len();
-            let q = View4::contiguous("q", &dt.q, [b, c.hq, c.lq, c.d]).unwrap();
-            let (mut out, mut lse) = (vec![f32::NAN; b * c.hq * c.lq * c.d], vec![f32::NAN; b * c.hq * c.lq]);
-            cascade_attention(&q, &prefix, &suffix, &params(c), &mut out, &mut lse).unwrap();
-            let (r_out, r_lse) = reference_on_gathered::<f64>(c, &flat, &dt.q);
-            let (n_out, n_lse) = reference_on_gathered::<f32>(c, &flat, &dt.q);
-            check(&format!("cascade {name} ({kind}) out"), &out, &r_out, &n_out, OUTPUT_FACTOR).unwrap();
-            check(&format!("cascade {name} ({kind}) lse"), &lse, &r_lse, &n_lse, OUTPUT_FACTOR).unwrap();
-        }
-    }
-    let c = base.clone_with(1, true);
-    let dt = data(&c, 2);
-    let sh = shared(&c, &dt, 48);
-    let (k, v) = (Store::new("f32", &dt.k, c.hkv, c.d), Store::new("f32", &dt.v, c.hkv, c.d));
-    let flat = PagedKv { block_table: &sh.flat, ..cache(&c, &dt, &k, &v) };
-    let prefix = PagedKv { block_table: &sh.prefix_table, seqlens: &[48], ..flat };
-    let suffix = PagedKv { block_table: &sh.suffix_table, seqlens: &sh.suffix_lens, ..flat };
-    let q = View4::contiguous("q", &dt.q, [4, 6, 1, 32]).unwrap();
-    let (mut o, mut l) = (vec![0.0; 4 * 6 * 32], vec![0.0; 24]);
-    let window = PagedParams { window: Some(Window { left: Some(4), right: None }), ..params(&c) };
-    let e = cascade_attention(&q, &prefix, &suffix, &window, &mut o, &mut l).unwrap_err().to_string();
-    assert!(e.contains("window"), "{e}");
-    let two = PagedKv { seqlens: &[48, 48], ..prefix };
-    let e = cascade_attention(&q, &two, &suffix, &params(&c), &mut o, &mut l).unwrap_err().to_string();
-    assert!(e.contains("prefix seqlens"), "{e}");
-    let e = cascade_attention(&q, &prefix, &PagedKv { seqlens: &[0, 3, 1, 1], ..suffix }, &params(&c), &mut o, &mut l)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("cache_seqlens: suffix 0 holds 0 positions"), "{e}");
 }

@@ -39,6 +39,8 @@ mod linear_segments;
 mod merge;
 #[path = "paged.rs"]
 mod paged;
+#[path = "paged_cascade.rs"]
+mod paged_cascade;
 #[path = "properties.rs"]
 mod properties;
 #[path = "score_mod.rs"]
