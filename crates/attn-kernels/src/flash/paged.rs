@@ -19,7 +19,7 @@ use crate::error::{AttnError, Result};
 use crate::lse::lse_parts;
 use crate::mask::{Align, Band};
 use crate::merge::{fold_sinks, merge_row};
-use crate::paged::{layout, Layout, PagedKv, PagedParams, Pages};
+use crate::paged::{fp8_decode, layout, Layout, PagedKv, PagedParams, Pages, Q8_BLOCK};
 use crate::simd::{self, KvElem, Simd, SimdJob, Target};
 use crate::view::View4;
 
@@ -212,6 +212,13 @@ impl<B: Fn(usize) -> Band + Sync> SimdJob for TaskJob<'_, B> {
             let n = CHUNK.min(keys.end - j0);
             w.slots.clear();
             w.slots.extend((j0..j0 + n).map(slot));
+            // The next chunk's rows asked for now: its pages lie anywhere, where no hardware
+            // prefetcher follows.
+            for j in j0 + n..keys.end.min(j0 + n + CHUNK) {
+                let r = slot(j) + h0;
+                c.k.prefetch(r..r + nh, dk);
+                c.v.prefetch(r..r + nh, dv);
+            }
             // Keys of every head the block uses gathered slot by slot: each slot's heads are one run
             // of memory, so the reads stream.
             for (x, &r) in w.slots.iter().enumerate() {
@@ -322,8 +329,8 @@ unsafe fn softmax_row<S: Simd>(
     }
 }
 
-/// Row `r` of `pages` (`d` elements) as f32 in `out`: f32/f16/bf16 widened with `S`'s vectors,
-/// q8_0 and e4m3 dequantized.
+/// Row `r` of `pages` (`d` elements) as f32 in `out`: f32/f16/bf16 widened and q8_0/e4m3
+/// decoded with `S`'s vectors (to the values `Pages::widen_row` gives, which the oracle reads).
 ///
 /// # Safety
 /// The CPU has `S`'s instruction set; row `r` exists in `pages` (`PagedKv::check`).
@@ -335,7 +342,27 @@ unsafe fn widen<S: Simd>(pages: &Pages, r: usize, heads: usize, d: usize, out: &
             Pages::F32(x) => out.copy_from_slice(&x[r * d..][..d]),
             Pages::F16(x) => widen_elems::<S, _>(&x[r * d..][..d], out),
             Pages::Bf16(x) => widen_elems::<S, _>(&x[r * d..][..d], out),
-            _ => pages.widen_row(r, heads, d, out),
+            Pages::Q8 { values, scales } => {
+                // `d` is a multiple of the block (`PagedKv::check`), and the block of every `S::W`.
+                let nb = d / Q8_BLOCK;
+                for (b, scale) in scales[r * nb..][..nb].iter().enumerate() {
+                    let (src, dst) = (values[r * d + b * Q8_BLOCK..].as_ptr(), out[b * Q8_BLOCK..].as_mut_ptr());
+                    let sv = S::splat(scale.to_f32());
+                    for c in (0..Q8_BLOCK).step_by(S::W) {
+                        S::store(dst.add(c), S::mul(S::load_i8(src.add(c)), sv));
+                    }
+                }
+            }
+            Pages::Fp8 { values, scales } => {
+                let (src, scale) = (&values[r * d..][..d], scales[r % heads]);
+                let (whole, sv) = (d / S::W * S::W, S::splat(scale));
+                for c in (0..whole).step_by(S::W) {
+                    S::store(out.as_mut_ptr().add(c), S::mul(S::load_fp8(src.as_ptr().add(c)), sv));
+                }
+                for (o, &b) in out[whole..].iter_mut().zip(&src[whole..]) {
+                    *o = fp8_decode(b) * scale;
+                }
+            }
         }
     }
 }

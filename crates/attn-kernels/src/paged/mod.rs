@@ -66,7 +66,25 @@ impl Pages<'_> {
         }
     }
 
-    /// Row `r` (`r = (page · page_size + slot) · Hkv + head`, of `d` elements) widened into `out`.
+    /// Asks for rows `rows` (of `d` elements, as [`Pages::widen_row`] numbers them) in the L2 cache.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, rows: std::ops::Range<usize>, d: usize) {
+        use crate::prefetch::{lines, L2};
+        let span = rows.start * d..rows.end * d;
+        match self {
+            Pages::F32(x) => lines::<L2, _>(&x[span]),
+            Pages::F16(x) => lines::<L2, _>(&x[span]),
+            Pages::Bf16(x) => lines::<L2, _>(&x[span]),
+            Pages::Q8 { values, scales } => {
+                lines::<L2, _>(&scales[span.start / Q8_BLOCK..span.end / Q8_BLOCK]);
+                lines::<L2, _>(&values[span]);
+            }
+            Pages::Fp8 { values, .. } => lines::<L2, _>(&values[span]),
+        }
+    }
+
+    /// Row `r` (`r = (page · page_size + slot) · Hkv + head`, of `d` elements) widened into `out`,
+    /// element by element: the definition the kernel's vector decoding matches.
     #[inline(always)]
     pub(crate) fn widen_row(&self, r: usize, heads: usize, d: usize, out: &mut [f32]) {
         let span = r * d..(r + 1) * d;

@@ -165,4 +165,36 @@ mod tests {
             assert_eq!(on_isa(isa, || 3 + 4), 7);
         }
     }
+
+    /// Every byte through `load_i8` and `load_fp8`, `W` lanes at a time.
+    struct Bytes;
+
+    impl SimdJob for Bytes {
+        type Out = (Vec<f32>, Vec<f32>);
+        #[inline(always)]
+        unsafe fn run<S: Simd>(self) -> Self::Out {
+            let codes: Vec<u8> = (0..=255).collect();
+            let (mut ints, mut fp8s) = (vec![0.0f32; 256], vec![0.0f32; 256]);
+            for c in (0..256).step_by(S::W) {
+                // SAFETY: the CPU has `S` (the caller's contract); `c + W ≤ 256` for every slice.
+                unsafe {
+                    S::store(ints.as_mut_ptr().add(c), S::load_i8(codes.as_ptr().add(c) as *const i8));
+                    S::store(fp8s.as_mut_ptr().add(c), S::load_fp8(codes.as_ptr().add(c)));
+                }
+            }
+            (ints, fp8s)
+        }
+    }
+
+    #[test]
+    fn byte_loads_decode_every_code_as_the_scalar_definitions_do() {
+        for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|i| i.is_available()) {
+            let (ints, fp8s) = Target::new(isa).run(Bytes);
+            for b in 0..=255u8 {
+                assert_eq!(ints[b as usize], f32::from(b as i8), "{isa:?} int8 {b:#04x}");
+                let want = crate::paged::fp8_decode(b);
+                assert_eq!(fp8s[b as usize].to_bits(), want.to_bits(), "{isa:?} fp8 {b:#04x}: {want}");
+            }
+        }
+    }
 }

@@ -78,6 +78,16 @@ pub trait Simd: Copy + Send + Sync + 'static {
     /// # Safety
     /// The CPU has `Self`'s instruction set, and `p` is valid for reading `W` bfloat16 values.
     unsafe fn load_bf16(p: *const bf16) -> Self::V;
+    /// Loads `W` signed bytes and converts them to f32 (q8_0 codes).
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set, and `p` is valid for reading `W` bytes.
+    unsafe fn load_i8(p: *const i8) -> Self::V;
+    /// Loads `W` fp8 e4m3 codes and decodes them exactly (`crate::paged::fp8_decode`, lane by lane).
+    ///
+    /// # Safety
+    /// The CPU has `Self`'s instruction set, and `p` is valid for reading `W` bytes.
+    unsafe fn load_fp8(p: *const u8) -> Self::V;
     /// Stores `W` floats (unaligned).
     ///
     /// # Safety

@@ -41,6 +41,16 @@ impl Simd for Portable {
         h.map(bf16::to_f32)
     }
     #[inline(always)]
+    unsafe fn load_i8(p: *const i8) -> Self::V {
+        // SAFETY: the caller guarantees `p` is valid for 8 bytes.
+        unsafe { std::ptr::read_unaligned(p as *const [i8; 8]) }.map(f32::from)
+    }
+    #[inline(always)]
+    unsafe fn load_fp8(p: *const u8) -> Self::V {
+        // SAFETY: the caller guarantees `p` is valid for 8 bytes.
+        unsafe { std::ptr::read_unaligned(p as *const [u8; 8]) }.map(crate::paged::fp8_decode)
+    }
+    #[inline(always)]
     unsafe fn store(p: *mut f32, v: Self::V) {
         // SAFETY: the caller guarantees `p` is valid for 8 floats.
         unsafe { std::ptr::write_unaligned(p as *mut [f32; 8], v) }

@@ -56,6 +56,27 @@ impl<const NATIVE_BF16: bool> Simd for Avx512<NATIVE_BF16> {
         }
     }
     #[inline(always)]
+    unsafe fn load_i8(p: *const i8) -> __m512 {
+        // SAFETY: AVX-512F is present and `p` is valid for reading 16 bytes (the caller's
+        // contract).
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
+    }
+    #[inline(always)]
+    unsafe fn load_fp8(p: *const u8) -> __m512 {
+        // SAFETY: AVX-512F is present and `p` is valid for reading 16 bytes (the caller's
+        // contract).
+        unsafe {
+            let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+            let em = _mm512_and_si512(b, _mm512_set1_epi32(0x7F));
+            let normal = _mm512_add_epi32(_mm512_slli_epi32::<20>(em), _mm512_set1_epi32(120 << 23));
+            let sub = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(1.0 / 512.0));
+            let is_sub = _mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8));
+            let mag = _mm512_mask_blend_ps(is_sub, _mm512_castsi512_ps(normal), sub);
+            let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(b, _mm512_set1_epi32(0x80)));
+            _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign))
+        }
+    }
+    #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m512) {
         // SAFETY: AVX-512F is present and `p` is valid for writing 16 floats
         // (the caller's contract).
@@ -238,6 +259,25 @@ impl Simd for Avx2 {
         unsafe {
             let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
             _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_i8(p: *const i8) -> __m256 {
+        // SAFETY: AVX2 is present and `p` is valid for reading 8 bytes (the caller's contract).
+        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+    }
+    #[inline(always)]
+    unsafe fn load_fp8(p: *const u8) -> __m256 {
+        // SAFETY: AVX2 is present and `p` is valid for reading 8 bytes (the caller's contract).
+        unsafe {
+            let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+            let em = _mm256_and_si256(b, _mm256_set1_epi32(0x7F));
+            let normal = _mm256_add_epi32(_mm256_slli_epi32::<20>(em), _mm256_set1_epi32(120 << 23));
+            let sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(1.0 / 512.0));
+            let is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), em));
+            let mag = _mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, is_sub);
+            let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(b, _mm256_set1_epi32(0x80)));
+            _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(mag), sign))
         }
     }
     #[inline(always)]
