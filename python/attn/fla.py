@@ -18,7 +18,7 @@ token: ``S_t = (I − β_t k_t k_tᵀ)·exp(g_t)·S_{t−1} + β_t k_t v_tᵀ``,
 - Returns ``(o, final_state)``: ``o`` like ``v`` in ``q``'s dtype, ``final_state`` ``None`` unless
   ``output_final_state``.
 - The chunked and the recurrent names compute the same rule: float32 runs attn's chunked kernels
-  (the channel gate: its forward in chunks, its backward by the recurrence), float64 the exact token-by-token recurrence (the oracle);
+  (forward and backward, both gates), float64 the exact token-by-token recurrence (the oracle);
   float16 and bfloat16 compute in float32. Other keyword arguments fla takes (``head_first=False``,
   ``chunk_size``, ``cu_seqlens_cpu``) are accepted and change nothing.
 """

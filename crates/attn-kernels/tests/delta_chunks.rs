@@ -118,13 +118,14 @@ fn chunks_pass_the_oracle_rule_at_every_edge() {
     assert_eq!(cases.len(), 28);
 }
 
-/// The channel gate's chunks through the factorised products (mild decays: a channel's decay over a
-/// chunk stays within `exp(−60)`) and token by token (some channels decaying faster), in one call
-/// (one value head mild, the other strong) and in calls of each kind, grouped heads, initial states.
-#[test]
-fn channel_gate_chunks_pass_the_oracle_rule_mild_and_strong() {
+/// The channel gate's cases for its chunks through the factorised products (mild decays: a
+/// channel's decay over a chunk stays within `exp(−60)`) and token by token (some channels decaying
+/// faster), in one call (one value head mild, the other strong) and in calls of each kind, with and
+/// without the L2 normalisation; grouped heads, initial states.
+fn channel_cases() -> Vec<(String, Case)> {
     use attn_kernels::delta::CHUNK;
     let d = dims(2, 3 * CHUNK + 5, 1, 2, 16, 12);
+    let mut cases = Vec::new();
     for (name, lo_hi) in
         [("mild", [(-0.2, -0.01); 2]), ("strong", [(-3.0, -0.5); 2]), ("mixed", [(-0.2, -0.01), (-3.0, -0.5)])]
     {
@@ -144,41 +145,63 @@ fn channel_gate_chunks_pass_the_oracle_rule_mild_and_strong() {
                 *x = f64s(&f32s(x));
             }
             c.init = c.init.as_deref().map(|x| f64s(&f32s(x)));
-            assert_chunks_pass_the_oracle_rule(&c, &format!("{name} l2 {l2}"));
+            cases.push((format!("{name} l2 {l2}"), c));
         }
+    }
+    cases
+}
+
+#[test]
+fn channel_gate_chunks_pass_the_oracle_rule_mild_and_strong() {
+    for (tag, c) in channel_cases() {
+        assert_chunks_pass_the_oracle_rule(&c, &tag);
+    }
+}
+
+/// The chunked backward's six gradients on `c` within the oracle rule (`3·` the `f32`
+/// recurrence's error against the `f64` one, plus a floor), finite; `dout` (and, with `dfinal`,
+/// the final state's gradient) drawn from `seed`.
+fn assert_gradients_pass_the_oracle_rule(c: &Case, seed: u64, dfinal: bool, tag: &str) {
+    use attn_kernels::delta::delta_rule_backward;
+    let (d, p) = (c.d, c.p);
+    let x32 = Inputs32::of(c);
+    let mut rng = SplitMix64::new(seed);
+    let dout = rng.uniform(d.v_len(), -1.0, 1.0);
+    let dfinal = dfinal.then(|| rng.uniform(d.state_len(d.b), -1.0, 1.0));
+    let (dout6, dfinal6) = (f64s(&dout), dfinal.as_deref().map(f64s));
+    let oracle = delta_rule_reference_backward(&d, &c.inputs(), &p, &dout6, dfinal6.as_deref()).unwrap();
+    let naive = delta_rule_reference_backward(&d, &x32.inputs(), &p, &dout, dfinal.as_deref()).unwrap();
+    let fast = delta_rule_backward(&d, &x32.inputs(), &p, &dout, dfinal.as_deref()).unwrap();
+    for (what, f, n32, o) in [
+        ("dq", &fast.dq, &naive.dq, &oracle.dq),
+        ("dk", &fast.dk, &naive.dk, &oracle.dk),
+        ("dv", &fast.dv, &naive.dv, &oracle.dv),
+        ("dg", &fast.dg, &naive.dg, &oracle.dg),
+        ("dbeta", &fast.dbeta, &naive.dbeta, &oracle.dbeta),
+        ("dinitial_state", &fast.dinitial_state, &naive.dinitial_state, &oracle.dinitial_state),
+    ] {
+        let (err, base) = (max_diff(f, o), max_diff(n32, o));
+        assert!(f.iter().all(|x| x.is_finite()), "{tag} {what}: not finite");
+        assert!(err <= 3.0 * base + 1e-5, "{tag} {what}: {err:e} vs naive32 {base:e}");
     }
 }
 
 #[test]
 fn chunked_gradients_pass_the_oracle_rule_at_every_edge() {
-    use attn_kernels::delta::delta_rule_backward;
-    let mut checked = 0;
-    for (n, c) in edge_cases().iter().enumerate() {
-        let (d, p) = (c.d, c.p);
-        let x32 = Inputs32::of(c);
-        let mut rng = SplitMix64::new(70 + n as u64);
-        let dout = rng.uniform(d.v_len(), -1.0, 1.0);
+    let cases = edge_cases();
+    for (n, c) in cases.iter().enumerate() {
         // The final state's gradient on every other case, none on the others.
-        let dfinal = (n % 2 == 1).then(|| rng.uniform(d.state_len(d.b), -1.0, 1.0));
-        let (dout6, dfinal6) = (f64s(&dout), dfinal.as_deref().map(f64s));
-        let oracle = delta_rule_reference_backward(&d, &c.inputs(), &p, &dout6, dfinal6.as_deref()).unwrap();
-        let naive = delta_rule_reference_backward(&d, &x32.inputs(), &p, &dout, dfinal.as_deref()).unwrap();
-        let fast = delta_rule_backward(&d, &x32.inputs(), &p, &dout, dfinal.as_deref()).unwrap();
-        for (what, f, n32, o) in [
-            ("dq", &fast.dq, &naive.dq, &oracle.dq),
-            ("dk", &fast.dk, &naive.dk, &oracle.dk),
-            ("dv", &fast.dv, &naive.dv, &oracle.dv),
-            ("dg", &fast.dg, &naive.dg, &oracle.dg),
-            ("dbeta", &fast.dbeta, &naive.dbeta, &oracle.dbeta),
-            ("dinitial_state", &fast.dinitial_state, &naive.dinitial_state, &oracle.dinitial_state),
-        ] {
-            let (err, base) = (max_diff(f, o), max_diff(n32, o));
-            assert!(f.iter().all(|x| x.is_finite()), "T {} {p:?} {what}: not finite", d.t);
-            assert!(err <= 3.0 * base + 1e-5, "T {} {p:?} {what}: {err:e} vs naive32 {base:e}", d.t);
-            checked += 1;
-        }
+        assert_gradients_pass_the_oracle_rule(c, 70 + n as u64, n % 2 == 1, &format!("T {} {:?}", c.d.t, c.p));
     }
-    assert_eq!(checked, 28 * 6);
+    assert_eq!(cases.len(), 28);
+}
+
+/// KDA's chunked backward through the factorised products, token by token, and both in one call.
+#[test]
+fn channel_gate_gradients_pass_the_oracle_rule_mild_and_strong() {
+    for (n, (tag, c)) in channel_cases().iter().enumerate() {
+        assert_gradients_pass_the_oracle_rule(c, 95 + n as u64, n % 2 == 0, tag);
+    }
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The gated delta rule token by token (the module header's recurrence), forward and its exact
 //! reverse-mode derivative, in the caller's precision. The backward works head by head
-//! ([`head_backward`], which the chunked backward runs in parallel for the channel gate): the
-//! states at every 64th token kept, each span's states recomputed from them, its tokens walked back.
+//! ([`head_backward`]): the states at every 64th token kept, each span's states recomputed from
+//! them, its tokens walked back ([`walk_back`], which the chunked backward also runs on the channel
+//! gate's chunks that decay too strongly for its products).
 
 use super::{check, len, DeltaDims, DeltaGrads, DeltaInputs, DeltaOutput, DeltaParams, Gate, L2NORM_EPS};
 use crate::alloc;
@@ -223,10 +224,18 @@ pub(super) struct HeadGrads<T> {
 /// of a span from the one at its start (`T/SPAN + SPAN` states held instead of `T`).
 const SPAN: usize = 64;
 
+/// Token `t` of head `(n, h)` applied to the state `s`.
+fn token_step<T: Real>(at: &At, x: &DeltaInputs<T>, p: &DeltaParams, (n, h): (usize, usize), s: &mut [T], t: usize) {
+    let (dk, dv) = (at.d.dk, at.d.dv);
+    let (k, _) = prepared(&x.k[at.qk(n, t, h)..][..dk], p.l2norm_qk, T::one());
+    let a = decays(x.g, at.g(n, t, h), p.gate, dk);
+    step(s, &a, &k, &x.v[at.v(n, t, h)..][..dv], x.beta[at.beta(n, t, h)]);
+}
+
 /// Head `(n, h)`'s gradients by the recurrence's exact reverse: the forward again keeping the
 /// state at the start of every [`SPAN`] tokens, then the spans in reverse, each span's states
 /// before its tokens recomputed, its tokens walked back.
-pub(super) fn head_backward<T: Real>(
+fn head_backward<T: Real>(
     at: &At,
     x: &DeltaInputs<T>,
     p: &DeltaParams,
@@ -238,11 +247,6 @@ pub(super) fn head_backward<T: Real>(
     let (dk, dv, tokens) = (at.d.dk, at.d.dv, at.tokens(n));
     let sl = dk * dv;
     let w = if p.gate == Gate::Channel { dk } else { 1 };
-    let key = |t: usize| prepared(&x.k[at.qk(n, t, h)..][..dk], p.l2norm_qk, T::one()).0;
-    let forward = |s: &mut [T], t: usize| {
-        let a = decays(x.g, at.g(n, t, h), p.gate, dk);
-        step(s, &a, &key(t), &x.v[at.v(n, t, h)..][..dv], x.beta[at.beta(n, t, h)]);
-    };
     let spans = tokens.div_ceil(SPAN);
     let mut starts = vec![T::zero(); spans * sl];
     let mut s = match x.initial_state {
@@ -253,7 +257,7 @@ pub(super) fn head_backward<T: Real>(
         if t % SPAN == 0 {
             starts[t / SPAN * sl..][..sl].copy_from_slice(&s);
         }
-        forward(&mut s, t);
+        token_step(at, x, p, (n, h), &mut s, t);
     }
     let mut hg = HeadGrads {
         dq: vec![T::zero(); tokens * dk],
@@ -263,75 +267,102 @@ pub(super) fn head_backward<T: Real>(
         dbeta: vec![T::zero(); tokens],
         ds: dfinal.map_or_else(|| vec![T::zero(); sl], |f| f[at.state(n, h)..][..sl].to_vec()),
     };
-    let ds = &mut hg.ds;
-    let mut before = vec![T::zero(); SPAN.min(tokens) * sl];
+    let mut before = Vec::new();
     for span in (0..spans).rev() {
         let t0 = span * SPAN;
-        let mut s = starts[span * sl..][..sl].to_vec();
-        for t in t0..tokens.min(t0 + SPAN) {
-            before[(t - t0) * sl..][..sl].copy_from_slice(&s);
-            forward(&mut s, t);
-        }
-        for t in (t0..tokens.min(t0 + SPAN)).rev() {
-            let prev = &before[(t - t0) * sl..][..sl];
-            let (qr, kr) = (&x.q[at.qk(n, t, h)..][..dk], &x.k[at.qk(n, t, h)..][..dk]);
-            let (q, rq) = prepared(qr, p.l2norm_qk, scale);
-            let (k, rk) = prepared(kr, p.l2norm_qk, T::one());
-            let a = decays(x.g, at.g(n, t, h), p.gate, dk);
-            let beta = x.beta[at.beta(n, t, h)];
-            let v = &x.v[at.v(n, t, h)..][..dv];
-            let mut st = prev.to_vec();
-            let (u, err) = step(&mut st, &a, &k, v, beta);
-            // S' = diag(a)·prev.
-            let sp: Vec<T> =
-                prev.chunks_exact(dv).zip(&a).flat_map(|(row, &ai)| row.iter().map(move |&x| x * ai)).collect();
-            let o_grad = &dout[at.v(n, t, h)..][..dv];
-            // o = S_tᵀ q: dq = S_t do, dS += q doᵀ.
-            let mut dqs = vec![T::zero(); dk];
-            for i in 0..dk {
-                let row = &st[i * dv..][..dv];
-                dqs[i] = row.iter().zip(o_grad).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
-                for j in 0..dv {
-                    ds[i * dv + j] = ds[i * dv + j] + q[i] * o_grad[j];
-                }
-            }
-            // S_t = S' + k uᵀ: dk += dS u, du = dSᵀ k.
-            let mut dkn = vec![T::zero(); dk];
-            let mut du = vec![T::zero(); dv];
-            for i in 0..dk {
-                let row = &ds[i * dv..][..dv];
-                dkn[i] = row.iter().zip(&u).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
-                du.iter_mut().zip(row).for_each(|(du, &x)| *du = *du + x * k[i]);
-            }
-            // u = β(v − S'ᵀk).
-            hg.dbeta[t] = du.iter().zip(&err).fold(T::zero(), |acc, (&x, &e)| acc + x * e);
-            hg.dv[t * dv..][..dv].iter_mut().zip(&du).for_each(|(o, &x)| *o = beta * x);
-            let dpred: Vec<T> = du.iter().map(|&x| -(beta * x)).collect();
-            // pred = S'ᵀk: dS' += k dpredᵀ, dk += S' dpred.
-            for i in 0..dk {
-                let row = &sp[i * dv..][..dv];
-                dkn[i] = dkn[i] + row.iter().zip(&dpred).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
-                for j in 0..dv {
-                    ds[i * dv + j] = ds[i * dv + j] + k[i] * dpred[j];
-                }
-            }
-            // S' = diag(a)·prev: dprev = diag(a)·dS', da_i = Σ_j dS'_ij prev_ij, dg = da·a.
-            let dg = &mut hg.dg[t * w..][..w];
-            for i in 0..dk {
-                let da = (0..dv).fold(T::zero(), |acc, j| acc + ds[i * dv + j] * prev[i * dv + j]);
-                match p.gate {
-                    Gate::Scalar => dg[0] = dg[0] + da * a[i],
-                    Gate::Channel => dg[i] = da * a[i],
-                }
-                (0..dv).for_each(|j| ds[i * dv + j] = ds[i * dv + j] * a[i]);
-            }
-            // Through the scale and the L2 normalisation to the raw q and k.
-            let dqn: Vec<T> = dqs.iter().map(|&x| x * scale).collect();
-            add_normalised(&mut hg.dq[t * dk..][..dk], qr, &dqn, rq, p.l2norm_qk);
-            add_normalised(&mut hg.dk[t * dk..][..dk], kr, &dkn, rk, p.l2norm_qk);
-        }
+        let start = &starts[span * sl..][..sl];
+        walk_back(at, x, p, scale, (n, h), t0..tokens.min(t0 + SPAN), start, dout, &mut before, &mut hg);
     }
     hg
+}
+
+/// Tokens `span` of head `(n, h)` walked back from `start`, the state before the span's first
+/// token: the states before each token recomputed (into `before`), then every token's gradients
+/// written into its rows of `hg` (those of the raw `q` and `k`, through the scale and the
+/// normalisation) while `hg.ds` is carried from the gradient of the span's end state to that of
+/// `start`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn walk_back<T: Real>(
+    at: &At,
+    x: &DeltaInputs<T>,
+    p: &DeltaParams,
+    scale: T,
+    (n, h): (usize, usize),
+    span: std::ops::Range<usize>,
+    start: &[T],
+    dout: &[T],
+    before: &mut Vec<T>,
+    hg: &mut HeadGrads<T>,
+) {
+    let (dk, dv) = (at.d.dk, at.d.dv);
+    let sl = dk * dv;
+    let w = if p.gate == Gate::Channel { dk } else { 1 };
+    let t0 = span.start;
+    before.resize(span.len() * sl, T::zero());
+    let mut s = start.to_vec();
+    for t in span.clone() {
+        before[(t - t0) * sl..][..sl].copy_from_slice(&s);
+        token_step(at, x, p, (n, h), &mut s, t);
+    }
+    let ds = &mut hg.ds;
+    for t in span.rev() {
+        let prev = &before[(t - t0) * sl..][..sl];
+        let (qr, kr) = (&x.q[at.qk(n, t, h)..][..dk], &x.k[at.qk(n, t, h)..][..dk]);
+        let (q, rq) = prepared(qr, p.l2norm_qk, scale);
+        let (k, rk) = prepared(kr, p.l2norm_qk, T::one());
+        let a = decays(x.g, at.g(n, t, h), p.gate, dk);
+        let beta = x.beta[at.beta(n, t, h)];
+        let v = &x.v[at.v(n, t, h)..][..dv];
+        let mut st = prev.to_vec();
+        let (u, err) = step(&mut st, &a, &k, v, beta);
+        // S' = diag(a)·prev.
+        let sp: Vec<T> =
+            prev.chunks_exact(dv).zip(&a).flat_map(|(row, &ai)| row.iter().map(move |&x| x * ai)).collect();
+        let o_grad = &dout[at.v(n, t, h)..][..dv];
+        // o = S_tᵀ q: dq = S_t do, dS += q doᵀ.
+        let mut dqs = vec![T::zero(); dk];
+        for i in 0..dk {
+            let row = &st[i * dv..][..dv];
+            dqs[i] = row.iter().zip(o_grad).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
+            for j in 0..dv {
+                ds[i * dv + j] = ds[i * dv + j] + q[i] * o_grad[j];
+            }
+        }
+        // S_t = S' + k uᵀ: dk += dS u, du = dSᵀ k.
+        let mut dkn = vec![T::zero(); dk];
+        let mut du = vec![T::zero(); dv];
+        for i in 0..dk {
+            let row = &ds[i * dv..][..dv];
+            dkn[i] = row.iter().zip(&u).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
+            du.iter_mut().zip(row).for_each(|(du, &x)| *du = *du + x * k[i]);
+        }
+        // u = β(v − S'ᵀk).
+        hg.dbeta[t] = du.iter().zip(&err).fold(T::zero(), |acc, (&x, &e)| acc + x * e);
+        hg.dv[t * dv..][..dv].iter_mut().zip(&du).for_each(|(o, &x)| *o = beta * x);
+        let dpred: Vec<T> = du.iter().map(|&x| -(beta * x)).collect();
+        // pred = S'ᵀk: dS' += k dpredᵀ, dk += S' dpred.
+        for i in 0..dk {
+            let row = &sp[i * dv..][..dv];
+            dkn[i] = dkn[i] + row.iter().zip(&dpred).fold(T::zero(), |acc, (&x, &y)| acc + x * y);
+            for j in 0..dv {
+                ds[i * dv + j] = ds[i * dv + j] + k[i] * dpred[j];
+            }
+        }
+        // S' = diag(a)·prev: dprev = diag(a)·dS', da_i = Σ_j dS'_ij prev_ij, dg = da·a.
+        let dg = &mut hg.dg[t * w..][..w];
+        for i in 0..dk {
+            let da = (0..dv).fold(T::zero(), |acc, j| acc + ds[i * dv + j] * prev[i * dv + j]);
+            match p.gate {
+                Gate::Scalar => dg[0] = dg[0] + da * a[i],
+                Gate::Channel => dg[i] = da * a[i],
+            }
+            (0..dv).for_each(|j| ds[i * dv + j] = ds[i * dv + j] * a[i]);
+        }
+        // Through the scale and the L2 normalisation to the raw q and k.
+        let dqn: Vec<T> = dqs.iter().map(|&x| x * scale).collect();
+        add_normalised(&mut hg.dq[t * dk..][..dk], qr, &dqn, rq, p.l2norm_qk);
+        add_normalised(&mut hg.dk[t * dk..][..dk], kr, &dkn, rk, p.l2norm_qk);
+    }
 }
 
 /// `acc += ∂(x·r)/∂x · dn` for the normalised `n = x·r`, `r = (Σx² + ε)^(−1/2)`: `r·(dn − (n·dn)·n)`;

@@ -19,25 +19,19 @@ use crate::commands::run::DeltaRule;
 use crate::measure::{self, Budget, Held, Measurement};
 
 /// How the delta rule's FLOPs are counted.
-pub const DELTA_FLOP_RULE: &str = "delta rule FLOPs, 2 per multiply-add, per value head: gated (chunked) per chunk \
-of n ≤ 64 tokens forward 6·n·Dk·Dv (K·S₀, Q·S₀, Kᵀ·U) + 2·n²·(Dk + Dv) (the lower halves of K·Kᵀ, Q·Kᵀ, \
-(I + A)⁻¹·Y, P·U) + n³/3 (the triangular inverse); backward the forward again (for the chunks' states) plus \
-14·n·Dk·Dv + 4·n²·(Dk + Dv) (its 15 products); kda counted as the recurrence, 8·Dk·Dv per token forward, 16·Dk·Dv more \
-with the backward";
+pub const DELTA_FLOP_RULE: &str = "delta rule FLOPs, 2 per multiply-add, per value head and chunk of n ≤ 64 \
+tokens (both gates: kda's factorised products have the same shapes): forward 6·n·Dk·Dv (K·S₀, Q·S₀, Kᵀ·U) + \
+2·n²·(Dk + Dv) (the lower halves of K·Kᵀ, Q·Kᵀ, (I + A)⁻¹·Y, P·U) + n³/3 (the triangular inverse); backward the \
+forward again (for the chunks' states) plus 14·n·Dk·Dv + 4·n²·(Dk + Dv) (its 15 products)";
 
 /// FLOPs of one call by [`DELTA_FLOP_RULE`].
-pub fn flops(d: &DeltaDims, gate: Gate, backward: bool) -> u64 {
+pub fn flops(d: &DeltaDims, backward: bool) -> u64 {
     let (dk, dv) = (d.dk as u64, d.dv as u64);
-    let per_head = match gate {
-        Gate::Scalar => {
-            let chunks = (0..d.t).step_by(CHUNK).map(|t0| CHUNK.min(d.t - t0) as u64);
-            let fwd = |n: u64| 6 * n * dk * dv + 2 * n * n * (dk + dv) + n * n * n / 3;
-            // The backward makes the forward again, then its own 15 products.
-            let bwd = |n: u64| fwd(n) + 14 * n * dk * dv + 4 * n * n * (dk + dv);
-            chunks.map(|n| fwd(n) + if backward { bwd(n) } else { 0 }).sum()
-        }
-        Gate::Channel => d.t as u64 * dk * dv * if backward { 24 } else { 8 },
-    };
+    let chunks = (0..d.t).step_by(CHUNK).map(|t0| CHUNK.min(d.t - t0) as u64);
+    let fwd = |n: u64| 6 * n * dk * dv + 2 * n * n * (dk + dv) + n * n * n / 3;
+    // The backward makes the forward again, then its own 15 products.
+    let bwd = |n: u64| fwd(n) + 14 * n * dk * dv + 4 * n * n * (dk + dv);
+    let per_head: u64 = chunks.map(|n| fwd(n) + if backward { bwd(n) } else { 0 }).sum();
     (d.b * d.hv) as u64 * per_head
 }
 
@@ -110,7 +104,7 @@ pub fn main(
         let budget = Budget { warmup: args.warmup, iters: args.iters, seconds: args.budget };
         let m = measure::measure(budget, || pool.install(|| data.step(args.backward)))
             .with_context(|| format!("--shape {}", shape_text(&d)))?;
-        println!("{}", row(args, rule, &d, &m, flops(&dd, gate, args.backward), peak));
+        println!("{}", row(args, rule, &d, &m, flops(&dd, args.backward), peak));
     }
     Ok(())
 }

@@ -12,11 +12,18 @@
 //!
 //! and each decay `exp(γ_a − γ_b)` adds its product's gradient to `dγ_a` and takes it from `dγ_b`;
 //! `dg` is `dγ` summed from the end of the chunk (`γ_r = Σ_{i≤r} g_i`).
+//!
+//! The channel gate's chunks differentiate its factorised products the same way (with
+//! `K^c = K∘exp(γ_C − γ)` the state's keys): `dK⁺`, `dQ⁺`, `dK⁻` and `dK^c` gathered as products,
+//! then `dK = dK⁺∘exp(γ) + dK⁻∘exp(−γ) + dK^c∘exp(γ_C − γ)`, `dQ = dQ⁺∘exp(γ)` and, channel by
+//! channel, `dγ = dK⁺∘K⁺ + dQ⁺∘Q⁺ − dK⁻∘K⁻ − dK^c∘K^c` (the last also added to `dγ_C`, with
+//! `exp(γ_C)·Σ S₀∘dS₁`). Its chunks that decay too strongly for the products are walked back
+//! token by token (the reference's `walk_back`).
 
 use rayon::prelude::*;
 
 use super::{ratio, Chunk, Head, Rows, CHUNK};
-use crate::delta::reference::{add_normalised, head_backward, prepared, At, HeadGrads};
+use crate::delta::reference::{add_normalised, prepared, walk_back, At, HeadGrads};
 use crate::delta::{check, DeltaDims, DeltaGrads, DeltaInputs, DeltaParams, Gate};
 use crate::error::Result;
 use crate::linear::gemm::{gemm, Lhs, Part};
@@ -26,7 +33,7 @@ use crate::simd::Isa;
 /// The gradients of every input of [`super::delta_rule`] in `f32` given the output's gradient
 /// `dout: [B, T, Hv, Dv]` and, when the final state is used, its gradient `dfinal: [N, Hv, Dk, Dv]`;
 /// refuses inputs that do not match `d` and `p`, naming the argument. Parallel over (sequence,
-/// value head); the channel gate (KDA) runs each head's reverse recurrence.
+/// value head).
 pub fn delta_rule_backward(
     d: &DeltaDims,
     x: &DeltaInputs<f32>,
@@ -43,10 +50,7 @@ pub fn delta_rule_backward(
         .into_par_iter()
         .map(|nh| {
             let (n, h) = (nh / hv, nh % hv);
-            match p.gate {
-                Gate::Scalar => Head { d, x, p, scale, n, h }.backward(isa, dout, dfinal.map(|f| &f[nh * sl..][..sl])),
-                Gate::Channel => head_backward(&at, x, p, scale, (n, h), dout, dfinal),
-            }
+            Head { d, x, p, scale, n, h }.backward(isa, dout, dfinal.map(|f| &f[nh * sl..][..sl]))
         })
         .collect();
     for (nh, hg) in heads.iter().enumerate() {
@@ -71,8 +75,15 @@ struct Scratch {
     /// `dP` then `M∘dP`; `dA` then `dG`; `[n, n]`.
     dp: Vec<f32>,
     da: Vec<f32>,
-    /// `dγ`, `[n]`.
+    /// `dγ`, `[n]` (`[n, Dk]` with the channel gate).
     dgamma: Vec<f64>,
+    /// The channel gate's `[n, Dk]` rows: `K^c`, `K⁻`, and the gradients of `K⁺`, `K⁻`, `K^c`, `Q⁺`.
+    kc: Vec<f32>,
+    km: Vec<f32>,
+    dkp: Vec<f32>,
+    dkm: Vec<f32>,
+    dkc: Vec<f32>,
+    dqp: Vec<f32>,
 }
 
 impl Scratch {
@@ -89,6 +100,12 @@ impl Scratch {
             dp: vec![0.0; CHUNK * CHUNK],
             da: vec![0.0; CHUNK * CHUNK],
             dgamma: Vec::with_capacity(CHUNK),
+            kc: Vec::new(),
+            km: Vec::new(),
+            dkp: Vec::new(),
+            dkm: Vec::new(),
+            dkc: Vec::new(),
+            dqp: Vec::new(),
         }
     }
 }
@@ -103,51 +120,91 @@ impl Head<'_> {
     fn backward(&self, isa: Isa, dout: &[f32], dfinal: Option<&[f32]>) -> HeadGrads<f32> {
         let (d, at) = (self.d, self.at());
         let (dk, dv, t) = (d.dk, d.dv, self.tokens());
+        let channel = self.p.gate == Gate::Channel;
         let mut c = Chunk::new(dk, dv);
-        // The forward again, keeping the state at each chunk's start.
+        // The forward again, keeping the state at each chunk's start and which chunks the channel
+        // gate's products could take (the others ran token by token).
         let starts: Vec<usize> = (0..t).step_by(CHUNK).collect();
         let mut states = vec![0.0f32; starts.len() * dk * dv];
+        let mut factorised = vec![true; starts.len()];
         let mut s = match self.x.initial_state {
             Some(init) => init[at.state(self.n, self.h)..][..dk * dv].to_vec(),
             None => vec![0.0; dk * dv],
         };
+        let mut o = Vec::new();
         for (i, &t0) in starts.iter().enumerate() {
             states[i * dk * dv..][..dk * dv].copy_from_slice(&s);
-            let r = self.rows(t0, CHUNK.min(t - t0));
-            c.fill(isa, &r, &s, (dk, dv), false);
-            c.advance(isa, &r, &mut s, (dk, dv));
+            let n = CHUNK.min(t - t0);
+            let r = self.rows(t0, n);
+            if !channel {
+                c.fill(isa, &r, &s, (dk, dv), false);
+                c.advance(isa, &r, &mut s, (dk, dv));
+            } else if c.fill_channel(isa, &r, &s, (dk, dv), false) {
+                c.advance_channel(isa, &r, &mut s, (dk, dv));
+            } else {
+                factorised[i] = false;
+                o.clear();
+                o.resize(n * dv, 0.0);
+                self.tokens_one_by_one(t0, n, None, &mut s, &mut o);
+            }
         }
+        let per_token = if channel { dk } else { 1 };
         let mut hg = HeadGrads {
             dq: vec![0.0; t * dk],
             dk: vec![0.0; t * dk],
             dv: vec![0.0; t * dv],
-            dg: vec![0.0; t],
+            dg: vec![0.0; t * per_token],
             dbeta: vec![0.0; t],
             ds: dfinal.map_or_else(|| vec![0.0; dk * dv], <[f32]>::to_vec),
         };
         let mut ds0 = vec![0.0f32; dk * dv];
         let mut w = Scratch::new(dk, dv);
+        let mut before = Vec::new();
         for (i, &t0) in starts.iter().enumerate().rev() {
             let n = CHUNK.min(t - t0);
-            let r = self.rows(t0, n);
             let s0 = &states[i * dk * dv..][..dk * dv];
-            c.fill(isa, &r, s0, (dk, dv), true);
+            if !factorised[i] {
+                walk_back(
+                    &at,
+                    self.x,
+                    self.p,
+                    self.scale,
+                    (self.n, self.h),
+                    t0..t0 + n,
+                    s0,
+                    dout,
+                    &mut before,
+                    &mut hg,
+                );
+                continue;
+            }
+            let r = self.rows(t0, n);
             for row in 0..n {
                 w.dout[row * dv..][..dv].copy_from_slice(&dout[at.v(self.n, t0 + row, self.h)..][..dv]);
             }
             let (dq, dkk) = (&mut hg.dq[t0 * dk..][..n * dk], &mut hg.dk[t0 * dk..][..n * dk]);
             let (dvv, dbeta) = (&mut hg.dv[t0 * dv..][..n * dv], &mut hg.dbeta[t0..][..n]);
-            chunk_backward(isa, &c, &r, s0, &hg.ds, &mut w, (dq, dkk, dvv, dbeta), &mut ds0, (dk, dv));
-            // dg_i = Σ_{r ≥ i} dγ_r.
-            let mut acc = 0.0f64;
-            for (x, &dgam) in hg.dg[t0..][..n].iter_mut().zip(&w.dgamma).rev() {
-                acc += dgam;
-                *x = acc as f32;
+            if channel {
+                c.fill_channel(isa, &r, s0, (dk, dv), true);
+                chunk_backward_channel(isa, &c, &r, s0, &hg.ds, &mut w, (dq, dkk, dvv, dbeta), &mut ds0, (dk, dv));
+            } else {
+                c.fill(isa, &r, s0, (dk, dv), true);
+                chunk_backward(isa, &c, &r, s0, &hg.ds, &mut w, (dq, dkk, dvv, dbeta), &mut ds0, (dk, dv));
+            }
+            // dg_i = Σ_{r ≥ i} dγ_r, channel by channel.
+            let dg = &mut hg.dg[t0 * per_token..][..n * per_token];
+            for ch in 0..per_token {
+                let mut acc = 0.0f64;
+                for row in (0..n).rev() {
+                    acc += w.dgamma[row * per_token + ch];
+                    dg[row * per_token + ch] = acc as f32;
+                }
             }
             std::mem::swap(&mut hg.ds, &mut ds0);
         }
-        // Through the scale and the L2 normalisation to the raw q and k.
-        for row in 0..t {
+        // Through the scale and the L2 normalisation to the raw q and k (the chunks walked back
+        // token by token have theirs already).
+        for row in (0..t).filter(|row| factorised[row / CHUNK]) {
             let i = at.qk(self.n, row, self.h);
             let (qr, kr) = (&self.x.q[i..][..dk], &self.x.k[i..][..dk]);
             let (_, rq) = prepared(qr, self.p.l2norm_qk, 1.0);
@@ -269,4 +326,95 @@ fn chunk_backward(
     gemm(isa, dk, dv, n, Lhs::transposed(&r.k, dk), &w.tmp, dv, ds0, dv);
     gemm(isa, n, dk, n, Lhs::rows(&w.da, n).part(Part::LowerA), &r.k, dk, dk_, dk);
     gemm(isa, n, dk, n, Lhs::transposed(&w.da, n).part(Part::UpperA), &r.k, dk, dk_, dk);
+}
+
+/// The gradients of one channel-gate chunk through its factorised products (module header), as
+/// [`chunk_backward`]; `w.dgamma` is filled per token and channel, `[n, Dk]`.
+#[allow(clippy::too_many_arguments)]
+fn chunk_backward_channel(
+    isa: Isa,
+    c: &Chunk,
+    r: &Rows,
+    s0: &[f32],
+    ds1: &[f32],
+    w: &mut Scratch,
+    (dq, dk_, dv_, dbeta): (&mut [f32], &mut [f32], &mut [f32], &mut [f32]),
+    ds0: &mut [f32],
+    (dk, dv): (usize, usize),
+) {
+    let n = c.n;
+    w.dgamma.clear();
+    w.dgamma.resize(n * dk, 0.0);
+    for buf in [&mut w.kc, &mut w.km, &mut w.dkp, &mut w.dkm, &mut w.dkc, &mut w.dqp] {
+        buf.resize(n * dk, 0.0);
+    }
+    transpose(isa, &c.u, dv, n, dv, &mut w.ut, n);
+    transpose(isa, s0, dv, dk, dv, &mut w.s0t, dk);
+    transpose(isa, ds1, dv, dk, dv, &mut w.ds1t, dk);
+    // exp(γ_C) per channel; K^c = K∘exp(γ_C)·exp(−γ) and K⁻ = K∘exp(−γ) in rows.
+    let end: Vec<f32> = c.gamma_c[(n - 1) * dk..][..dk].iter().map(|g| g.exp() as f32).collect();
+    for (i, (&k, &down)) in r.k.iter().zip(&c.down).enumerate() {
+        w.kc[i] = k * (end[i % dk] * down);
+        w.km[i] = k * down;
+    }
+
+    // The state: S₁ = diag(exp(γ_C))·S₀ + K^cᵀ·U.
+    gemm(isa, n, dv, dk, Lhs::rows(&w.kc, dk).write(true), ds1, dv, &mut w.du, dv);
+    gemm(isa, n, dk, dv, Lhs::rows(&c.u, dv).write(true), &w.ds1t, dk, &mut w.dkc, dk);
+    let last = &mut w.dgamma[(n - 1) * dk..][..dk];
+    for (ch, ((x, y), s)) in ds0.chunks_exact_mut(dv).zip(ds1.chunks_exact(dv)).zip(s0.chunks_exact(dv)).enumerate() {
+        x.iter_mut().zip(y).for_each(|(x, &y)| *x = end[ch] * y);
+        last[ch] += f64::from(end[ch] * dot(s, y));
+    }
+
+    // The outputs: O = Q⁺·S₀ + P·U, P = Q⁺·K⁻ᵀ on and below the diagonal.
+    gemm(isa, n, dv, n, Lhs::transposed(&c.p, n).part(Part::UpperA), &w.dout, dv, &mut w.du, dv);
+    gemm(isa, n, n, dv, Lhs::rows(&w.dout, dv).part(Part::LowerOut).write(true), &w.ut, n, &mut w.dp, n);
+    for i in 0..n {
+        w.dp[i * n + i + 1..(i + 1) * n].fill(0.0);
+    }
+    gemm(isa, n, dk, dv, Lhs::rows(&w.dout, dv).write(true), &w.s0t, dk, &mut w.dqp, dk);
+    gemm(isa, n, dk, n, Lhs::rows(&w.dp, n).part(Part::LowerA), &w.km, dk, &mut w.dqp, dk);
+    gemm(isa, n, dk, n, Lhs::transposed(&w.dp, n).part(Part::UpperA).write(true), &c.qplus, dk, &mut w.dkm, dk);
+    gemm(isa, dk, dv, n, Lhs::transposed(&c.qplus, dk), &w.dout, dv, ds0, dv);
+
+    // The solve: (I + A)·U = Y.
+    gemm(isa, n, dv, n, Lhs::transposed(&c.inv, n).part(Part::UpperA).write(true), &w.du, dv, &mut w.dy, dv);
+    gemm(isa, n, n, dv, Lhs::rows(&w.dy, dv).part(Part::LowerOut).write(true), &w.ut, n, &mut w.da, n);
+    // Y = diag(β)·(V − W): dV = β·dY, dW = −dV (in tmp); A = diag(β)·(K⁺·K⁻ᵀ below the diagonal):
+    // dA = −dY·Uᵀ, dG = diag(β)·dA (in da).
+    for s in 0..n {
+        let (dy, wr, v) = (&w.dy[s * dv..][..dv], &c.w[s * dv..][..dv], &r.v[s * dv..][..dv]);
+        let mut db: f32 = dy.iter().zip(wr).zip(v).map(|((&dy, &w), &v)| dy * (v - w)).sum();
+        let dvr = &mut dv_[s * dv..][..dv];
+        dvr.iter_mut().zip(dy).for_each(|(x, &y)| *x = r.beta[s] * y);
+        w.tmp[s * dv..][..dv].iter_mut().zip(dvr.iter()).for_each(|(x, &y)| *x = -y);
+        let (da, gram) = (&mut w.da[s * n..][..n], &c.gram[s * n..][..n]);
+        for j in 0..n {
+            if j >= s {
+                da[j] = 0.0;
+                continue;
+            }
+            let d_a = -da[j];
+            db += d_a * gram[j];
+            da[j] = r.beta[s] * d_a;
+        }
+        dbeta[s] = db;
+    }
+    // W = K⁺·S₀ and the Gram matrix K⁺·K⁻ᵀ.
+    gemm(isa, n, dk, dv, Lhs::rows(&w.tmp, dv).write(true), &w.s0t, dk, &mut w.dkp, dk);
+    gemm(isa, dk, dv, n, Lhs::transposed(&c.kplus, dk), &w.tmp, dv, ds0, dv);
+    gemm(isa, n, dk, n, Lhs::rows(&w.da, n).part(Part::LowerA), &w.km, dk, &mut w.dkp, dk);
+    gemm(isa, n, dk, n, Lhs::transposed(&w.da, n).part(Part::UpperA), &c.kplus, dk, &mut w.dkm, dk);
+
+    // Through the factors' decays to q, k and γ.
+    for i in 0..n * dk {
+        let (up, down) = (c.up[i], c.down[i]);
+        dq[i] = w.dqp[i] * up;
+        dk_[i] = w.dkp[i] * up + w.dkm[i] * down + w.dkc[i] * (end[i % dk] * down);
+        let state = f64::from(w.dkc[i] * w.kc[i]);
+        w.dgamma[i] +=
+            f64::from(w.dkp[i] * c.kplus[i]) + f64::from(w.dqp[i] * c.qplus[i]) - f64::from(w.dkm[i] * w.km[i]) - state;
+        w.dgamma[(n - 1) * dk + i % dk] += state;
+    }
 }

@@ -65,7 +65,7 @@ impl Head<'_> {
             let out = &mut o[t0 * dv..][..n * dv];
             if self.p.gate == Gate::Channel {
                 if !c.fill_channel(isa, &r, s, (dk, dv), true) {
-                    self.tokens_one_by_one(t0, n, None, s, o);
+                    self.tokens_one_by_one(t0, n, None, s, out);
                     continue;
                 }
                 gemm(isa, n, dv, dk, Lhs::rows(&c.qplus, dk).write(true), s, dv, out, dv);
@@ -89,8 +89,16 @@ impl Head<'_> {
     /// Tokens `t0..t0 + n` of the head one by one, each token two passes over the state (the
     /// prediction `S'ᵀk` read, then every row decayed, corrected and read into the output); the
     /// first token reads `init` when given (so a decode step reads the cached state straight into
-    /// the new one, with no copy first), every other `s`; `s` and `o` as in [`Head::forward`].
-    fn tokens_one_by_one(&self, t0: usize, n: usize, mut init: Option<&[f32]>, s: &mut [f32], o: &mut [f32]) {
+    /// the new one, with no copy first), every other `s`; `s` as in [`Head::forward`], `o`
+    /// (`[n, Dv]`, zeros on entry) receives the span's outputs.
+    pub(super) fn tokens_one_by_one(
+        &self,
+        t0: usize,
+        n: usize,
+        mut init: Option<&[f32]>,
+        s: &mut [f32],
+        o: &mut [f32],
+    ) {
         let (dk, dv) = (self.d.dk, self.d.dv);
         let mut u = vec![0.0f32; dv];
         let mut old = vec![0.0f32; dv];
@@ -108,7 +116,7 @@ impl Head<'_> {
                 u.iter_mut().zip(row).for_each(|(u, &x)| *u += c * x);
             }
             u.iter_mut().zip(&r.v).for_each(|(u, &v)| *u = r.beta[0] * (v - *u));
-            let out = &mut o[t * dv..][..dv];
+            let out = &mut o[(t - t0) * dv..][..dv];
             for (i, ((&ki, &qi), &a)) in r.k.iter().zip(&r.q).zip(&decays).enumerate() {
                 old.copy_from_slice(&init.unwrap_or(s)[i * dv..][..dv]);
                 let row = &mut s[i * dv..][..dv];

@@ -23,7 +23,7 @@
 //! `A_sj = β_s·(K⁺·K⁻ᵀ)_sj`, `P = Q⁺·K⁻ᵀ`, `O = Q⁺·S₀ + P·U`, `Y = diag(β)·(V − K⁺·S₀)` and the
 //! next state `diag(exp(γ_C))·S₀ + (K∘exp(γ_C − γ))ᵀ·U`, the same products as the scalar gate's. A
 //! chunk in which some channel decays by more than `exp(−CHANNEL_SPREAD)` (where `exp(−γ)` would
-//! leave `f32`'s range) runs token by token instead. Its backward runs the recurrence per head.
+//! leave `f32`'s range) runs token by token instead, in the backward too.
 
 mod backward;
 mod forward;
@@ -132,7 +132,8 @@ struct Chunk {
     kplus: Vec<f32>,
     qplus: Vec<f32>,
     kminus_t: Vec<f32>,
-    /// The channel gate's `exp(−γ)`, `[n, Dk]`.
+    /// The channel gate's `exp(γ)` and `exp(−γ)`, `[n, Dk]`.
+    up: Vec<f32>,
     down: Vec<f32>,
 }
 
@@ -154,6 +155,7 @@ impl Chunk {
             kplus: Vec::new(),
             qplus: Vec::new(),
             kminus_t: Vec::new(),
+            up: Vec::new(),
             down: Vec::new(),
         }
     }
@@ -207,7 +209,7 @@ impl Chunk {
         if self.gamma_c[(n - 1) * dk..].iter().any(|&g| g < -CHANNEL_SPREAD) {
             return false;
         }
-        for buf in [&mut self.kplus, &mut self.qplus, &mut self.kminus_t, &mut self.down] {
+        for buf in [&mut self.kplus, &mut self.qplus, &mut self.kminus_t, &mut self.up, &mut self.down] {
             buf.resize(n * dk, 0.0);
         }
         // One `exp` per entry: `exp(−γ)` is its reciprocal. `K⁻` is written transposed.
@@ -217,6 +219,7 @@ impl Chunk {
             self.kplus[i] = r.k[i] * up;
             self.qplus[i] = r.q[i] * up;
             self.kminus_t[i % dk * n + i / dk] = r.k[i] * down;
+            self.up[i] = up;
             self.down[i] = down;
         }
         gemm(isa, n, dv, dk, Lhs::rows(&self.kplus, dk).write(true), s, dv, &mut self.w, dv);
