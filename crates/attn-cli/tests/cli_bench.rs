@@ -227,8 +227,9 @@ fn linear_rows_say_whether_the_outputs_were_reused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--linear"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// `--delta-rule`: a row per shape with the FLOPs of the printed rule, counted chunk by chunk here
-/// (T = 70: one chunk of 64 tokens and one of 6), and refusals of what the rule does not take.
+/// `--delta-rule`: a row per shape with the FLOPs of the printed rule for both gates, counted chunk
+/// by chunk here (T = 70: one chunk of 64 tokens and one of 6), and refusals of what the rule does
+/// not take.
 #[test]
 fn delta_rule_rows_count_the_chunked_flops() {
     let (dk, dv) = (8u64, 4u64);
@@ -251,8 +252,10 @@ fn delta_rule_rows_count_the_chunked_flops() {
         let gflops = r["flops"].as_f64().unwrap() / r["median_s"].as_f64().unwrap() / 1e9;
         assert!((r["gflops"].as_f64().unwrap() - gflops).abs() <= 1e-9 * gflops.max(1.0), "{r}");
     }
+    // KDA by the same chunks (its factorised products have the scalar gate's shapes): T = 9, Dv = Dk.
     let kda = json_lines(&attn_bench(&["--delta-rule", "kda", "--shape", "1,2,9,8", "--iters", "1", "--json"]));
-    assert_eq!(kda[0]["flops"].as_u64(), Some(2 * 9 * 8 * 8 * 8));
+    let chunk9 = 6 * 9 * 8 * 8 + 2 * 9 * 9 * (8 + 8) + 9 * 9 * 9 / 3;
+    assert_eq!(kda[0]["flops"].as_u64(), Some(2 * chunk9));
     let out = attn_bench(&["--delta-rule", "gated", "--shape", "1,2,8,8", "--causal"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--causal"));
     let out = attn_bench(&["--delta-rule", "gated", "--shape", "1,2,8,8", "--kv-heads", "3"]);
