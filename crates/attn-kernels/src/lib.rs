@@ -23,6 +23,7 @@
 pub mod alloc;
 pub mod amx;
 pub mod delta;
+mod disjoint;
 pub mod dispatch;
 pub mod dropout;
 pub mod error;

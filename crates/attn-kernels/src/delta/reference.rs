@@ -64,13 +64,18 @@ impl<'a> At<'a> {
 
 /// `x`, L2-normalised when `norm` (`x / √(Σx² + ε)`), times `scale`; and the normaliser `r`.
 pub(super) fn prepared<T: Real>(x: &[T], norm: bool, scale: T) -> (Vec<T>, T) {
-    let r = if norm {
+    let r = normaliser(x, norm);
+    (x.iter().map(|&v| v * r * scale).collect(), r)
+}
+
+/// The normaliser `r = (Σx² + ε)^(−1/2)` of [`prepared`] (1 without `norm`).
+pub(super) fn normaliser<T: Real>(x: &[T], norm: bool) -> T {
+    if norm {
         let eps = T::from_f64(L2NORM_EPS).expect("a float");
         (x.iter().fold(T::zero(), |s, &v| s + v * v) + eps).sqrt().recip()
     } else {
         T::one()
-    };
-    (x.iter().map(|&v| v * r * scale).collect(), r)
+    }
 }
 
 /// The decay of each state row of one token: `exp(g)` for every row, or `exp(g_i)` for row `i`.

@@ -22,8 +22,8 @@
 
 use rayon::prelude::*;
 
-use super::{ratio, Chunk, Head, Rows, CHUNK};
-use crate::delta::reference::{add_normalised, prepared, walk_back, At, HeadGrads};
+use super::{Chunk, Head, Rows, CHUNK};
+use crate::delta::reference::{add_normalised, normaliser, walk_back, At, HeadGrads};
 use crate::delta::{check, DeltaDims, DeltaGrads, DeltaInputs, DeltaParams, Gate};
 use crate::error::Result;
 use crate::linear::gemm::{gemm, Lhs, Part};
@@ -207,8 +207,8 @@ impl Head<'_> {
         for row in (0..t).filter(|row| factorised[row / CHUNK]) {
             let i = at.qk(self.n, row, self.h);
             let (qr, kr) = (&self.x.q[i..][..dk], &self.x.k[i..][..dk]);
-            let (_, rq) = prepared(qr, self.p.l2norm_qk, 1.0);
-            let (_, rk) = prepared(kr, self.p.l2norm_qk, 1.0);
+            let rq = normaliser(qr, self.p.l2norm_qk);
+            let rk = normaliser(kr, self.p.l2norm_qk);
             let dqn: Vec<f32> = hg.dq[row * dk..][..dk].iter().map(|&x| x * self.scale).collect();
             let dkn = hg.dk[row * dk..][..dk].to_vec();
             let (dq, dkk) = (&mut hg.dq[row * dk..][..dk], &mut hg.dk[row * dk..][..dk]);
@@ -248,7 +248,7 @@ fn chunk_backward(
     // The state: S₁ = Γ_C·S₀ + Kᵀ·diag(c)·U.
     gemm(isa, n, dv, dk, Lhs::rows(&r.k, dk).write(true), ds1, dv, &mut w.tmp, dv);
     for s in 0..n {
-        let cs = ratio(last, gamma[s]);
+        let cs = c.pair(n - 1, s);
         let (kds, u) = (&w.tmp[s * dv..][..dv], &c.u[s * dv..][..dv]);
         let dc = f64::from(cs * dot(kds, u));
         dgamma[n - 1] += dc;
@@ -275,7 +275,7 @@ fn chunk_backward(
             let e = f64::from(dp[j] * p[j]);
             dgamma[i] += e;
             dgamma[j] -= e;
-            dp[j] *= ratio(gamma[i], gamma[j]);
+            dp[j] *= c.pair(i, j);
         }
     }
     gemm(isa, n, dk, n, Lhs::rows(&w.dp, n).part(Part::LowerA).write(true), &r.k, dk, dq, dk);
@@ -312,7 +312,7 @@ fn chunk_backward(
                 da[j] = 0.0;
                 continue;
             }
-            let m = ratio(gamma[s], gamma[j]);
+            let m = c.pair(s, j);
             let d_a = -da[j];
             db += d_a * m * gram[j];
             let f = f64::from(d_a * a[j]);

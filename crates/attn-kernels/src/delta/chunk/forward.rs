@@ -7,6 +7,7 @@ use super::{Chunk, Head};
 use crate::alloc;
 use crate::delta::reference::At;
 use crate::delta::{check, DeltaDims, DeltaInputs, DeltaOutput, DeltaParams, Gate};
+use crate::disjoint::Disjoint;
 use crate::error::Result;
 use crate::linear::gemm::{gemm, Lhs, Part};
 use crate::simd::Isa;
@@ -20,25 +21,20 @@ pub fn delta_rule(d: &DeltaDims, x: &DeltaInputs<f32>, p: &DeltaParams) -> Resul
     let mut final_state = alloc::zeroed("delta rule final state", &[d.state_len(x.sequences(d))])?;
     let (dk, dv, hv) = (d.dk, d.dv, d.hv);
     let isa = Isa::best();
-    // Each (n, h) owns its state and writes its own output rows (`Dv` apart from those of the
-    // other heads of the token): the rows are gathered per head and scattered after.
-    let heads: Vec<Vec<f32>> = final_state
-        .par_chunks_mut(dk * dv)
-        .enumerate()
-        .map(|(bh, s)| {
-            let head = Head { d, x, p, scale, n: bh / hv, h: bh % hv };
-            let mut o = vec![0.0f32; head.tokens() * dv];
-            head.forward(isa, x.initial_state.map(|i| &i[bh * dk * dv..][..dk * dv]), s, &mut o);
-            o
-        })
-        .collect();
     let at = At::new(d, x, p.gate);
-    for (nh, o) in heads.iter().enumerate() {
-        let (n, h) = (nh / hv, nh % hv);
-        for (t, row) in o.chunks_exact(dv).enumerate() {
-            out[at.v(n, t, h)..][..dv].copy_from_slice(row);
-        }
-    }
+    // Each (n, h) owns its state and its output rows (`Dv` apart from those of the token's other
+    // heads), which it writes a chunk at a time.
+    let rows = Disjoint::new(&mut out);
+    final_state.par_chunks_mut(dk * dv).enumerate().for_each(|(bh, s)| {
+        let (n, h) = (bh / hv, bh % hv);
+        let head = Head { d, x, p, scale, n, h };
+        head.forward(isa, x.initial_state.map(|i| &i[bh * dk * dv..][..dk * dv]), s, &mut |t0, o: &[f32]| {
+            for (t, row) in (t0..).zip(o.chunks_exact(dv)) {
+                // SAFETY: token `t`'s row of head `(n, h)` is written by this head alone.
+                unsafe { rows.part(at.v(n, t, h), dv) }.copy_from_slice(row);
+            }
+        });
+    });
     Ok(DeltaOutput { out, final_state })
 }
 
@@ -48,12 +44,15 @@ const SHORT: usize = 4;
 
 impl Head<'_> {
     /// The head in chunks from the initial state `init` (zeros when `None`): `s` (`[Dk, Dv]`,
-    /// zeros on entry) is left holding the final state; `o` (`[T, Dv]`) receives the outputs.
-    fn forward(&self, isa: Isa, init: Option<&[f32]>, s: &mut [f32], o: &mut [f32]) {
+    /// zeros on entry) is left holding the final state; each chunk's outputs (`[n, Dv]`) go to
+    /// `emit` with the chunk's first token.
+    fn forward(&self, isa: Isa, init: Option<&[f32]>, s: &mut [f32], emit: &mut impl FnMut(usize, &[f32])) {
         let (dk, dv) = (self.d.dk, self.d.dv);
         let t = self.tokens();
+        let mut o = vec![0.0f32; super::CHUNK.min(t) * dv];
         if t < SHORT {
-            return self.tokens_one_by_one(0, t, init, s, o);
+            self.tokens_one_by_one(0, t, init, s, &mut o);
+            return emit(0, &o);
         }
         if let Some(init) = init {
             s.copy_from_slice(init);
@@ -62,10 +61,12 @@ impl Head<'_> {
         for t0 in (0..t).step_by(super::CHUNK) {
             let n = super::CHUNK.min(t - t0);
             let r = self.rows(t0, n);
-            let out = &mut o[t0 * dv..][..n * dv];
+            let out = &mut o[..n * dv];
             if self.p.gate == Gate::Channel {
                 if !c.fill_channel(isa, &r, s, (dk, dv), true) {
+                    out.fill(0.0);
                     self.tokens_one_by_one(t0, n, None, s, out);
+                    emit(t0, out);
                     continue;
                 }
                 gemm(isa, n, dv, dk, Lhs::rows(&c.qplus, dk).write(true), s, dv, out, dv);
@@ -78,6 +79,7 @@ impl Head<'_> {
                 }
             }
             gemm(isa, n, dv, n, Lhs::rows(&c.p, n).part(Part::LowerA), &c.u, dv, out, dv);
+            emit(t0, out);
             if self.p.gate == Gate::Channel {
                 c.advance_channel(isa, &r, s, (dk, dv));
             } else {

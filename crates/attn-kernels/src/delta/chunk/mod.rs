@@ -8,9 +8,10 @@
 //!
 //! after which `O = diag(Γ)·Q·S₀ + P·U` with `P_rs = exp(γ_r − γ_s)·(q_r·k_s)` for `s ≤ r`, and the
 //! next chunk's state is `Γ_C·S₀ + Kᵀ·diag(exp(γ_C − γ_s))·U`. Every decay is a difference of log
-//! decays within the chunk, at most 1: nothing overflows however strong the decay. `(I + A)⁻¹` is
-//! formed once per chunk (`C³/6` work), so the solve and everything else are products on the linear
-//! kernels' register-blocked `gemm`.
+//! decays within the chunk, at most 1: nothing overflows however strong the decay (its `exp` is
+//! taken once per token, `exp(γ_i)·exp(−γ_j)` in `f64`, where the chunk's decay leaves both in
+//! range, else once per pair). `(I + A)⁻¹` is formed once per chunk (`C³/6` work), so the solve
+//! and everything else are products on the linear kernels' register-blocked `gemm`.
 //!
 //! - `forward`: [`delta_rule`], the outputs and final states.
 //! - `backward`: [`delta_rule_backward`], every gradient: the forward again keeping the state at
@@ -31,7 +32,7 @@ mod forward;
 pub use backward::delta_rule_backward;
 pub use forward::delta_rule;
 
-use super::reference::{prepared, At};
+use super::reference::{normaliser, At};
 use super::{DeltaDims, DeltaInputs, DeltaParams, Gate};
 use crate::linear::gemm::{gemm, Lhs, Part};
 use crate::linear::transpose::transpose;
@@ -87,8 +88,11 @@ impl<'a> Head<'a> {
         let per_token = if p.gate == Gate::Channel { d.dk } else { 1 };
         let (mut beta, mut g) = (Vec::with_capacity(n), Vec::with_capacity(n * per_token));
         for t in t0..t0 + n {
-            q.extend(prepared(&x.q[at.qk(b, t, h)..][..d.dk], p.l2norm_qk, scale).0);
-            k.extend(prepared(&x.k[at.qk(b, t, h)..][..d.dk], p.l2norm_qk, 1.0).0);
+            // As `prepared`, without a vector per row.
+            let (qr, kr) = (&x.q[at.qk(b, t, h)..][..d.dk], &x.k[at.qk(b, t, h)..][..d.dk]);
+            let (rq, rk) = (normaliser(qr, p.l2norm_qk), normaliser(kr, p.l2norm_qk));
+            q.extend(qr.iter().map(|&v| v * rq * scale));
+            k.extend(kr.iter().map(|&v| v * rk));
             v.extend_from_slice(&x.v[at.v(b, t, h)..][..d.dv]);
             beta.push(x.beta[at.beta(b, t, h)]);
             g.extend_from_slice(&x.g[at.g(b, t, h)..][..per_token]);
@@ -97,10 +101,20 @@ impl<'a> Head<'a> {
     }
 }
 
-/// `exp(a − b)` in `f32`: the decay between two cumulative log decays.
-fn ratio(a: f64, b: f64) -> f32 {
-    (a - b).exp() as f32
+/// `exp(γ_i − γ_j)` in `f32` (`i ≥ j`), the decay between two cumulative log decays: as
+/// `exp(γ_i)·exp(−γ_j)` from `rise = exp(γ)` and `fall = exp(−γ)` when they are given, by its own
+/// `exp` otherwise.
+fn pair_decay(gamma: &[f64], rise: &[f64], fall: &[f64], i: usize, j: usize) -> f32 {
+    if rise.is_empty() {
+        (gamma[i] - gamma[j]).exp() as f32
+    } else {
+        (rise[i] * fall[j]) as f32
+    }
 }
+
+/// The most the scalar gate's cumulative log decay may fall inside a chunk for its pair decays to
+/// be products of per-token exps: `exp(700)` is still finite in `f64`.
+const SCALAR_SPREAD: f64 = 700.0;
 
 /// A chunk's forward quantities from its rows and start state `S₀`, in buffers kept across the
 /// chunks of a head (`n` rows each, leading dimension `n` for the `n × n` ones).
@@ -109,6 +123,10 @@ struct Chunk {
     /// `γ`: cumulative log decays from the chunk's start, summed in `f64` — their differences are
     /// what the decays are made of, and `f32` sums of strong decays lose them.
     gamma: Vec<f64>,
+    /// `exp(γ)` and `exp(−γ)` per token when the chunk's decay stays within [`SCALAR_SPREAD`]
+    /// (two exps per token instead of one per pair), else empty.
+    rise: Vec<f64>,
+    fall: Vec<f64>,
     /// `Kᵀ`, `[Dk, n]`.
     kt: Vec<f32>,
     /// `K·Kᵀ`, `[n, n]`.
@@ -143,6 +161,8 @@ impl Chunk {
         Chunk {
             n: 0,
             gamma: Vec::with_capacity(CHUNK),
+            rise: Vec::with_capacity(CHUNK),
+            fall: Vec::with_capacity(CHUNK),
             kt: vec![0.0; dk * CHUNK],
             gram: vec![0.0; sq],
             p: vec![0.0; sq],
@@ -170,7 +190,13 @@ impl Chunk {
             *acc += f64::from(g);
             Some(*acc)
         }));
-        let gamma = &self.gamma;
+        self.rise.clear();
+        self.fall.clear();
+        if self.gamma.last().is_some_and(|&g| g >= -SCALAR_SPREAD) {
+            self.rise.extend(self.gamma.iter().map(|g| g.exp()));
+            self.fall.extend(self.rise.iter().map(|e| e.recip()));
+        }
+        let pair = |i: usize, j: usize| pair_decay(&self.gamma, &self.rise, &self.fall, i, j);
         gemm(isa, n, dv, dk, Lhs::rows(&r.k, dk).write(true), s, dv, &mut self.w, dv);
         transpose(isa, &r.k, dk, n, dk, &mut self.kt, n);
         gemm(isa, n, n, dk, Lhs::rows(&r.k, dk).part(Part::LowerOut).write(true), &self.kt, n, &mut self.gram, n);
@@ -178,18 +204,21 @@ impl Chunk {
             gemm(isa, n, n, dk, Lhs::rows(&r.q, dk).part(Part::LowerOut).write(true), &self.kt, n, &mut self.p, n);
             for i in 0..n {
                 let row = &mut self.p[i * n..][..n];
-                row.iter_mut()
-                    .enumerate()
-                    .for_each(|(j, x)| *x = if j <= i { ratio(gamma[i], gamma[j]) * *x } else { 0.0 });
+                row.iter_mut().enumerate().for_each(|(j, x)| *x = if j <= i { pair(i, j) * *x } else { 0.0 });
             }
         }
         for i in 0..n {
             let (gram, a) = (&self.gram[i * n..][..n], &mut self.a[i * n..][..n]);
             for (j, x) in a.iter_mut().enumerate() {
-                *x = if j < i { r.beta[i] * ratio(gamma[i], gamma[j]) * gram[j] } else { 0.0 };
+                *x = if j < i { r.beta[i] * pair(i, j) * gram[j] } else { 0.0 };
             }
         }
         self.solve(isa, r, dv, true);
+    }
+
+    /// `exp(γ_i − γ_j)` of the chunk last filled (`i ≥ j`).
+    fn pair(&self, i: usize, j: usize) -> f32 {
+        pair_decay(&self.gamma, &self.rise, &self.fall, i, j)
     }
 
     /// The channel gate's [`Chunk::fill`] through the factorised products (module header); `false`,
@@ -276,7 +305,7 @@ impl Chunk {
         let last = self.gamma[n - 1];
         s.iter_mut().for_each(|x| *x *= last.exp() as f32);
         for i in 0..n {
-            let c = ratio(last, self.gamma[i]);
+            let c = self.pair(n - 1, i);
             self.u[i * dv..][..dv].iter_mut().for_each(|x| *x *= c);
         }
         gemm(isa, dk, dv, n, Lhs::transposed(&r.k, dk), &self.u, dv, s, dv);

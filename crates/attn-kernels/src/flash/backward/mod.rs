@@ -35,7 +35,6 @@ mod rows;
 mod sinks;
 
 use std::cell::RefCell;
-use std::marker::PhantomData;
 use std::sync::Mutex;
 
 use rayon::prelude::*;
@@ -43,6 +42,7 @@ use rayon::prelude::*;
 use super::plan;
 use crate::alloc::{self, AllocError};
 use crate::amx::{TileChoice, TileUnit};
+use crate::disjoint::Disjoint;
 use crate::grad::{AttnGrads, Saved, SideGrads};
 use crate::output::Path;
 use crate::problem::{Precision, Problem};
@@ -76,36 +76,6 @@ thread_local! {
     /// makes them once per thread instead of once per rayon split of every call (`BwdWork::trim`
     /// bounds what stays).
     static WORK: RefCell<BwdWork> = RefCell::new(BwdWork::default());
-}
-
-/// A buffer that several jobs write at disjoint places.
-pub(super) struct Disjoint<'a> {
-    ptr: *mut f32,
-    len: usize,
-    _life: PhantomData<&'a mut [f32]>,
-}
-
-// SAFETY: `Disjoint` only hands out slices through `part`, whose contract makes concurrent
-// accesses disjoint; the underlying buffer outlives it ('a).
-unsafe impl Send for Disjoint<'_> {}
-// SAFETY: as above.
-unsafe impl Sync for Disjoint<'_> {}
-
-impl<'a> Disjoint<'a> {
-    fn new(buf: &'a mut [f32]) -> Self {
-        Self { ptr: buf.as_mut_ptr(), len: buf.len(), _life: PhantomData }
-    }
-
-    /// Elements `at..at + len`.
-    ///
-    /// # Safety
-    /// No other live slice from this buffer overlaps the range while the result is used.
-    #[allow(clippy::mut_from_ref)]
-    pub(super) unsafe fn part(&self, at: usize, len: usize) -> &mut [f32] {
-        assert!(at + len <= self.len, "disjoint part {at}+{len} beyond {}", self.len);
-        // SAFETY: in bounds (asserted); exclusive by the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
-    }
 }
 
 /// What every job of a call shares.
