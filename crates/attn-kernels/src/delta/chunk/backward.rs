@@ -20,6 +20,8 @@
 //! `exp(γ_C)·Σ S₀∘dS₁`). Its chunks that decay too strongly for the products are walked back
 //! token by token (the reference's `walk_back`).
 
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use super::{Chunk, Head, Rows, CHUNK};
@@ -42,21 +44,38 @@ pub fn delta_rule_backward(
     dfinal: Option<&[f32]>,
 ) -> Result<DeltaGrads<f32>> {
     let scale = check(d, x, p)? as f32;
-    let mut g = DeltaGrads::zeroed(d, x, p, dout, dfinal)?;
+    let g = DeltaGrads::zeroed(d, x, p, dout, dfinal)?;
     let isa = Isa::best();
     let (hv, sl) = (d.hv, d.dk * d.dv);
+    let group = hv / d.hk;
     let at = At::new(d, x, p.gate);
-    let heads: Vec<HeadGrads<f32>> = (0..x.sequences(d) * hv)
-        .into_par_iter()
-        .map(|nh| {
-            let (n, h) = (nh / hv, nh % hv);
-            Head { d, x, p, scale, n, h }.backward(isa, dout, dfinal.map(|f| &f[nh * sl..][..sl]))
-        })
-        .collect();
-    for (nh, hg) in heads.iter().enumerate() {
-        g.add_head(&at, (nh / hv, nh % hv), hg, x.initial_state.is_some());
-    }
-    Ok(g)
+    let init = x.initial_state.is_some();
+    // Each head's gradients are added into the call's as soon as the heads before it in its group
+    // are (value heads of a group share their key head's `dq`, `dk` rows: a fixed order keeps the
+    // sums deterministic), so a thread's next head reuses the memory of its last instead of every
+    // head's gradients being held to the end.
+    let adder = Mutex::new(Ordered { g, next: vec![0; x.sequences(d) * d.hk], waiting: Vec::new() });
+    (0..x.sequences(d) * hv).into_par_iter().for_each(|nh| {
+        let (n, h) = (nh / hv, nh % hv);
+        let hg = Head { d, x, p, scale, n, h }.backward(isa, dout, dfinal.map(|f| &f[nh * sl..][..sl]));
+        let mut a = adder.lock().unwrap_or_else(|e| e.into_inner());
+        a.waiting.push((nh, hg));
+        // Add every waiting head whose turn in its group has come.
+        while let Some(i) = a.waiting.iter().position(|&(nh, _)| a.next[nh / group] == nh % group) {
+            let (nh, hg) = a.waiting.swap_remove(i);
+            a.g.add_head(&at, (nh / hv, nh % hv), &hg, init);
+            a.next[nh / group] += 1;
+        }
+    });
+    Ok(adder.into_inner().unwrap_or_else(|e| e.into_inner()).g)
+}
+
+/// The call's gradients and the heads not yet added: `next[n·Hk + kh]` is the position in its
+/// group of the next value head of key head `kh` to add.
+struct Ordered {
+    g: DeltaGrads<f32>,
+    next: Vec<usize>,
+    waiting: Vec<(usize, HeadGrads<f32>)>,
 }
 
 /// The buffers of one chunk's backward, kept across the chunks of a head.
