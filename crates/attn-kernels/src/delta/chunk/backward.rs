@@ -201,14 +201,26 @@ impl Head<'_> {
             for row in 0..n {
                 w.dout[row * dv..][..dv].copy_from_slice(&dout[at.v(self.n, t0 + row, self.h)..][..dv]);
             }
-            let (dq, dkk) = (&mut hg.dq[t0 * dk..][..n * dk], &mut hg.dk[t0 * dk..][..n * dk]);
-            let (dvv, dbeta) = (&mut hg.dv[t0 * dv..][..n * dv], &mut hg.dbeta[t0..][..n]);
             if channel {
                 c.fill_channel(isa, &r, s0, (dk, dv), true);
-                chunk_backward_channel(isa, &c, &r, s0, &hg.ds, &mut w, (dq, dkk, dvv, dbeta), &mut ds0, (dk, dv));
             } else {
                 c.fill(isa, &r, s0, (dk, dv), true);
-                chunk_backward(isa, &c, &r, s0, &hg.ds, &mut w, (dq, dkk, dvv, dbeta), &mut ds0, (dk, dv));
+            }
+            let job = ChunkGrads {
+                c: &c,
+                r: &r,
+                s0,
+                ds1: &hg.ds,
+                dq: &mut hg.dq[t0 * dk..][..n * dk],
+                dk: &mut hg.dk[t0 * dk..][..n * dk],
+                dv: &mut hg.dv[t0 * dv..][..n * dv],
+                dbeta: &mut hg.dbeta[t0..][..n],
+                ds0: &mut ds0,
+            };
+            if channel {
+                chunk_backward_channel(isa, job, &mut w, (dk, dv));
+            } else {
+                chunk_backward(isa, job, &mut w, (dk, dv));
             }
             // dg_i = Σ_{r ≥ i} dγ_r, channel by channel.
             let dg = &mut hg.dg[t0 * per_token..][..n * per_token];
@@ -240,21 +252,24 @@ impl Head<'_> {
     }
 }
 
-/// The gradients of one chunk (module header): `dq`, `dk` (of the normalised, scaled rows), `dv`,
-/// `dbeta` written, `w.dgamma` filled, `ds0` the gradient of the chunk's start state `s0` given
-/// `ds1`, that of its end state.
-#[allow(clippy::too_many_arguments)]
-fn chunk_backward(
-    isa: Isa,
-    c: &Chunk,
-    r: &Rows,
-    s0: &[f32],
-    ds1: &[f32],
-    w: &mut Scratch,
-    (dq, dk_, dv_, dbeta): (&mut [f32], &mut [f32], &mut [f32], &mut [f32]),
-    ds0: &mut [f32],
-    (dk, dv): (usize, usize),
-) {
+/// One chunk's backward: what it reads (the chunk's forward quantities `c`, its rows `r`, its start
+/// state `s0` and the gradient `ds1` of its end state) and what it writes (`dq`, `dk` of the
+/// normalised, scaled rows, `dv`, `dbeta`, and `ds0`, the gradient of `s0`).
+struct ChunkGrads<'a> {
+    c: &'a Chunk,
+    r: &'a Rows,
+    s0: &'a [f32],
+    ds1: &'a [f32],
+    dq: &'a mut [f32],
+    dk: &'a mut [f32],
+    dv: &'a mut [f32],
+    dbeta: &'a mut [f32],
+    ds0: &'a mut [f32],
+}
+
+/// The gradients of one chunk (module header) into `j`'s outputs, `w.dgamma` filled.
+fn chunk_backward(isa: Isa, j: ChunkGrads, w: &mut Scratch, (dk, dv): (usize, usize)) {
+    let ChunkGrads { c, r, s0, ds1, dq, dk: dk_, dv: dv_, dbeta, ds0 } = j;
     let (n, gamma) = (c.n, &c.gamma);
     let last = gamma[n - 1];
     w.dgamma.clear();
@@ -349,18 +364,8 @@ fn chunk_backward(
 
 /// The gradients of one channel-gate chunk through its factorised products (module header), as
 /// [`chunk_backward`]; `w.dgamma` is filled per token and channel, `[n, Dk]`.
-#[allow(clippy::too_many_arguments)]
-fn chunk_backward_channel(
-    isa: Isa,
-    c: &Chunk,
-    r: &Rows,
-    s0: &[f32],
-    ds1: &[f32],
-    w: &mut Scratch,
-    (dq, dk_, dv_, dbeta): (&mut [f32], &mut [f32], &mut [f32], &mut [f32]),
-    ds0: &mut [f32],
-    (dk, dv): (usize, usize),
-) {
+fn chunk_backward_channel(isa: Isa, j: ChunkGrads, w: &mut Scratch, (dk, dv): (usize, usize)) {
+    let ChunkGrads { c, r, s0, ds1, dq, dk: dk_, dv: dv_, dbeta, ds0 } = j;
     let n = c.n;
     w.dgamma.clear();
     w.dgamma.resize(n * dk, 0.0);
