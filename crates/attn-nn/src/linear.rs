@@ -4,9 +4,11 @@
 //! over the rows), made only for the arguments that need it. candle-nn's `Linear` broadcasts the
 //! weight over the batch instead (a product and a weight gradient per batch entry, then summed),
 //! and its composition of reshapes, transpose, product and bias is five graph nodes whose
-//! gradients candle's backward each accumulates with a pass of its own.
+//! gradients candle's backward each accumulates with a pass of its own. [`Linear::with_bf16_products`]
+//! makes the same map multiply in bfloat16 ([`crate::fused::linear_bf16`]).
 
-use candle_core::Tensor;
+use attn_kernels::bf16_weights::Bf16Weights;
+use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::error::Result;
@@ -18,12 +20,14 @@ pub struct Linear {
     weight: Tensor,
     /// `[out]`.
     bias: Option<Tensor>,
+    /// The weight rounded to bfloat16 and packed, when the products run in bfloat16.
+    bf16: Option<Bf16Weights>,
 }
 
 impl Linear {
     /// A map from `weight: [out, in]` and `bias: [out]`.
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
-        Self { weight, bias }
+        Self { weight, bias, bf16: None }
     }
 
     /// Loads `weight` and `bias` under `vb` (created, from a `VarMap`, with `candle_nn::linear`'s
@@ -43,9 +47,29 @@ impl Linear {
         &self.weight
     }
 
+    /// `bias: [out]`, when it has one.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
+    /// This map with its products in bfloat16 ([`crate::fused::linear_bf16`]): the weight rounded
+    /// once (to nearest, ties to even), each input as it comes, the sums in f32 — what a
+    /// `bfloat16` model's products compute, at twice the f32 rate on CPUs with AVX512-BF16 and
+    /// with half the weight's bytes to read everywhere (the f32 weight is kept for training).
+    pub fn with_bf16_products(&self) -> Result<Self> {
+        let w = self.weight.to_dtype(DType::F32)?;
+        let (out, inn) = w.dims2()?;
+        let packed =
+            Bf16Weights::pack(&w.flatten_all()?.to_vec1::<f32>()?, out, inn).map_err(attn::AttnLibError::from)?;
+        Ok(Self { bf16: Some(packed), ..self.clone() })
+    }
+
     /// `x: [.., in]` → `[.., out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(crate::fused::linear(x, &self.weight, self.bias.as_ref())?)
+        Ok(match &self.bf16 {
+            Some(p) => crate::fused::linear_bf16(x, &self.weight, p, self.bias.as_ref())?,
+            None => crate::fused::linear(x, &self.weight, self.bias.as_ref())?,
+        })
     }
 }
 

@@ -1,7 +1,8 @@
 //! The fused operations against the same formulas composed from candle's differentiable ops, in
 //! `f64`: forward values and every gradient, plus ReLU's PyTorch semantics (zero gradient at 0,
 //! NaN kept), dropout's mask equal to the serial stream's on any thread count, the linear map's gradients for tracked arguments only, and the scheduling-independence
-//! of the sums over rows in LayerNorm's and the linear map's gradients.
+//! of the sums over rows in LayerNorm's and the linear map's gradients; the linear map with
+//! bfloat16 products against the composed formula on the rounded operands.
 
 use attn::random::SplitMix64;
 use attn_nn::fused::{dropout, layer_norm, linear, relu};
@@ -120,6 +121,43 @@ fn linear_matches_the_composed_formula_with_gradients() {
         assert!(max_diff(&y_f, &y_c) < 1e-12, "{x_shape:?} forward without bias");
         for (f, c) in d_f.iter().zip(&d_c) {
             assert!(max_diff(f, c) < 1e-12, "{x_shape:?} without bias");
+        }
+    }
+}
+
+/// `t` rounded to bfloat16 (to nearest, ties to even) and back, in `f64`.
+fn bf16_rounded(t: &Tensor) -> Tensor {
+    t.to_dtype(DType::BF16).unwrap().to_dtype(DType::F64).unwrap()
+}
+
+#[test]
+fn linear_with_bf16_products_is_the_product_of_the_rounded_operands_with_gradients() {
+    // A decode row, a few rows, rows past one micro-kernel chunk, odd widths, outputs past one panel.
+    for (x_shape, out) in [(vec![1, 64], 40), (vec![3, 2, 33], 7), (vec![29, 130], 70)] {
+        let inn = *x_shape.last().unwrap();
+        let (x, w, b) = (random(&x_shape, 40), random(&[out, inn], 41), random(&[out], 42));
+        let g = random(&[&x_shape[..x_shape.len() - 1], &[out]].concat(), 43);
+        let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+        let (x32, w32, b32) = (f32s(&x), f32s(&w), f32s(&b));
+        let layer = Linear::new(
+            Var::from_tensor(&w32).unwrap().as_tensor().clone(),
+            Some(Var::from_tensor(&b32).unwrap().as_tensor().clone()),
+        )
+        .with_bf16_products()
+        .unwrap();
+        let xv = Var::from_tensor(&x32).unwrap();
+        let y = layer.forward(xv.as_tensor()).unwrap();
+        let store = y.mul(&f32s(&g)).unwrap().sum_all().unwrap().backward().unwrap();
+        let want = composed_linear(&bf16_rounded(&x), &bf16_rounded(&w), Some(&b));
+        // f32 sums of exact products (terms within ±4), far below what rounding the operands to
+        // bfloat16 moves a sum (~√in · 4 · 2⁻⁸).
+        let tol = 1e-4 * inn as f64;
+        assert!(max_diff(&y.to_dtype(DType::F64).unwrap(), &want) < tol, "{x_shape:?} forward");
+        let grad = |t: &Tensor| store.get(t).expect("gradient reaches every argument").to_dtype(DType::F64).unwrap();
+        let (_, d_c) = grads(&[x, bf16_rounded(&w), b], &g, |a| composed_linear(&a[0], &a[1], Some(&a[2])));
+        let got = [grad(xv.as_tensor()), grad(layer.weight()), grad(layer.bias().unwrap())];
+        for (name, (f, c)) in ["dx", "dweight", "dbias"].iter().zip(got.iter().zip(&d_c)) {
+            assert!(max_diff(f, c) < 1e-3, "{x_shape:?} {name}: {}", max_diff(f, c));
         }
     }
 }

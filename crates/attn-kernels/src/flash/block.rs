@@ -187,7 +187,7 @@ macro_rules! with_rows {
         unreachable!("a row chunk past its bound")
     };
 }
-pub(in crate::flash) use with_rows;
+pub(crate) use with_rows;
 
 /// Per-block working memory, reused from job to job by each worker.
 #[derive(Default)]

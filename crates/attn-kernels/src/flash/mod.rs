@@ -44,8 +44,12 @@ use crate::simd::{Isa, KvElem, Simd, SimdJob, Target};
 use crate::view::View4;
 pub(crate) use backward::backward;
 pub use backward::BackwardTuning;
+pub(crate) use block::with_rows;
 use block::{Ctx, Job, Outs, Rest, Work};
 use forward::run;
+pub(crate) use micro::{qk_panel, Bf16Pairs};
+pub(crate) use pack::{pack_dim_pairs, panel_len};
+pub(crate) use pairs::transpose_pairs;
 use plan::Plan;
 pub use plan::{decodes, Tuning, BLOCK_ROWS, BLOCK_ROWS_STREAMING, DECODE_ROWS, MIN_SHARD_KEYS, PACK_BUDGET};
 

@@ -9,6 +9,7 @@
 //! are, on the current rayon pool's threads — but for a few input rows (decode steps), a product
 //! of this module's own that streams the weights once for all of them.
 
+use attn_kernels::bf16_weights::Bf16Weights;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
 use gemm::{gemm, Parallelism};
 
@@ -194,13 +195,19 @@ fn product_grad<T: Real>(
 }
 
 /// The gradients the tracked arguments need, from `dy: [rows·out]`: `dx = dy·w`, `dw = dyᵀ·x`,
-/// `db = Σ_rows dy`.
-fn backward<T: Real>(x: &Tensor, w: &Tensor, b: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
+/// `db = Σ_rows dy`, with `w_values` the weight the forward multiplied (`w` itself, or its
+/// bfloat16 rounding).
+fn backward<T: Real>(
+    x: &Tensor,
+    (w, w_values): (&Tensor, &Tensor),
+    b: &Tensor,
+    dy: &Tensor,
+) -> Result<[Option<Tensor>; 3]> {
     let dy = dy.to_dtype(T::DTYPE)?.contiguous()?;
     let (out, inn) = w.dims2()?;
     let rows = x.dims()[..x.rank() - 1].iter().product::<usize>();
     with_values::<T, _>(&dy, |dys| {
-        let dx = product_grad(x, (rows, inn, out), Mat::rows(dys, out), w, |ws| Mat::rows(ws, inn))?;
+        let dx = product_grad(x, (rows, inn, out), Mat::rows(dys, out), w_values, |ws| Mat::rows(ws, inn))?;
         let dw = product_grad(w, (out, inn, rows), Mat::transposed(dys, out), x, |xs| Mat::rows(xs, inn))?;
         let db = match b.track_op() {
             true => Some(Tensor::from_vec(column_sums(dys, out), out, b.device())?),
@@ -208,6 +215,84 @@ fn backward<T: Real>(x: &Tensor, w: &Tensor, b: &Tensor, dy: &Tensor) -> Result<
         };
         Ok([dx, dw, db])
     })
+}
+
+/// The leading dimensions of `x` and the input width, after checking `x: [.., in]` against
+/// `weight: [out, in]` and `bias: [out]`.
+fn checked_dims<'a>(x: &'a Layout, w: &Layout, b: &Layout) -> Result<(&'a [usize], usize)> {
+    let (out, inn) = w.shape().dims2()?;
+    let Some((&x_in, lead)) = x.dims().split_last() else {
+        return Err(candle_core::Error::Msg(format!("linear: input of shape {:?} has no feature dimension", x.dims())));
+    };
+    if x_in != inn || b.dims() != [out] {
+        return Err(candle_core::Error::Msg(format!(
+            "linear: input {:?} against weight [{out}, {inn}] and bias {:?}: expected [.., {inn}] and [{out}]",
+            x.dims(),
+            b.dims()
+        )));
+    }
+    Ok((lead, inn))
+}
+
+/// [`linear`] with `weight`'s products in bfloat16 through `packed` (`weight` packed by
+/// [`Bf16Weights::pack`]): `x` rounded to bfloat16 as it comes, the sums in f32, at twice the f32
+/// rate on CPUs with AVX512-BF16 and half the weight's bytes everywhere. Differentiable in all
+/// three as the product with the rounded weight (the input's rounding passed straight through:
+/// `dx = dy·bf16(weight)`, `dweight = dyᵀ·x`).
+pub fn linear_bf16(x: &Tensor, weight: &Tensor, packed: &Bf16Weights, bias: Option<&Tensor>) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let x = x.to_dtype(DType::F32)?.contiguous()?;
+    let weight = weight.to_dtype(DType::F32)?;
+    if weight.dims() != [packed.out_dim(), packed.in_dim()] {
+        candle_core::bail!(
+            "linear: weight {:?} against its bfloat16 form [{}, {}]",
+            weight.dims(),
+            packed.out_dim(),
+            packed.in_dim()
+        );
+    }
+    let bias = match bias {
+        Some(b) => b.to_dtype(DType::F32)?.contiguous()?,
+        None => Tensor::zeros(packed.out_dim(), DType::F32, x.device())?,
+    };
+    x.apply_op3(&weight, &bias, Bf16LinearOp(packed.clone()))?.to_dtype(dtype)
+}
+
+struct Bf16LinearOp(Bf16Weights);
+
+impl CustomOp3 for Bf16LinearOp {
+    fn name(&self) -> &'static str {
+        "linear-bf16"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        _weight: &CpuStorage, // the products read the packed form
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (lead, _) = checked_dims(l1, l2, l3)?;
+        let (x, bias) = (contiguous::<f32>(s1, l1)?, contiguous::<f32>(s3, l3)?);
+        let mut y = vec![0.0f32; lead.iter().product::<usize>() * self.0.out_dim()];
+        self.0.matmul(x, Some(bias), &mut y).map_err(|e| candle_core::Error::Msg(format!("linear: {e}")))?;
+        Ok((CpuStorage::F32(y), [lead, &[self.0.out_dim()]].concat().into()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let rounded = Tensor::from_vec(self.0.widened(), w.shape(), w.device())?;
+        let [dx, dw, db] = backward::<f32>(x, (w, &rounded), b, dy)?;
+        Ok((dx, dw, db))
+    }
 }
 
 impl CustomOp3 for LinearOp {
@@ -224,20 +309,7 @@ impl CustomOp3 for LinearOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (out, inn) = l2.shape().dims2()?;
-        let Some((&x_in, lead)) = l1.dims().split_last() else {
-            return Err(candle_core::Error::Msg(format!(
-                "linear: input of shape {:?} has no feature dimension",
-                l1.dims()
-            )));
-        };
-        if x_in != inn || l3.dims() != [out] {
-            return Err(candle_core::Error::Msg(format!(
-                "linear: input {:?} against weight [{out}, {inn}] and bias {:?}: expected [.., {inn}] and [{out}]",
-                l1.dims(),
-                l3.dims()
-            )));
-        }
+        let (lead, inn) = checked_dims(l1, l2, l3)?;
         // `linear` gave weight and bias the input's dtype; `contiguous` refuses any other.
         let y = per_float!(s1, "linear", |T| contiguous::<T>(s1, l1).and_then(|x| Ok(forward(
             x,
@@ -245,7 +317,7 @@ impl CustomOp3 for LinearOp {
             contiguous(s3, l3)?,
             (lead.iter().product(), inn)
         ))));
-        Ok((y, [lead, &[out]].concat().into()))
+        Ok((y, [lead, &[l3.dims()[0]]].concat().into()))
     }
 
     fn bwd(
@@ -257,8 +329,8 @@ impl CustomOp3 for LinearOp {
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let [dx, dw, db] = match x.dtype() {
-            DType::F64 => backward::<f64>(x, w, b, dy)?,
-            _ => backward::<f32>(x, w, b, dy)?,
+            DType::F64 => backward::<f64>(x, (w, w), b, dy)?,
+            _ => backward::<f32>(x, (w, w), b, dy)?,
         };
         Ok((dx, dw, db))
     }

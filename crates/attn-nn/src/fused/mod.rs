@@ -9,7 +9,8 @@
 //! - [`dropout`]: `x · mask` with the mask drawn, in parallel, from a seed's SplitMix64 stream and
 //!   kept as bits for the backward, and no gradient made for a constant mask;
 //! - [`linear`]: `x·weightᵀ + bias` with the leading dimensions folded into rows, one node where
-//!   candle's composition is five, and gradients only for the tracked arguments;
+//!   candle's composition is five, and gradients only for the tracked arguments; [`linear_bf16`]
+//!   the same with the weight's products in bfloat16;
 //!
 //! All run on CPU tensors in `f32` or `f64`, read contiguously (the wrappers make their inputs
 //! contiguous first), and split rows over rayon's threads. Other dtypes are computed in `f32`
@@ -41,7 +42,7 @@ mod relu;
 
 pub use dropout::dropout;
 pub use layer_norm::layer_norm;
-pub use linear::linear;
+pub use linear::{linear, linear_bf16};
 pub use relu::relu;
 
 use candle_core::{CpuStorage, DType, Layout, Result, Tensor};
