@@ -2,7 +2,7 @@
 //! [`Bf16Weights`]. The weights are packed once into the flash kernel's key panels of bfloat16
 //! pairs (`pack::pack_dim_pairs`, each output row a "key"); each call rounds its input rows to
 //! bfloat16 pairs (`pairs::transpose_pairs`) and multiplies them with the `qk_panel` micro-kernel
-//! on [`Bf16Pairs`]: AVX512-BF16's `VDPBF16PS` where the CPU has it (twice the f32 FMA rate), two
+//! on `Bf16Pairs`: AVX512-BF16's `VDPBF16PS` where the CPU has it (twice the f32 FMA rate), two
 //! FMAs per pair elsewhere. Products of two bfloat16 values are exact and accumulate in f32, so
 //! the result is the f32 product of the rounded operands. The same kernel serves a prefill's
 //! hundreds of rows and a decode step's few (then it streams half the bytes of f32 weights).
