@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
-"""The real models through attn against transformers on PyTorch, same weights (f32), same CPU,
-same thread count, alternating rounds (transformers, attn, transformers, ...); the table shows
-the median over rounds.
+"""The real models through attn against transformers on PyTorch, same weights, same CPU, same
+thread count, alternating rounds (each side once per round, in turn); the table shows the median
+over rounds and each side against transformers in f32.
+
+Sides: transformers with the weights in f32, and with --torch-bf16 the same model cast to
+bfloat16 (`model.to(torch.bfloat16)`: every product and activation in bf16); attn with each of
+--weights (f32: the parity mode; bf16: the linear layers' weights and inputs rounded to bfloat16,
+sums, norms, attention and the residual stream in f32; int8: as bf16, the weights kept as 8-bit
+blocks of 32 and widened in the kernel).
 
 - SmolLM2 prefill: tokens/s of one forward over a prompt of --prompt-len tokens (GPL-3's text),
   the last position's logits only on both sides (what generation needs);
@@ -16,6 +22,7 @@ process start and the weights' loading excluded, as transformers' are).
 Setup:  a Python with torch, transformers, gguf (scripts/model_fixtures.py's), and
         cargo build --release -p attn-cli; target/release/attn models fetch minilm smollm2
 Usage:  python scripts/models_vs_transformers.py --attn target/release/attn [--threads 2] [--rounds 5]
+        [--weights f32 bf16 int8] [--torch-bf16]
 """
 import argparse
 import json
@@ -49,6 +56,8 @@ def main():
     p.add_argument("--decode-len", type=int, default=64)
     p.add_argument("--sentences", type=int, default=64)
     p.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
+    p.add_argument("--weights", nargs="+", default=["f32"], choices=["f32", "bf16", "int8"], help="attn's --weights")
+    p.add_argument("--torch-bf16", action="store_true", help="also transformers with the model in bfloat16")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
@@ -63,7 +72,13 @@ def main():
     enc = AutoModel.from_pretrained(minilm_dir).eval()
     sentences = [MINILM_SENTENCES[i % len(MINILM_SENTENCES)] + f" ({i})" for i in range(a.sentences)]
 
-    def hf_generate():
+    lms = {"f32": lm}
+    encs = {"f32": enc}
+    if a.torch_bf16:
+        lms["bf16"] = AutoModelForCausalLM.from_pretrained(d, gguf_file=f).eval().to(torch.bfloat16)
+        encs["bf16"] = AutoModel.from_pretrained(minilm_dir).eval().to(torch.bfloat16)
+
+    def hf_generate(lm):
         with torch.no_grad():
             x = torch.tensor([ids])
             t0 = time.perf_counter()
@@ -77,47 +92,51 @@ def main():
             t2 = time.perf_counter()
         return len(ids) / (t1 - t0), (a.decode_len - 1) / (t2 - t1)
 
-    def attn_generate():
+    def attn_generate(weights):
         out = subprocess.run([a.attn, "generate", "--model", smollm2, "--json", "--ignore-eos", "--threads",
-                              str(a.threads), "--max-new-tokens", str(a.decode_len), prompt],
+                              str(a.threads), "--weights", weights, "--max-new-tokens", str(a.decode_len), prompt],
                              capture_output=True, text=True, check=True)
         j = json.loads(out.stdout)
         return j["prefill_tokens_per_s"], j["decode_tokens_per_s"]
 
-    def hf_embed():
+    def hf_embed(enc):
         t0 = time.perf_counter()
         with torch.no_grad():
             b = etok(sentences, padding=True, truncation=True, max_length=256, return_tensors="pt")
-            h = enc(**b).last_hidden_state
+            h = enc(**b).last_hidden_state.float()
             m = b["attention_mask"].unsqueeze(-1).float()
             e = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=1)
         assert e.shape[0] == len(sentences)
         return len(sentences) / (time.perf_counter() - t0)
 
-    def attn_embed():
-        out = subprocess.run([a.attn, "embed", "--model", minilm_dir, "--threads", str(a.threads), "--json", *sentences],
-                             capture_output=True, text=True, check=True)
+    def attn_embed(weights):
+        out = subprocess.run([a.attn, "embed", "--model", minilm_dir, "--threads", str(a.threads), "--weights", weights,
+                              "--json", *sentences], capture_output=True, text=True, check=True)
         return float(re.search(r"\(([\d.]+) texts/s", out.stderr).group(1))
 
-    hf_embed(), hf_generate()  # warm-up
-    rows = {k: ([], []) for k in ("prefill", "decode", "embed")}
+    sides = {f"transformers {w}": (lambda w=w: (*hf_generate(lms[w]), hf_embed(encs[w]))) for w in lms}
+    sides.update({f"attn {w}": (lambda w=w: (*attn_generate(w), attn_embed(w))) for w in a.weights})
+    for w in lms:  # warm-up
+        hf_embed(encs[w]), hf_generate(lms[w])
+    rows = {name: {"prefill": [], "decode": [], "embed": []} for name in sides}
     for r in range(a.rounds):
-        hp, hd = hf_generate()
-        ap, ad = attn_generate()
-        he, ae = hf_embed(), attn_embed()
-        for k, h, at in (("prefill", hp, ap), ("decode", hd, ad), ("embed", he, ae)):
-            rows[k][0].append(h)
-            rows[k][1].append(at)
-        print(f"round {r + 1}: prefill {hp:.0f} vs {ap:.0f} tok/s, decode {hd:.1f} vs {ad:.1f} tok/s, "
-              f"embed {he:.0f} vs {ae:.0f} texts/s", flush=True)
-    print(f"\n{a.rounds} alternating rounds, {a.threads} threads, torch {torch.__version__}")
-    print(f"{'what':<40} {'transformers':>12} {'attn':>10} {'ratio':>7}")
+        shown = []
+        for name, run in sides.items():
+            for k, v in zip(("prefill", "decode", "embed"), run()):
+                rows[name][k].append(v)
+            shown.append(f"{name}: {rows[name]['prefill'][-1]:.0f} / {rows[name]['decode'][-1]:.1f} tok/s, "
+                         f"{rows[name]['embed'][-1]:.0f} texts/s")
+        print(f"round {r + 1}: " + "; ".join(shown), flush=True)
+    print(f"\n{a.rounds} alternating rounds, {a.threads} threads, torch {torch.__version__}; medians, "
+          "and in brackets against transformers f32")
     labels = {"prefill": f"SmolLM2 prefill {len(ids)} tokens (tok/s)",
               "decode": f"SmolLM2 decode {a.decode_len} after {len(ids)} (tok/s)",
               "embed": f"MiniLM embed {a.sentences} sentences (texts/s)"}
-    for k, (h, at) in rows.items():
-        mh, ma = statistics.median(h), statistics.median(at)
-        print(f"{labels[k]:<40} {mh:>12.1f} {ma:>10.1f} {ma / mh:>6.2f}x")
+    print(f"{'what':<40} " + " ".join(f"{name:>22}" for name in sides))
+    for k, label in labels.items():
+        base = statistics.median(rows["transformers f32"][k])
+        cells = [f"{statistics.median(rows[n][k]):.1f} ({statistics.median(rows[n][k]) / base:.2f}x)" for n in sides]
+        print(f"{label:<40} " + " ".join(f"{c:>22}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 //! The real-model commands' JSON contracts, on the real models (fetched into the cache on first
 //! use): `attn embed --json` (dimension, order, unit vectors, equal to the library's), `attn
 //! generate --json` (greedy ids equal to transformers', `--ignore-eos`, rates), `attn perplexity
-//! --json`, both with `--kv-dtype`; and their errors as one line with exit code 1.
+//! --json`, both with `--kv-dtype` and `--weights`; and their errors as one line with exit code 1.
 
 use std::process::{Command, Output};
 
@@ -204,5 +204,25 @@ fn perplexity_and_generate_take_a_kv_dtype() {
     error_line(
         &["perplexity", "--model", "smollm2", "--text", text, "--kv-dtype", "int4"],
         &["--kv-dtype", "\"int4\"", "f32, f16, bf16, int8, fp8"],
+    );
+}
+
+#[test]
+fn perplexity_takes_bf16_and_int8_weights() {
+    let text = "/usr/share/common-licenses/GPL-3";
+    let ppl = |w: &str| {
+        json_of(&["perplexity", "--model", "smollm2", "--text", text, "--context", "128", "--json", "--weights", w])
+    };
+    let f32s = ppl("f32");
+    assert_eq!(f32s["weights"], "f32");
+    for w in ["bf16", "int8"] {
+        let low = ppl(w);
+        assert_eq!(low["weights"], w);
+        let off = low["nll"].as_f64().unwrap() / f32s["nll"].as_f64().unwrap() - 1.0;
+        assert!(off != 0.0 && off.abs() < 0.01, "{w} products off by {off}");
+    }
+    error_line(
+        &["perplexity", "--model", "smollm2", "--text", text, "--weights", "int4"],
+        &["--weights", "\"int4\"", "f32, bf16 or int8"],
     );
 }

@@ -6,6 +6,13 @@
 //! FMAs per pair elsewhere. Products of two bfloat16 values are exact and accumulate in f32, so
 //! the result is the f32 product of the rounded operands. The same kernel serves a prefill's
 //! hundreds of rows and a decode step's few (then it streams half the bytes of f32 weights).
+//!
+//! [`Bf16Weights::pack_int8`] stores the same panels' slots as 8-bit integers instead, each block
+//! of [`INT8_BLOCK`] inputs of an output row with its own scale and minimum (`w ≈ min + q·s`,
+//! `q ∈ 0..=255`, to nearest; the 16 levels of a GGUF's Q4_1 or Q4_K block are held exactly): a
+//! quarter of the f32 bytes. Each task widens a panel into bfloat16 pairs once and
+//! runs the same micro-kernel on it, so a prefill pays the widening once per panel and row block
+//! and a decode step, bound by memory, reads half the bytes of the bfloat16 panels.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -22,16 +29,34 @@ use crate::view::View4;
 /// half of a core's L2.
 const ROWS_BYTES: usize = 512 * 1024;
 
-/// Weights `[out, in]` rounded to bfloat16 (to nearest, ties to even) and packed for
-/// [`Bf16Weights::matmul`].
+/// A way to pack weights `[out, in]`: [`Bf16Weights::pack`] or [`Bf16Weights::pack_int8`].
+pub type Packing = fn(&[f32], usize, usize) -> Result<Bf16Weights>;
+
+/// Inputs per scale and minimum of [`Bf16Weights::pack_int8`]'s 8-bit weights (the GGUF's
+/// 4-bit blocks).
+pub const INT8_BLOCK: usize = 32;
+
+/// Weights `[out, in]` rounded to bfloat16 (to nearest, ties to even), or quantized to 8 bits,
+/// and packed for [`Bf16Weights::matmul`].
 #[derive(Debug, Clone)]
 pub struct Bf16Weights {
     out: usize,
     inn: usize,
     /// The instruction set the panels are laid out for (their width is two of its vectors).
     target: Target,
-    /// `⌈out / 2W⌉` panels of `[⌈in/2⌉][2W]` pairs.
-    panels: Arc<Vec<f32>>,
+    storage: Arc<Storage>,
+}
+
+/// How the panels are kept.
+#[derive(Debug)]
+enum Storage {
+    /// `⌈out / 2W⌉` panels of `[⌈in/2⌉][2W]` bfloat16 pairs.
+    Pairs(Vec<f32>),
+    /// The same panels' slots as pairs of 8-bit integers, `[⌈in/2⌉][2][2W]` per panel (each
+    /// slot row's low halves, then its high halves: contiguous for the widening loop), each
+    /// slot's block of `INT8_BLOCK` inputs `q·scale + min` (`q` the level less 128, `min` the
+    /// block's least value plus 128 steps), `[⌈in/INT8_BLOCK⌉][2W]` of each per panel.
+    Int8 { q: Vec<i8>, scales: Vec<f32>, mins: Vec<f32> },
 }
 
 impl Bf16Weights {
@@ -43,7 +68,36 @@ impl Bf16Weights {
         let len = panel_len(out, inn.div_ceil(2), lanes);
         let mut panels = crate::alloc::zeroed("bf16 weight panels", &[len])?;
         pack_dim_pairs(&view, 0, 0, 0..out, lanes, &mut panels);
-        Ok(Self { out, inn, target, panels: Arc::new(panels) })
+        Ok(Self { out, inn, target, storage: Arc::new(Storage::Pairs(panels)) })
+    }
+
+    /// `w: [out, inn]` row-major, each block of [`INT8_BLOCK`] inputs of a row quantized to
+    /// 8 bits (`q = round((w − min) / s)`, `s = (max − min) / 255` over the block), packed for
+    /// this CPU's widest vectors; the products multiply `bf16(min + q·s)`.
+    pub fn pack_int8(w: &[f32], out: usize, inn: usize) -> Result<Self> {
+        View4::contiguous("weight", w, [1, 1, out, inn])?;
+        let target = Target::best().bf16_products(true);
+        let pw = 2 * target.lanes();
+        let (words, blocks, panels) = (inn.div_ceil(2), inn.div_ceil(INT8_BLOCK), out.div_ceil(pw));
+        // A quarter of `w`'s bytes (and `w` is in memory): no allocation to check.
+        let mut q = vec![0i8; panels * words * pw * 2];
+        let (mut scales, mut mins) = (vec![0.0f32; panels * blocks * pw], vec![0.0f32; panels * blocks * pw]);
+        for (o, row) in w.chunks_exact(inn.max(1)).enumerate().take(out) {
+            let (p, c) = (o / pw, o % pw);
+            for (b, block) in row.chunks(INT8_BLOCK).enumerate() {
+                let (min, max) =
+                    block.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, z), &x| (a.min(x), z.max(x)));
+                let s = (max - min) / 255.0;
+                (scales[(p * blocks + b) * pw + c], mins[(p * blocks + b) * pw + c]) = (s, min + 128.0 * s);
+                for (j, &x) in block.iter().enumerate() {
+                    let i = b * INT8_BLOCK + j;
+                    // A constant block (s = 0) is its minimum.
+                    let level = if s > 0.0 { ((x - min) / s).round().min(255.0) } else { 128.0 };
+                    q[((p * words + i / 2) * 2 + i % 2) * pw + c] = (level - 128.0) as i8;
+                }
+            }
+        }
+        Ok(Self { out, inn, target, storage: Arc::new(Storage::Int8 { q, scales, mins }) })
     }
 
     /// Output features (rows of the weight).
@@ -56,14 +110,16 @@ impl Bf16Weights {
         self.inn
     }
 
-    /// The rounded weights widened back to f32, `[out, in]` row-major (exact).
+    /// The weights the products multiply (rounded to bfloat16, or `bf16(min + q·s)`) widened
+    /// back to f32, `[out, in]` row-major (exact).
     pub fn widened(&self) -> Vec<f32> {
         let (pw, words) = (2 * self.target.lanes(), self.inn.div_ceil(2));
         let mut w = vec![0.0; self.out * self.inn];
+        let mut panel = vec![0.0; pw * words];
         for (o, row) in w.chunks_exact_mut(self.inn.max(1)).enumerate().take(self.out) {
-            let panel = &self.panels[o / pw * pw * words..];
+            let slots = self.target.run(Panel { w: self, p: o / pw, scratch: &mut panel });
             for (i, x) in row.iter_mut().enumerate() {
-                let bits = panel[i / 2 * pw + o % pw].to_bits();
+                let bits = slots[i / 2 * pw + o % pw].to_bits();
                 *x = f32::from_bits(if i % 2 == 0 { bits << 16 } else { bits & 0xFFFF_0000 });
             }
         }
@@ -113,6 +169,48 @@ impl Bf16Weights {
             target.run(Products { call: &call, packed: &packed, chunks, panels, y: &y });
         });
         Ok(())
+    }
+}
+
+/// Panel `p` as bfloat16 pairs (`⌈in/2⌉` rows of `2W` slots): in place, or 8-bit weights
+/// widened into `scratch`.
+struct Panel<'a> {
+    w: &'a Bf16Weights,
+    p: usize,
+    scratch: &'a mut [f32],
+}
+
+impl<'a> SimdJob for Panel<'a> {
+    type Out = &'a [f32];
+    const ON_AVX512_BF16: bool = true;
+
+    #[inline(always)]
+    unsafe fn run<S: Simd>(self) -> &'a [f32] {
+        let Panel { w, p, scratch } = self;
+        let (pw, words) = (2 * S::W, w.inn.div_ceil(2));
+        match &*w.storage {
+            Storage::Pairs(panels) => &panels[p * pw * words..],
+            Storage::Int8 { q, scales, mins } => {
+                let blocks = w.inn.div_ceil(INT8_BLOCK);
+                let at = |v: &'a [f32], i: usize| v[(p * blocks + i * 2 / INT8_BLOCK) * pw..][..pw].as_ptr();
+                let q = &q[p * words * pw * 2..][..words * pw * 2];
+                for (i, slots) in scratch.chunks_exact_mut(pw).take(words).enumerate() {
+                    let (s, m, q) = (at(scales, i), at(mins, i), q[i * pw * 2..].as_ptr());
+                    for c in (0..pw).step_by(S::W) {
+                        // SAFETY: the CPU has `S` and the panels were packed for its width
+                        // (`Bf16Weights::target`): row `i` holds `pw` low then `pw` high codes,
+                        // its block `pw` scales and minimums, `slots` `pw` floats, `c + W ≤ pw`.
+                        unsafe {
+                            let (s, m) = (S::load(s.add(c)), S::load(m.add(c)));
+                            let lo = S::fma(S::load_i8(q.add(c)), s, m);
+                            let hi = S::fma(S::load_i8(q.add(pw + c)), s, m);
+                            S::store(slots.as_mut_ptr().add(c), S::pack_bf16(lo, hi));
+                        }
+                    }
+                }
+                scratch
+            }
+        }
     }
 }
 
@@ -181,8 +279,13 @@ impl SimdJob for Products<'_, '_> {
         let Products { call, packed, chunks, panels, y } = self;
         let (r, pw, words, out) = (S::QK_ROWS, 2 * S::W, call.words(), call.w.out);
         let mut tile = vec![0.0f32; r * pw];
+        let mut scratch = match *call.w.storage {
+            Storage::Pairs(_) => Vec::new(),
+            Storage::Int8 { .. } => vec![0.0f32; words * pw],
+        };
         for p in panels {
-            let panel = call.w.panels[p * pw * words..].as_ptr();
+            // SAFETY: the CPU has `S`, the target the weights were packed for.
+            let panel = unsafe { Panel { w: call.w, p, scratch: &mut scratch }.run::<S>() }.as_ptr();
             let cols = pw.min(out - p * pw);
             for c in chunks.clone() {
                 let n = r.min(call.rows - c * r);
@@ -222,38 +325,75 @@ mod tests {
         (0..n).map(|i| (((i + seed) * 7919 % 2003) as f32 / 1001.0) - 1.0).collect()
     }
 
-    /// Every row count around the chunk sizes, odd and even input widths, outputs around the panel
-    /// widths, with and without a bias: each result the f64 sum of the rounded operands' products
-    /// within f32 accumulation's error, and the widened weights the rounded ones.
-    #[test]
-    fn products_are_the_rounded_operands_products() {
-        for (out, inn) in [(1, 1), (5, 7), (33, 64), (70, 129), (16, 576)] {
-            let w = values(out * inn, 3);
-            let packed = Bf16Weights::pack(&w, out, inn).unwrap();
-            let rounded: Vec<f32> = w.iter().map(|&v| round_to_bf16(v)).collect();
-            assert_eq!(packed.widened(), rounded);
-            for rows in [1, 2, 7, 12, 13, 25, 40] {
-                let x = values(rows * inn, 11);
-                let bias = values(out, 5);
-                for b in [None, Some(&bias[..])] {
-                    let mut y = vec![f32::NAN; rows * out];
-                    packed.matmul(&x, b, &mut y).unwrap();
-                    for r in 0..rows {
-                        for o in 0..out {
-                            let terms =
-                                (0..inn).map(|i| round_to_bf16(x[r * inn + i]) as f64 * rounded[o * inn + i] as f64);
-                            let (sum, size): (f64, f64) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
-                            let want = sum + b.map_or(0.0, |b| b[o] as f64);
-                            let got = y[r * out + o] as f64;
-                            let tol = 4.0 * inn as f64 * f32::EPSILON as f64 * (size + 1.0);
-                            assert!(
-                                (got - want).abs() <= tol,
-                                "out {out} in {inn} rows {rows} [{r}, {o}]: {got} vs {want}"
-                            );
-                        }
+    /// `y = x·wᵀ + bias` of `packed` for every row count around the chunk sizes, with and without
+    /// a bias: each result the f64 sum of the products of the rounded input and the weights the
+    /// products multiply (`packed.widened()`) within f32 accumulation's error.
+    fn assert_products(packed: &Bf16Weights, what: &str) {
+        let (out, inn) = (packed.out_dim(), packed.in_dim());
+        let w = packed.widened();
+        for rows in [1, 2, 7, 12, 13, 25, 40] {
+            let x = values(rows * inn, 11);
+            let bias = values(out, 5);
+            for b in [None, Some(&bias[..])] {
+                let mut y = vec![f32::NAN; rows * out];
+                packed.matmul(&x, b, &mut y).unwrap();
+                for r in 0..rows {
+                    for o in 0..out {
+                        let terms = (0..inn).map(|i| round_to_bf16(x[r * inn + i]) as f64 * w[o * inn + i] as f64);
+                        let (sum, size): (f64, f64) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                        let want = sum + b.map_or(0.0, |b| b[o] as f64);
+                        let got = y[r * out + o] as f64;
+                        let tol = 4.0 * inn as f64 * f32::EPSILON as f64 * (size + 1.0);
+                        assert!(
+                            (got - want).abs() <= tol,
+                            "{what} out {out} in {inn} rows {rows} [{r}, {o}]: {got} vs {want}"
+                        );
                     }
                 }
             }
+        }
+    }
+
+    /// Odd and even input widths, partial 8-bit blocks, outputs around the panel widths: the
+    /// bfloat16 panels hold the rounded weights, the 8-bit ones `bf16(q·s)` within half a step
+    /// `s` of each weight, and both multiply what they hold.
+    #[test]
+    fn products_are_the_rounded_operands_products() {
+        for (out, inn) in [(1, 1), (5, 7), (33, 64), (70, 129), (16, 576)] {
+            let mut w = values(out * inn, 3);
+            w[0] = 0.0;
+            let packed = Bf16Weights::pack(&w, out, inn).unwrap();
+            assert_eq!(packed.widened(), w.iter().map(|&v| round_to_bf16(v)).collect::<Vec<_>>());
+            assert_products(&packed, "bf16");
+            let packed = Bf16Weights::pack_int8(&w, out, inn).unwrap();
+            for (o, (row, got)) in w.chunks(inn).zip(packed.widened().chunks(inn)).enumerate() {
+                for (b, (block, got)) in row.chunks(INT8_BLOCK).zip(got.chunks(INT8_BLOCK)).enumerate() {
+                    let (min, max) = block.iter().fold((f32::MAX, f32::MIN), |(a, z), &x| (a.min(x), z.max(x)));
+                    let s = (max - min) / 255.0;
+                    for (&x, &g) in block.iter().zip(got) {
+                        let tol = s * 0.5 * (1.0 + 1.0 / 128.0) + x.abs() / 256.0;
+                        assert!((x - g).abs() <= tol, "int8 out {out} in {inn} row {o} block {b}: {g} for {x}");
+                    }
+                }
+            }
+            assert_products(&packed, "int8");
+        }
+    }
+
+    /// A constant block (scale 0) is held exactly, not as NaN; a block of 16 evenly spaced levels
+    /// (a GGUF Q4_1 or Q4_K block: `min + k·d`) is held as exactly as bfloat16 holds it.
+    #[test]
+    fn constant_and_4_bit_blocks_are_held_exactly() {
+        let levels: Vec<f32> = (0..INT8_BLOCK).map(|i| -0.37 + (i * 7 % 16) as f32 * 0.0521).collect();
+        let w = [vec![0.0; INT8_BLOCK], vec![-1.5; INT8_BLOCK], levels.clone()].concat();
+        let packed = Bf16Weights::pack_int8(&w, 1, w.len()).unwrap();
+        let mut y = [f32::NAN];
+        packed.matmul(&vec![1.0; w.len()], None, &mut y).unwrap();
+        assert!(y[0].is_finite());
+        let got = packed.widened();
+        assert_eq!(got[..2 * INT8_BLOCK], [vec![0.0; INT8_BLOCK], vec![-1.5; INT8_BLOCK]].concat());
+        for (&g, &x) in got[2 * INT8_BLOCK..].iter().zip(&levels) {
+            assert!((g - x).abs() <= x.abs() / 256.0 * 1.001 + 1e-6, "{g} for the level {x}");
         }
     }
 
@@ -265,5 +405,6 @@ mod tests {
         assert!(packed.matmul(&values(6, 0), None, &mut y[..3]).is_err());
         assert!(packed.matmul(&values(6, 0), Some(&[1.0]), &mut y).is_err());
         assert!(Bf16Weights::pack(&values(5, 0), 2, 3).is_err());
+        assert!(Bf16Weights::pack_int8(&values(5, 0), 2, 3).is_err());
     }
 }

@@ -15,6 +15,7 @@
 //!   f32/f16/bf16 or quantized (q8_0, fp8 e4m3), many sequences of their own lengths per call.
 //! - [`bf16_weights`]: a linear layer's weights as bfloat16 and their products with f32 rows
 //!   (AVX512-BF16's `VDPBF16PS` where the CPU has it).
+//! - [`activation`]: the exact (erf) GELU and its derivative, vectorised.
 //! - [`rows`]: dot products of weight rows with a few input rows (a linear layer's decode step
 //!   for a small batch).
 //! - [`varlen`]: packed variable-length sequences (FlashAttention's `flash_attn_varlen_func`),
@@ -22,6 +23,7 @@
 //! - Shared semantics: [`View4`] inputs `[B, H, L, D]`, [`MaskSpec`] masks, [`Dropout`], validated
 //!   into a [`Problem`] by every kernel.
 
+pub mod activation;
 pub mod alloc;
 pub mod amx;
 pub mod bf16_weights;

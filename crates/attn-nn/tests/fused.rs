@@ -2,10 +2,11 @@
 //! `f64`: forward values and every gradient, plus ReLU's PyTorch semantics (zero gradient at 0,
 //! NaN kept), dropout's mask equal to the serial stream's on any thread count, the linear map's gradients for tracked arguments only, and the scheduling-independence
 //! of the sums over rows in LayerNorm's and the linear map's gradients; the linear map with
-//! bfloat16 products against the composed formula on the rounded operands.
+//! bfloat16 products against the composed formula on the rounded operands; GELU against candle's
+//! `gelu_erf` in f64 and under the oracle rule in f32.
 
 use attn::random::SplitMix64;
-use attn_nn::fused::{dropout, layer_norm, linear, relu};
+use attn_nn::fused::{dropout, gelu, layer_norm, linear, relu};
 use attn_nn::Linear;
 use candle_core::{DType, Device, Tensor, Var, D};
 
@@ -130,34 +131,65 @@ fn bf16_rounded(t: &Tensor) -> Tensor {
     t.to_dtype(DType::BF16).unwrap().to_dtype(DType::F64).unwrap()
 }
 
+/// `w: [out, in]` as `Linear::with_int8_products` multiplies it, in `f64`: each block of 32
+/// inputs of a row quantized to 8 bits over its range (`s = (max − min) / 255`,
+/// `q = round((w − min) / s)`), `min + q·s` rounded to bfloat16.
+fn int8_rounded(w: &Tensor) -> Tensor {
+    let inn = w.dim(1).unwrap();
+    let rows: Vec<Vec<f32>> = w.to_dtype(DType::F32).unwrap().to_vec2().unwrap();
+    let mut out = Vec::with_capacity(rows.len() * inn);
+    for row in rows {
+        for block in row.chunks(32) {
+            let (min, max) = block.iter().fold((f32::MAX, f32::MIN), |(a, z), &x| (a.min(x), z.max(x)));
+            let s = (max - min) / 255.0;
+            // The kernel keeps the level less 128 and the minimum plus 128 steps, and widens by an FMA.
+            let level = |x: f32| if s > 0.0 { ((x - min) / s).round().min(255.0) } else { 128.0 };
+            out.extend(block.iter().map(|&x| (level(x) - 128.0).mul_add(s, min + 128.0 * s)));
+        }
+    }
+    bf16_rounded(&Tensor::from_vec(out, w.shape(), w.device()).unwrap())
+}
+
+/// A linear layer with products in bfloat16, its weight stored by `storage` (`bf16` or `int8`).
+fn low_precision(layer: Linear, storage: &str) -> Linear {
+    match storage {
+        "bf16" => layer.with_bf16_products(),
+        _ => layer.with_int8_products(),
+    }
+    .unwrap()
+}
+
 #[test]
 fn linear_with_bf16_products_is_the_product_of_the_rounded_operands_with_gradients() {
     // A decode row, a few rows, rows past one micro-kernel chunk, odd widths, outputs past one panel.
-    for (x_shape, out) in [(vec![1, 64], 40), (vec![3, 2, 33], 7), (vec![29, 130], 70)] {
-        let inn = *x_shape.last().unwrap();
-        let (x, w, b) = (random(&x_shape, 40), random(&[out, inn], 41), random(&[out], 42));
-        let g = random(&[&x_shape[..x_shape.len() - 1], &[out]].concat(), 43);
-        let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-        let (x32, w32, b32) = (f32s(&x), f32s(&w), f32s(&b));
-        let layer = Linear::new(
-            Var::from_tensor(&w32).unwrap().as_tensor().clone(),
-            Some(Var::from_tensor(&b32).unwrap().as_tensor().clone()),
-        )
-        .with_bf16_products()
-        .unwrap();
-        let xv = Var::from_tensor(&x32).unwrap();
-        let y = layer.forward(xv.as_tensor()).unwrap();
-        let store = y.mul(&f32s(&g)).unwrap().sum_all().unwrap().backward().unwrap();
-        let want = composed_linear(&bf16_rounded(&x), &bf16_rounded(&w), Some(&b));
-        // f32 sums of exact products (terms within ±4), far below what rounding the operands to
-        // bfloat16 moves a sum (~√in · 4 · 2⁻⁸).
-        let tol = 1e-4 * inn as f64;
-        assert!(max_diff(&y.to_dtype(DType::F64).unwrap(), &want) < tol, "{x_shape:?} forward");
-        let grad = |t: &Tensor| store.get(t).expect("gradient reaches every argument").to_dtype(DType::F64).unwrap();
-        let (_, d_c) = grads(&[x, bf16_rounded(&w), b], &g, |a| composed_linear(&a[0], &a[1], Some(&a[2])));
-        let got = [grad(xv.as_tensor()), grad(layer.weight()), grad(layer.bias().unwrap())];
-        for (name, (f, c)) in ["dx", "dweight", "dbias"].iter().zip(got.iter().zip(&d_c)) {
-            assert!(max_diff(f, c) < 1e-3, "{x_shape:?} {name}: {}", max_diff(f, c));
+    for storage in ["bf16", "int8"] {
+        let rounded_weight = if storage == "bf16" { bf16_rounded } else { int8_rounded };
+        for (x_shape, out) in [(vec![1, 64], 40), (vec![3, 2, 33], 7), (vec![29, 130], 70)] {
+            let inn = *x_shape.last().unwrap();
+            let (x, w, b) = (random(&x_shape, 40), random(&[out, inn], 41), random(&[out], 42));
+            let g = random(&[&x_shape[..x_shape.len() - 1], &[out]].concat(), 43);
+            let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let (x32, w32, b32) = (f32s(&x), f32s(&w), f32s(&b));
+            let layer = Linear::new(
+                Var::from_tensor(&w32).unwrap().as_tensor().clone(),
+                Some(Var::from_tensor(&b32).unwrap().as_tensor().clone()),
+            );
+            let layer = low_precision(layer, storage);
+            let xv = Var::from_tensor(&x32).unwrap();
+            let y = layer.forward(xv.as_tensor()).unwrap();
+            let store = y.mul(&f32s(&g)).unwrap().sum_all().unwrap().backward().unwrap();
+            let want = composed_linear(&bf16_rounded(&x), &rounded_weight(&w), Some(&b));
+            // f32 sums of exact products (terms within ±4), far below what rounding the operands to
+            // bfloat16 moves a sum (~√in · 4 · 2⁻⁸).
+            let tol = 1e-4 * inn as f64;
+            assert!(max_diff(&y.to_dtype(DType::F64).unwrap(), &want) < tol, "{storage} {x_shape:?} forward");
+            let grad =
+                |t: &Tensor| store.get(t).expect("gradient reaches every argument").to_dtype(DType::F64).unwrap();
+            let (_, d_c) = grads(&[x, rounded_weight(&w), b], &g, |a| composed_linear(&a[0], &a[1], Some(&a[2])));
+            let got = [grad(xv.as_tensor()), grad(layer.weight()), grad(layer.bias().unwrap())];
+            for (name, (f, c)) in ["dx", "dweight", "dbias"].iter().zip(got.iter().zip(&d_c)) {
+                assert!(max_diff(f, c) < 1e-3, "{storage} {x_shape:?} {name}: {}", max_diff(f, c));
+            }
         }
     }
 }
@@ -278,5 +310,29 @@ fn dropout_keeps_nan_and_refuses_bad_probabilities() {
     for p in [1.0, -0.1, f32::NAN] {
         let err = dropout(&x, p, 9).unwrap_err().to_string();
         assert!(err.contains("outside [0, 1)"), "{p}: {err}");
+    }
+}
+
+#[test]
+fn gelu_matches_the_erf_formula_with_its_gradient() {
+    // Far into both tails, where `1 + erf(x/√2)` cancels, and an odd length for the kernel's tail.
+    let x = (random(&[7, 301], 60) * 4.0).unwrap();
+    let g = random(&[7, 301], 61);
+    let (y, d) = grads(std::slice::from_ref(&x), &g, |a| gelu(&a[0]).unwrap());
+    let y_c = x.gelu_erf().unwrap();
+    assert!(max_diff(&y, &y_c) < 1e-14, "f64 forward: {}", max_diff(&y, &y_c));
+    // candle's own gradient rounds 1/√(2π) to 0.398942: the derivative composed exactly instead.
+    let pdf = ((x.sqr().unwrap().neg().unwrap() / 2.0).unwrap().exp().unwrap() * 0.398_942_280_401_432_7).unwrap();
+    let cdf = (((&x / 2f64.sqrt()).unwrap().erf().unwrap() + 1.0).unwrap() * 0.5).unwrap();
+    let d_c = (cdf + (x.mul(&pdf).unwrap())).unwrap().mul(&g).unwrap();
+    assert!(max_diff(&d[0], &d_c) < 1e-12, "f64 dx: {}", max_diff(&d[0], &d_c));
+    // f32 under the oracle rule, naive32 being candle's f32 `gelu_erf` (PyTorch's formula).
+    let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let (y32, d32) = grads(&[f32s(&x)], &f32s(&g), |a| gelu(&a[0]).unwrap());
+    let (n32, nd32) = grads(&[f32s(&x)], &f32s(&g), |a| a[0].gelu_erf().unwrap());
+    let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+    for (what, fast, naive, want, k) in [("forward", &y32, &n32, &y, 2.0), ("dx", &d32[0], &nd32[0], &d_c, 3.0)] {
+        let (err, naive_err) = (max_diff(&f64s(fast), want), max_diff(&f64s(naive), want));
+        assert!(err <= k * naive_err + 1e-6, "f32 {what}: {err} against naive32's {naive_err}");
     }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::models::ModelArg;
+use super::models::{ModelArg, WeightsArg};
 use super::threads::Threads;
 
 /// Arguments of `attn embed`.
@@ -25,6 +25,8 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
+    pub weights: WeightsArg,
+    #[command(flatten)]
     pub threads: Threads,
 }
 
@@ -40,7 +42,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         None => args.texts.clone(),
     };
     let dir = args.model.path()?;
-    let encoder = attn_models::SentenceEncoder::load(&dir)?;
+    let encoder = attn_models::SentenceEncoder::load_with(&dir, args.weights.weights)?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let start = std::time::Instant::now();
     let embeddings: Vec<Vec<f32>> = args.threads.pool()?.install(|| encoder.embed(&refs))?.to_vec2()?;

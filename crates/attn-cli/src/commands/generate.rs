@@ -7,7 +7,7 @@ use std::io::Write;
 
 use attn_models::{Decoder, Stop};
 
-use super::models::{KvDtypeArg, ModelArg};
+use super::models::{KvDtypeArg, ModelArg, WeightsArg};
 use super::threads::Threads;
 
 /// Arguments of `attn generate`.
@@ -35,13 +35,15 @@ pub struct Args {
     #[command(flatten)]
     pub kv: KvDtypeArg,
     #[command(flatten)]
+    pub weights: WeightsArg,
+    #[command(flatten)]
     pub threads: Threads,
 }
 
 /// Runs `attn generate`.
 pub fn main(args: Args) -> anyhow::Result<()> {
     let path = args.model.path()?;
-    let mut decoder = Decoder::open(&path)?;
+    let mut decoder = Decoder::open_with(&path, args.weights.weights)?;
     decoder.model.set_kv_dtype(args.kv.kv_dtype);
     let prompts = args.prompts.iter().map(|p| decoder.prompt(p, args.chat)).collect::<attn_models::Result<Vec<_>>>()?;
     let stop =

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use attn_models::Decoder;
 
-use super::models::{KvDtypeArg, ModelArg};
+use super::models::{KvDtypeArg, ModelArg, WeightsArg};
 use super::threads::Threads;
 
 /// Arguments of `attn perplexity`.
@@ -26,13 +26,15 @@ pub struct Args {
     #[command(flatten)]
     pub kv: KvDtypeArg,
     #[command(flatten)]
+    pub weights: WeightsArg,
+    #[command(flatten)]
     pub threads: Threads,
 }
 
 /// Runs `attn perplexity`.
 pub fn main(args: Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.text).with_context(|| format!("reading {}", args.text.display()))?;
-    let mut decoder = Decoder::open(&args.model.path()?)?;
+    let mut decoder = Decoder::open_with(&args.model.path()?, args.weights.weights)?;
     decoder.model.set_kv_dtype(args.kv.kv_dtype);
     let mut ids = decoder.tokenizer.encode(&text)?;
     ids.truncate(args.context as usize);
@@ -40,7 +42,11 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     let ppl = nll.exp();
     if args.json {
         let kv = args.kv.kv_dtype.map(|d| d.name());
-        println!("{}", serde_json::json!({ "tokens": ids.len(), "nll": nll, "ppl": ppl, "kv_dtype": kv }));
+        println!(
+            "{}",
+            serde_json::json!({ "tokens": ids.len(), "nll": nll, "ppl": ppl, "kv_dtype": kv,
+            "weights": args.weights.weights.to_string() })
+        );
     } else {
         println!("{}: {} tokens, mean NLL {nll:.4} nats, perplexity {ppl:.3}", args.text.display(), ids.len());
     }

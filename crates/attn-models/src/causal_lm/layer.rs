@@ -86,6 +86,11 @@ impl Layer {
         })
     }
 
+    /// The linear layers: projections and feed-forward.
+    pub(super) fn linears_mut(&mut self) -> [&mut Linear; 7] {
+        [&mut self.q, &mut self.k, &mut self.v, &mut self.o, &mut self.gate, &mut self.up, &mut self.down]
+    }
+
     /// `x: [B, L, E]`, row `b` at positions `caches[b].len()..` → `[B, L, E]`, each cache grown by
     /// `L`; the attention weights `[1, Hq, L, Lcache + L]` of each row pushed to `weights` when
     /// given. The projections and the feed-forward run on the whole batch, RoPE and attention per
@@ -123,8 +128,7 @@ impl Layer {
         let mut rows = Vec::with_capacity(b);
         for (i, cache) in caches.iter_mut().enumerate() {
             let offset = cache.len();
-            let qi = rope.apply(&q.narrow(0, i, 1)?, offset)?;
-            let ki = rope.apply(&k.narrow(0, i, 1)?, offset)?;
+            let (qi, ki) = rope.apply_pair(&q.narrow(0, i, 1)?, &k.narrow(0, i, 1)?, offset)?;
             let vi = v.narrow(0, i, 1)?;
             match cache {
                 LayerCache::Dense(buf) => {

@@ -6,7 +6,8 @@
 //! GeGLU with tanh-GELU, embeddings scaled by `√E`, and five sliding-window layers (512 keys, RoPE
 //! θ 1e4) to every global one (RoPE θ from the file)). Attention runs through [`attn::sdpa()`],
 //! causal and bottom-right aligned, the window as attn's structured window, against a KV cache.
-//! Weights are dequantized to `f32` (the parity mode); the llama GGUF's interleaved
+//! Weights are dequantized to `f32` (the parity mode), their products optionally in bfloat16
+//! ([`crate::Weights`]); the llama GGUF's interleaved
 //! `attn_q`/`attn_k` rows are put back in half-split order on load, as transformers does.
 mod config;
 mod layer;
@@ -26,6 +27,7 @@ use layer::Layer;
 use crate::error::{ModelError, Result};
 use crate::gguf::Gguf;
 use crate::kv_buffer::KvBuffer;
+use crate::weights::Weights;
 use layer::LayerCache;
 
 /// Positions per page of a paged cache: FlashAttention's smallest page size.
@@ -113,6 +115,12 @@ impl CausalLm {
             cfg: cfg.clone(),
             kv_dtype: None,
         })
+    }
+
+    /// Makes every linear layer (projections, feed-forward, the output layer) multiply as
+    /// `weights` says; the embeddings, norms and attention stay f32.
+    pub fn set_weights(&mut self, weights: Weights) -> Result<()> {
+        weights.apply(self.layers.iter_mut().flat_map(Layer::linears_mut).chain([&mut self.lm_head]))
     }
 
     /// The configuration.

@@ -36,6 +36,22 @@ impl RopeConfig {
         rotate(x, &cos, &sin)
     }
 
+    /// [`RopeConfig::apply`] to queries `q: [B, Hq, L, d]` and keys `k: [B, Hk, L, d]` at the
+    /// same positions, the angles computed once for both.
+    pub fn apply_pair(&self, q: &Tensor, k: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
+        let (_, _, l, d) = q.dims4()?;
+        if k.dims4()?.2 != l || k.dim(3)? != d {
+            return Err(NnError::Input {
+                module: "RoPE",
+                input: "k",
+                found: k.dims().to_vec(),
+                expected: format!("the positions and head width of q {:?}", q.dims()),
+            });
+        }
+        let (cos, sin) = self.tables(q, offset..offset + l, d)?;
+        Ok((rotate(q, &cos, &sin)?, rotate(k, &cos, &sin)?))
+    }
+
     /// Packed rows `x: [total, n, d]` (`d` even), row `i` rotated for position `positions[i]`
     /// (positions restart per sequence: [`crate::Packed::positions`]); differentiable.
     pub fn apply_packed(&self, x: &Tensor, positions: &[usize]) -> Result<Tensor> {
@@ -68,13 +84,13 @@ impl RopeConfig {
             });
         }
         let (half, l) = (d / 2, positions.len());
-        let mut cos = Vec::with_capacity(l * d);
-        let mut sin = Vec::with_capacity(l * d);
-        for p in positions {
-            for c in 0..d {
-                let a = p as f64 * self.base.powf(-2.0 * (c % half) as f64 / d as f64);
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
+        let freqs: Vec<f64> = (0..half).map(|c| self.base.powf(-2.0 * c as f64 / d as f64)).collect();
+        let (mut cos, mut sin) = (vec![0f32; l * d], vec![0f32; l * d]);
+        for ((p, cos), sin) in positions.zip(cos.chunks_exact_mut(d)).zip(sin.chunks_exact_mut(d)) {
+            for (c, f) in freqs.iter().enumerate() {
+                let (s, co) = (p as f64 * f).sin_cos();
+                (cos[c], cos[c + half]) = (co as f32, co as f32);
+                (sin[c], sin[c + half]) = (s as f32, s as f32);
             }
         }
         let cos = Tensor::from_vec(cos, (l, d), &Device::Cpu)?.to_dtype(x.dtype())?;
