@@ -6,8 +6,8 @@ over rounds and each side against transformers in f32.
 Sides: transformers with the weights in f32, and with --torch-bf16 the same model cast to
 bfloat16 (`model.to(torch.bfloat16)`: every product and activation in bf16); attn with each of
 --weights (f32: the parity mode; bf16: the linear layers' weights and inputs rounded to bfloat16,
-sums, norms, attention and the residual stream in f32; int8: as bf16, the weights kept as 8-bit
-blocks of 32 and widened in the kernel).
+sums, norms, attention and the residual stream in f32; int8: the weights kept as 8-bit
+blocks of 32, multiplied unrounded, inputs rounded to bfloat16).
 
 - SmolLM2 prefill: tokens/s of one forward over a prompt of --prompt-len tokens (GPL-3's text),
   the last position's logits only on both sides (what generation needs);

@@ -19,9 +19,10 @@ pub enum Weights {
     /// AVX512-BF16, half the weight bytes a decode step reads everywhere. Norms, attention and
     /// the residual stream stay f32.
     Bf16,
-    /// As [`Weights::Bf16`], the weights kept as 8-bit integers with a scale and a minimum per 32
-    /// inputs of a row ([`attn_nn::Linear::with_int8_products`]; the GGUF's 4-bit Q4_1 and Q4_K
-    /// blocks held exactly): a quarter of the f32 weight bytes a decode step reads.
+    /// The weights kept as 8-bit codes with a step and a minimum per 32 inputs of a row
+    /// ([`attn_nn::Linear::with_int8_products`]; the GGUF's 4-bit Q4_1 and Q4_K blocks held
+    /// exactly, and never rounded to bfloat16), each layer's input rounded as with
+    /// [`Weights::Bf16`]: a quarter of the f32 weight bytes a decode step reads.
     Int8,
 }
 

@@ -347,9 +347,9 @@ fn minilm_with_bf16_and_int8_weights_embeds_close_to_the_float64_model() {
     }
 }
 
-/// With bf16 products (bfloat16 or 8-bit weights) SmolLM2's perplexity on the fixture's text
-/// stays within 1% of the float64 model's, and switching back to f32 products restores the
-/// parity mode.
+/// With bf16 products SmolLM2's perplexity on the fixture's text stays within 1% of the float64
+/// model's (bfloat16 weights) and within 0.1% (8-bit weights, which hold its Q4_1 blocks
+/// exactly), and switching back to f32 products restores the parity mode.
 #[test]
 fn smollm2_with_bf16_and_int8_weights_keeps_its_perplexity() {
     let fx = fixture("smollm2.json");
@@ -359,11 +359,12 @@ fn smollm2_with_bf16_and_int8_weights_keeps_its_perplexity() {
     let ids = d.tokenizer.encode(&text).unwrap();
     let n = p["tokens"].as_u64().unwrap() as usize;
     let want = p["nll"].as_f64().unwrap();
-    for weights in [Weights::Int8, Weights::Bf16] {
+    // 8-bit blocks hold SmolLM2's Q4_1 weights exactly: only the inputs' rounding remains.
+    for (weights, bound) in [(Weights::Int8, 0.001), (Weights::Bf16, 0.01)] {
         d.model.set_weights(weights).unwrap();
         let nll = mean_nll(&d.model, &ids[..n]).unwrap();
         eprintln!("SmolLM2 {weights} weights: perplexity {} against the float64 model's {}", nll.exp(), want.exp());
-        assert!((nll.exp() / want.exp() - 1.0).abs() <= 0.01, "{weights} mean NLL {nll}, float64 {want}");
+        assert!((nll.exp() / want.exp() - 1.0).abs() <= bound, "{weights} mean NLL {nll}, float64 {want}");
     }
     d.model.set_weights(Weights::F32).unwrap();
     assert_perplexity(&d, &fx);

@@ -62,10 +62,10 @@ impl Linear {
         self.packed(Bf16Weights::pack)
     }
 
-    /// [`Linear::with_bf16_products`] with the weight kept as 8-bit integers, a scale and a
-    /// minimum per 32 inputs of a row ([`Bf16Weights::pack_int8`]; a GGUF's 4-bit Q4_1 and Q4_K
-    /// blocks held exactly): a quarter of the f32 weight's bytes to read, each product
-    /// `bf16(min + q·s)` times the rounded input.
+    /// The weight kept as 8-bit codes, a step and a minimum per 32 inputs of a row
+    /// ([`Bf16Weights::pack_int8`]; a GGUF's 4-bit Q4_1 and Q4_K blocks held exactly): a quarter
+    /// of the f32 weight's bytes to read, each input rounded to bfloat16 as in
+    /// [`Linear::with_bf16_products`] and multiplied by `min + q·s` unrounded.
     pub fn with_int8_products(&self) -> Result<Self> {
         self.packed(Bf16Weights::pack_int8)
     }

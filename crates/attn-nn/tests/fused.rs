@@ -133,7 +133,7 @@ fn bf16_rounded(t: &Tensor) -> Tensor {
 
 /// `w: [out, in]` as `Linear::with_int8_products` multiplies it, in `f64`: each block of 32
 /// inputs of a row quantized to 8 bits over its range (`s = (max − min) / 255`,
-/// `q = round((w − min) / s)`), `min + q·s` rounded to bfloat16.
+/// `q = round((w − min) / s)`), `min + q·s` (never rounded to bfloat16).
 fn int8_rounded(w: &Tensor) -> Tensor {
     let inn = w.dim(1).unwrap();
     let rows: Vec<Vec<f32>> = w.to_dtype(DType::F32).unwrap().to_vec2().unwrap();
@@ -147,7 +147,7 @@ fn int8_rounded(w: &Tensor) -> Tensor {
             out.extend(block.iter().map(|&x| (level(x) - 128.0).mul_add(s, min + 128.0 * s)));
         }
     }
-    bf16_rounded(&Tensor::from_vec(out, w.shape(), w.device()).unwrap())
+    Tensor::from_vec(out, w.shape(), w.device()).unwrap().to_dtype(DType::F64).unwrap()
 }
 
 /// A linear layer with products in bfloat16, its weight stored by `storage` (`bf16` or `int8`).

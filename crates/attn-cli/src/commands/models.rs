@@ -63,8 +63,9 @@ pub struct WeightsArg {
     /// The linear layers' products: f32 (the weights as stored, or dequantized: equal to
     /// transformers' float32 model), bf16 (weights and each layer's input rounded to bfloat16,
     /// sums in f32: twice the f32 rate with AVX512-BF16, half the bytes per decode step) or int8
-    /// (bf16 products, the weights kept as 8-bit blocks of 32 with a scale and a minimum each,
-    /// which hold a GGUF's 4-bit blocks exactly: a quarter of the bytes per decode step).
+    /// (the weights kept as 8-bit blocks of 32 with a step and a minimum each, which hold a
+    /// GGUF's 4-bit blocks exactly, inputs rounded to bfloat16: a quarter of the bytes per
+    /// decode step).
     #[arg(long, value_name = "f32|bf16|int8", default_value = "f32", value_parser = weights)]
     pub weights: attn_models::Weights,
 }

@@ -7,17 +7,18 @@
 //! the result is the f32 product of the rounded operands. The same kernel serves a prefill's
 //! hundreds of rows and a decode step's few (then it streams half the bytes of f32 weights).
 //!
-//! [`Bf16Weights::pack_int8`] stores the same panels' slots as 8-bit integers instead, each block
-//! of [`INT8_BLOCK`] inputs of an output row with its own scale and minimum (`w ≈ min + q·s`,
+//! [`Bf16Weights::pack_int8`] stores the same panels' slots as 8-bit codes instead, each block of
+//! [`INT8_BLOCK`] inputs of an output row with its own step and minimum (`w ≈ min + q·s`,
 //! `q ∈ 0..=255`, to nearest; the 16 levels of a GGUF's Q4_1 or Q4_K block are held exactly): a
-//! quarter of the f32 bytes. Each task widens a panel into bfloat16 pairs once and
-//! runs the same micro-kernel on it, so a prefill pays the widening once per panel and row block
-//! and a decode step, bound by memory, reads half the bytes of the bfloat16 panels.
+//! quarter of the f32 bytes, multiplied as `s·Σ bf16(x)·q + min·Σ bf16(x)` per block, the weights
+//! never rounded (the `int8` module).
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use rayon::prelude::*;
+
+mod int8;
 
 use crate::disjoint::Disjoint;
 use crate::error::{AttnError, Result};
@@ -52,8 +53,8 @@ pub struct Bf16Weights {
 enum Storage {
     /// `⌈out / 2W⌉` panels of `[⌈in/2⌉][2W]` bfloat16 pairs.
     Pairs(Vec<f32>),
-    /// The same panels' slots as pairs of 8-bit integers, `[⌈in/2⌉][2][2W]` per panel (each
-    /// slot row's low halves, then its high halves: contiguous for the widening loop), each
+    /// The same panels' slots as pairs of 8-bit codes, `[⌈in/2⌉][2][2W]` per panel (each slot
+    /// row's low halves, then its high halves: a vector of each at a time), each
     /// slot's block of `INT8_BLOCK` inputs `q·scale + min` (`q` the level less 128, `min` the
     /// block's least value plus 128 steps), `[⌈in/INT8_BLOCK⌉][2W]` of each per panel.
     Int8 { q: Vec<i8>, scales: Vec<f32>, mins: Vec<f32> },
@@ -73,31 +74,12 @@ impl Bf16Weights {
 
     /// `w: [out, inn]` row-major, each block of [`INT8_BLOCK`] inputs of a row quantized to
     /// 8 bits (`q = round((w − min) / s)`, `s = (max − min) / 255` over the block), packed for
-    /// this CPU's widest vectors; the products multiply `bf16(min + q·s)`.
+    /// this CPU's widest vectors; the products multiply `min + q·s` exactly.
     pub fn pack_int8(w: &[f32], out: usize, inn: usize) -> Result<Self> {
         View4::contiguous("weight", w, [1, 1, out, inn])?;
         let target = Target::best().bf16_products(true);
-        let pw = 2 * target.lanes();
-        let (words, blocks, panels) = (inn.div_ceil(2), inn.div_ceil(INT8_BLOCK), out.div_ceil(pw));
-        // A quarter of `w`'s bytes (and `w` is in memory): no allocation to check.
-        let mut q = vec![0i8; panels * words * pw * 2];
-        let (mut scales, mut mins) = (vec![0.0f32; panels * blocks * pw], vec![0.0f32; panels * blocks * pw]);
-        for (o, row) in w.chunks_exact(inn.max(1)).enumerate().take(out) {
-            let (p, c) = (o / pw, o % pw);
-            for (b, block) in row.chunks(INT8_BLOCK).enumerate() {
-                let (min, max) =
-                    block.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, z), &x| (a.min(x), z.max(x)));
-                let s = (max - min) / 255.0;
-                (scales[(p * blocks + b) * pw + c], mins[(p * blocks + b) * pw + c]) = (s, min + 128.0 * s);
-                for (j, &x) in block.iter().enumerate() {
-                    let i = b * INT8_BLOCK + j;
-                    // A constant block (s = 0) is its minimum.
-                    let level = if s > 0.0 { ((x - min) / s).round().min(255.0) } else { 128.0 };
-                    q[((p * words + i / 2) * 2 + i % 2) * pw + c] = (level - 128.0) as i8;
-                }
-            }
-        }
-        Ok(Self { out, inn, target, storage: Arc::new(Storage::Int8 { q, scales, mins }) })
+        let storage = int8::pack(w, out, inn, 2 * target.lanes());
+        Ok(Self { out, inn, target, storage: Arc::new(storage) })
     }
 
     /// Output features (rows of the weight).
@@ -110,14 +92,17 @@ impl Bf16Weights {
         self.inn
     }
 
-    /// The weights the products multiply (rounded to bfloat16, or `bf16(min + q·s)`) widened
-    /// back to f32, `[out, in]` row-major (exact).
+    /// The weights the products multiply, `[out, in]` row-major: the bfloat16 ones widened
+    /// (exact), or the 8-bit ones' `q·s + min` (rounded once to f32).
     pub fn widened(&self) -> Vec<f32> {
         let (pw, words) = (2 * self.target.lanes(), self.inn.div_ceil(2));
+        let panels = match &*self.storage {
+            Storage::Pairs(panels) => panels,
+            Storage::Int8 { q, scales, mins } => return int8::widened((q, scales, mins), self.out, self.inn, pw),
+        };
         let mut w = vec![0.0; self.out * self.inn];
-        let mut panel = vec![0.0; pw * words];
         for (o, row) in w.chunks_exact_mut(self.inn.max(1)).enumerate().take(self.out) {
-            let slots = self.target.run(Panel { w: self, p: o / pw, scratch: &mut panel });
+            let slots = &panels[o / pw * pw * words..];
             for (i, x) in row.iter_mut().enumerate() {
                 let bits = slots[i / 2 * pw + o % pw].to_bits();
                 *x = f32::from_bits(if i % 2 == 0 { bits << 16 } else { bits & 0xFFFF_0000 });
@@ -127,8 +112,8 @@ impl Bf16Weights {
     }
 
     /// `y[r, o] = bias[o] + Σ_i bf16(x[r, i]) · w[o, i]` for `x: [rows, in]`, `y: [rows, out]`
-    /// (overwritten), `bias: [out]`, the sums in f32; the work split over the current rayon
-    /// pool's threads.
+    /// (overwritten), `bias: [out]`, `w` as [`Bf16Weights::widened`] gives it, the sums in f32;
+    /// the work split over the current rayon pool's threads.
     pub fn matmul(&self, x: &[f32], bias: Option<&[f32]>, y: &mut [f32]) -> Result<()> {
         let rows = x.len().checked_div(self.inn).unwrap_or_else(|| y.len().checked_div(self.out).unwrap_or(0));
         let shape = |what: &'static str, reason: String| Err(AttnError::Layout { tensor: what, reason });
@@ -144,7 +129,12 @@ impl Bf16Weights {
         if rows == 0 || self.out == 0 {
             return Ok(());
         }
-        let call = Call { w: self, bias, rows };
+        let int8 = matches!(*self.storage, Storage::Int8 { .. });
+        if int8 && rows <= int8::DIRECT_ROWS {
+            return int8::direct(self, x, bias, rows, y);
+        }
+        let sums = if int8 { int8::block_sums(x, self.inn) } else { Vec::new() };
+        let call = Call { w: self, bias, rows, sums };
         let target = self.target;
         // Each parallel task enters the instruction set itself: a closure is compiled apart from
         // the job that creates it, for the baseline instruction set.
@@ -172,53 +162,13 @@ impl Bf16Weights {
     }
 }
 
-/// Panel `p` as bfloat16 pairs (`⌈in/2⌉` rows of `2W` slots): in place, or 8-bit weights
-/// widened into `scratch`.
-struct Panel<'a> {
-    w: &'a Bf16Weights,
-    p: usize,
-    scratch: &'a mut [f32],
-}
-
-impl<'a> SimdJob for Panel<'a> {
-    type Out = &'a [f32];
-    const ON_AVX512_BF16: bool = true;
-
-    #[inline(always)]
-    unsafe fn run<S: Simd>(self) -> &'a [f32] {
-        let Panel { w, p, scratch } = self;
-        let (pw, words) = (2 * S::W, w.inn.div_ceil(2));
-        match &*w.storage {
-            Storage::Pairs(panels) => &panels[p * pw * words..],
-            Storage::Int8 { q, scales, mins } => {
-                let blocks = w.inn.div_ceil(INT8_BLOCK);
-                let at = |v: &'a [f32], i: usize| v[(p * blocks + i * 2 / INT8_BLOCK) * pw..][..pw].as_ptr();
-                let q = &q[p * words * pw * 2..][..words * pw * 2];
-                for (i, slots) in scratch.chunks_exact_mut(pw).take(words).enumerate() {
-                    let (s, m, q) = (at(scales, i), at(mins, i), q[i * pw * 2..].as_ptr());
-                    for c in (0..pw).step_by(S::W) {
-                        // SAFETY: the CPU has `S` and the panels were packed for its width
-                        // (`Bf16Weights::target`): row `i` holds `pw` low then `pw` high codes,
-                        // its block `pw` scales and minimums, `slots` `pw` floats, `c + W ≤ pw`.
-                        unsafe {
-                            let (s, m) = (S::load(s.add(c)), S::load(m.add(c)));
-                            let lo = S::fma(S::load_i8(q.add(c)), s, m);
-                            let hi = S::fma(S::load_i8(q.add(pw + c)), s, m);
-                            S::store(slots.as_mut_ptr().add(c), S::pack_bf16(lo, hi));
-                        }
-                    }
-                }
-                scratch
-            }
-        }
-    }
-}
-
 /// One call's operands.
 struct Call<'a> {
     w: &'a Bf16Weights,
     bias: Option<&'a [f32]>,
     rows: usize,
+    /// With 8-bit weights, each row's block sums (`int8::block_sums`).
+    sums: Vec<f32>,
 }
 
 impl Call<'_> {
@@ -279,36 +229,57 @@ impl SimdJob for Products<'_, '_> {
         let Products { call, packed, chunks, panels, y } = self;
         let (r, pw, words, out) = (S::QK_ROWS, 2 * S::W, call.words(), call.w.out);
         let mut tile = vec![0.0f32; r * pw];
-        let mut scratch = match *call.w.storage {
-            Storage::Pairs(_) => Vec::new(),
-            Storage::Int8 { .. } => vec![0.0f32; words * pw],
+        // With 8-bit weights: the panel's codes as pairs, and one block's sums.
+        let (mut codes, mut part) = match *call.w.storage {
+            Storage::Pairs(_) => (Vec::new(), Vec::new()),
+            Storage::Int8 { .. } => (vec![0.0f32; words * pw], vec![0.0f32; r * pw]),
         };
+        let blocks = call.w.inn.div_ceil(INT8_BLOCK);
         for p in panels {
-            // SAFETY: the CPU has `S`, the target the weights were packed for.
-            let panel = unsafe { Panel { w: call.w, p, scratch: &mut scratch }.run::<S>() }.as_ptr();
+            let panel = match &*call.w.storage {
+                Storage::Pairs(panels) => panels[p * pw * words..].as_ptr(),
+                Storage::Int8 { q, .. } => {
+                    // SAFETY: the CPU has `S`, the target the weights were packed for; `codes`
+                    // holds `words` rows of `2W`.
+                    unsafe { int8::codes::<S>(q, p, words, &mut codes) };
+                    codes.as_ptr()
+                }
+            };
             let cols = pw.min(out - p * pw);
             for c in chunks.clone() {
                 let n = r.min(call.rows - c * r);
                 let xs = packed[c * r * words..].as_ptr();
-                // SAFETY: the CPU has `S`; the chunk holds `words` slots of `n` rows at `xs`, the
-                // panel `words` rows of `2W` slots, `tile` `n ≤ QK_ROWS` rows of `2W`; `with_rows!`
-                // instantiates `n` in `1..=QK_ROWS`.
-                unsafe {
-                    with_rows!(S::QK_ROWS, n, qk_panel::<S, Bf16Pairs; >(xs, panel, words, 1.0, tile.as_mut_ptr(), pw))
-                };
+                match &*call.w.storage {
+                    // SAFETY: the CPU has `S`; the chunk holds `words` slots of `n` rows at `xs`,
+                    // the panel `words` rows of `2W` slots, `tile` `n ≤ QK_ROWS` rows of `2W`;
+                    // `with_rows!` instantiates `n` in `1..=QK_ROWS`.
+                    Storage::Pairs(_) => unsafe {
+                        with_rows!(S::QK_ROWS, n, qk_panel::<S, Bf16Pairs; >(xs, panel, words, 1.0, tile.as_mut_ptr(), pw))
+                    },
+                    // SAFETY: as above; the panel's `blocks` rows of `2W` steps and minimums, the
+                    // chunk's rows' `blocks` sums each.
+                    Storage::Int8 { scales, mins, .. } => unsafe {
+                        let at = p * blocks * pw;
+                        let steps = (&scales[at..], &mins[at..], &call.sums[c * r * blocks..]);
+                        int8::products::<S>((xs, n, words), panel, steps, &mut part, &mut tile)
+                    },
+                }
                 for (i, t) in tile.chunks_exact(pw).take(n).enumerate() {
                     // SAFETY: each task writes the columns of its own panels, in rows no other task
                     // of its panels writes.
                     let dst = unsafe { y.part((c * r + i) * out + p * pw, cols) };
-                    match call.bias {
-                        Some(b) => {
-                            dst.iter_mut().zip(&t[..cols]).zip(&b[p * pw..]).for_each(|((d, &v), &b)| *d = v + b)
-                        }
-                        None => dst.copy_from_slice(&t[..cols]),
-                    }
+                    with_bias(dst, &t[..cols], call.bias.map(|b| &b[p * pw..]));
                 }
             }
         }
+    }
+}
+
+/// `dst = sums + bias` (`bias` from the first of `dst`'s columns, when there is one).
+fn with_bias(dst: &mut [f32], sums: &[f32], bias: Option<&[f32]>) {
+    match bias {
+        Some(b) => dst.iter_mut().zip(sums).zip(b).for_each(|((d, &v), &b)| *d = v + b),
+        None => dst.copy_from_slice(sums),
     }
 }
 
@@ -325,13 +296,14 @@ mod tests {
         (0..n).map(|i| (((i + seed) * 7919 % 2003) as f32 / 1001.0) - 1.0).collect()
     }
 
-    /// `y = x·wᵀ + bias` of `packed` for every row count around the chunk sizes, with and without
+    /// `y = x·wᵀ + bias` of `packed` for every row count around the chunk sizes (and the 8-bit
+    /// weights' direct rows), with and without
     /// a bias: each result the f64 sum of the products of the rounded input and the weights the
     /// products multiply (`packed.widened()`) within f32 accumulation's error.
     fn assert_products(packed: &Bf16Weights, what: &str) {
         let (out, inn) = (packed.out_dim(), packed.in_dim());
         let w = packed.widened();
-        for rows in [1, 2, 7, 12, 13, 25, 40] {
+        for rows in [1, 2, 3, 4, 5, 7, 12, 13, 25, 40] {
             let x = values(rows * inn, 11);
             let bias = values(out, 5);
             for b in [None, Some(&bias[..])] {
@@ -355,7 +327,7 @@ mod tests {
     }
 
     /// Odd and even input widths, partial 8-bit blocks, outputs around the panel widths: the
-    /// bfloat16 panels hold the rounded weights, the 8-bit ones `bf16(q·s)` within half a step
+    /// bfloat16 panels hold the rounded weights, the 8-bit ones `min + q·s` within half a step
     /// `s` of each weight, and both multiply what they hold.
     #[test]
     fn products_are_the_rounded_operands_products() {
@@ -371,7 +343,7 @@ mod tests {
                     let (min, max) = block.iter().fold((f32::MAX, f32::MIN), |(a, z), &x| (a.min(x), z.max(x)));
                     let s = (max - min) / 255.0;
                     for (&x, &g) in block.iter().zip(got) {
-                        let tol = s * 0.5 * (1.0 + 1.0 / 128.0) + x.abs() / 256.0;
+                        let tol = s * 0.5 + 4.0 * f32::EPSILON * (x.abs() + 128.0 * s);
                         assert!((x - g).abs() <= tol, "int8 out {out} in {inn} row {o} block {b}: {g} for {x}");
                     }
                 }
@@ -381,7 +353,7 @@ mod tests {
     }
 
     /// A constant block (scale 0) is held exactly, not as NaN; a block of 16 evenly spaced levels
-    /// (a GGUF Q4_1 or Q4_K block: `min + k·d`) is held as exactly as bfloat16 holds it.
+    /// (a GGUF Q4_1 or Q4_K block: `min + k·d`) is held to f32's rounding of its step.
     #[test]
     fn constant_and_4_bit_blocks_are_held_exactly() {
         let levels: Vec<f32> = (0..INT8_BLOCK).map(|i| -0.37 + (i * 7 % 16) as f32 * 0.0521).collect();
@@ -393,7 +365,7 @@ mod tests {
         let got = packed.widened();
         assert_eq!(got[..2 * INT8_BLOCK], [vec![0.0; INT8_BLOCK], vec![-1.5; INT8_BLOCK]].concat());
         for (&g, &x) in got[2 * INT8_BLOCK..].iter().zip(&levels) {
-            assert!((g - x).abs() <= x.abs() / 256.0 * 1.001 + 1e-6, "{g} for the level {x}");
+            assert!((g - x).abs() <= 1e-6, "{g} for the level {x}");
         }
     }
 
