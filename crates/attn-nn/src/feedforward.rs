@@ -24,7 +24,7 @@ impl Activation {
     pub fn forward(self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Activation::Relu => crate::fused::relu(x)?,
-            Activation::Gelu => crate::fused::gelu(x)?,
+            Activation::Gelu => crate::fused::gelu(x, crate::fused::Approximate::None)?,
         })
     }
 }

@@ -6,7 +6,7 @@
 //! `gelu_erf` in f64 and under the oracle rule in f32.
 
 use attn::random::SplitMix64;
-use attn_nn::fused::{dropout, gelu, layer_norm, linear, relu};
+use attn_nn::fused::{dropout, gelu, layer_norm, linear, relu, Approximate};
 use attn_nn::Linear;
 use candle_core::{DType, Device, Tensor, Var, D};
 
@@ -318,7 +318,7 @@ fn gelu_matches_the_erf_formula_with_its_gradient() {
     // Far into both tails, where `1 + erf(x/√2)` cancels, and an odd length for the kernel's tail.
     let x = (random(&[7, 301], 60) * 4.0).unwrap();
     let g = random(&[7, 301], 61);
-    let (y, d) = grads(std::slice::from_ref(&x), &g, |a| gelu(&a[0]).unwrap());
+    let (y, d) = grads(std::slice::from_ref(&x), &g, |a| gelu(&a[0], Approximate::None).unwrap());
     let y_c = x.gelu_erf().unwrap();
     assert!(max_diff(&y, &y_c) < 1e-14, "f64 forward: {}", max_diff(&y, &y_c));
     // candle's own gradient rounds 1/√(2π) to 0.398942: the derivative composed exactly instead.
@@ -328,11 +328,33 @@ fn gelu_matches_the_erf_formula_with_its_gradient() {
     assert!(max_diff(&d[0], &d_c) < 1e-12, "f64 dx: {}", max_diff(&d[0], &d_c));
     // f32 under the oracle rule, naive32 being candle's f32 `gelu_erf` (PyTorch's formula).
     let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-    let (y32, d32) = grads(&[f32s(&x)], &f32s(&g), |a| gelu(&a[0]).unwrap());
+    let (y32, d32) = grads(&[f32s(&x)], &f32s(&g), |a| gelu(&a[0], Approximate::None).unwrap());
     let (n32, nd32) = grads(&[f32s(&x)], &f32s(&g), |a| a[0].gelu_erf().unwrap());
     let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
     for (what, fast, naive, want, k) in [("forward", &y32, &n32, &y, 2.0), ("dx", &d32[0], &nd32[0], &d_c, 3.0)] {
         let (err, naive_err) = (max_diff(&f64s(fast), want), max_diff(&f64s(naive), want));
         assert!(err <= k * naive_err + 1e-6, "f32 {what}: {err} against naive32's {naive_err}");
     }
+}
+
+#[test]
+fn gelu_tanh_matches_candles_formula_with_its_gradient() {
+    let x = (random(&[5, 203], 62) * 4.0).unwrap();
+    let g = random(&[5, 203], 63);
+    let (y, d) = grads(std::slice::from_ref(&x), &g, |a| gelu(&a[0], Approximate::Tanh).unwrap());
+    let y_c = x.gelu().unwrap();
+    assert!(max_diff(&y, &y_c) < 1e-14, "f64 forward: {}", max_diff(&y, &y_c));
+    // The derivative composed exactly (candle's own gradient rounds its constants).
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    let t = ((&x + (x.powf(3.0).unwrap() * 0.044715).unwrap()).unwrap() * c).unwrap().tanh().unwrap();
+    let cdf = ((&t + 1.0).unwrap() * 0.5).unwrap();
+    let slope = ((x.sqr().unwrap() * (3.0 * 0.044715)).unwrap() + 1.0).unwrap();
+    let pdf = ((t.sqr().unwrap().neg().unwrap() + 1.0).unwrap() * (0.5 * c)).unwrap().mul(&slope).unwrap();
+    let d_c = (cdf + x.mul(&pdf).unwrap()).unwrap().mul(&g).unwrap();
+    assert!(max_diff(&d[0], &d_c) < 1e-12, "f64 dx: {}", max_diff(&d[0], &d_c));
+    let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let y32 = gelu(&f32s(&x), Approximate::Tanh).unwrap().to_dtype(DType::F64).unwrap();
+    let n32 = f32s(&x).gelu().unwrap().to_dtype(DType::F64).unwrap();
+    let (err, naive_err) = (max_diff(&y32, &y), max_diff(&n32, &y));
+    assert!(err <= 2.0 * naive_err + 1e-6, "f32 forward: {err} against naive32's {naive_err}");
 }

@@ -157,7 +157,7 @@ impl Layer {
         let gate = self.gate.forward(&h)?;
         let act = match cfg.family {
             Family::Llama => candle_nn::ops::silu(&gate)?,
-            Family::Gemma3 => gate.gelu()?,
+            Family::Gemma3 => attn_nn::fused::gelu(&gate, attn_nn::fused::Approximate::Tanh)?,
         };
         let mut f = self.down.forward(&(act * self.up.forward(&h)?)?)?;
         if let Some(g) = &self.gemma {

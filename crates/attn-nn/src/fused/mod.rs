@@ -6,7 +6,8 @@
 //! - [`layer_norm`]: `y = (x − mean) / sqrt(var + eps) · weight + bias` over the last dimension,
 //!   with gradients for `x`, `weight` and `bias`;
 //! - [`relu`]: `max(x, 0)` with PyTorch's gradient (zero where the output is zero, NaN kept);
-//! - [`gelu`]: PyTorch's exact `gelu`, `x·Φ(x)`, vectorised in f32, with its gradient;
+//! - [`gelu`]: PyTorch's `gelu`, `x·Φ(x)`, exact or with the tanh approximation, vectorised in
+//!   f32, with its gradient;
 //! - [`dropout`]: `x · mask` with the mask drawn, in parallel, from a seed's SplitMix64 stream and
 //!   kept as bits for the backward, and no gradient made for a constant mask;
 //! - [`linear`]: `x·weightᵀ + bias` with the leading dimensions folded into rows, one node where
@@ -43,7 +44,7 @@ mod linear;
 mod relu;
 
 pub use dropout::dropout;
-pub use gelu::gelu;
+pub use gelu::{gelu, Approximate};
 pub use layer_norm::layer_norm;
 pub use linear::{linear, linear_bf16};
 pub use relu::relu;
