@@ -2,34 +2,22 @@
 # Every test, as CI runs it (.ci/run calls this): the Rust workspace's tests, the Python suite
 # (scripts/ci_python.sh) and the documentation with warnings as errors.
 #
-# Two jobs run in the background, each beside work that leaves a core idle, so a fresh machine
-# waits for the longer of each pair rather than their sum; their output is shown only if they fail:
-# - the Python suite's environment (PyTorch and transformers, several GB: minutes of downloading
-#   and unpacking without the cache), prepared while the Rust tests build and run;
-# - the documentation (`cargo doc`, its own target directory, as it shares no compiled unit with
-#   the tests), built while the Rust tests run, once they are compiled.
+# The Python suite's environment (PyTorch and transformers, several GB: minutes of downloading and
+# unpacking on a machine without the cache) is prepared in the background while the Rust tests
+# build and run, which keep the cores busy, so a fresh machine waits for the longer of the two
+# rather than their sum. Its output is shown only if it fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-logs=$(mktemp -d)
-pids=()
-# On any exit before they finished (a failing test), stop the background jobs and their children.
-trap 'for p in "${pids[@]}"; do if kill -0 "$p" 2>/dev/null; then pkill -P "$p" || true; kill "$p" || true; fi; done; rm -rf "$logs"' EXIT
-scripts/ci_python.sh --prepare >"$logs/prepare" 2>&1 &
+log=$(mktemp)
+scripts/ci_python.sh --prepare >"$log" 2>&1 &
 prepare=$!
-pids+=("$prepare")
-cargo test --workspace --no-run
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --target-dir target/rustdoc >"$logs/doc" 2>&1 &
-doc=$!
-pids+=("$doc")
+# On any exit before it finished (a failing Rust test), stop the preparation and its children.
+trap 'if kill -0 "$prepare" 2>/dev/null; then pkill -P "$prepare" || true; kill "$prepare" || true; fi; rm -f "$log"' EXIT
 cargo test --workspace
-# Waits for background job `$1`; on failure shows its log `$2` and names what failed (`$3`).
-finish() {
-  if ! wait "$1"; then
-    cat "$2" >&2
-    echo "scripts/test.sh: $3 failed" >&2
-    exit 1
-  fi
-}
-finish "$prepare" "$logs/prepare" "preparing the Python environment (scripts/ci_python.sh --prepare)"
+if ! wait "$prepare"; then
+  cat "$log" >&2
+  echo "scripts/test.sh: preparing the Python environment (scripts/ci_python.sh --prepare) failed" >&2
+  exit 1
+fi
 scripts/ci_python.sh
-finish "$doc" "$logs/doc" "the documentation (cargo doc with warnings as errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
