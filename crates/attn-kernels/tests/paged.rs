@@ -213,6 +213,12 @@ fn cases() -> Vec<(&'static str, Case)> {
     vec![
         ("decode, gqa 6/2, page 16", Case::new(6, 2, 1, 32, 16, &[37, 1, 0, 64, 130])),
         ("decode, page 1", Case::new(4, 4, 1, 64, 1, &[5, 23, 1])),
+        // Consecutive pages: their keys are read as one run, across page edges and chunks.
+        ("decode, page 1, pages in order", Case { in_order: true, ..Case::new(4, 2, 1, 64, 1, &[150, 3]) }),
+        (
+            "chunked prefill of 3, page 16, pages in order",
+            Case { in_order: true, ..Case::new(4, 2, 3, 32, 16, &[150, 20]) },
+        ),
         ("chunked prefill of 5, page 16", Case::new(4, 2, 5, 32, 16, &[40, 5, 3, 17])),
         ("non-causal, page 48", Case { causal: false, ..Case::new(2, 1, 3, 64, 48, &[100, 47, 49]) }),
         (

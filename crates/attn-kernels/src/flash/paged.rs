@@ -3,10 +3,10 @@
 //! of its keys, run through the online softmax a chunk of [`CHUNK`] keys at a time, key/value head
 //! by head within a chunk. A task reads its pages' rows of every head it serves, so its reads are
 //! whole runs of memory (one head's rows lie `Hkv·D` apart, a task per head read a memory page
-//! for each key). A chunk's key and value rows of a head are gathered into two small f32 buffers (widened
-//! from f16/bf16 with the SIMD layer, dequantized from q8_0/e4m3), so one instantiation of the
-//! decode path's micro-kernels (`decode_scores`, `pv_block`) serves every storage and page size;
-//! the buffers stay in L1, so the cache itself is read once. Shards are sized so that a call has
+//! for each key). The decode path's micro-kernels (`decode_scores`, `pv_block`) read f32, f16 and bf16 pages in
+//! place, a run of keys that follow each other in memory (a page's slots, consecutive pages) per
+//! call; q8_0 and e4m3 rows (and caches whose keys and values differ in storage) are dequantized a
+//! chunk at a time into two f32 buffers, read the same way. Shards are sized so that a call has
 //! a few tasks per thread, and merged by their log-sum-exps; sinks are joined once at the end.
 
 use rayon::prelude::*;
@@ -20,13 +20,18 @@ use crate::lse::lse_parts;
 use crate::mask::{Align, Band};
 use crate::merge::{fold_sinks, merge_row};
 use crate::paged::{fp8_decode, layout, Layout, PagedKv, PagedParams, Pages, Q8_BLOCK};
-use crate::simd::{self, KvElem, Simd, SimdJob, Target};
+use crate::simd::{self, Isa, KvElem, Simd, SimdJob, Target};
 use crate::view::View4;
 
 /// Keys per chunk: the scores of a block's rows and the chunk's rows stay in L1.
 const CHUNK: usize = 64;
 /// Query rows per task at most (a chunk's scores `[ROWS, CHUNK]` are 16 KiB).
 const ROWS: usize = 64;
+/// Keys per step of the scores and of `P·V` across a chunk's heads (see [`chunk`]): four are a
+/// call of the scores' micro-kernel; eight value rows per head keep the output rows' loads and
+/// stores a small part of each call.
+const QK_STEP: usize = 4;
+const PV_STEP: usize = 8;
 /// Fewest keys per shard: below it a shard's merge and setup outweigh its keys.
 const MIN_SHARD: usize = 512;
 
@@ -92,10 +97,15 @@ pub fn paged_attention(
         (ro, rl) = (rest, rest_l);
         work.push((t, o, l));
     }
-    let target = Target::best();
-    work.into_par_iter().for_each_init(Scratch::default, |w, (t, o, l)| {
-        target.run(TaskJob { cx: &cx, g: &groups[t.group], keys: t.keys.clone(), w, o, l })
-    });
+    // Half-precision pages are read in place on the x86 instruction sets only: the portable
+    // micro-kernels are compiled for f32 (`KvElem::ON_PORTABLE`).
+    let x86 = Isa::best() != Isa::Portable;
+    match (cache.k, cache.v) {
+        (Pages::F32(k), Pages::F32(v)) => run_tasks(work, &groups, &cx, Place::Pages(k, v)),
+        (Pages::F16(k), Pages::F16(v)) if x86 => run_tasks(work, &groups, &cx, Place::Pages(k, v)),
+        (Pages::Bf16(k), Pages::Bf16(v)) if x86 => run_tasks(work, &groups, &cx, Place::Pages(k, v)),
+        _ => run_tasks::<_, f32>(work, &groups, &cx, Place::Widened),
+    }
     // Merge each group's shards into its rows of `out`.
     let mut at = 0;
     let mut x = 0;
@@ -118,6 +128,20 @@ pub fn paged_attention(
         fold_sinks(sinks, lay.lq, dv, out, lse)?;
     }
     Ok(())
+}
+
+/// Runs every task of `work` (with its rows of the partial outputs and log-sum-exps) on the
+/// threads, reading the pages as `place` says.
+fn run_tasks<B: Fn(usize) -> Band + Sync, E: KvElem>(
+    work: Vec<(&Task, &mut [f32], &mut [f32])>,
+    groups: &[Group],
+    cx: &Cx<B>,
+    place: Place<E>,
+) {
+    let target = Target::best();
+    work.into_par_iter().for_each_init(Scratch::default, |w, (t, o, l)| {
+        target.run(TaskJob { cx, g: &groups[t.group], keys: t.keys.clone(), place, w, o, l })
+    });
 }
 
 /// One sequence's block of query rows `r0..r0 + nr` (row `r` is query head `r / Lq`, query
@@ -157,24 +181,68 @@ struct Scratch {
     range: Vec<(usize, usize)>,
     /// Each key of the chunk in flight: the row of its first head in the pages.
     slots: Vec<usize>,
+    /// The chunk's runs of keys whose rows follow each other at one stride.
+    runs: Vec<Run>,
+}
+
+/// Where a task reads a chunk's key and value rows.
+#[derive(Clone, Copy)]
+enum Place<'a, E> {
+    /// In place in the key and value pages, stored as `E`.
+    Pages(&'a [E], &'a [E]),
+    /// Widened (dequantized) into the worker's f32 buffers, head by head (the job's `E` is `f32`).
+    Widened,
+}
+
+/// Keys `x0..x0 + n` of a chunk, whose rows (of one head) lie `key_rows` rows apart from `row`
+/// on: one call of each micro-kernel per head.
+#[derive(Clone, Copy)]
+struct Run {
+    x0: usize,
+    n: usize,
+    row: usize,
+}
+
+/// A chunk's rows as the micro-kernels read them: rows of `d` elements from `base`, head `y`'s row
+/// of run `r` at `r.row + y·head_rows`, consecutive keys `key_rows` rows apart.
+#[derive(Clone, Copy)]
+struct Rows<E> {
+    base: *const E,
+    d: usize,
+    key_rows: usize,
+    head_rows: usize,
+}
+
+impl<E> Rows<E> {
+    /// Head `y`'s row of `run`'s first key, and the elements between consecutive keys.
+    ///
+    /// # Safety
+    /// The row exists in the memory `base` points into.
+    #[inline(always)]
+    unsafe fn at(&self, run: &Run, y: usize) -> (*const E, usize) {
+        // SAFETY: forwarded from the caller.
+        (unsafe { self.base.add((run.row + y * self.head_rows) * self.d) }, self.key_rows * self.d)
+    }
 }
 
 /// One task on the call's instruction set: its rows' normalised outputs `o: [nr, Dv]` and
 /// `(lse, residue)` pairs `l: [nr, 2]` over its keys.
-struct TaskJob<'a, B> {
+struct TaskJob<'a, B, E> {
     cx: &'a Cx<'a, B>,
     g: &'a Group,
     keys: std::ops::Range<usize>,
+    place: Place<'a, E>,
     w: &'a mut Scratch,
     o: &'a mut [f32],
     l: &'a mut [f32],
 }
 
-impl<B: Fn(usize) -> Band + Sync> SimdJob for TaskJob<'_, B> {
+impl<B: Fn(usize) -> Band + Sync, E: KvElem> SimdJob for TaskJob<'_, B, E> {
     type Out = ();
+    const ON_PORTABLE: bool = E::ON_PORTABLE;
     #[inline(always)]
     unsafe fn run<S: Simd>(self) {
-        let TaskJob { cx, g, keys, w, o, l } = self;
+        let TaskJob { cx, g, keys, place, w, o, l } = self;
         let c = cx.cache;
         let (dk, dv, nr, lq) = (c.dk, c.dv, g.nr, cx.lay.lq);
         let group = cx.lay.hq / c.heads;
@@ -200,14 +268,25 @@ impl<B: Fn(usize) -> Band + Sync> SimdJob for TaskJob<'_, B> {
         w.l.clear();
         w.l.resize(nr, 0.0);
         o.fill(0.0);
-        let rows_of_head = |kvh: usize| {
-            let (a, b) = (kvh * group * lq, (kvh + 1) * group * lq);
-            a.max(g.r0) - g.r0..b.min(g.r0 + nr) - g.r0
-        };
         let max_pages = cx.lay.max_pages;
         let table = &c.block_table[g.s * max_pages..][..max_pages];
         // Row of key `j`'s first head in the pages.
         let slot = |j: usize| (table[j / c.page_size] as usize * c.page_size + j % c.page_size) * c.heads;
+        let blk = |j0: usize, n: usize| Block {
+            j0,
+            n,
+            heads: heads.clone(),
+            cache_heads: c.heads,
+            dk,
+            dv,
+            width,
+            scale: cx.scale,
+            softcap: cx.softcap,
+            group,
+            lq,
+            r0: g.r0,
+            nr,
+        };
         for j0 in keys.clone().step_by(CHUNK) {
             let n = CHUNK.min(keys.end - j0);
             w.slots.clear();
@@ -219,55 +298,30 @@ impl<B: Fn(usize) -> Band + Sync> SimdJob for TaskJob<'_, B> {
                 c.k.prefetch(r..r + nh, dk);
                 c.v.prefetch(r..r + nh, dv);
             }
-            // Keys of every head the block uses gathered slot by slot: each slot's heads are one run
-            // of memory, so the reads stream.
-            for (x, &r) in w.slots.iter().enumerate() {
-                for y in 0..nh {
-                    // SAFETY: the CPU has `S` (the caller's contract); rows were checked in bounds.
-                    unsafe { widen::<S>(&c.k, r + h0 + y, c.heads, dk, &mut w.k[(y * CHUNK + x) * dk..][..dk]) };
+            w.runs.clear();
+            match place {
+                Place::Pages(kp, vp) => {
+                    // Keys whose slots follow each other (a page's, or consecutive pages').
+                    let mut x = 0;
+                    while x < n {
+                        let run = w.slots[x..].iter().enumerate().take_while(|&(y, &r)| r == w.slots[x] + y * c.heads);
+                        let len = run.count();
+                        w.runs.push(Run { x0: x, n: len, row: w.slots[x] + h0 });
+                        x += len;
+                    }
+                    let at = |base, d| Rows { base, d, key_rows: c.heads, head_rows: 1 };
+                    // SAFETY: the CPU has `S`; every run's rows of the block's heads exist in the
+                    // pages (`PagedKv::check`).
+                    unsafe { chunk::<S, E>(&blk(j0, n), w, o, at(kp.as_ptr(), dk), at(vp.as_ptr(), dv), None) };
                 }
-            }
-            let mut seen = [false; ROWS];
-            for kvh in heads.clone() {
-                let rows = rows_of_head(kvh);
-                let kh = w.k[(kvh - h0) * CHUNK * dk..].as_ptr();
-                let (qh, sh) = (w.q[rows.start * dk..].as_ptr(), w.s[rows.start * width..].as_mut_ptr());
-                // SAFETY: the CPU has `S`; `w.q` holds the head's rows of `dk`, `kh` `n` rows, `w.s`
-                // the head's rows of `width ≥ n`.
-                unsafe { decode_scores::<S, f32>(qh, dk, kh, dk, n, dk, cx.scale, rows.len(), sh, width) };
-                for r in rows.clone() {
-                    let srow = &mut w.s[r * width..][..width];
-                    let (lo, hi) = w.range[r];
-                    let (a, b) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
-                    srow[..a].fill(f32::NEG_INFINITY);
-                    srow[b.max(a)..].fill(f32::NEG_INFINITY);
-                    seen[kvh - h0] |= a < b;
-                    // SAFETY: the CPU has `S`; the row holds `width`, a multiple of `S::W`, floats.
-                    unsafe {
-                        softmax_row::<S>(
-                            srow,
-                            a..b.max(a),
-                            cx.softcap,
-                            &mut w.m[r],
-                            &mut w.l[r],
-                            &mut o[r * dv..][..dv],
-                        )
-                    };
+                Place::Widened => {
+                    w.runs.push(Run { x0: 0, n, row: 0 });
+                    let at = |base, d| Rows { base, d, key_rows: 1, head_rows: CHUNK };
+                    let (kb, vb) = (w.k.as_ptr(), w.v.as_ptr());
+                    // SAFETY: the CPU has `S`; the buffers hold `nh` heads' `CHUNK` rows, widened
+                    // from rows that exist in the pages before they are read.
+                    unsafe { chunk::<S, f32>(&blk(j0, n), w, o, at(kb, dk), at(vb, dv), Some((&c.k, &c.v))) };
                 }
-            }
-            for (x, &r) in w.slots.iter().enumerate() {
-                for y in (0..nh).filter(|&y| seen[y]) {
-                    // SAFETY: as for the keys.
-                    unsafe { widen::<S>(&c.v, r + h0 + y, c.heads, dv, &mut w.v[(y * CHUNK + x) * dv..][..dv]) };
-                }
-            }
-            for kvh in heads.clone().filter(|&h| seen[h - h0]) {
-                let rows = rows_of_head(kvh);
-                let vh = w.v[(kvh - h0) * CHUNK * dv..].as_ptr();
-                let (ph, oh) = (w.s[rows.start * width..].as_ptr(), o[rows.start * dv..].as_mut_ptr());
-                // SAFETY: the CPU has `S`; `w.s` holds the head's rows of `n` probabilities at
-                // stride `width`, `vh` `n` rows of `dv`, `o` the head's rows of `dv`.
-                unsafe { pv_block::<S, Fma, f32>(ph, width, 1, vh, dv, n, oh, dv, rows.len()) };
             }
         }
         for r in 0..nr {
@@ -278,6 +332,127 @@ impl<B: Fn(usize) -> Band + Sync> SimdJob for TaskJob<'_, B> {
             }
             (l[2 * r], l[2 * r + 1]) = lse_parts(m, sum);
             o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x /= sum);
+        }
+    }
+}
+
+/// A task's block of query rows and the chunk of keys in flight: what [`chunk`] needs besides
+/// the rows it reads.
+struct Block {
+    /// The chunk's first key and its keys.
+    j0: usize,
+    n: usize,
+    /// The key/value heads the block's rows use.
+    heads: std::ops::Range<usize>,
+    /// The cache's key/value heads.
+    cache_heads: usize,
+    dk: usize,
+    dv: usize,
+    /// Columns of a row of scores (`CHUNK` rounded up to whole vectors).
+    width: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    /// Query heads per key/value head.
+    group: usize,
+    lq: usize,
+    /// The block's rows of its sequence, `r0..r0 + nr`.
+    r0: usize,
+    nr: usize,
+}
+
+impl Block {
+    /// The block's rows (counted from `r0`) that key/value head `kvh` serves.
+    fn rows_of_head(&self, kvh: usize) -> std::ops::Range<usize> {
+        let (a, b) = (kvh * self.group * self.lq, (kvh + 1) * self.group * self.lq);
+        a.max(self.r0) - self.r0..b.min(self.r0 + self.nr) - self.r0
+    }
+}
+
+/// One chunk of a task: the scores of the block's rows against the chunk's keys (`k`, a call per
+/// run of `w.runs` and head), their online-softmax step into `w.m`, `w.l` and `o: [nr, Dv]`, and
+/// the probabilities times the values (`v`) of the heads whose rows saw a key. With `widen`, the
+/// keys and then those values are first widened from the pages into `w.k` and `w.v`, which `k`
+/// and `v` then read.
+///
+/// # Safety
+/// The CPU has `S`'s instruction set; `k` and `v` hold every run's rows of the block's heads
+/// (once widened, with `widen`); `w` is sized for the block as the task's setup makes it.
+#[inline(always)]
+unsafe fn chunk<S: Simd, E: KvElem>(
+    blk: &Block,
+    w: &mut Scratch,
+    o: &mut [f32],
+    k: Rows<E>,
+    v: Rows<E>,
+    widen: Option<(&Pages, &Pages)>,
+) {
+    let (j0, n, width, h0) = (blk.j0, blk.n, blk.width, blk.heads.start);
+    let (dk, dv, nh) = (blk.dk, blk.dv, blk.heads.len());
+    if let Some((kp, _)) = widen {
+        // Keys of every head the block uses gathered slot by slot: each slot's heads are one run
+        // of memory, so the reads stream.
+        for (x, &r) in w.slots.iter().enumerate() {
+            for y in 0..nh {
+                // SAFETY: the CPU has `S` (the caller's contract); rows were checked in bounds.
+                unsafe { widen_row::<S>(kp, r + h0 + y, blk.cache_heads, dk, &mut w.k[(y * CHUNK + x) * dk..][..dk]) };
+            }
+        }
+    }
+    // Keys a few at a time across every head before the next few: a slot's heads are one run of
+    // memory, so the reads go forward through the pages, as the hardware prefetchers follow.
+    for run in &w.runs {
+        for x in (0..run.n).step_by(QK_STEP) {
+            let m = QK_STEP.min(run.n - x);
+            for kvh in blk.heads.clone() {
+                let rows = blk.rows_of_head(kvh);
+                let (qh, sh) = (w.q[rows.start * dk..].as_ptr(), w.s[rows.start * width + run.x0 + x..].as_mut_ptr());
+                // SAFETY: the CPU has `S`; `w.q` holds the head's rows of `dk`, `k` the run's
+                // rows from `x` to `x + m`, `w.s` the head's rows of `width ≥ x0 + x + m` columns.
+                unsafe {
+                    let (kr, ld) = k.at(run, kvh - h0);
+                    decode_scores::<S, E>(qh, dk, kr.add(x * ld), ld, m, dk, blk.scale, rows.len(), sh, width)
+                };
+            }
+        }
+    }
+    let mut seen = [false; ROWS];
+    for kvh in blk.heads.clone() {
+        for r in blk.rows_of_head(kvh) {
+            let srow = &mut w.s[r * width..][..width];
+            let (lo, hi) = w.range[r];
+            let (a, b) = (lo.clamp(j0, j0 + n) - j0, hi.clamp(j0, j0 + n) - j0);
+            srow[..a].fill(f32::NEG_INFINITY);
+            srow[b.max(a)..].fill(f32::NEG_INFINITY);
+            seen[kvh - h0] |= a < b;
+            // SAFETY: the CPU has `S`; the row holds `width`, a multiple of `S::W`, floats.
+            unsafe {
+                softmax_row::<S>(srow, a..b.max(a), blk.softcap, &mut w.m[r], &mut w.l[r], &mut o[r * dv..][..dv])
+            };
+        }
+    }
+    if let Some((_, vp)) = widen {
+        for (x, &r) in w.slots.iter().enumerate() {
+            for y in (0..nh).filter(|&y| seen[y]) {
+                // SAFETY: as for the keys.
+                unsafe { widen_row::<S>(vp, r + h0 + y, blk.cache_heads, dv, &mut w.v[(y * CHUNK + x) * dv..][..dv]) };
+            }
+        }
+    }
+    for run in &w.runs {
+        for x in (0..run.n).step_by(PV_STEP) {
+            let m = PV_STEP.min(run.n - x);
+            for kvh in blk.heads.clone().filter(|&h| seen[h - h0]) {
+                let rows = blk.rows_of_head(kvh);
+                let oh = o[rows.start * dv..].as_mut_ptr();
+                // SAFETY: the CPU has `S`; `w.s` holds the head's rows of probabilities at stride
+                // `width` from column `x0 + x`, `v` the run's rows from `x` to `x + m`, `o` the
+                // head's rows of `dv`.
+                unsafe {
+                    let (vr, ld) = v.at(run, kvh - h0);
+                    let ph = w.s[rows.start * width + run.x0 + x..].as_ptr();
+                    pv_block::<S, Fma, E>(ph, width, 1, vr.add(x * ld), ld, m, oh, dv, rows.len())
+                };
+            }
         }
     }
 }
@@ -335,7 +510,7 @@ unsafe fn softmax_row<S: Simd>(
 /// # Safety
 /// The CPU has `S`'s instruction set; row `r` exists in `pages` (`PagedKv::check`).
 #[inline(always)]
-unsafe fn widen<S: Simd>(pages: &Pages, r: usize, heads: usize, d: usize, out: &mut [f32]) {
+unsafe fn widen_row<S: Simd>(pages: &Pages, r: usize, heads: usize, d: usize, out: &mut [f32]) {
     // SAFETY: the CPU has `S`; the row's `d` elements exist and `out` holds `d`.
     unsafe {
         match pages {
