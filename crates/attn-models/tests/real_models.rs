@@ -347,25 +347,37 @@ fn minilm_with_bf16_and_int8_weights_embeds_close_to_the_float64_model() {
     }
 }
 
-/// With bf16 products SmolLM2's perplexity on the fixture's text stays within 1% of the float64
-/// model's (bfloat16 weights) and within 0.1% (8-bit weights, which hold its Q4_1 blocks
-/// exactly), and switching back to f32 products restores the parity mode.
-#[test]
-fn smollm2_with_bf16_and_int8_weights_keeps_its_perplexity() {
-    let fx = fixture("smollm2.json");
-    let mut d = Decoder::open_with(&model_path("smollm2"), Weights::Int8).unwrap();
+/// With bf16 products `model`'s perplexity on its fixture's text stays within `bounds` (relative)
+/// of the float64 model's for each weight storage, and switching back to f32 products restores
+/// the parity mode.
+fn assert_weights_keep_the_perplexity(model: &str, bounds: [(Weights, f64); 2]) {
+    let fx = fixture(&format!("{model}.json"));
+    let mut d = Decoder::open_with(&model_path(model), bounds[0].0).unwrap();
     let p = &fx["perplexity"];
     let text = std::fs::read_to_string(format!("/usr/share/common-licenses/{}", p["text"].as_str().unwrap())).unwrap();
     let ids = d.tokenizer.encode(&text).unwrap();
     let n = p["tokens"].as_u64().unwrap() as usize;
     let want = p["nll"].as_f64().unwrap();
-    // 8-bit blocks hold SmolLM2's Q4_1 weights exactly: only the inputs' rounding remains.
-    for (weights, bound) in [(Weights::Int8, 0.001), (Weights::Bf16, 0.01)] {
+    for (weights, bound) in bounds {
         d.model.set_weights(weights).unwrap();
         let nll = mean_nll(&d.model, &ids[..n]).unwrap();
-        eprintln!("SmolLM2 {weights} weights: perplexity {} against the float64 model's {}", nll.exp(), want.exp());
-        assert!((nll.exp() / want.exp() - 1.0).abs() <= bound, "{weights} mean NLL {nll}, float64 {want}");
+        eprintln!("{model} {weights} weights: perplexity {} against the float64 model's {}", nll.exp(), want.exp());
+        assert!((nll.exp() / want.exp() - 1.0).abs() <= bound, "{model} {weights}: mean NLL {nll}, float64 {want}");
     }
     d.model.set_weights(Weights::F32).unwrap();
     assert_perplexity(&d, &fx);
+}
+
+/// SmolLM2: within 0.1% with 8-bit weights, which hold its Q4_1 blocks exactly (only the inputs'
+/// rounding remains), and 1% with bfloat16 weights.
+#[test]
+fn smollm2_with_bf16_and_int8_weights_keeps_its_perplexity() {
+    assert_weights_keep_the_perplexity("smollm2", [(Weights::Int8, 0.001), (Weights::Bf16, 0.01)]);
+}
+
+/// Gemma 3: within 1% either way — its Q4_K blocks are held exactly by 8-bit weights, its Q6_K,
+/// Q5_0 and Q8_0 tensors re-quantized (+0.5% measured at 256 tokens).
+#[test]
+fn gemma3_with_bf16_and_int8_weights_keeps_its_perplexity() {
+    assert_weights_keep_the_perplexity("gemma3", [(Weights::Int8, 0.01), (Weights::Bf16, 0.01)]);
 }
